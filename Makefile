@@ -1,0 +1,32 @@
+# Every target creates .venv when it is missing. CPU torch 2.13.0 goes in first (a wheel on disk here);
+# users with GPUs install their own CUDA torch into .venv before `make setup`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test test-all bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python platform/main.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/simulator.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,32 @@
+"""Small helpers shared by the scripts in platform/: argument types and one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from envs.instance import Instance, InstanceError
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def load_instance(path: str) -> Instance:
+    return Instance.load(path)
+
+
+def run_cli(main: Callable[[], int | None]) -> None:
+    """Run a script's main; bad input ends with one line 'error: ...' and exit status 2."""
+    try:
+        sys.exit(main() or 0)
+    except (InstanceError, ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,122 @@
+"""Exogenous factor and demand paths, eqs. (factor_process), (conditional_demand), (conditional_demand_rate).
+
+Two samplers share one formula (`demand_rate`):
+
+* `sample_paths` draws fixed episode sets (evaluation, tuning) as common random numbers. Episode e
+  uses its own NumPy stream keyed by (stream tag, seed, e), so its path depends only on
+  (instance, seed, e): any subset of episodes, or a longer horizon, regenerates the same prefix on
+  any worker. Sampling happens on the CPU and the result is moved to the requested device, so CPU
+  and GPU runs are judged on identical episodes.
+* `FactorDemandStream` draws fresh exogenous steps for training rollouts with a `torch.Generator`
+  on the training device (fast; reproducible for the same seed and device).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from envs.instance import Instance, TensorInstance
+
+HELDOUT_SEED = 20_260_128
+"""Seed of the held-out evaluation set (128 episodes). No training or tuning code may use it."""
+HELDOUT_EPISODES = 128
+TUNING_SEED = 7
+"""Seed of the training paths that classical policies are tuned on (disjoint from HELDOUT_SEED)."""
+
+_PATH_STREAM = 0x45584F  # tag mixed into every episode key, so other NumPy streams never coincide
+
+
+def demand_rate(lam, beta, factor):
+    """lam_{i,t} = lam_i exp(beta_i F_t - beta_i^2 / 2), eq. (conditional_demand_rate).
+
+    `factor` broadcasts against the trailing item axis: pass it with a trailing singleton axis.
+    """
+    exp = torch.exp if isinstance(factor, torch.Tensor) else np.exp
+    return lam * exp(beta * factor - 0.5 * beta * beta)
+
+
+@dataclass(frozen=True)
+class ExogenousPaths:
+    """Factor and demand for E episodes of T steps.
+
+    factor: [E, T+1] — F_0..F_T (the last entry is the factor of the state after the final step);
+    demand: [E, T, n] — D_{i,t}.
+    """
+
+    factor: torch.Tensor
+    demand: torch.Tensor
+    seed: int
+    episodes: tuple[int, ...]
+
+    @property
+    def horizon(self) -> int:
+        return int(self.demand.shape[1])
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.demand.shape[0])
+
+
+def sample_paths(
+    instance: Instance,
+    seed: int,
+    episodes: int | Sequence[int],
+    horizon: int,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> ExogenousPaths:
+    """Sample episodes (a count E meaning 0..E-1, or explicit indices) of `horizon` steps."""
+    episode_ids = tuple(range(episodes)) if isinstance(episodes, (int, np.integer)) else tuple(int(e) for e in episodes)
+    if horizon < 1:
+        raise ValueError(f"horizon: expected an integer >= 1, got {horizon}")
+    if not episode_ids or min(episode_ids) < 0:
+        raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
+    factor = np.empty((len(episode_ids), horizon + 1))
+    demand = np.empty((len(episode_ids), horizon, instance.n))
+    innovation_scale = math.sqrt(1.0 - instance.rho**2)
+    for row, e in enumerate(episode_ids):
+        factor_rng, demand_rng = (np.random.default_rng(s) for s in np.random.SeedSequence([_PATH_STREAM, seed, e]).spawn(2))
+        # Draws are consumed in time order, so a longer horizon extends the same path.
+        noise = factor_rng.standard_normal(horizon + 1)
+        f = np.empty(horizon + 1)
+        f[0] = noise[0]
+        for t in range(horizon):
+            f[t + 1] = instance.rho * f[t] + innovation_scale * noise[t + 1]
+        factor[row] = f
+        demand[row] = demand_rng.poisson(demand_rate(instance.lam, instance.beta, f[:horizon, None]))
+    return ExogenousPaths(
+        factor=torch.as_tensor(factor, device=device).to(dtype),
+        demand=torch.as_tensor(demand, device=device).to(dtype),
+        seed=int(seed),
+        episodes=episode_ids,
+    )
+
+
+class FactorDemandStream:
+    """Fresh exogenous draws for B parallel training rollouts, on the instance's device."""
+
+    def __init__(self, instance: TensorInstance, batch: int, seed: int):
+        self.instance = instance
+        self.generator = torch.Generator(device=instance.device)
+        self.generator.manual_seed(int(seed))
+        self.batch = batch
+        self._innovation_scale = math.sqrt(1.0 - instance.rho**2)
+
+    def initial_factor(self) -> torch.Tensor:
+        """F_0 ~ N(0, 1): [B]."""
+        return torch.randn(self.batch, generator=self.generator, device=self.instance.device, dtype=self.instance.dtype)
+
+    def next_factor(self, factor: torch.Tensor) -> torch.Tensor:
+        """F_{t+1} = rho F_t + sqrt(1 - rho^2) eps_{t+1}, eq. (factor_process): [B]."""
+        eps = torch.randn(factor.shape, generator=self.generator, device=factor.device, dtype=factor.dtype)
+        return self.instance.rho * factor + self._innovation_scale * eps
+
+    def demand(self, factor: torch.Tensor) -> torch.Tensor:
+        """D_{i,t} | F_t ~ Poisson(lam_{i,t}), eq. (conditional_demand): [B, n]."""
+        rate = demand_rate(self.instance.lam, self.instance.beta, factor[:, None])
+        return torch.poisson(rate, generator=self.generator)

@@ -1,0 +1,53 @@
+"""Symmetry-preserving state representation: eqs. (feature_scales), (item_features), (global_features)."""
+
+from __future__ import annotations
+
+import torch
+
+from envs.dynamics import State
+from envs.instance import TensorInstance
+
+ITEM_FEATURES = 11
+GLOBAL_FEATURES = 4
+GLOBAL_SCALE_CONSTANT = 100.0  # the fixed constant in 1 / (100 (1 - gamma)), eq. (global_features)
+
+
+def item_tokens(instance: TensorInstance, state: State) -> torch.Tensor:
+    """x_{i,t}, eq. (item_features): [B, n, 11]."""
+    batch, n = state.inv.shape
+    sigma = instance.sigma  # [n]
+    dynamic = torch.cat(
+        [((state.inv - instance.mu) / sigma)[..., None], state.pipe / sigma[:, None]], dim=-1
+    )  # [B, n, 4]
+    static = torch.stack(
+        [
+            instance.h / instance.c_scale,
+            instance.b / instance.c_scale,
+            torch.log1p(instance.lam),
+            torch.sqrt(instance.lam) / instance.sigma_ref,
+            instance.qbar / sigma,
+            instance.beta,
+            instance.lead,
+        ],
+        dim=-1,
+    )  # [n, 7]
+    return torch.cat([dynamic, static.expand(batch, n, 7)], dim=-1)
+
+
+def global_token(instance: TensorInstance, state: State) -> torch.Tensor:
+    """g_t, eq. (global_features): [B, 4]."""
+    constants = torch.tensor(
+        [
+            instance.K / (instance.c_scale * instance.sigma_ref),
+            instance.gamma,
+            1.0 / (GLOBAL_SCALE_CONSTANT * (1.0 - instance.gamma)),
+        ],
+        device=state.factor.device,
+        dtype=state.factor.dtype,
+    )
+    return torch.cat([constants.expand(state.batch, 3), state.factor[:, None]], dim=-1)
+
+
+def flat_features(instance: TensorInstance, state: State) -> torch.Tensor:
+    """The concatenated 11n + 4 input of the perceptron baselines: item tokens (item-major), then g_t."""
+    return torch.cat([item_tokens(instance, state).flatten(1), global_token(instance, state)], dim=-1)

@@ -1,0 +1,16 @@
+import pytest
+import torch
+
+from envs.instance import Instance
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+def single_item(lead: int, lam: float = 2.0, h: float = 1.0, b: float = 10.0, K: float = 5.0, qbar: float = 12.0) -> Instance:
+    return Instance(h=[h], b=[b], lam=[lam], beta=[0.0], lead=[lead], qbar=[qbar], K=K, gamma=0.9, rho=0.5)

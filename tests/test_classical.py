@@ -1,0 +1,114 @@
+"""Classical policies: closed-form demand moments, decisions by hand, batched tuning."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from envs.classical import FAMILIES, DemandMoments, make_policy, tune_family
+from envs.dynamics import State
+from envs.evaluation import evaluate, paired_comparison
+from envs.exogenous import HELDOUT_SEED, TUNING_SEED, sample_paths
+from envs.instance import Instance, paper_instance
+
+
+@pytest.mark.parametrize("factor", [None, 1.2])
+def test_demand_moments_match_monte_carlo(factor):
+    inst = Instance(h=[1.0, 1.0], b=[9.0, 9.0], lam=[3.0, 6.0], beta=[0.6, 0.3], lead=[1, 4], qbar=[9.0, 9.0], K=1.0, gamma=0.9, rho=0.8)
+    periods = 5
+    cum_mean, cum_var = DemandMoments(inst.to_torch(dtype=torch.float64), periods).cumulative(
+        None if factor is None else torch.tensor([factor], dtype=torch.float64))
+    rng = np.random.default_rng(0)
+    N = 400_000
+    f = rng.standard_normal(N) if factor is None else np.full(N, factor)
+    total = np.zeros((N, 2))
+    for p in range(periods):
+        total += rng.poisson(inst.lam * np.exp(inst.beta * f[:, None] - inst.beta**2 / 2))
+        if p in (0, 2, 4):
+            np.testing.assert_allclose(cum_mean[0, :, p].numpy(), total.mean(0), rtol=0.01)
+            np.testing.assert_allclose(cum_var[0, :, p].numpy(), total.var(0), rtol=0.03)
+        f = inst.rho * f + math.sqrt(1 - inst.rho**2) * rng.standard_normal(N)
+
+
+def poisson_instance():
+    # beta = 0: demand is i.i.d. Poisson(lam), so p-period demand has mean = variance = lam p.
+    return Instance(h=[1.0, 1.0], b=[9.0, 9.0], lam=[4.0, 1.0], beta=[0.0, 0.0], lead=[1, 3], qbar=[3.0, 50.0], K=10.0, gamma=0.9, rho=0.8)
+
+
+def state_of(inv):
+    inv = torch.tensor(inv, dtype=torch.float64)
+    return State(inv, torch.zeros(*inv.shape, 3, dtype=torch.float64), torch.zeros(inv.shape[0], dtype=torch.float64))
+
+
+def test_base_stock_and_can_order_decisions_by_hand():
+    inst = poisson_instance()
+    ti = inst.to_torch(dtype=torch.float64)
+    # s_i = lam (L+1) + 0 * sd = [8, 4]; S_i (cover 2: L+2 periods) = lam (L+2) + 1 * sqrt(lam (L+2)) = [12 + sqrt(12), 5 + sqrt(5)].
+    up_to = np.array([12 + math.sqrt(12), 5 + math.sqrt(5)])
+    base = make_policy(ti, "base-stock", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0})
+    y, q = base(state_of([[7.0, 4.5], [8.5, 4.5], [8.5, 3.0]]), ti)
+    assert y.tolist() == [1, 0, 1]
+    np.testing.assert_allclose(q.numpy(), [[3.0, up_to[1] - 4.5], [3.0, up_to[1] - 4.5], [3.0, up_to[1] - 3.0]])  # item 0 capped at qbar = 3
+    # can-order: c = s + 0.5 (S - s) = [8 + (4 + sqrt(12))/2, 4 + (1 + sqrt(5))/2]; item 1 at 6 is above c_1 = 5.618.
+    can = make_policy(ti, "can-order", {"reorder_z": 0.0, "can_order_fraction": 0.5, "cover": 2, "order_up_to_z": 1.0})
+    y, q = can(state_of([[7.0, 6.0], [7.0, 5.5], [9.0, 5.5]]), ti)
+    assert y.tolist() == [1, 1, 0]
+    assert q[0, 1].item() == 0 and q[1, 1].item() == pytest.approx(up_to[1] - 5.5)
+
+
+def test_periodic_review_orders_every_r_periods():
+    ti = poisson_instance().to_torch(dtype=torch.float64)
+    policy = make_policy(ti, "periodic", {"period": 3, "order_up_to_z": 0.0})
+    policy.reset()
+    opens = [policy(state_of([[0.0, 0.0]]), ti)[0].item() for _ in range(7)]
+    assert opens == [1, 0, 0, 1, 0, 0, 1]
+    _, q = policy(state_of([[0.0, 0.0]]), ti)
+    np.testing.assert_allclose(q.numpy(), [[3.0, 6.0]])  # S = lam (L + R) = [16, 6], item 0 capped at 3
+
+
+def test_batched_tuning_equals_one_by_one_evaluation(monkeypatch):
+    inst = paper_instance(3, 0)
+    grid = {"reorder_z": (-1.0, 0.0, 1.0), "cover": (1, 3), "order_up_to_z": (0.0, 1.0)}
+    monkeypatch.setitem(FAMILIES, "base-stock", grid)
+    tuned = tune_family(inst, "base-stock-factor", episodes=16, horizon=20, max_elements=40)  # several chunks
+    ti = inst.to_torch()
+    paths = sample_paths(inst, TUNING_SEED, 16, 20)
+    means = {}
+    for rz in grid["reorder_z"]:
+        for cover in grid["cover"]:
+            for uz in grid["order_up_to_z"]:
+                params = {"reorder_z": rz, "cover": cover, "order_up_to_z": uz}
+                means[(rz, cover, uz)] = evaluate(make_policy(ti, "base-stock-factor", params), ti, paths).mean
+    best = min(means, key=means.get)
+    assert (tuned.params["reorder_z"], tuned.params["cover"], tuned.params["order_up_to_z"]) == best
+    assert tuned.tuning_mean == pytest.approx(means[best], rel=1e-6)
+    assert tuned.candidates == 12
+
+
+def test_tuning_refuses_the_heldout_seed():
+    with pytest.raises(ValueError, match="held-out"):
+        tune_family(paper_instance(2, 0), "periodic", seed=HELDOUT_SEED)
+
+
+def test_factor_aware_base_stock_beats_static_on_heldout():
+    inst = paper_instance(4, 0)
+    ti = inst.to_torch()
+    paths = sample_paths(inst, HELDOUT_SEED, 128, 50)
+    costs = {}
+    for name in ("base-stock", "base-stock-factor"):
+        tuned = tune_family(inst, name, episodes=32)
+        costs[name] = evaluate(make_policy(ti, name, tuned.params), ti, paths).discounted_cost
+    comparison = paired_comparison(costs["base-stock-factor"], costs["base-stock"])
+    assert comparison.ci_high < 0
+
+
+def test_paired_comparison_by_hand():
+    result = paired_comparison(np.array([3.0, 4.0, 6.0, 7.0]), np.array([2.0, 2.0, 3.0, 3.0]))
+    # differences 1, 2, 3, 4: mean 2.5, sd sqrt(5/3), se sd/2
+    se = math.sqrt(5 / 3) / 2
+    half = stats.t.ppf(0.975, 3) * se
+    assert (result.mean_difference, result.se) == pytest.approx((2.5, se))
+    assert (result.ci_low, result.ci_high) == pytest.approx((2.5 - half, 2.5 + half))
+    assert result.significant

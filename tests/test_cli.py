@@ -1,0 +1,92 @@
+"""The scripts in platform/ end to end at n = 4."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from envs.exogenous import HELDOUT_SEED, sample_paths
+from envs.instance import Instance
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script(name, *args, check=True):
+    result = subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_instance_and_evaluate_zero_policy_with_trace(tmp_path):
+    inst_path, out = tmp_path / "inst.json", tmp_path / "zero"
+    script("instance.py", "--n", 4, "--seed", 0, "--out", inst_path)
+    script("evaluate.py", "--instance", inst_path, "--policy", "zero", "--episodes", 6, "--horizon", 7, "--out", out, "--trace")
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["policy"], summary["episodes"], summary["horizon"], summary["seed"]) == ("zero", 6, 7, HELDOUT_SEED)
+    assert summary["manifest"]["config"]["n"] == 4 and summary["manifest"]["versions"]["torch"]
+    # Independent reference: with no orders, I_t = mu - cumulative demand before t.
+    inst = Instance.load(inst_path)
+    paths = sample_paths(inst, HELDOUT_SEED, 6, 7)
+    demand = paths.demand.double().numpy()
+    post = inst.lam * (inst.lead + 1) - np.cumsum(demand, axis=1)
+    step_cost = (inst.h * np.maximum(post, 0) + inst.b * np.maximum(-post, 0)).sum(-1)
+    expected = (step_cost * 0.95 ** np.arange(7)).sum(1)
+    costs = pq.read_table(out / "costs.parquet").to_pydict()
+    assert costs["episode"] == list(range(6))
+    np.testing.assert_allclose(costs["discounted_cost"], expected, rtol=1e-5)
+    assert summary["mean"] == pytest.approx(expected.mean(), rel=1e-5)
+    steps = pq.read_table(out / "steps.parquet").to_pydict()
+    assert len(steps["t"]) == 6 * 7 and set(steps["open"]) == {0}
+    np.testing.assert_allclose(np.array(steps["cost"]).reshape(6, 7), step_cost, rtol=1e-5)
+    items = pq.read_table(out / "items.parquet").to_pydict()
+    assert len(items["item"]) == 6 * 7 * 4
+    inventory = np.array(items["inventory"]).reshape(6, 7, 4)
+    np.testing.assert_allclose(inventory[:, 1:], post[:, :-1], rtol=1e-5)
+    np.testing.assert_allclose(np.array(items["demand"]).reshape(6, 7, 4), demand)
+
+
+def test_evaluate_classical_best_records_tuned_parameters(tmp_path):
+    inst_path = tmp_path / "inst.json"
+    script("instance.py", "--n", 4, "--out", inst_path)
+    script("evaluate.py", "--instance", inst_path, "--policy", "classical-best", "--episodes", 8, "--horizon", 10, "--seed", 3, "--out", tmp_path / "best")
+    summary = json.loads((tmp_path / "best" / "summary.json").read_text())
+    assert summary["seed"] == 3 and summary["parameters"]["family"] in ("base-stock", "base-stock-factor", "can-order", "can-order-factor", "periodic", "periodic-factor")
+    assert not (tmp_path / "best" / "steps.parquet").exists()
+
+
+def test_item_table_import(tmp_path):
+    table = tmp_path / "items.csv"
+    table.write_text("h,b,lam,beta,lead,qbar\n1.0,9.0,3.0,0.2,2,12\n0.5,7.0,5.0,0.4,1,20\n")
+    script("instance.py", "--items", table, "--K", 20, "--gamma", 0.9, "--rho", 0.7, "--out", tmp_path / "i.json")
+    inst = Instance.load(tmp_path / "i.json")
+    assert inst.n == 2 and inst.K == 20 and inst.lead.tolist() == [2, 1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--policy", "zero", "--episodes", "0"], "--episodes: expected an integer >= 1, got 0"),
+        (["--policy", "magic"], "invalid choice: 'magic'"),
+        (["--policy", "zero", "--instance-missing"], "unrecognized arguments"),
+    ],
+)
+def test_bad_flags_give_one_clear_error(tmp_path, args, message):
+    inst_path = tmp_path / "inst.json"
+    script("instance.py", "--n", 2, "--out", inst_path)
+    result = script("evaluate.py", "--instance", inst_path, "--out", tmp_path / "o", *args, check=False)
+    assert result.returncode == 2 and message in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_instance_file_is_reported_and_nothing_written(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"K": 1, "gamma": 1.5, "rho": 0.5, "items": {"h": [1], "b": [1], "lam": [1], "beta": [0], "lead": [1], "qbar": [1]}}))
+    result = script("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o", check=False)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: instance field 'gamma': expected 0 < gamma < 1, got 1.5"
+    assert not (tmp_path / "o").exists()

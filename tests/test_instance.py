@@ -1,0 +1,109 @@
+"""Validation, the paper family, and file round trips."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv
+import pyarrow.parquet as pq
+import pytest
+
+from envs.instance import Instance, InstanceError, paper_instance
+
+GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("h", [1.0, 0.0], "'h': expected values > 0"),
+        ("b", [-1.0, 9.0], "'b': expected values > 0"),
+        ("lam", [3.0, float("nan")], "'lam': expected finite numbers"),
+        ("beta", [-0.1, 0.0], "'beta': expected values >= 0"),
+        ("lead", [0, 4], "'lead': expected integers in 1..4"),
+        ("lead", [1, 5], "'lead': expected integers in 1..4"),
+        ("lead", [1.5, 2], "'lead': expected integers in 1..4"),
+        ("qbar", [12.0, float("inf")], "'qbar': expected finite numbers"),
+        ("qbar", [12.0], "'qbar': expected 2 values"),
+        ("h", [], "'h': expected at least one item"),
+        ("K", -1.0, "'K': expected K >= 0"),
+        ("gamma", 1.0, "'gamma': expected 0 < gamma < 1"),
+        ("gamma", 0.0, "'gamma': expected 0 < gamma < 1"),
+        ("rho", 1.0, "'rho': expected 0 <= rho < 1"),
+        ("rho", float("nan"), "'rho': expected a finite number"),
+        ("K", "ten", "'K': expected a number"),
+    ],
+)
+def test_every_validation_error_names_the_field(field, value, message):
+    with pytest.raises(InstanceError, match=message.replace("(", r"\(")):
+        Instance(**{**GOOD, field: value})
+
+
+def test_json_missing_and_unknown_keys():
+    data = Instance(**GOOD).to_dict()
+    del data["items"]["beta"]
+    data["items"]["colour"] = [1, 2]
+    with pytest.raises(InstanceError, match=r"missing \['beta'\], unknown \['colour'\]"):
+        Instance.from_dict(data)
+    with pytest.raises(InstanceError, match=r"unknown \['Kappa'\]"):
+        Instance.from_dict({**Instance(**GOOD).to_dict(), "Kappa": 1})
+
+
+def test_json_round_trip(tmp_path):
+    inst = paper_instance(16, 3)
+    inst.save(tmp_path / "i.json")
+    back = Instance.load(tmp_path / "i.json")
+    for name in ("h", "b", "lam", "beta", "lead", "qbar"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(inst, name))
+    assert (back.K, back.gamma, back.rho) == (inst.K, inst.gamma, inst.rho)
+    assert json.loads((tmp_path / "i.json").read_text())["items"]["lead"] == [int(v) for v in inst.lead]
+
+
+def test_bad_json_file(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(InstanceError, match="not valid JSON"):
+        Instance.load(tmp_path / "bad.json")
+    with pytest.raises(InstanceError, match="does not exist"):
+        Instance.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_item_table_round_trip(tmp_path, suffix):
+    inst = paper_instance(8, 1)
+    path = tmp_path / f"items{suffix}"
+    table = inst.item_table()
+    pyarrow.csv.write_csv(table, path) if suffix == ".csv" else pq.write_table(table, path)
+    back = Instance.from_table(path, K=inst.K, gamma=inst.gamma, rho=inst.rho)
+    for name in ("h", "b", "lam", "beta", "lead", "qbar"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(inst, name))
+
+
+def test_item_table_errors(tmp_path):
+    path = tmp_path / "items.csv"
+    path.write_text("h,b,lam,beta,lead\n1,7,3,0.2,1\n")
+    with pytest.raises(InstanceError, match=r"missing \['qbar'\]"):
+        Instance.from_table(path, K=1, gamma=0.9, rho=0.5)
+    pq.write_table(pa.table({"h": [1.0, None], "b": [7.0, 8], "lam": [3.0, 3], "beta": [0.1, 0], "lead": [1, 2], "qbar": [9.0, 9]}), tmp_path / "t.parquet")
+    with pytest.raises(InstanceError, match="'h': 1 missing values"):
+        Instance.from_table(tmp_path / "t.parquet", K=1, gamma=0.9, rho=0.5)
+    (tmp_path / "items.json").write_text("{}")
+    with pytest.raises(InstanceError, match="expected a .csv or .parquet"):
+        Instance.from_table(tmp_path / "items.json", K=1, gamma=0.9, rho=0.5)
+
+
+def test_paper_family_ranges_and_nesting():
+    big = paper_instance(1024, 5)
+    assert big.K == 10240 and big.gamma == 0.95 and big.rho == 0.8
+    assert big.h.min() >= 0.6 and big.h.max() <= 2.0
+    assert big.b.min() >= 6.0 and big.b.max() <= 11.4
+    assert big.lam.min() >= 2.0 and big.lam.max() <= 7.0
+    assert big.beta.min() >= 0.2 and big.beta.max() <= 0.6
+    assert set(big.lead.tolist()) == {1.0, 2.0, 3.0, 4.0}
+    np.testing.assert_array_equal(big.qbar, 4 * big.lam)
+    assert len({(h, b, l) for h, b, l in zip(big.h, big.b, big.lam)}) == 1024
+    small = paper_instance(16, 5)
+    np.testing.assert_array_equal(small.lam, big.lam[:16])
+    assert small.K == 160
+    assert not np.array_equal(paper_instance(16, 6).lam, small.lam)
+    with pytest.raises(InstanceError, match="'n': expected an integer >= 1"):
+        paper_instance(0, 0)

@@ -247,7 +247,7 @@ class TensorInstance:
     @classmethod
     def from_instance(cls, inst: Instance, device, dtype) -> "TensorInstance":
         def t(a):
-            return torch.as_tensor(np.asarray(a, dtype=np.float64), device=device).to(dtype)
+            return torch.tensor(np.asarray(a, dtype=np.float64), device=device, dtype=dtype)
 
         lead_int = inst.lead.astype(np.int64)
         slots = np.zeros((inst.n, LMAX - 1))

@@ -1,0 +1,1 @@
+"""Optimisation: rolling-horizon MILPs, the perfect-information bound, the Ray solver pool."""

@@ -1,0 +1,1 @@
+"""Learning: networks, the pathwise trainer, RLlib adapters, checkpoints."""

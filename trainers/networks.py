@@ -1,0 +1,182 @@
+"""Policy networks with the three outputs of the hybrid policy, eq. (policy_factorization):
+the order-opening logit (eq. order_head), the capped quantity fractions (eq. quantity_head, Q = qbar *
+fraction) and the normalised value (eq. value_head).
+
+* `ORTransformer`: three token encoders with disjoint parameters, eq. (three_transformers).
+* `HPOPerceptron`: three perceptrons (two hidden layers of 512, tanh) on the flat 11n + 4 input.
+
+Both take item tokens [B, n, 11], the global token [B, 4] and an optional padding mask [B, n]
+(True = a real item).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from envs.features import GLOBAL_FEATURES, ITEM_FEATURES
+
+
+class PolicyOutputs(NamedTuple):
+    open_logit: torch.Tensor  # [B]   p = sigmoid(open_logit)
+    quantity_fraction: torch.Tensor  # [B, n] in (0, 1); Q = qbar * fraction
+    value: torch.Tensor  # [B]   V(s) in normalised-cost units
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    blocks: int = 4  # M
+    width: int = 128  # d
+    heads: int = 8
+    feed_forward: int = 512  # 4d
+
+
+class SelfAttention(nn.Module):
+    """Full non-causal multi-head attention without query/key/value bias; `keep` masks padded keys."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} must be divisible by heads {heads}")
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width, bias=False)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+        B, S, d = x.shape
+        q, k, v = self.qkv(x).view(B, S, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, dh]
+        mask = None if keep is None else keep[:, None, None, :]  # [B, 1, 1, S]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, dh]
+        return self.out(y.transpose(1, 2).reshape(B, S, d))
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block, zero dropout."""
+
+    def __init__(self, shape: TransformerShape):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(shape.width)
+        self.attention = SelfAttention(shape.width, shape.heads)
+        self.norm2 = nn.LayerNorm(shape.width)
+        self.mlp = nn.Sequential(nn.Linear(shape.width, shape.feed_forward), nn.GELU(), nn.Linear(shape.feed_forward, shape.width))
+
+    def forward(self, x, keep):
+        x = x + self.attention(self.norm1(x), keep)
+        return x + self.mlp(self.norm2(x))
+
+
+class TokenEncoder(nn.Module):
+    """E_G, E_I and T^r of eq. (three_transformers): [B, 4], [B, n, 11] -> [B, 1 + n, d].
+    No positional or item-index embedding, so item order only permutes the item rows."""
+
+    def __init__(self, shape: TransformerShape):
+        super().__init__()
+        self.embed_global = nn.Linear(GLOBAL_FEATURES, shape.width)
+        self.embed_item = nn.Linear(ITEM_FEATURES, shape.width)
+        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.blocks))
+        self.norm = nn.LayerNorm(shape.width)
+
+    def forward(self, items, glob, item_mask=None):
+        x = torch.cat([self.embed_global(glob)[:, None], self.embed_item(items)], dim=1)
+        keep = None
+        if item_mask is not None:  # the global token is always attended to
+            keep = torch.cat([torch.ones_like(item_mask[:, :1]), item_mask], dim=1)
+        for block in self.blocks:
+            x = block(x, keep)
+        return self.norm(x)
+
+
+class GlobalReadout(nn.Module):
+    """A token encoder and a scalar head on the final global representation h_0: [B]."""
+
+    def __init__(self, shape: TransformerShape):
+        super().__init__()
+        self.encoder = TokenEncoder(shape)
+        self.head = nn.Linear(shape.width, 1)
+
+    def forward(self, items, glob, item_mask=None):
+        return self.head(self.encoder(items, glob, item_mask)[:, 0])[:, 0]
+
+
+class ItemReadout(nn.Module):
+    """A token encoder and one head shared by all item representations h_i: [B, n]."""
+
+    def __init__(self, shape: TransformerShape):
+        super().__init__()
+        self.encoder = TokenEncoder(shape)
+        self.head = nn.Linear(shape.width, 1)
+
+    def forward(self, items, glob, item_mask=None):
+        return self.head(self.encoder(items, glob, item_mask)[:, 1:])[..., 0]
+
+
+class FlatPerceptron(nn.Module):
+    """Two hidden layers with tanh on the concatenated 11n + 4 input (fixed n, no padding)."""
+
+    def __init__(self, n: int, hidden: int, per_item: bool):
+        super().__init__()
+        self.n, self.per_item = n, per_item
+        self.net = nn.Sequential(
+            nn.Linear(ITEM_FEATURES * n + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, n if per_item else 1)
+        )
+
+    def forward(self, items, glob, item_mask=None):
+        if item_mask is not None and not bool(item_mask.all()):
+            raise ValueError("a perceptron has a fixed input of 11n + 4 features: padded item slots are not supported")
+        if items.shape[1] != self.n:
+            raise ValueError(f"this perceptron was built for n = {self.n} items, got {items.shape[1]}")
+        out = self.net(torch.cat([items.flatten(1), glob], dim=-1))
+        return out if self.per_item else out[:, 0]
+
+
+class ThreeNetworks(nn.Module):
+    """The hybrid policy's three networks with disjoint parameters: `open_net` (phi) gives the
+    order-opening logit [B], `quantity_net` (kappa) the quantity logits [B, n], `critic_net` (psi)
+    the normalised value [B]."""
+
+    open_net: nn.Module
+    quantity_net: nn.Module
+    critic_net: nn.Module
+
+    def networks(self) -> dict[str, list[nn.Parameter]]:
+        """Parameter groups clipped separately."""
+        return {name: list(getattr(self, f"{name}_net").parameters()) for name in ("open", "quantity", "critic")}
+
+    def open_logit(self, items, glob, item_mask=None):
+        """w_Y^T h_0^Y + c_Y, eq. (order_head)."""
+        return self.open_net(items, glob, item_mask)
+
+    def quantity_fraction(self, items, glob, item_mask=None):
+        """sigmoid(w_Q^T h_i^Q + c_Q), eq. (quantity_head); Q_i = qbar_i times this."""
+        return torch.sigmoid(self.quantity_net(items, glob, item_mask))
+
+    def value(self, items, glob, item_mask=None):
+        """V_psi(s), eq. (value_head)."""
+        return self.critic_net(items, glob, item_mask)
+
+    def forward(self, items, glob, item_mask=None) -> PolicyOutputs:
+        return PolicyOutputs(self.open_logit(items, glob, item_mask), self.quantity_fraction(items, glob, item_mask), self.value(items, glob, item_mask))
+
+
+class ORTransformer(ThreeNetworks):
+    """OR-Transformer: three encoders, eq. (three_transformers), with disjoint parameters."""
+
+    def __init__(self, shape: TransformerShape = TransformerShape()):
+        super().__init__()
+        self.open_net = GlobalReadout(shape)
+        self.quantity_net = ItemReadout(shape)
+        self.critic_net = GlobalReadout(shape)
+
+
+class HPOPerceptron(ThreeNetworks):
+    """HPO: three perceptrons (two hidden layers, tanh) on the flat 11n + 4 input."""
+
+    def __init__(self, n: int, hidden: int = 512):
+        super().__init__()
+        self.open_net = FlatPerceptron(n, hidden, per_item=False)
+        self.quantity_net = FlatPerceptron(n, hidden, per_item=True)
+        self.critic_net = FlatPerceptron(n, hidden, per_item=False)

@@ -3,8 +3,9 @@
   python platform/evaluate.py --instance inst.json --policy classical-best --out runs/eval
 
 POLICY is one of: zero, base-stock, base-stock-factor, can-order, can-order-factor, periodic,
-periodic-factor, classical-best. Classical families are tuned on training paths (a seed disjoint
-from the held-out one) before the evaluation. --seed picks the exogenous paths; its default is the
+periodic-factor, classical-best, or checkpoint:PATH (a trained policy; --mode greedy or sampled).
+Classical families are tuned on training paths (a seed disjoint from the held-out one) before the
+evaluation. --seed picks the exogenous paths; its default is the
 documented held-out seed.
 """
 
@@ -17,12 +18,22 @@ from envs.cli import load_instance, positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.results import write_evaluation
+from trainers.policy import MODES, load_policy
+
+CHECKPOINT_PREFIX = "checkpoint:"
+
+
+def policy_name(text: str) -> str:
+    if text in POLICY_NAMES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of {list(POLICY_NAMES)} or checkpoint:PATH, got '{text}'")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", required=True, help="instance JSON file")
-    parser.add_argument("--policy", required=True, choices=POLICY_NAMES, metavar="POLICY", help="policy name (see above)")
+    parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
+    parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
     parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
@@ -33,7 +44,12 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
     instance = load_instance(args.instance)
-    policy, parameters = tuned_policy(instance, args.policy, args.horizon, args.device, progress=True)
+    if args.policy.startswith(CHECKPOINT_PREFIX):
+        path = args.policy[len(CHECKPOINT_PREFIX):]
+        policy, ckpt = load_policy(path, args.mode, args.device, instance)
+        parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
+    else:
+        policy, parameters = tuned_policy(instance, args.policy, args.horizon, args.device, progress=True)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}

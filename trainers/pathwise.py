@@ -278,7 +278,7 @@ class PathwiseTrainer:
         return {
             "update": self.update,
             "cost10": float(cost10),
-            "loss": float(loss.total),
+            "loss": float(loss.total.detach()),
             "score_loss": float(loss.score),
             "pathwise_loss": float(loss.pathwise),
             "critic_loss": float(loss.critic),

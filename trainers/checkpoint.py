@@ -1,0 +1,56 @@
+"""Checkpoints: weights, optimiser and rollout state, config and instance, in one file that loads
+with `torch.load(weights_only=True)` (tensors and primitives only; nothing is unpickled)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envs.instance import Instance
+from trainers.pathwise import TrainConfig
+
+FORMAT = "or-transformer-platform/checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
+
+
+def save_checkpoint(path: str | os.PathLike, config: TrainConfig, instance: Instance, trainer_state: dict[str, Any], status: str) -> None:
+    """Write atomically (temporary file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "instance": instance.to_dict(), "status": status, "trainer": trainer_state}
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and validate; returns {config: TrainConfig, instance: Instance, status, trainer}."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint '{path}' does not exist")
+    try:
+        payload = torch.load(path, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform ({first_line})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint '{path}': not a checkpoint of this platform (field 'format' should be '{FORMAT}')")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint '{path}': field 'version' is {payload.get('version')!r}, this code reads version {VERSION}")
+    try:
+        config = TrainConfig.from_dict(payload["config"])
+        instance = Instance.from_dict(payload["instance"])
+        trainer = payload["trainer"]
+        trainer["model"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint '{path}': malformed content ({exc})") from None
+    return {"config": config, "instance": instance, "status": payload.get("status"), "trainer": trainer}

@@ -1,0 +1,62 @@
+"""The decision API: a trained network as a policy (state, instance) -> (Y, Q) for the shared evaluator."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from envs.dynamics import State
+from envs.features import global_token, item_tokens
+from envs.instance import Instance, TensorInstance
+from trainers.checkpoint import CheckpointError, load_checkpoint
+from trainers.networks import ThreeNetworks
+from trainers.pathwise import build_network
+
+MODES = ("greedy", "sampled")
+
+
+class LearnedPolicy:
+    """Y = 1{p > 0.5} (greedy) or Y ~ Bernoulli(p) (sampled); Q = qbar * fraction, eq. (policy_outputs_main)."""
+
+    def __init__(self, model: ThreeNetworks, mode: str = "greedy", seed: int = 0):
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {list(MODES)}, got '{mode}'")
+        self.model = model.eval()
+        self.mode = mode
+        self.seed = seed
+        self.generator: Optional[torch.Generator] = None
+
+    def reset(self) -> None:
+        """Restart the sampling stream, so a sampled evaluation is reproducible."""
+        device = next(self.model.parameters()).device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(self.seed)
+
+    @torch.no_grad()
+    def __call__(self, state: State, instance: TensorInstance):
+        items, glob = item_tokens(instance, state), global_token(instance, state)
+        p = torch.sigmoid(self.model.open_logit(items, glob))
+        if self.mode == "greedy":
+            open_order = (p > 0.5).to(p.dtype)
+        else:
+            if self.generator is None:
+                self.reset()
+            open_order = torch.bernoulli(p, generator=self.generator)
+        return open_order, instance.qbar * self.model.quantity_fraction(items, glob)
+
+
+def load_policy(path, mode: str = "greedy", device="cpu", instance: Optional[Instance] = None) -> tuple[LearnedPolicy, dict]:
+    """Load a checkpoint as a policy. With `instance`, check that it is the instance the policy
+    expects where the network needs it (HPO's fixed input size)."""
+    ckpt = load_checkpoint(path, device)
+    config, trained_on = ckpt["config"], ckpt["instance"]
+    n = trained_on.n
+    if instance is not None and config.method == "hpo" and instance.n != n:
+        raise CheckpointError(f"checkpoint '{path}': an HPO policy for n = {n} items cannot act on an instance with n = {instance.n}")
+    model = build_network(config, n).to(device)
+    try:
+        model.load_state_dict(ckpt["trainer"]["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({str(exc).splitlines()[0]})") from None
+    return LearnedPolicy(model, mode, config.seed), ckpt

@@ -278,11 +278,7 @@ class PathwiseTrainer:
         return {
             "update": self.update,
             "cost10": float(cost10),
-            "loss": float(loss.total.detach()),
-            "score_loss": float(loss.score),
-            "pathwise_loss": float(loss.pathwise),
-            "critic_loss": float(loss.critic),
-            "entropy": float(loss.entropy),
+            **{name: float(value.detach()) for name, value in zip(("loss", "score_loss", "pathwise_loss", "critic_loss", "entropy"), loss)},
             "open_rate": float(ro.open_order.mean()),
             "learning_rate": learning_rate(config, self.update - 1),
             **{f"grad_norm_{k}": v for k, v in norms.items()},

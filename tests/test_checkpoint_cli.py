@@ -1,0 +1,115 @@
+"""Checkpoints (round trip, resume, rejection of bad files) and the train / evaluate / decide CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from envs.instance import paper_instance
+from trainers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.policy import load_policy
+from trainers.run import train
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
+
+
+def test_round_trip_gives_identical_decisions(tmp_path):
+    instance = paper_instance(3, 0)
+    cfg = TrainConfig(**TINY, updates=2)
+    trainer = PathwiseTrainer(cfg, instance.to_torch())
+    trainer.step()
+    save_checkpoint(tmp_path / "c.pt", cfg, instance, trainer.state_dict(), "completed")
+    policy, ckpt = load_policy(tmp_path / "c.pt")
+    assert ckpt["config"] == cfg and ckpt["instance"].to_dict() == instance.to_dict()
+    for a, b in zip(policy.model.state_dict().values(), trainer.model.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_resume_continues_the_same_curve(tmp_path):
+    instance = paper_instance(2, 0)
+    straight = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "a", progress=False)
+    train(TrainConfig(**TINY, updates=2), instance, tmp_path / "b", progress=False)
+    resumed = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "b", resume=True, progress=False)
+    curve_a = pq.read_table(tmp_path / "a" / "curve.parquet").to_pydict()
+    curve_b = pq.read_table(tmp_path / "b" / "curve.parquet").to_pydict()
+    assert curve_a["update"] == curve_b["update"] == [1, 2, 3, 4]
+    assert curve_a["cost10"] == curve_b["cost10"]
+    assert straight["status"] == resumed["status"] == "completed"
+    assert set(curve_a) == {"method", "n", "seed", "update", "cost10", "wall_seconds"}
+    assert any((tmp_path / "a" / "tensorboard").iterdir())
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    instance = paper_instance(2, 0)
+    train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
+    with pytest.raises(CheckpointError, match="config differs"):
+        train(TrainConfig(**{**TINY, "width": 32}, updates=4), instance, tmp_path, resume=True, progress=False)
+
+
+def test_diverged_run_is_a_result(tmp_path):
+    summary = train(TrainConfig(**TINY, updates=5, divergence_cost=1e-6), paper_instance(2, 0), tmp_path, progress=False)
+    assert summary["status"] == "diverged" and summary["updates_done"] == 1
+    assert json.loads((tmp_path / "training.json").read_text())["status"] == "diverged"
+    assert load_checkpoint(tmp_path / "checkpoint.pt")["status"] == "diverged"
+
+
+def test_bad_checkpoint_files_are_rejected(tmp_path):
+    instance = paper_instance(2, 0)
+    cfg = TrainConfig(**TINY, updates=1)
+    trainer = PathwiseTrainer(cfg, instance.to_torch())
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, cfg, instance, trainer.state_dict(), "completed")
+    (tmp_path / "truncated.pt").write_bytes(good.read_bytes()[:200])
+    (tmp_path / "noise.pt").write_bytes(b"not a checkpoint at all")
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
+    for name, message in (("truncated.pt", "truncated or not a checkpoint"), ("noise.pt", "truncated or not a checkpoint"),
+                          ("foreign.pt", "field 'format'"), ("missing.pt", "does not exist")):
+        with pytest.raises(CheckpointError, match=message):
+            load_checkpoint(tmp_path / name)
+    payload = torch.load(good, weights_only=True)
+    payload["trainer"]["model"] = {k: v[..., :1] for k, v in payload["trainer"]["model"].items()}
+    torch.save(payload, tmp_path / "mismatch.pt")
+    with pytest.raises(CheckpointError, match="weights do not match"):
+        load_policy(tmp_path / "mismatch.pt")
+    hpo = TrainConfig(**TINY, updates=1, method="hpo")
+    save_checkpoint(tmp_path / "hpo.pt", hpo, instance, PathwiseTrainer(hpo, instance.to_torch()).state_dict(), "completed")
+    with pytest.raises(CheckpointError, match="n = 2 items cannot act on an instance with n = 3"):
+        load_policy(tmp_path / "hpo.pt", instance=paper_instance(3, 0))
+
+
+def script(name, *args):
+    return subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_train_evaluate_decide_end_to_end(tmp_path):
+    inst = tmp_path / "inst.json"
+    paper_instance(3, 0).save(inst)
+    run = script("train.py", "--method", "or-transformer", "--instance", inst, "--updates", 3, "--batch", 8, "--episodes", 4, "--horizon", 5, "--out", tmp_path / "run")
+    assert run.returncode == 0, run.stderr
+    for mode in ("greedy", "sampled"):
+        summary = json.loads((tmp_path / "run" / mode / "summary.json").read_text())
+        assert summary["policy"] == f"or-transformer-{mode}" and summary["episodes"] == 4 and summary["training"]["status"] == "completed"
+    assert pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 3
+    ev = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'run' / 'checkpoint.pt'}", "--episodes", 4, "--horizon", 5, "--out", tmp_path / "ev")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["mean"] == pytest.approx(
+        json.loads((tmp_path / "run" / "greedy" / "summary.json").read_text())["mean"])
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps([{"inventory": [1, 2, 3], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}] * 2))
+    decision = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    assert decision.returncode == 0, decision.stderr
+    answer = json.loads(decision.stdout)
+    assert answer["batch"] == 2 and len(answer["quantity"][0]) == 3 and answer["open"][0] in (0, 1)
+    qbar = paper_instance(3, 0).qbar
+    assert all(0 <= q <= cap for q, cap in zip(answer["quantity"][0], qbar))
+    state.write_text(json.dumps({"inventory": [1, 2], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}))
+    bad = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    assert bad.returncode == 2 and "field 'inventory': expected 3 numbers" in bad.stderr
+    bad = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
+    assert bad.returncode == 2 and "does not exist" in bad.stderr

@@ -27,6 +27,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
+	$(BIN)/python bench/policy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

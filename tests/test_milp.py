@@ -1,0 +1,139 @@
+"""The rolling-horizon MILP: HiGHS and Gurobi against a brute-force enumeration of the opening
+sequence over an independent textbook formulation (explicit I, per-scenario root copies tied by
+non-anticipativity rows), and first-period dynamics against envs' step."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import linprog
+
+from envs.dynamics import State, step
+from envs.instance import LMAX, Instance
+from solver_workers.backends import SolverOptions, solve
+from solver_workers.model import build_model, sample_scenarios
+
+
+def textbook_lp_value(inst, inventory, in_transit, demand, opens):
+    """The paper's eqs. (milp_objective)-(milp_domains) with Y fixed to `opens` [S, H] (root shared), as an LP."""
+    S, H, n = demand.shape
+    lead = inst.lead.astype(int)
+    names = {}
+    for w in range(S):
+        for i in range(n):
+            for u in range(H):
+                for kind in ("I", "Rp", "Rm", "O"):
+                    names[(kind, w, i, u)] = len(names)
+    c = np.zeros(len(names))
+    bounds = [(0, None)] * len(names)
+    A_eq, b_eq, A_ub, b_ub = [], [], [], []
+
+    def row(entries):
+        r = np.zeros(len(names))
+        for key, v in entries:
+            r[names[key]] += v
+        return r
+
+    for w in range(S):
+        for i in range(n):
+            for u in range(H):
+                g = inst.gamma**u / S
+                c[names[("Rp", w, i, u)]] = g * inst.h[i]
+                c[names[("Rm", w, i, u)]] = g * inst.b[i]
+                bounds[names[("I", w, i, u)]] = (None, None)
+                # Rp >= I - D, Rm >= D - I
+                A_ub.append(row([(("I", w, i, u), 1), (("Rp", w, i, u), -1)])); b_ub.append(demand[w, u, i])
+                A_ub.append(row([(("I", w, i, u), -1), (("Rm", w, i, u), -1)])); b_ub.append(-demand[w, u, i])
+                # 0 <= O <= qbar Y, tail fixing O = 0 for u >= H - L_i
+                cap = inst.qbar[i] * opens[w, u] if u < H - lead[i] else 0.0
+                bounds[names[("O", w, i, u)]] = (0, cap)
+                if u == 0:
+                    A_eq.append(row([(("I", w, i, 0), 1)])); b_eq.append(inventory[i])
+                    if w > 0:  # non-anticipativity of the root quantity
+                        A_eq.append(row([(("O", w, i, 0), 1), (("O", 0, i, 0), -1)])); b_eq.append(0.0)
+                if u < H - 1:
+                    pipe = in_transit[i, u] if u + 1 <= LMAX - 1 else 0.0
+                    entries = [(("I", w, i, u + 1), 1), (("I", w, i, u), -1)]
+                    if u + 1 - lead[i] >= 0:
+                        entries.append((("O", w, i, u + 1 - lead[i]), -1))
+                    A_eq.append(row(entries)); b_eq.append(pipe - demand[w, u, i])
+    res = linprog(c, A_ub=np.array(A_ub), b_ub=b_ub, A_eq=np.array(A_eq), b_eq=b_eq, bounds=bounds, method="highs")
+    assert res.status == 0
+    K = sum(inst.K * inst.gamma**u / S * opens[w, u] for w in range(S) for u in range(H))
+    return res.fun + K
+
+
+def brute_force(inst, inventory, in_transit, demand):
+    S, H, _ = demand.shape
+    last_open = H - int(inst.lead.min())  # Y_u = 0 for u >= H - L_min
+    best = np.inf
+    free = S * max(last_open - 1, 0)
+    for root in (0, 1):
+        for bits in itertools.product((0, 1), repeat=free):
+            opens = np.zeros((S, H))
+            opens[:, 0] = root
+            if free:
+                opens[:, 1:last_open] = np.array(bits).reshape(S, last_open - 1)
+            best = min(best, textbook_lp_value(inst, inventory, in_transit, demand, opens))
+    return best
+
+
+CASES = [
+    # (n, S, H, leads, seed)
+    (1, 3, 5, [1], 0),
+    (2, 2, 5, [1, 3], 1),
+    (2, 1, 6, [2, 4], 2),
+]
+
+
+@pytest.mark.parametrize("n, S, H, leads, seed", CASES)
+def test_highs_gurobi_and_brute_force_agree(n, S, H, leads, seed):
+    rng = np.random.default_rng(seed)
+    inst = Instance(h=rng.uniform(0.6, 2, n), b=rng.uniform(6, 11, n), lam=rng.uniform(2, 7, n), beta=rng.uniform(0.2, 0.6, n),
+                    lead=leads, qbar=rng.uniform(8, 28, n), K=10.0 * n, gamma=0.95, rho=0.8)
+    inventory = rng.normal(3, 4, n)
+    in_transit = np.where(np.arange(LMAX - 1)[None] < (inst.lead[:, None] - 1), rng.uniform(0, 6, (n, LMAX - 1)), 0.0)
+    demand = sample_scenarios(inst, 0.4, S, H, rng)
+    model = build_model(inst, inventory, in_transit, demand)
+    exact = brute_force(inst, inventory, in_transit, demand)
+    for solver in ("highs", "gurobi"):
+        result = solve(model, SolverOptions(solver=solver, gap=0.0))
+        assert result.status == "optimal"
+        assert result.objective == pytest.approx(exact, rel=1e-7, abs=1e-6)
+        assert result.bound == pytest.approx(exact, rel=1e-6, abs=1e-6)
+
+
+def test_first_period_dynamics_equal_the_environment_step():
+    rng = np.random.default_rng(5)
+    n = 4
+    inst = Instance(h=[1.0, 0.8, 1.5, 2.0], b=[9.0, 7.0, 11.0, 6.0], lam=[3.0, 5.0, 2.0, 6.0], beta=[0.3] * 4, lead=[1, 2, 3, 4],
+                    qbar=[12.0, 20.0, 8.0, 24.0], K=40.0, gamma=0.95, rho=0.8)
+    inventory = np.array([4.0, -2.0, 6.0, 1.0])
+    in_transit = np.array([[0, 0, 0], [3.0, 0, 0], [2.0, 5.0, 0], [1.0, 2.0, 4.0]])
+    demand = sample_scenarios(inst, 0.0, 1, 6, rng)
+    model = build_model(inst, inventory, in_transit, demand)
+    result = solve(model, SolverOptions(gap=0.0))
+    x = result.x
+    open_order, quantity = model.root_action(x, inst.qbar)
+    ti = inst.to_torch(dtype=torch.float64)
+    state = State(torch.tensor(inventory[None]), torch.tensor(in_transit[None]), torch.zeros(1, dtype=torch.float64))
+    nxt, cost = step(ti, state, torch.tensor([float(open_order)]), torch.tensor(quantity[None]), torch.tensor(demand[:, 0]), torch.zeros(1, dtype=torch.float64))
+    # the model's post-demand stock at u = 0 and u = 1 against the step: N_0 = I - D_0, I_1 = N_0 + P_1 + 1{L=1} O_0
+    plus = x[model.shape[1] - 2 * n * 6:model.shape[1] - n * 6].reshape(n, 6)
+    minus = x[model.shape[1] - n * 6:].reshape(n, 6)
+    post = plus - minus
+    np.testing.assert_allclose(post[:, 0], inventory - demand[0, 0], atol=1e-9)
+    np.testing.assert_allclose(post[:, 1] + demand[0, 1], nxt.inv[0].numpy(), atol=1e-7)
+    stage0 = inst.K * open_order + np.sum(inst.h * plus[:, 0] + inst.b * minus[:, 0])
+    assert stage0 == pytest.approx(cost.item(), abs=1e-7)
+
+
+def test_tail_fixing_removes_late_columns():
+    inst = Instance(h=[1.0, 1.0], b=[9.0, 9.0], lam=[3.0, 3.0], beta=[0.0, 0.0], lead=[1, 4], qbar=[9.0, 9.0], K=5.0, gamma=0.9, rho=0.5)
+    H, S = 6, 2
+    model = build_model(inst, np.zeros(2), np.zeros((2, 3)), np.ones((S, H, 2)))
+    # Y: root + S * (H - L_min - 1); O: item 0 root + S * (H - 1 - 1), item 1 root + S * (H - 4 - 1); R+/R-: 2 S n H
+    expected = 1 + S * (H - 1 - 1) + (1 + S * (H - 2)) + (1 + S * (H - 5)) + 2 * S * 2 * H
+    assert model.shape[1] == expected
+    assert (model.root_quantity >= 0).all()

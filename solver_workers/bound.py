@@ -166,7 +166,8 @@ def episode_bound(instance: Instance, demand: np.ndarray, inventory: np.ndarray,
     model, index = facility_location_model(instance, data)
     result = solve(model, options)
     mip_bound = None if result.bound is None else data.constant + result.bound
-    bound = dp_value if mip_bound is None else max(dp_value, mip_bound)
+    mip_wins = mip_bound is not None and mip_bound >= dp_value - 1e-9 * max(1.0, abs(dp_value))  # ties go to the exact formulation
+    bound = max(dp_value, mip_bound) if mip_bound is not None else dp_value
     T, n = demand.shape
     plan_open, plan_quantity = np.zeros(T), np.zeros((T, n))
     if result.has_incumbent:
@@ -177,7 +178,7 @@ def episode_bound(instance: Instance, demand: np.ndarray, inventory: np.ndarray,
         plan_quantity = np.minimum(plan_quantity, instance.qbar) * plan_open[:, None]
     return {
         "bound": bound,
-        "source": "uncapacitated-dp" if mip_bound is None or dp_value > mip_bound else "facility-location",
+        "source": "facility-location" if mip_wins else "uncapacitated-dp",
         "status": result.status,
         "mip_bound": mip_bound,
         "uncapacitated_bound": dp_value,

@@ -14,3 +14,13 @@ def pytest_collection_modifyitems(config, items):
 
 def single_item(lead: int, lam: float = 2.0, h: float = 1.0, b: float = 10.0, K: float = 5.0, qbar: float = 12.0) -> Instance:
     return Instance(h=[h], b=[b], lam=[lam], beta=[0.0], lead=[lead], qbar=[qbar], K=K, gamma=0.9, rho=0.5)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded Ray for the whole test session."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,181 @@
+"""The Ray pool of CPU solver workers: rolling-horizon decisions and bound solves in parallel across
+episodes, on an embedded local Ray or a cluster.
+
+Fault tolerance: actors restart after a crash and Ray retries their in-flight call
+(`max_restarts`, `max_task_retries`); a worker that stays dead is replaced and its task resubmitted.
+Retries are at-least-once, so every result is keyed — (episode, decision) for decisions, episode for
+bounds — and appended to a JSON-lines journal as it arrives (flushed and fsynced); the journal keeps
+the first record per key. A re-run reads the journal and skips what is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+import ray
+import torch
+from tqdm.auto import tqdm
+
+from envs.dynamics import State, initial_state, step
+from envs.exogenous import ExogenousPaths
+from envs.instance import Instance
+from solver_workers.backends import SolverOptions
+from solver_workers.bound import episode_bound
+from solver_workers.rolling import RollingOptions, decide
+
+ACTOR_RESTARTS = 3
+
+
+class Journal:
+    """Append-only JSON-lines results keyed by `key(record)`; a torn last line is ignored."""
+
+    def __init__(self, path: str | os.PathLike, key: Callable[[dict], Any]):
+        self.path, self.key = Path(path), key
+        self.records: dict[Any, dict] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.records.setdefault(self.key(record), record)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __contains__(self, key) -> bool:
+        return key in self.records
+
+    def add(self, record: dict) -> bool:
+        """Append `record` unless its key is already there; returns whether it was new."""
+        key = self.key(record)
+        if key in self.records:
+            return False
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records[key] = record
+        return True
+
+
+@ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
+class SolverWorker:
+    """One solver process; one solver thread by default."""
+
+    def __init__(self):
+        torch.set_num_threads(1)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def decide(self, instance: Instance, inventory, in_transit, factor: float, episode: int, decision: int, options: RollingOptions) -> dict:
+        return decide(instance, inventory, in_transit, factor, episode, decision, options)
+
+    def bound(self, instance: Instance, demand, inventory, in_transit, episode: int, options: SolverOptions) -> dict:
+        return {"episode": int(episode), **episode_bound(instance, demand, inventory, in_transit, options)}
+
+
+class Pool:
+    """`workers` SolverWorker actors; `run` keeps each busy and replaces the ones that stay dead."""
+
+    def __init__(self, workers: int):
+        if workers < 1:
+            raise ValueError(f"workers: expected an integer >= 1, got {workers}")
+        self.actors = [SolverWorker.remote() for _ in range(workers)]
+
+    def run(self, tasks: Iterable[tuple[str, tuple]], on_result: Callable[[dict], Iterable[tuple[str, tuple]]], total: int, done: int, desc: str) -> None:
+        """Run (method, args) tasks; `on_result` stores a result and returns follow-up tasks."""
+        pending = list(tasks)
+        in_flight: dict[ray.ObjectRef, tuple[int, str, tuple]] = {}
+        idle = list(range(len(self.actors)))
+        with tqdm(total=total, initial=done, desc=desc, unit="task", smoothing=0.1) as bar:
+            while pending or in_flight:
+                while pending and idle:
+                    slot = idle.pop()
+                    method, args = pending.pop(0)
+                    in_flight[getattr(self.actors[slot], method).remote(*args)] = (slot, method, args)
+                ready, _ = ray.wait(list(in_flight), num_returns=1)
+                slot, method, args = in_flight.pop(ready[0])
+                try:
+                    result = ray.get(ready[0])
+                except ray.exceptions.RayActorError:
+                    self.actors[slot] = SolverWorker.remote()  # restarts exhausted: replace, retry the task
+                    pending.insert(0, (method, args))
+                    idle.append(slot)
+                    continue
+                idle.append(slot)
+                pending.extend(on_result(result))
+                bar.update(1)
+
+
+def run_rolling(instance: Instance, paths: ExogenousPaths, options: RollingOptions, pool: Pool, journal: Journal) -> tuple[np.ndarray, np.ndarray]:
+    """Run the rolling-horizon controller on every episode of `paths`, resuming from `journal`.
+    Returns the executed actions open [E, T] and quantity [E, T, n]."""
+    E, T, n = paths.num_episodes, paths.horizon, instance.n
+    tinst = instance.to_torch(dtype=torch.float64)
+    factor = paths.factor.double().numpy()
+    demand = paths.demand.double().numpy()
+    open_order, quantity = np.zeros((E, T)), np.zeros((E, T, n))
+    ref = ray.put(instance)
+
+    def advance(row: int, state: State, record: dict) -> State:
+        t = record["decision"]
+        open_order[row, t], quantity[row, t] = record["open"], record["quantity"]
+        nxt, _ = step(tinst, state, torch.tensor([float(record["open"])], dtype=torch.float64), torch.tensor([record["quantity"]], dtype=torch.float64),
+                      torch.tensor(demand[row, t][None]), torch.tensor([factor[row, t + 1]]))
+        return nxt
+
+    states: dict[int, State] = {}
+    next_decision: dict[int, int] = {}
+    for row, e in enumerate(paths.episodes):  # replay what the journal already holds
+        state, t = initial_state(tinst, torch.tensor([factor[row, 0]])), 0
+        while t < T and (e, t) in journal:
+            state, t = advance(row, state, journal.records[(e, t)]), t + 1
+        states[row], next_decision[row] = state, t
+    row_of = {e: row for row, e in enumerate(paths.episodes)}
+
+    def task(row: int):
+        s, t = states[row], next_decision[row]
+        return ("decide", (ref, s.inv[0].numpy(), s.pipe[0].numpy(), float(s.factor[0]), paths.episodes[row], t, options))
+
+    def on_result(record: dict):
+        journal.add(record)
+        row = row_of[record["episode"]]
+        states[row] = advance(row, states[row], journal.records[(record["episode"], record["decision"])])
+        next_decision[row] += 1
+        return [task(row)] if next_decision[row] < T else []
+
+    done = sum(next_decision.values())
+    pool.run([task(row) for row in range(E) if next_decision[row] < T], on_result, E * T, done, "MILP decisions")
+    return open_order, quantity
+
+
+def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions, pool: Pool, journal: Journal) -> list[dict]:
+    """The perfect-information bound of every episode of `paths` (initial state as in evaluation)."""
+    tinst = instance.to_torch(dtype=torch.float64)
+    ref = ray.put(instance)
+    demand = paths.demand.double().numpy()
+    start = initial_state(tinst, torch.zeros(1, dtype=torch.float64))
+    inventory, in_transit = start.inv[0].numpy(), start.pipe[0].numpy()
+    tasks = [("bound", (ref, demand[row], inventory, in_transit, e, options)) for row, e in enumerate(paths.episodes) if e not in journal]
+
+    def on_result(record: dict):
+        journal.add(record)
+        return []
+
+    pool.run(tasks, on_result, paths.num_episodes, paths.num_episodes - len(tasks), "bounds")
+    return [journal.records[e] for e in paths.episodes]
+
+
+def init_ray(workers: int, address: Optional[str] = None) -> None:
+    """Connect to a cluster (RAY_ADDRESS, as under `ray job submit`, or --address) or start an embedded Ray."""
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(num_cpus=max(workers, os.cpu_count() or 1), include_dashboard=False)

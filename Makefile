@@ -28,6 +28,7 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/policy.py
+	$(BIN)/python bench/milp.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

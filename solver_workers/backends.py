@@ -60,6 +60,7 @@ class SolveResult:
     bound: Optional[float]  # proven dual (lower) bound
     gap: Optional[float]
     x: Optional[np.ndarray]  # incumbent solution
+    incumbents: tuple[tuple[float, float], ...] = ()  # (seconds, objective) of each improving solution (HiGHS)
 
     @property
     def has_incumbent(self) -> bool:
@@ -93,6 +94,10 @@ def solve_highs(model: MilpModel, options: SolverOptions) -> SolveResult:
         return SolveResult("error:passModel rejected the model", 0.0, None, None, None, None)
     if options.warm_start:
         h.setSolution(cols, np.arange(cols, dtype=np.int32), model.warm_start)
+    incumbents = []
+    if model.integrality.any():
+        h.setCallback(lambda kind, message, out, data_in, user: incumbents.append((out.running_time, out.objective_function_value)), None)
+        h.startCallback(highspy.cb.HighsCallbackType.kCallbackMipImprovingSolution)
     start = time.perf_counter()
     h.run()
     seconds = time.perf_counter() - start
@@ -108,7 +113,7 @@ def solve_highs(model: MilpModel, options: SolverOptions) -> SolveResult:
     objective = _finite(info.objective_function_value) if has_solution else None
     bound = _finite(info.mip_dual_bound) if model.integrality.any() else objective if status == "optimal" else None
     gap = _finite(info.mip_gap) if has_solution else None
-    return SolveResult(status, seconds, objective, bound, gap, x)
+    return SolveResult(status, seconds, objective, bound, gap, x, tuple(incumbents))
 
 
 def gurobi_env():

@@ -103,25 +103,27 @@ class GlobalReadout(nn.Module):
 
 
 class ItemReadout(nn.Module):
-    """A token encoder and one head shared by all item representations h_i: [B, n]."""
+    """A token encoder and one head shared by all item representations h_i: [B, n] (or [B, n, outputs])."""
 
-    def __init__(self, shape: TransformerShape):
+    def __init__(self, shape: TransformerShape, outputs: int = 1):
         super().__init__()
         self.encoder = TokenEncoder(shape)
-        self.head = nn.Linear(shape.width, 1)
+        self.head = nn.Linear(shape.width, outputs)
 
     def forward(self, items, glob, item_mask=None):
-        return self.head(self.encoder(items, glob, item_mask)[:, 1:])[..., 0]
+        out = self.head(self.encoder(items, glob, item_mask)[:, 1:])
+        return out[..., 0] if out.shape[-1] == 1 else out
 
 
 class FlatPerceptron(nn.Module):
     """Two hidden layers with tanh on the concatenated 11n + 4 input (fixed n, no padding)."""
 
-    def __init__(self, n: int, hidden: int, per_item: bool):
+    def __init__(self, n: int, hidden: int, per_item: int = 0):
+        """per_item = 0: one scalar [B]; 1: one value per item [B, n]; k > 1: [B, n, k]."""
         super().__init__()
         self.n, self.per_item = n, per_item
         self.net = nn.Sequential(
-            nn.Linear(ITEM_FEATURES * n + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, n if per_item else 1)
+            nn.Linear(ITEM_FEATURES * n + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, max(n * per_item, 1))
         )
 
     def forward(self, items, glob, item_mask=None):
@@ -130,7 +132,9 @@ class FlatPerceptron(nn.Module):
         if items.shape[1] != self.n:
             raise ValueError(f"this perceptron was built for n = {self.n} items, got {items.shape[1]}")
         out = self.net(torch.cat([items.flatten(1), glob], dim=-1))
-        return out if self.per_item else out[:, 0]
+        if self.per_item == 0:
+            return out[:, 0]
+        return out if self.per_item == 1 else out.view(out.shape[0], self.n, self.per_item)
 
 
 class ThreeNetworks(nn.Module):
@@ -177,6 +181,6 @@ class HPOPerceptron(ThreeNetworks):
 
     def __init__(self, n: int, hidden: int = 512):
         super().__init__()
-        self.open_net = FlatPerceptron(n, hidden, per_item=False)
-        self.quantity_net = FlatPerceptron(n, hidden, per_item=True)
-        self.critic_net = FlatPerceptron(n, hidden, per_item=False)
+        self.open_net = FlatPerceptron(n, hidden)
+        self.quantity_net = FlatPerceptron(n, hidden, per_item=1)
+        self.critic_net = FlatPerceptron(n, hidden)

@@ -1,0 +1,301 @@
+"""RLlib PPO baselines (new API stack) on the same simulator, budget and evaluation as the pathwise trainer.
+
+* `JRPModule`: one thin `TorchRLModule` + `ValueFunctionAPI` adapter around the networks of
+  `trainers.networks`: `network="mlp"` (PPO: perceptrons with two hidden layers, tanh, on the flat
+  11n + 4 input) or `network="transformer"` (Transformer-PPO: the OR-Transformer encoders).
+* `JRPActionDistribution`: Y ~ Bernoulli(p) and, per item, a fraction u_i ~ Beta(alpha_i, beta_i) with
+  alpha, beta = 1 + softplus(.) >= 1; the env executes Q_i = u_i qbar_i. A Beta lives on [0, 1] exactly,
+  so every sampled action is feasible without clipping (a clipped Gaussian would make the executed
+  action differ from the one whose log-probability PPO uses), and alpha, beta >= 1 keeps the density
+  bounded. RLlib must not rescale it: `normalize_actions=False`, `clip_actions=False`.
+* Sampling: RLlib steps `envs.gym_env.JRPVectorEnv`, one object stepping all B rollouts
+  (`gym_env_vectorize_mode="vector_entry_point"`), as a continuing process like the pathwise
+  trainer's rollouts (the horizon is the whole run, so no resets).
+* One update = one `Algorithm.train()` on B x T_roll fresh samples (rollout_fragment_length = T_roll
+  per env): PPO then makes `epochs` passes over `minibatches` minibatches of that batch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from ray.rllib.algorithms.ppo import PPO, PPOConfig
+from ray.rllib.callbacks.callbacks import RLlibCallback
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.distribution.distribution import Distribution
+from ray.rllib.core.rl_module.apis import ValueFunctionAPI
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from ray.tune.registry import register_env
+
+from envs.features import GLOBAL_FEATURES, ITEM_FEATURES
+from envs.gym_env import JRPVectorEnv
+from envs.instance import Instance
+from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
+
+NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
+ENV_ID = "jrp-vector"
+_BETA_EPS = 1e-6
+
+
+def split_tokens(obs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flat observation (item tokens item-major, then the global token) as ([B, n, 11], [B, 4])."""
+    return obs[:, : ITEM_FEATURES * n].reshape(obs.shape[0], n, ITEM_FEATURES), obs[:, ITEM_FEATURES * n:]
+
+
+class JRPActionDistribution(Distribution):
+    """Bernoulli(open) x prod_i Beta(fraction_i) from inputs [B, 1 + 2n]: open logit, then (alpha, beta) pre-activations per item."""
+
+    def __init__(self, inputs: torch.Tensor):
+        super().__init__()
+        n = (inputs.shape[-1] - 1) // 2
+        self.open = torch.distributions.Bernoulli(logits=inputs[..., 0])
+        shape = inputs[..., 1:].reshape(*inputs.shape[:-1], n, 2)
+        self.fraction = torch.distributions.Beta(1 + F.softplus(shape[..., 0]), 1 + F.softplus(shape[..., 1]))
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, **kwargs) -> "JRPActionDistribution":
+        return cls(logits)
+
+    @staticmethod
+    def required_input_dim(space: gym.Space, **kwargs) -> int:
+        return 1 + 2 * space[1].shape[0]
+
+    def sample(self, *, sample_shape=None, **kwargs):
+        return self.open.sample().long(), self.fraction.sample().clamp(_BETA_EPS, 1 - _BETA_EPS)
+
+    def rsample(self, *, sample_shape=None, **kwargs):
+        raise NotImplementedError("the Bernoulli part has no reparameterised sample")
+
+    def logp(self, value, **kwargs) -> torch.Tensor:
+        open_order, fraction = value
+        return self.open.log_prob(open_order.float()) + self.fraction.log_prob(fraction.clamp(_BETA_EPS, 1 - _BETA_EPS)).sum(-1)
+
+    def entropy(self, **kwargs) -> torch.Tensor:
+        return self.open.entropy() + self.fraction.entropy().sum(-1)
+
+    def kl(self, other: "JRPActionDistribution", **kwargs) -> torch.Tensor:
+        kl = torch.distributions.kl.kl_divergence
+        return kl(self.open, other.open) + kl(self.fraction, other.fraction).sum(-1)
+
+    def to_deterministic(self) -> "JRPGreedyAction":
+        return JRPGreedyAction(self.open.probs, self.fraction.mean)
+
+
+class JRPGreedyAction(Distribution):
+    """The evaluation action: Y = 1{p > 0.5}, u = the Beta mean."""
+
+    def __init__(self, probability: torch.Tensor, fraction: torch.Tensor):
+        super().__init__()
+        self.probability, self.fraction = probability, fraction
+
+    def sample(self, **kwargs):
+        return (self.probability > 0.5).long(), self.fraction
+
+    rsample = sample
+
+    def logp(self, value, **kwargs):
+        raise NotImplementedError("a deterministic action has no log-probability")
+
+    def entropy(self, **kwargs):
+        return torch.zeros_like(self.probability)
+
+    def kl(self, other, **kwargs):
+        raise NotImplementedError
+
+    @staticmethod
+    def required_input_dim(space: gym.Space, **kwargs) -> int:
+        return JRPActionDistribution.required_input_dim(space)
+
+    @classmethod
+    def from_logits(cls, logits, **kwargs):
+        return JRPActionDistribution(logits).to_deterministic()
+
+
+class JRPModule(TorchRLModule, ValueFunctionAPI):
+    """model_config: n, network (mlp | transformer), hidden, blocks, width, heads, feed_forward."""
+
+    def setup(self):
+        cfg = self.model_config
+        n = self.n = int(cfg["n"])
+        if self.observation_space.shape != (ITEM_FEATURES * n + GLOBAL_FEATURES,):
+            raise ValueError(f"observation space {self.observation_space.shape} does not fit n = {n} items")
+        if cfg["network"] == "mlp":
+            self.open_net = FlatPerceptron(n, cfg["hidden"])
+            self.quantity_net = FlatPerceptron(n, cfg["hidden"], per_item=2)
+            self.critic_net = FlatPerceptron(n, cfg["hidden"])
+        elif cfg["network"] == "transformer":
+            shape = TransformerShape(cfg["blocks"], cfg["width"], cfg["heads"], cfg["feed_forward"])
+            self.open_net, self.quantity_net, self.critic_net = GlobalReadout(shape), ItemReadout(shape, outputs=2), GlobalReadout(shape)
+        else:
+            raise ValueError(f"model_config 'network': expected 'mlp' or 'transformer', got {cfg['network']!r}")
+
+    def _forward(self, batch, **kwargs):
+        items, glob = split_tokens(batch[Columns.OBS], self.n)
+        inputs = torch.cat([self.open_net(items, glob)[:, None], self.quantity_net(items, glob).flatten(1)], dim=-1)
+        return {Columns.ACTION_DIST_INPUTS: inputs}
+
+    def compute_values(self, batch, embeddings=None):
+        return self.critic_net(*split_tokens(batch[Columns.OBS], self.n))
+
+    def get_inference_action_dist_cls(self):
+        return JRPActionDistribution
+
+    def get_exploration_action_dist_cls(self):
+        return JRPActionDistribution
+
+    def get_train_action_dist_cls(self):
+        return JRPActionDistribution
+
+
+class RolloutCost(RLlibCallback):
+    """Logs cost10 = the mean over rollouts of sum_{t<T_roll} gamma^t C_t of each sampled fragment."""
+
+    def on_sample_end(self, *, env_runner, metrics_logger, samples, **kwargs):
+        gamma = env_runner.config.gamma
+        costs = []
+        for episode in samples:
+            rewards = np.asarray(episode.get_rewards(), dtype=np.float64)
+            if rewards.size:
+                costs.append(-np.sum(rewards * gamma ** np.arange(rewards.size)))
+        if costs:
+            metrics_logger.log_value("cost10", float(np.mean(costs)), reduce="mean", window=1)
+
+
+@dataclass(frozen=True)
+class PPOTrainConfig:
+    """Every setting of one PPO run; the presets mirror the pathwise trainer's budget."""
+
+    method: str = "ppo"
+    """ppo (MLP) or transformer-ppo (OR-Transformer encoders)."""
+    batch: int = 1024
+    """Parallel environments (rollouts per update), as B of the pathwise trainer."""
+    rollout: int = 10
+    """Steps per environment per update (T_roll)."""
+    updates: int = 16_000
+    """Number of updates (Algorithm.train() calls)."""
+    epochs: int = 4
+    """PPO passes over each update's batch."""
+    minibatches: int = 4
+    """Minibatches per pass (minibatch size = batch x rollout / minibatches)."""
+    hidden: int = 512
+    blocks: int = 4
+    width: int = 128
+    heads: int = 8
+    feed_forward: int = 512
+    learning_rate: float = 3e-4
+    gamma: float = 0.95
+    gae_lambda: float = 0.96
+    clip: float = 0.2
+    """PPO clip parameter."""
+    value_weight: float = 0.13
+    """Value-loss weight (alpha_V of the pathwise trainer)."""
+    entropy: float = 0.001
+    grad_clip: float = 5.0
+    divergence_cost: float = 1e3
+    """Diverged when the mean normalised step cost of an update exceeds this, or a loss is not finite."""
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.method not in NETWORKS:
+            raise ValueError(f"config field 'method': expected one of {list(NETWORKS)}, got '{self.method}'")
+        for name in ("batch", "rollout", "updates", "epochs", "minibatches", "hidden", "blocks", "width", "heads", "feed_forward"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"config field '{name}': expected an integer >= 1, got {value!r}")
+        if (self.batch * self.rollout) % self.minibatches:
+            raise ValueError(f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PPOTrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"config: unknown fields {unknown}; allowed fields are {sorted(known)}")
+        return cls(**data)
+
+    def model_config(self, n: int) -> dict[str, Any]:
+        return {"n": n, "network": NETWORKS[self.method], "hidden": self.hidden, "blocks": self.blocks, "width": self.width,
+                "heads": self.heads, "feed_forward": self.feed_forward}
+
+
+PPO_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "cpu": {"batch": 128, "updates": 1280, "hidden": 256, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256},
+}
+
+
+def ppo_preset(name: str, **overrides) -> PPOTrainConfig:
+    if name not in PPO_PRESETS:
+        raise ValueError(f"preset: expected one of {list(PPO_PRESETS)}, got '{name}'")
+    return PPOTrainConfig.from_dict({**PPO_PRESETS[name], **overrides})
+
+
+def make_env(env_config: dict) -> JRPVectorEnv:
+    """RLlib's env creator: the batched simulator as one vector env (called with num_envs)."""
+    instance = Instance.from_dict(env_config["instance"])
+    env = JRPVectorEnv(instance, num_envs=int(env_config["num_envs"]), horizon=int(env_config["horizon"]))
+    env.reset(seed=int(env_config["seed"]))
+    return env
+
+
+def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> PPO:
+    """A PPO algorithm for `instance` whose logs (result.json, progress.csv, TensorBoard) go to `logdir`."""
+    minibatch = config.batch * config.rollout // config.minibatches
+    register_env(ENV_ID, make_env)
+    ppo = (
+        PPOConfig()
+        .environment(env=ENV_ID, env_config={"instance": instance.to_dict(), "horizon": (config.updates + 1) * config.rollout, "seed": config.seed},
+                     normalize_actions=False, clip_actions=False)
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=config.batch, rollout_fragment_length=config.rollout,
+                     gym_env_vectorize_mode="vector_entry_point")
+        .learners(num_learners=0, num_gpus_per_learner=1 if config.device.startswith("cuda") else 0)
+        .training(train_batch_size_per_learner=config.batch * config.rollout, minibatch_size=minibatch, num_epochs=config.epochs,
+                  lr=config.learning_rate, gamma=config.gamma, lambda_=config.gae_lambda, clip_param=config.clip,
+                  vf_loss_coeff=config.value_weight, entropy_coeff=config.entropy, grad_clip=config.grad_clip, grad_clip_by="global_norm",
+                  use_kl_loss=False)
+        .rl_module(rl_module_spec=RLModuleSpec(module_class=JRPModule, model_config=config.model_config(instance.n)))
+        .callbacks(RolloutCost)
+        .debugging(seed=config.seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=1)
+    )
+
+    class RunPPO(PPO):
+        def _setup_logdir(self):  # Tune's default is ~/ray_results; keep everything in the run folder
+            self._logdir = logdir
+            os.makedirs(logdir, exist_ok=True)
+
+    return RunPPO(config=ppo)
+
+
+def normalized_step_cost(cost10: float, instance: Instance, rollout: int) -> float:
+    return cost10 / (instance.K + float(np.sum((instance.h + instance.b) * np.sqrt(instance.lam * (instance.lead + 1))))) / sum(
+        instance.gamma**t for t in range(rollout))
+
+
+class RLModulePolicy:
+    """A trained JRPModule as a policy for the shared evaluator: greedy Y = 1{p > 0.5}, Q = qbar x Beta mean."""
+
+    def __init__(self, module: JRPModule):
+        self.module = module.eval()
+
+    @torch.no_grad()
+    def __call__(self, state, instance):
+        from envs.features import flat_features
+
+        obs = flat_features(instance, state).float()
+        inputs = self.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        greedy = JRPActionDistribution(inputs).to_deterministic()
+        open_order, fraction = greedy.sample()
+        return open_order.to(state.inv.dtype), instance.qbar * fraction.to(state.inv.dtype)
+

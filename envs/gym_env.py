@@ -3,7 +3,8 @@
 
 Observation: the flat 11n + 4 features (item tokens item-major, then the global token).
 Action: Tuple(Discrete(2), Box(0, 1, (n,))): (Y, u) with proposed quantity Q = u * qbar.
-Reward: -C_t. Episodes are truncated after `horizon` steps and start from the initial state of
+Reward: -C_t (times `reward_scale`, 1 by default; learners may pass 1 / c_ref, eq. cost_normalization).
+Episodes are truncated after `horizon` steps and start from the initial state of
 `envs.dynamics.initial_state` with F_0 ~ N(0, 1).
 """
 
@@ -24,7 +25,7 @@ from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.instance import Instance
 
 
-def _spaces(n: int) -> tuple[spaces.Box, spaces.Tuple]:
+def jrp_spaces(n: int) -> tuple[spaces.Box, spaces.Tuple]:
     observation = spaces.Box(-np.inf, np.inf, (ITEM_FEATURES * n + GLOBAL_FEATURES,), np.float32)
     action = spaces.Tuple((spaces.Discrete(2), spaces.Box(0.0, 1.0, (n,), np.float32)))
     return observation, action
@@ -33,10 +34,11 @@ def _spaces(n: int) -> tuple[spaces.Box, spaces.Tuple]:
 class _BatchedJRP:
     """B episodes advanced together; NumPy in, NumPy out, torch (CPU) inside."""
 
-    def __init__(self, instance: Instance, batch: int, horizon: int):
+    def __init__(self, instance: Instance, batch: int, horizon: int, reward_scale: float = 1.0):
         if horizon < 1:
             raise ValueError(f"horizon: expected an integer >= 1, got {horizon}")
         self.instance = instance
+        self.reward_scale = reward_scale
         self.tinst = instance.to_torch("cpu")
         self.batch = batch
         self.horizon = horizon
@@ -62,7 +64,7 @@ class _BatchedJRP:
         quantity = as_t(np.clip(fraction, 0.0, 1.0)) * self.tinst.qbar
         self.state, cost = step(self.tinst, state, as_t(open_order), quantity, as_t(demand), as_t(factor_next))
         self.t += 1
-        return self.observe(), -cost.double().numpy(), self.t >= self.horizon
+        return self.observe(), -self.reward_scale * cost.double().numpy(), self.t >= self.horizon
 
 
 class JRPEnv(gym.Env):
@@ -72,7 +74,7 @@ class JRPEnv(gym.Env):
 
     def __init__(self, instance: Instance, horizon: int = 50):
         self.sim = _BatchedJRP(instance, 1, horizon)
-        self.observation_space, self.action_space = _spaces(instance.n)
+        self.observation_space, self.action_space = jrp_spaces(instance.n)
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
         super().reset(seed=seed)
@@ -89,10 +91,10 @@ class JRPVectorEnv(gym.vector.VectorEnv):
 
     metadata = {"render_modes": [], "autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
 
-    def __init__(self, instance: Instance, num_envs: int, horizon: int = 50):
-        self.sim = _BatchedJRP(instance, num_envs, horizon)
+    def __init__(self, instance: Instance, num_envs: int, horizon: int = 50, reward_scale: float = 1.0):
+        self.sim = _BatchedJRP(instance, num_envs, horizon, reward_scale)
         self.num_envs = num_envs
-        self.single_observation_space, self.single_action_space = _spaces(instance.n)
+        self.single_observation_space, self.single_action_space = jrp_spaces(instance.n)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
         self._needs_reset = False

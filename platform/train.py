@@ -1,10 +1,13 @@
-"""Train OR-Transformer or HPO on an instance, then evaluate the policy on the held-out set.
+"""Train OR-Transformer, HPO (hybrid pathwise trainer) or the RLlib baselines PPO and Transformer-PPO on
+an instance, then evaluate the policy on the held-out set.
 
   python platform/train.py --method or-transformer --instance inst.json --preset cpu --seed 0 --out runs/ot16
+  python platform/train.py --method transformer-ppo --instance inst.json --preset cpu --seed 0 --out runs/tppo16
 
 Writes to --out: checkpoint.pt, curve.parquet, tensorboard/, training.json, and the held-out
 evaluation of the greedy (Y = 1{p > 0.5}) and sampled (Y ~ Bernoulli(p)) policies in greedy/ and
-sampled/, in the format of platform/evaluate.py. A diverged run is recorded as status 'diverged'.
+sampled/, in the format of platform/evaluate.py (for PPO: greedy = Beta mean and p > 0.5; sampled =
+draws from the module's distribution). A diverged run is recorded as status 'diverged'.
 """
 
 import argparse
@@ -17,6 +20,7 @@ from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.results import write_evaluation
 from trainers.checkpoint import CheckpointError
+from trainers.checkpoint import PPO_METHODS
 from trainers.pathwise import METHODS, PRESETS, preset
 from trainers.policy import MODES, load_policy
 from trainers.run import train
@@ -24,7 +28,7 @@ from trainers.run import train
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", required=True, choices=METHODS)
+    parser.add_argument("--method", required=True, choices=METHODS + PPO_METHODS)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--preset", default="cpu", choices=list(PRESETS), help="training budget and network size (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
@@ -40,8 +44,16 @@ def main() -> None:
         parser.error("--device cuda: CUDA is not available on this machine")
     instance = load_instance(args.instance)
     overrides = {k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}
-    config = preset(args.preset, method=args.method, seed=args.seed, device=args.device, **overrides)
-    summary = train(config, instance, args.out, resume=args.resume)
+    if args.method in PPO_METHODS:
+        from solver_workers.pool import init_ray
+        from trainers.rllib_ppo import ppo_preset, train_ppo
+
+        torch.set_num_threads(1)  # RLlib samples and learns in this process; one thread is 5-12x faster here (shared/notes)
+        init_ray(1)
+        summary = train_ppo(ppo_preset(args.preset, method=args.method, seed=args.seed, device=args.device, **overrides), instance, args.out, resume=args.resume)
+    else:
+        config = preset(args.preset, method=args.method, seed=args.seed, device=args.device, **overrides)
+        summary = train(config, instance, args.out, resume=args.resume)
     print(f"training {summary['status']} after {summary['updates_done']} updates ({summary['wall_seconds']:.0f} s); "
           f"last cost10 {summary['final_cost10']:.4g}")
     paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon, args.device)

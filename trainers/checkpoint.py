@@ -22,7 +22,19 @@ class CheckpointError(ValueError):
     """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
 
 
-def save_checkpoint(path: str | os.PathLike, config: TrainConfig, instance: Instance, trainer_state: dict[str, Any], status: str) -> None:
+PPO_METHODS = ("ppo", "transformer-ppo")
+
+
+def config_from_dict(data: dict[str, Any]):
+    """The typed config of a run: TrainConfig (pathwise methods) or PPOTrainConfig (RLlib methods)."""
+    if isinstance(data, dict) and data.get("method") in PPO_METHODS:
+        from trainers.rllib_ppo import PPOTrainConfig  # imports RLlib: only when needed
+
+        return PPOTrainConfig.from_dict(data)
+    return TrainConfig.from_dict(data)
+
+
+def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str) -> None:
     """Write atomically (temporary file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -33,7 +45,7 @@ def save_checkpoint(path: str | os.PathLike, config: TrainConfig, instance: Inst
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate; returns {config: TrainConfig, instance: Instance, status, trainer}."""
+    """Load and validate; returns {config: TrainConfig | PPOTrainConfig, instance: Instance, status, trainer}."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
@@ -47,7 +59,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     if payload.get("version") != VERSION:
         raise CheckpointError(f"checkpoint '{path}': field 'version' is {payload.get('version')!r}, this code reads version {VERSION}")
     try:
-        config = TrainConfig.from_dict(payload["config"])
+        config = config_from_dict(payload["config"])
         instance = Instance.from_dict(payload["instance"])
         trainer = payload["trainer"]
         trainer["model"]

@@ -9,7 +9,7 @@ import torch
 from envs.dynamics import State
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from trainers.checkpoint import CheckpointError, load_checkpoint
+from trainers.checkpoint import PPO_METHODS, CheckpointError, load_checkpoint
 from trainers.networks import ThreeNetworks
 from trainers.pathwise import build_network
 
@@ -52,11 +52,19 @@ def load_policy(path, mode: str = "greedy", device="cpu", instance: Optional[Ins
     ckpt = load_checkpoint(path, device)
     config, trained_on = ckpt["config"], ckpt["instance"]
     n = trained_on.n
-    if instance is not None and config.method == "hpo" and instance.n != n:
-        raise CheckpointError(f"checkpoint '{path}': an HPO policy for n = {n} items cannot act on an instance with n = {instance.n}")
-    model = build_network(config, n).to(device)
+    fixed_size = config.method in ("hpo", "ppo", "transformer-ppo")  # the RLlib modules read the flat 11n + 4 observation
+    if instance is not None and fixed_size and instance.n != n:
+        raise CheckpointError(f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}")
+    if config.method in PPO_METHODS:
+        from trainers.rllib_ppo import RLModulePolicy, build_module
+
+        model = build_module(config, n).to(device)
+    else:
+        model = build_network(config, n).to(device)
     try:
         model.load_state_dict(ckpt["trainer"]["model"])
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({str(exc).splitlines()[0]})") from None
+    if config.method in PPO_METHODS:
+        return RLModulePolicy(model, mode, config.seed), ckpt
     return LearnedPolicy(model, mode, config.seed), ckpt

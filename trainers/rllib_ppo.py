@@ -17,9 +17,12 @@
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -34,8 +37,8 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from ray.tune.registry import register_env
 
-from envs.features import GLOBAL_FEATURES, ITEM_FEATURES
-from envs.gym_env import JRPVectorEnv
+from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
+from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 
@@ -155,15 +158,16 @@ class JRPModule(TorchRLModule, ValueFunctionAPI):
 
 
 class RolloutCost(RLlibCallback):
-    """Logs cost10 = the mean over rollouts of sum_{t<T_roll} gamma^t C_t of each sampled fragment."""
+    """Logs cost10 = the mean over rollouts of sum_{t<T_roll} gamma^t C_t of each sampled fragment
+    (rewards are -C_t / c_ref, so they are scaled back by c_ref)."""
 
     def on_sample_end(self, *, env_runner, metrics_logger, samples, **kwargs):
-        gamma = env_runner.config.gamma
+        gamma, c_ref = env_runner.config.gamma, env_runner.config.env_config["c_ref"]
         costs = []
         for episode in samples:
             rewards = np.asarray(episode.get_rewards(), dtype=np.float64)
             if rewards.size:
-                costs.append(-np.sum(rewards * gamma ** np.arange(rewards.size)))
+                costs.append(-c_ref * np.sum(rewards * gamma ** np.arange(rewards.size)))
         if costs:
             metrics_logger.log_value("cost10", float(np.mean(costs)), reduce="mean", window=1)
 
@@ -231,7 +235,9 @@ class PPOTrainConfig:
 
 PPO_PRESETS: dict[str, dict[str, Any]] = {
     "paper": {},
-    "cpu": {"batch": 128, "updates": 1280, "hidden": 256, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256},
+    # The pathwise trainer's cpu preset; PPO makes 2 passes of 2 minibatches (4 Adam steps) per update
+    # instead of the paper preset's 4 x 4, so Transformer-PPO at n = 16 fits in about half an hour here.
+    "cpu": {"batch": 128, "updates": 1280, "epochs": 2, "minibatches": 2, "hidden": 256, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256},
 }
 
 
@@ -244,7 +250,7 @@ def ppo_preset(name: str, **overrides) -> PPOTrainConfig:
 def make_env(env_config: dict) -> JRPVectorEnv:
     """RLlib's env creator: the batched simulator as one vector env (called with num_envs)."""
     instance = Instance.from_dict(env_config["instance"])
-    env = JRPVectorEnv(instance, num_envs=int(env_config["num_envs"]), horizon=int(env_config["horizon"]))
+    env = JRPVectorEnv(instance, num_envs=int(env_config["num_envs"]), horizon=int(env_config["horizon"]), reward_scale=1.0 / env_config["c_ref"])
     env.reset(seed=int(env_config["seed"]))
     return env
 
@@ -255,14 +261,15 @@ def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> 
     register_env(ENV_ID, make_env)
     ppo = (
         PPOConfig()
-        .environment(env=ENV_ID, env_config={"instance": instance.to_dict(), "horizon": (config.updates + 1) * config.rollout, "seed": config.seed},
+        .environment(env=ENV_ID, env_config={"instance": instance.to_dict(), "horizon": (config.updates + 1) * config.rollout, "seed": config.seed,
+                                             "c_ref": instance.to_torch().c_ref},
                      normalize_actions=False, clip_actions=False)
         .env_runners(num_env_runners=0, num_envs_per_env_runner=config.batch, rollout_fragment_length=config.rollout,
                      gym_env_vectorize_mode="vector_entry_point")
         .learners(num_learners=0, num_gpus_per_learner=1 if config.device.startswith("cuda") else 0)
         .training(train_batch_size_per_learner=config.batch * config.rollout, minibatch_size=minibatch, num_epochs=config.epochs,
                   lr=config.learning_rate, gamma=config.gamma, lambda_=config.gae_lambda, clip_param=config.clip,
-                  vf_loss_coeff=config.value_weight, entropy_coeff=config.entropy, grad_clip=config.grad_clip, grad_clip_by="global_norm",
+                  vf_loss_coeff=config.value_weight, vf_clip_param=float("inf"), entropy_coeff=config.entropy, grad_clip=config.grad_clip, grad_clip_by="global_norm",
                   use_kl_loss=False)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=JRPModule, model_config=config.model_config(instance.n)))
         .callbacks(RolloutCost)
@@ -278,24 +285,92 @@ def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> 
     return RunPPO(config=ppo)
 
 
-def normalized_step_cost(cost10: float, instance: Instance, rollout: int) -> float:
-    return cost10 / (instance.K + float(np.sum((instance.h + instance.b) * np.sqrt(instance.lam * (instance.lead + 1))))) / sum(
-        instance.gamma**t for t in range(rollout))
-
-
 class RLModulePolicy:
-    """A trained JRPModule as a policy for the shared evaluator: greedy Y = 1{p > 0.5}, Q = qbar x Beta mean."""
+    """A trained JRPModule as a policy for the shared evaluator. greedy: Y = 1{p > 0.5}, Q = qbar x the Beta
+    mean; sampled: Y and the fractions drawn from the module's distribution, from a seeded stream."""
 
-    def __init__(self, module: JRPModule):
-        self.module = module.eval()
+    def __init__(self, module: JRPModule, mode: str = "greedy", seed: int = 0):
+        if mode not in ("greedy", "sampled"):
+            raise ValueError(f"mode: expected one of ['greedy', 'sampled'], got '{mode}'")
+        self.module, self.mode, self.seed = module.eval(), mode, seed
+        self.rng_state = None
+
+    def reset(self) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            self.rng_state = torch.get_rng_state()
 
     @torch.no_grad()
     def __call__(self, state, instance):
-        from envs.features import flat_features
-
         obs = flat_features(instance, state).float()
-        inputs = self.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
-        greedy = JRPActionDistribution(inputs).to_deterministic()
-        open_order, fraction = greedy.sample()
+        distribution = JRPActionDistribution(self.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS])
+        if self.mode == "greedy":
+            open_order, fraction = distribution.to_deterministic().sample()
+        else:
+            if self.rng_state is None:
+                self.reset()
+            with torch.random.fork_rng(devices=[]):
+                torch.set_rng_state(self.rng_state)
+                open_order, fraction = distribution.sample()
+                self.rng_state = torch.get_rng_state()
         return open_order.to(state.inv.dtype), instance.qbar * fraction.to(state.inv.dtype)
 
+
+def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
+    """The RLModule of a run, outside any algorithm (for evaluation and decisions)."""
+    observation, action = jrp_spaces(n)
+    return JRPModule(observation_space=observation, action_space=action, model_config=config.model_config(n))
+
+
+def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, resume: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Train (or resume) a PPO run in `out_dir`: the files of trainers.run plus rllib/ (RLlib's own
+    algorithm checkpoint, used to resume). checkpoint.pt holds the module weights for evaluation."""
+    from trainers.checkpoint import load_checkpoint, save_checkpoint
+    from trainers.run import RunRecorder, check_resumable, training_loop
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    algo = build_algorithm(config, instance, str(out / "rllib" / "logs"))
+    checkpoint_path, algo_path = out / "checkpoint.pt", out / "rllib" / "algorithm"
+    done = 0
+    if resume and checkpoint_path.exists():
+        ckpt = load_checkpoint(checkpoint_path)
+        check_resumable(ckpt, config.to_dict(), instance, checkpoint_path)
+        algo.restore_from_path(str(algo_path))
+        done = int(ckpt["trainer"]["update"])
+    recorder = RunRecorder(out, config.method, instance.n, config.seed, config.updates, done, progress)
+    c_ref = instance.to_torch().c_ref
+    state = {"update": done}
+
+    def step() -> dict[str, float]:
+        result = algo.train()
+        state["update"] += 1
+        learner = result.get("learners", {}).get("default_policy", {})
+        metrics = {"cost10": float(result["env_runners"]["cost10"])}
+        for key in ("total_loss", "policy_loss", "vf_loss", "entropy", "mean_kl_loss", "gradients_default_optimizer_global_norm"):
+            if key in learner:
+                metrics[key] = float(learner[key])
+        return metrics
+
+    def diverged(metrics: dict[str, float]) -> Optional[str]:
+        if not all(math.isfinite(v) for v in metrics.values()):
+            return "non-finite loss or cost"
+        mean_step = metrics["cost10"] / c_ref / sum(config.gamma**t for t in range(config.rollout))
+        return f"mean normalised step cost {mean_step:.3g} exceeds {config.divergence_cost:g}" if mean_step > config.divergence_cost else None
+
+    def save(status: str) -> None:
+        tmp = algo_path.with_name(algo_path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        algo.save_to_path(str(tmp))
+        shutil.rmtree(algo_path, ignore_errors=True)
+        tmp.rename(algo_path)
+        module = algo.get_module()
+        weights = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+        save_checkpoint(checkpoint_path, config, instance, {"model": weights, "update": state["update"]}, status)
+
+    try:
+        status, reason, updates_done = training_loop(recorder, done, config.updates, step, diverged, save, checkpoint_every=max(config.updates // 5, 1))
+    finally:
+        algo.stop()
+    return recorder.finish(status, reason, updates_done, config.to_dict())

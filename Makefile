@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/policy.py
 	$(BIN)/python bench/milp.py
+	$(BIN)/python bench/rllib.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -19,7 +19,6 @@ from envs.cli import load_instance, positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.results import write_evaluation
-from trainers.checkpoint import CheckpointError
 from trainers.checkpoint import PPO_METHODS
 from trainers.pathwise import METHODS, PRESETS, preset
 from trainers.policy import MODES, load_policy

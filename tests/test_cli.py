@@ -71,7 +71,7 @@ def test_item_table_import(tmp_path):
     "args, message",
     [
         (["--policy", "zero", "--episodes", "0"], "--episodes: expected an integer >= 1, got 0"),
-        (["--policy", "magic"], "invalid choice: 'magic'"),
+        (["--policy", "magic"], "--policy: expected one of ['zero'"),
         (["--policy", "zero", "--instance-missing"], "unrecognized arguments"),
     ],
 )

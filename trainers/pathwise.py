@@ -15,7 +15,7 @@ are averaged across ranks, and the single-process run is the one-worker case.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -26,13 +26,14 @@ from envs.dynamics import State, initial_state, step
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import TensorInstance
+from trainers.config import RunConfig, divergence_reason
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
 
 METHODS = ("or-transformer", "hpo")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(RunConfig):
     """Every setting of one training run (paper table "OR-Transformer architecture and training settings")."""
 
     method: str = "or-transformer"
@@ -79,12 +80,8 @@ class TrainConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"config field 'method': expected one of {list(METHODS)}, got '{self.method}'")
-        for name in ("batch", "rollout", "updates", "blocks", "width", "heads", "feed_forward", "hidden"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"config field '{name}': expected an integer >= 1, got {value!r}")
+        self.require_choice("method", METHODS)
+        self.require_positive_ints("batch", "rollout", "updates", "blocks", "width", "heads", "feed_forward", "hidden")
         if self.width % self.heads:
             raise ValueError(f"config field 'heads': must divide width {self.width}, got {self.heads}")
         if not 0 <= self.gae_lambda <= 1:
@@ -92,17 +89,6 @@ class TrainConfig:
         for name in ("learning_rate", "final_learning_rate", "adam_eps", "grad_clip", "divergence_cost"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"config field '{name}': expected a value > 0, got {getattr(self, name)}")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"config: unknown fields {unknown}; allowed fields are {sorted(known)}")
-        return cls(**data)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -285,13 +271,7 @@ class PathwiseTrainer:
         }
 
     def diverged(self, metrics: dict[str, float]) -> Optional[str]:
-        values = [metrics[k] for k in ("loss", "cost10")]
-        if not all(math.isfinite(v) for v in values):
-            return "non-finite loss or cost"
-        mean_step = metrics["cost10"] / self.instance.c_ref / sum(self.instance.gamma**t for t in range(self.config.rollout))
-        if mean_step > self.config.divergence_cost:
-            return f"mean normalised step cost {mean_step:.3g} exceeds {self.config.divergence_cost:g}"
-        return None
+        return divergence_reason(metrics, self.instance.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)
 
     # ---- checkpoint state (plain tensors and primitives only) ----------------------------------
 

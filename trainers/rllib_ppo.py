@@ -17,10 +17,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -40,6 +39,7 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
+from trainers.config import RunConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
@@ -173,7 +173,7 @@ class RolloutCost(RLlibCallback):
 
 
 @dataclass(frozen=True)
-class PPOTrainConfig:
+class PPOTrainConfig(RunConfig):
     """Every setting of one PPO run; the presets mirror the pathwise trainer's budget."""
 
     method: str = "ppo"
@@ -208,25 +208,10 @@ class PPOTrainConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        if self.method not in NETWORKS:
-            raise ValueError(f"config field 'method': expected one of {list(NETWORKS)}, got '{self.method}'")
-        for name in ("batch", "rollout", "updates", "epochs", "minibatches", "hidden", "blocks", "width", "heads", "feed_forward"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"config field '{name}': expected an integer >= 1, got {value!r}")
+        self.require_choice("method", NETWORKS)
+        self.require_positive_ints("batch", "rollout", "updates", "epochs", "minibatches", "hidden", "blocks", "width", "heads", "feed_forward")
         if (self.batch * self.rollout) % self.minibatches:
             raise ValueError(f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PPOTrainConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"config: unknown fields {unknown}; allowed fields are {sorted(known)}")
-        return cls(**data)
 
     def model_config(self, n: int) -> dict[str, Any]:
         return {"n": n, "network": NETWORKS[self.method], "hidden": self.hidden, "blocks": self.blocks, "width": self.width,
@@ -354,10 +339,7 @@ def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, resume: bool 
         return metrics
 
     def diverged(metrics: dict[str, float]) -> Optional[str]:
-        if not all(math.isfinite(v) for v in metrics.values()):
-            return "non-finite loss or cost"
-        mean_step = metrics["cost10"] / c_ref / sum(config.gamma**t for t in range(config.rollout))
-        return f"mean normalised step cost {mean_step:.3g} exceeds {config.divergence_cost:g}" if mean_step > config.divergence_cost else None
+        return divergence_reason(metrics, c_ref, config.gamma, config.rollout, config.divergence_cost)
 
     def save(status: str) -> None:
         tmp = algo_path.with_name(algo_path.name + ".tmp")

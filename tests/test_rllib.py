@@ -97,7 +97,7 @@ def test_tiny_ppo_run_improves_clearly_on_its_initial_policy(tiny_run):
     assert after < 0.2 * evaluate(zero_policy, tinst, paths).mean
 
 
-def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path):
+def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path, monkeypatch):
     inst, config, out, _, _, _ = tiny_run
     policy, ckpt = load_policy(out / "checkpoint.pt", "sampled")
     assert ckpt["config"] == config and ckpt["trainer"]["update"] == 60
@@ -105,8 +105,9 @@ def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path):
     first, second = (evaluate(policy, inst.to_torch(), paths).discounted_cost for _ in range(2))
     np.testing.assert_array_equal(first, second)  # the sampled mode replays its seeded stream
     small = PPOTrainConfig(method="transformer-ppo", **TINY, updates=2)
-    train_ppo(small, paper_instance(2, 0), tmp_path, progress=False)
-    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **TINY, updates=3), paper_instance(2, 0), tmp_path, resume=True, progress=False)
+    monkeypatch.chdir(tmp_path.parent)  # a relative run directory, as from the command line
+    train_ppo(small, paper_instance(2, 0), tmp_path.name, progress=False)
+    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **TINY, updates=3), paper_instance(2, 0), tmp_path.name, resume=True, progress=False)
     assert resumed["updates_done"] == 3
     assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2, 3]
     assert (tmp_path / "tensorboard").exists() and (tmp_path / "rllib" / "algorithm").exists()

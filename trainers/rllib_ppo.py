@@ -313,7 +313,7 @@ def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, resume: bool 
     from trainers.checkpoint import load_checkpoint, save_checkpoint
     from trainers.run import RunRecorder, check_resumable, training_loop
 
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()  # RLlib's checkpointing reads a relative path as a URI
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     algo = build_algorithm(config, instance, str(out / "rllib" / "logs"))

@@ -11,7 +11,6 @@ draws from the module's distribution). A diverged run is recorded as status 'div
 """
 
 import argparse
-import json
 
 import torch
 

@@ -11,8 +11,10 @@ draws from the module's distribution). A diverged run is recorded as status 'div
 """
 
 import argparse
+from pathlib import Path
 
 import torch
+import yaml
 
 from envs.cli import load_instance, positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
@@ -24,6 +26,24 @@ from trainers.policy import MODES, load_policy
 from trainers.run import train
 
 
+def read_config(path) -> dict:
+    """Config fields from a YAML file (yaml.safe_load); an empty dict without a file."""
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"config file '{path}' does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config file '{path}' is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file '{path}': expected a mapping of config fields, got {type(data).__name__}")
+    for key in ("method", "seed", "device"):
+        if key in data:
+            raise ValueError(f"config file '{path}': '{key}' is set by the --{key} flag, not in the file")
+    return data
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--method", required=True, choices=METHODS + PPO_METHODS)
@@ -31,6 +51,7 @@ def main() -> None:
     parser.add_argument("--preset", default="cpu", choices=list(PRESETS), help="training budget and network size (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     parser.add_argument("--out", required=True, help="run directory")
+    parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/); unknown keys are an error")
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
     parser.add_argument("--batch", type=positive_int, help="override the preset's parallel rollouts per update")
     parser.add_argument("--resume", action="store_true", help="continue from --out/checkpoint.pt")
@@ -41,7 +62,7 @@ def main() -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
     instance = load_instance(args.instance)
-    overrides = {k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}
+    overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}}
     if args.method in PPO_METHODS:
         from solver_workers.pool import init_ray
         from trainers.rllib_ppo import ppo_preset, train_ppo

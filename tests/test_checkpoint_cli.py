@@ -113,3 +113,17 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
     assert bad.returncode == 2 and "field 'inventory': expected 3 numbers" in bad.stderr
     bad = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_yaml_config_files(tmp_path):
+    inst = tmp_path / "inst.json"
+    paper_instance(2, 0).save(inst)
+    run = script("train.py", "--method", "hpo", "--instance", inst, "--config", ROOT / "tune_configs" / "quick.yaml", "--updates", 2,
+                 "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run")
+    assert run.returncode == 0, run.stderr
+    config = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["config"]
+    assert (config.hidden, config.batch, config.updates) == (64, 16, 2)  # file over preset, flag over file
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("batch: 16\nlearning_rte: 0.1\n")
+    result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
+    assert result.returncode == 2 and "unknown fields ['learning_rte']" in result.stderr

@@ -64,19 +64,20 @@ class DemandMoments:
         stationary_cov = instance.rho**lag  # [J, J]
         conditional_cov = stationary_cov - instance.rho ** (j[:, None] + j[None, :])
         beta2 = (instance.beta**2)[:, None, None]  # [n, 1, 1]
-        self._gain = {  # exp(beta^2 C) - 1, strictly lower part and diagonal: [n, J, J], [n, J]
+        self._gain = {  # exp(beta^2 C) - 1: [n, J, J]
             aware: torch.expm1(beta2 * cov) for aware, cov in ((False, stationary_cov), (True, conditional_cov))
         }
         self._var_drift = {aware: torch.diagonal(cov) - 1 for aware, cov in ((False, stationary_cov), (True, conditional_cov))}
+        self._stationary = self._cumulative(None)  # constant: computed once
 
     def cumulative(self, factor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Cumulative mean and variance over p = 1..J periods: [B, n, J] each (B = 1 when factor is None)."""
-        if factor is not None and factor.shape[0] > 1:
-            # Rows that share an episode share F_t (tuning runs many candidates per episode).
-            distinct, row_of = torch.unique(factor, return_inverse=True)
-            cum_mean, cum_var = self._cumulative(distinct)
-            return cum_mean[row_of], cum_var[row_of]
-        return self._cumulative(factor)
+        if factor is None:
+            return self._stationary
+        # Rows that share an episode share F_t (tuning runs many candidates per episode).
+        distinct, row_of = torch.unique(factor, return_inverse=True)
+        cum_mean, cum_var = self._cumulative(distinct)
+        return cum_mean[row_of], cum_var[row_of]
 
     def _cumulative(self, factor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         inst = self.instance

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import torch
 
 from envs.classical import make_policy, tune_family, zero_policy
 from envs.dynamics import initial_state
@@ -16,7 +17,7 @@ EXACT = SolverOptions(gap=0.0)
 
 
 def start_of(inst):
-    s = initial_state(inst.to_torch(), __import__("torch").zeros(1))
+    s = initial_state(inst.to_torch(), torch.zeros(1))
     return s.inv[0].double().numpy(), s.pipe[0].double().numpy()
 
 

@@ -181,8 +181,17 @@ def gae(normalized_cost: torch.Tensor, value: torch.Tensor, bootstrap: torch.Ten
     return advantage, advantage + value
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of this data-parallel worker; (0, 1) in a single process."""
+    return (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
+
+
 def _global_sum(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
+    if _distributed():
         x = x.clone()
         dist.all_reduce(x)
     return x
@@ -223,7 +232,7 @@ class PathwiseTrainer:
     def __init__(self, config: TrainConfig, instance: TensorInstance):
         self.config = config
         self.instance = instance
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+        rank, world = rank_and_world()
         if config.batch % world:
             raise ValueError(f"config field 'batch': {config.batch} rollouts do not split evenly over {world} workers")
         self.shard = config.batch // world
@@ -246,7 +255,7 @@ class PathwiseTrainer:
         loss = losses(ro, gamma, config, alpha_entropy)
         self.optimizer.zero_grad(set_to_none=True)
         loss.total.backward()
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        _, world = rank_and_world()
         norms = {}
         for name, params in self.model.networks().items():
             grads = [p for p in params if p.grad is not None]

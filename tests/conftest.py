@@ -1,3 +1,7 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +14,17 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_script(name: str, *args, check: bool = False) -> subprocess.CompletedProcess:
+    """Run platform/<name> with the test interpreter, as a user would from the command line."""
+    result = subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr[-2000:]
+    return result
 
 
 def single_item(lead: int, lam: float = 2.0, h: float = 1.0, b: float = 10.0, K: float = 5.0, qbar: float = 12.0) -> Instance:

@@ -1,13 +1,11 @@
 """Checkpoints (round trip, resume, rejection of bad files) and the train / evaluate / decide CLI."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import ROOT, run_script
 
 from envs.instance import paper_instance
 from trainers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -15,7 +13,6 @@ from trainers.pathwise import PathwiseTrainer, TrainConfig
 from trainers.policy import load_policy
 from trainers.run import train
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
 
 
@@ -83,8 +80,7 @@ def test_bad_checkpoint_files_are_rejected(tmp_path):
         load_policy(tmp_path / "hpo.pt", instance=paper_instance(3, 0))
 
 
-def script(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+script = run_script
 
 
 def test_train_evaluate_decide_end_to_end(tmp_path):

@@ -1,25 +1,18 @@
 """The scripts in platform/ end to end at n = 4."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_script
 
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def script(name, *args, check=True):
-    result = subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
+    return run_script(name, *args, check=check)
 
 
 def test_instance_and_evaluate_zero_policy_with_trace(tmp_path):

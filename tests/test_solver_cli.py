@@ -1,21 +1,15 @@
 """platform/milp.py, bound.py and report.py end to end on a tiny instance."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import run_script
 
 from envs.instance import paper_instance
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def script(name, *args):
-    return subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
+script = run_script
 
 
 @pytest.fixture(scope="module")

@@ -48,13 +48,15 @@ def main() -> None:
         path = args.policy[len(CHECKPOINT_PREFIX):]
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
+        label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
     else:
         policy, parameters = tuned_policy(instance, args.policy, args.horizon, args.device, progress=True)
+        label = args.policy
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
-    summary = write_evaluation(args.out, args.policy, result, args.seed, config, parameters)
-    print(f"{args.policy}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "
+    summary = write_evaluation(args.out, label, result, args.seed, config, parameters)
+    print(f"{label}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "
           f"of {summary['horizon']} steps -> {args.out}")
 
 

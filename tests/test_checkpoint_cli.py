@@ -94,7 +94,9 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
     assert pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 3
     ev = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'run' / 'checkpoint.pt'}", "--episodes", 4, "--horizon", 5, "--out", tmp_path / "ev")
     assert ev.returncode == 0, ev.stderr
-    assert json.loads((tmp_path / "ev" / "summary.json").read_text())["mean"] == pytest.approx(
+    evaluated = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert evaluated["policy"] == "or-transformer-greedy" and evaluated["parameters"]["mode"] == "greedy"
+    assert evaluated["mean"] == pytest.approx(
         json.loads((tmp_path / "run" / "greedy" / "summary.json").read_text())["mean"])
     state = tmp_path / "state.json"
     state.write_text(json.dumps([{"inventory": [1, 2, 3], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}] * 2))

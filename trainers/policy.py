@@ -47,12 +47,12 @@ class LearnedPolicy:
 
 
 def load_policy(path, mode: str = "greedy", device="cpu", instance: Optional[Instance] = None) -> tuple[LearnedPolicy, dict]:
-    """Load a checkpoint as a policy. With `instance`, check that it is the instance the policy
-    expects where the network needs it (HPO's fixed input size)."""
+    """Load a checkpoint as a policy. With `instance`, check its item count where the network has a fixed
+    input of 11n + 4 features (the perceptrons and the RLlib modules); OR-Transformer acts on any n."""
     ckpt = load_checkpoint(path, device)
     config, trained_on = ckpt["config"], ckpt["instance"]
     n = trained_on.n
-    fixed_size = config.method in ("hpo", "ppo", "transformer-ppo")  # the RLlib modules read the flat 11n + 4 observation
+    fixed_size = config.method == "hpo" or config.method in PPO_METHODS
     if instance is not None and fixed_size and instance.n != n:
         raise CheckpointError(f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}")
     if config.method in PPO_METHODS:

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from envs.dynamics import State
 from envs.evaluation import rollout_costs, standard_error
-from envs.exogenous import TUNING_SEED, HELDOUT_SEED, sample_paths
+from envs.exogenous import HELDOUT_SEED, TUNING_SEED, sample_paths
 from envs.instance import LMAX, Instance, TensorInstance
 
 # Candidate grids of the global multipliers (the reorder trigger sits low: with many items some item

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Callable
 
-from envs.instance import Instance, InstanceError
+from envs.instance import InstanceError
 
 
 def positive_int(text: str) -> int:
@@ -17,10 +17,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return value
-
-
-def load_instance(path: str) -> Instance:
-    return Instance.load(path)
 
 
 def run_cli(main: Callable[[], int | None]) -> None:

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from envs.cli import load_instance, positive_int, run_cli
+from envs.cli import positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, Evaluation, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.instance import Instance
 from envs.results import write_evaluation, write_parquet
 from solver_workers.backends import SOLVERS, SolverOptions
 from solver_workers.pool import Journal, Pool, init_ray, run_bounds
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write the best anticipative plan's steps.parquet and items.parquet")
     args = parser.parse_args()
-    instance = load_instance(args.instance)
+    instance = Instance.load(args.instance)
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon)
     out = Path(args.out)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from envs.cli import load_instance, run_cli
+from envs.cli import run_cli
 from envs.dynamics import State
 from envs.features import global_token, item_tokens
-from envs.instance import LMAX
+from envs.instance import LMAX, Instance
 from trainers.policy import MODES, load_policy
 
 
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--mode", default="greedy", choices=MODES)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    instance = load_instance(args.instance) if args.instance else None
+    instance = Instance.load(args.instance) if args.instance else None
     policy, ckpt = load_policy(args.checkpoint, args.mode, args.device, instance)
     instance = instance or ckpt["instance"]
     tinst = instance.to_torch(args.device)

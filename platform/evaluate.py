@@ -14,9 +14,10 @@ import argparse
 import torch
 
 from envs.classical import POLICY_NAMES, tuned_policy
-from envs.cli import load_instance, positive_int, run_cli
+from envs.cli import positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.instance import Instance
 from envs.results import write_evaluation
 from trainers.policy import MODES, load_policy
 
@@ -43,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
-    instance = load_instance(args.instance)
+    instance = Instance.load(args.instance)
     if args.policy.startswith(CHECKPOINT_PREFIX):
         path = args.policy[len(CHECKPOINT_PREFIX):]
         policy, ckpt = load_policy(path, args.mode, args.device, instance)

@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from envs.cli import load_instance, positive_int, run_cli
+from envs.cli import positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.instance import Instance
 from envs.results import write_evaluation, write_parquet
 from solver_workers.backends import GUROBI_SIZE_LIMIT, SOLVERS, SolverOptions
 from solver_workers.pool import Journal, Pool, init_ray, run_rolling
@@ -59,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 <= args.gap < 1:
         parser.error(f"--gap: expected a relative gap in [0, 1), got {args.gap}")
-    instance = load_instance(args.instance)
+    instance = Instance.load(args.instance)
     options = RollingOptions(args.scenarios, args.plan_horizon, SolverOptions(args.solver, args.time_limit, args.gap, args.threads,
                                                                              not args.no_warm_start, args.solver_seed))
     if args.solver == "gurobi":

@@ -16,9 +16,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from envs.cli import load_instance, positive_int, run_cli
+from envs.cli import positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.instance import Instance
 from envs.results import write_evaluation
 from trainers.checkpoint import PPO_METHODS
 from trainers.pathwise import METHODS, PRESETS, preset
@@ -61,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
-    instance = load_instance(args.instance)
+    instance = Instance.load(args.instance)
     overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}}
     if args.method in PPO_METHODS:
         from solver_workers.pool import init_ray

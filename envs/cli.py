@@ -19,6 +19,26 @@ def positive_int(text: str) -> int:
     return value
 
 
+def read_file(path, what: str):
+    """Parse a JSON (.json) or YAML (other suffixes, yaml.safe_load) file; a missing or malformed file is one
+    ValueError naming `what` ("state file", "config file")."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(path)
+    json_file = path.suffix.lower() == ".json"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{what} '{path}' does not exist") from None
+    try:
+        return json.loads(text) if json_file else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{what} '{path}' is not valid {'JSON' if json_file else 'YAML'}: {exc}") from None
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's main; bad input ends with one line 'error: ...' and exit status 2."""
     try:

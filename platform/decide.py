@@ -10,11 +10,10 @@ Prints JSON: open (Y), open_probability (p), quantity (Q, proposed; executed onl
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 
-from envs.cli import run_cli
+from envs.cli import read_file, run_cli
 from envs.dynamics import State
 from envs.features import global_token, item_tokens
 from envs.instance import LMAX, Instance
@@ -22,12 +21,7 @@ from trainers.policy import MODES, load_policy
 
 
 def read_states(path: str, n: int) -> State:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"state file '{path}' does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"state file '{path}' is not valid JSON: {exc}") from None
+    data = read_file(path, "state file")
     records = data if isinstance(data, list) else [data]
     inv, pipe, factor = [], [], []
     for k, rec in enumerate(records):

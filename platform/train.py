@@ -11,12 +11,10 @@ draws from the module's distribution). A diverged run is recorded as status 'div
 """
 
 import argparse
-from pathlib import Path
 
 import torch
-import yaml
 
-from envs.cli import positive_int, run_cli
+from envs.cli import positive_int, read_file, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
@@ -31,12 +29,7 @@ def read_config(path) -> dict:
     """Config fields from a YAML file (yaml.safe_load); an empty dict without a file."""
     if path is None:
         return {}
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"config file '{path}' does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config file '{path}' is not valid YAML: {exc}") from None
+    data = read_file(path, "config file")
     if not isinstance(data, dict):
         raise ValueError(f"config file '{path}': expected a mapping of config fields, got {type(data).__name__}")
     for key in ("method", "seed", "device"):

@@ -109,6 +109,9 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
     state.write_text(json.dumps({"inventory": [1, 2], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}))
     bad = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert bad.returncode == 2 and "field 'inventory': expected 3 numbers" in bad.stderr
+    state.write_text('{"inventory": [1, 2,')
+    bad = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    assert bad.returncode == 2 and f"state file '{state}' is not valid JSON" in bad.stderr
     bad = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
@@ -125,3 +128,8 @@ def test_yaml_config_files(tmp_path):
     bad.write_text("batch: 16\nlearning_rte: 0.1\n")
     result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
     assert result.returncode == 2 and "unknown fields ['learning_rte']" in result.stderr
+    bad.write_text("batch: [16\n")
+    result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
+    assert result.returncode == 2 and "is not valid YAML" in result.stderr
+    result = script("train.py", "--method", "hpo", "--instance", inst, "--config", tmp_path / "none.yaml", "--out", tmp_path / "x")
+    assert result.returncode == 2 and "config file" in result.stderr and "does not exist" in result.stderr

@@ -26,38 +26,18 @@ from envs.dynamics import State, initial_state, step
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import TensorInstance
-from trainers.config import RunConfig, divergence_reason
+from trainers.config import TrainerConfig, divergence_reason
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
 
 METHODS = ("or-transformer", "hpo")
 
 
 @dataclass(frozen=True)
-class TrainConfig(RunConfig):
-    """Every setting of one training run (paper table "OR-Transformer architecture and training settings")."""
+class TrainConfig(TrainerConfig):
+    """One pathwise run (OR-Transformer or HPO): the shared fields and the hybrid losses' settings."""
 
     method: str = "or-transformer"
     """or-transformer (three Transformer encoders) or hpo (three perceptrons on the flat input)."""
-    batch: int = 1024
-    """B: parallel rollouts per update."""
-    rollout: int = 10
-    """T_roll: steps per rollout (one update)."""
-    updates: int = 16_000
-    """N_update: number of updates."""
-    blocks: int = 4
-    """M: pre-norm Transformer blocks per encoder."""
-    width: int = 128
-    """d: token width."""
-    heads: int = 8
-    """Attention heads."""
-    feed_forward: int = 512
-    """Feed-forward width of each block."""
-    hidden: int = 512
-    """Hidden width of HPO's perceptrons."""
-    gamma: float = 0.95
-    """Discount (also the instance's; the instance value is used in the losses)."""
-    gae_lambda: float = 0.96
-    """lambda_GAE."""
     pathwise_weight: float = 1.0
     """alpha_PW."""
     critic_weight: float = 0.13
@@ -65,28 +45,17 @@ class TrainConfig(RunConfig):
     entropy_start: float = 0.01
     """alpha_H at the first update, annealed linearly to entropy_end at the last."""
     entropy_end: float = 0.001
-    learning_rate: float = 3e-4
-    """Peak learning rate, reached after `warmup` updates, then cosine-decayed to `final_learning_rate`."""
     final_learning_rate: float = 3e-5
+    """The learning rate is warmed linearly over `warmup` updates to learning_rate, then cosine-decayed to this."""
     warmup: int = 40
     adam_eps: float = 1e-5
-    grad_clip: float = 5.0
-    """Gradient-norm clip, applied to each network (open, quantity, critic) separately."""
-    divergence_cost: float = 1e3
-    """A run diverges when its mean normalised step cost exceeds this (or any loss is not finite)."""
     checkpoint_every: int = 500
-    """Updates between checkpoints (0: only at the end)."""
-    seed: int = 0
-    device: str = "cpu"
+    """Updates between checkpoints (0: only at the end). Gradients are clipped for each network separately."""
 
     def __post_init__(self):
         self.require_choice("method", METHODS)
-        self.require_positive_ints("batch", "rollout", "updates", "blocks", "width", "heads", "feed_forward", "hidden")
-        if self.width % self.heads:
-            raise ValueError(f"config field 'heads': must divide width {self.width}, got {self.heads}")
-        if not 0 <= self.gae_lambda <= 1:
-            raise ValueError(f"config field 'gae_lambda': expected a value in [0, 1], got {self.gae_lambda}")
-        for name in ("learning_rate", "final_learning_rate", "adam_eps", "grad_clip", "divergence_cost"):
+        self.check_shared_fields()
+        for name in ("final_learning_rate", "adam_eps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"config field '{name}': expected a value > 0, got {getattr(self, name)}")
 

@@ -39,7 +39,7 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
-from trainers.config import RunConfig, divergence_reason
+from trainers.config import TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
@@ -173,43 +173,26 @@ class RolloutCost(RLlibCallback):
 
 
 @dataclass(frozen=True)
-class PPOTrainConfig(RunConfig):
-    """Every setting of one PPO run; the presets mirror the pathwise trainer's budget."""
+class PPOTrainConfig(TrainerConfig):
+    """One PPO run: the shared fields (the same budget as the pathwise trainer) and PPO's own settings."""
 
     method: str = "ppo"
     """ppo (MLP) or transformer-ppo (OR-Transformer encoders)."""
-    batch: int = 1024
-    """Parallel environments (rollouts per update), as B of the pathwise trainer."""
-    rollout: int = 10
-    """Steps per environment per update (T_roll)."""
-    updates: int = 16_000
-    """Number of updates (Algorithm.train() calls)."""
     epochs: int = 4
     """PPO passes over each update's batch."""
     minibatches: int = 4
     """Minibatches per pass (minibatch size = batch x rollout / minibatches)."""
-    hidden: int = 512
-    blocks: int = 4
-    width: int = 128
-    heads: int = 8
-    feed_forward: int = 512
-    learning_rate: float = 3e-4
-    gamma: float = 0.95
-    gae_lambda: float = 0.96
     clip: float = 0.2
     """PPO clip parameter."""
     value_weight: float = 0.13
     """Value-loss weight (alpha_V of the pathwise trainer)."""
     entropy: float = 0.001
-    grad_clip: float = 5.0
-    divergence_cost: float = 1e3
-    """Diverged when the mean normalised step cost of an update exceeds this, or a loss is not finite."""
-    seed: int = 0
-    device: str = "cpu"
+    """Entropy bonus weight."""
 
     def __post_init__(self):
         self.require_choice("method", NETWORKS)
-        self.require_positive_ints("batch", "rollout", "updates", "epochs", "minibatches", "hidden", "blocks", "width", "heads", "feed_forward")
+        self.check_shared_fields()
+        self.require_positive_ints("epochs", "minibatches")
         if (self.batch * self.rollout) % self.minibatches:
             raise ValueError(f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}")
 
@@ -253,7 +236,7 @@ def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> 
                      gym_env_vectorize_mode="vector_entry_point")
         .learners(num_learners=0, num_gpus_per_learner=1 if config.device.startswith("cuda") else 0)
         .training(train_batch_size_per_learner=config.batch * config.rollout, minibatch_size=minibatch, num_epochs=config.epochs,
-                  lr=config.learning_rate, gamma=config.gamma, lambda_=config.gae_lambda, clip_param=config.clip,
+                  lr=config.learning_rate, gamma=instance.gamma, lambda_=config.gae_lambda, clip_param=config.clip,
                   vf_loss_coeff=config.value_weight, vf_clip_param=float("inf"), entropy_coeff=config.entropy, grad_clip=config.grad_clip, grad_clip_by="global_norm",
                   use_kl_loss=False)
         .rl_module(rl_module_spec=RLModuleSpec(module_class=JRPModule, model_config=config.model_config(instance.n)))
@@ -339,7 +322,7 @@ def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, resume: bool 
         return metrics
 
     def diverged(metrics: dict[str, float]) -> Optional[str]:
-        return divergence_reason(metrics, c_ref, config.gamma, config.rollout, config.divergence_cost)
+        return divergence_reason(metrics, c_ref, instance.gamma, config.rollout, config.divergence_cost)
 
     def save(status: str) -> None:
         tmp = algo_path.with_name(algo_path.name + ".tmp")

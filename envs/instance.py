@@ -183,12 +183,18 @@ def _exact_keys(keys, expected: set, where: str) -> None:
         raise InstanceError(f"{where}: {', '.join(parts)}; allowed keys are {sorted(expected)}")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename, so no reader sees half a file."""
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Call `write(tmp)` on a temporary file beside `path`, then rename it over `path`, so no reader
+    ever sees half a file (every results, instance and checkpoint file is written this way)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
+    write(tmp)
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def paper_instance(n: int, seed: int) -> Instance:

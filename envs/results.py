@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from envs.evaluation import Evaluation
-from envs.instance import atomic_write_text
+from envs.instance import atomic_write, atomic_write_text
 
 _PACKAGES = ("torch", "numpy", "pyarrow", "ray", "highspy", "gurobipy", "gymnasium")
 
@@ -56,10 +56,7 @@ def manifest(config: dict[str, Any]) -> dict[str, Any]:
 
 def write_parquet(table: pa.Table, path: Path) -> None:
     """Write a Parquet file atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def write_evaluation(

@@ -18,6 +18,7 @@ from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import write_evaluation
+from solver_workers.pool import init_ray
 
 
 @ray.remote(num_cpus=1)
@@ -38,8 +39,7 @@ def main() -> None:
     instance = paper_instance(args.n, args.seed)
     out = Path(args.out)
     instance.save(out / "instance.json")
-    # Under `ray job submit` RAY_ADDRESS points at the cluster; otherwise start an embedded Ray.
-    ray.init(**({} if os.environ.get("RAY_ADDRESS") else {"num_cpus": os.cpu_count(), "include_dashboard": False}))
+    init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray
     names = [n for n in POLICY_NAMES if n not in ("zero", "classical-best")]
     print(f"tuning {len(names)} classical policies on n={instance.n} (seed {args.seed}) in parallel Ray tasks ...", flush=True)
     tuned = ray.get([tune_task.remote(instance, name, args.horizon) for name in names])

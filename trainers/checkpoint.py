@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from envs.instance import Instance
+from envs.instance import Instance, atomic_write
 from trainers.pathwise import TrainConfig
 
 FORMAT = "or-transformer-platform/checkpoint"
@@ -36,12 +36,8 @@ def config_from_dict(data: dict[str, Any]):
 
 def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str) -> None:
     """Write atomically (temporary file, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "instance": instance.to_dict(), "status": status, "trainer": trainer_state}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -1,12 +1,25 @@
-"""Small helpers shared by the scripts in platform/: argument types and one-line errors."""
+"""What every script in platform/ shares at its boundary: argument types, checks of input and output
+paths made before any work starts, file reading with one clear error, and `run_cli`, which reports
+bad input (`InputError`) as one line `error: ...` with exit status 2 and an interruption as one line
+with exit status 130. Any other exception is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
+import tempfile
+from pathlib import Path
 from typing import Callable
 
-from envs.instance import InstanceError
+from envs.errors import InputError
+
+INTERRUPTED_EXIT = 130
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""
 
 
 def positive_int(text: str) -> int:
@@ -19,30 +32,106 @@ def positive_int(text: str) -> int:
     return value
 
 
-def read_file(path, what: str):
-    """Parse a JSON (.json) or YAML (other suffixes, yaml.safe_load) file; a missing or malformed file is one
-    ValueError naming `what` ("state file", "config file")."""
-    import json
-    from pathlib import Path
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got '{text}'") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
+    return value
 
+
+def device(text: str) -> str:
+    """A torch device the scripts run on: cpu, cuda or cuda:K (CUDA only where it is available)."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:K, got '{text}'")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(f"'{text}': CUDA is not available on this machine (use cpu)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"'{text}': this machine has {torch.cuda.device_count()} CUDA devices (0..{torch.cuda.device_count() - 1})")
+    return text
+
+
+def input_file(path, what: str) -> Path:
+    """`path` as an existing, readable regular file; otherwise an InputError naming `what` and the path."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{what} '{path}' does not exist")
+    if path.is_dir():
+        raise InputError(f"{what} '{path}' is a directory, expected a file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{what} '{path}' cannot be read ({exc.strerror})") from None
+    return path
+
+
+def read_text(path, what: str) -> str:
+    """The UTF-8 text of an input file, checked by `input_file`."""
+    path = input_file(path, what)
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} '{path}' is not valid UTF-8 (byte {exc.start})") from None
+
+
+def read_file(path, what: str):
+    """Parse a JSON (.json) or YAML (other suffixes, yaml.safe_load) input file; a missing, unreadable or
+    malformed file is one InputError naming `what` ("state file", "config file") and the path."""
     import yaml
 
-    path = Path(path)
-    json_file = path.suffix.lower() == ".json"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ValueError(f"{what} '{path}' does not exist") from None
+    text = read_text(path, what)
+    json_file = Path(path).suffix.lower() == ".json"
     try:
         return json.loads(text) if json_file else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{what} '{path}' is not valid {'JSON' if json_file else 'YAML'}: {exc}") from None
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"{what} '{path}' is not valid {'JSON' if json_file else 'YAML'}: {first_line}") from None
+
+
+def output_dir(path, what: str = "--out") -> Path:
+    """Check, before any work, that `path` can be the output directory: not an existing file, and
+    writable (tested by creating and removing a temporary file). Creates nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{what} '{path}' is an existing file, expected a directory")
+    ancestor = path
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(f"{what} '{path}': '{ancestor}' is a file, so no directory can be made under it")
+    try:
+        with tempfile.TemporaryFile(dir=ancestor):
+            pass
+    except OSError as exc:
+        raise InputError(f"{what} '{path}': cannot write in '{ancestor}' ({exc.strerror})") from None
+    return path
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
 
 
 def run_cli(main: Callable[[], int | None]) -> None:
-    """Run a script's main; bad input ends with one line 'error: ...' and exit status 2."""
+    """Run a script's main. SIGTERM is treated like Ctrl-C, so a script can save its work either way."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         sys.exit(main() or 0)
-    except (InstanceError, ValueError, FileNotFoundError) as exc:
+    except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except Interrupted as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)

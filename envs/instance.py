@@ -8,6 +8,7 @@ and the cost normaliser (eq. cost_normalization) need.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -16,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from envs.cli import input_file, read_text
+from envs.errors import InputError
 
 LMAX = 4
 """Maximum admissible lead time L_max; the item token has L_max - 1 = 3 in-transit slots."""
@@ -31,7 +35,7 @@ PAPER_BETA = (0.2, 0.6)
 PAPER_POOL = 1024
 
 
-class InstanceError(ValueError):
+class InstanceError(InputError):
     """An instance field is missing, unknown or outside its allowed range."""
 
 
@@ -107,6 +111,13 @@ class Instance:
         items["lead"] = [int(v) for v in self.lead]
         return {"K": self.K, "gamma": self.gamma, "rho": self.rho, "items": items}
 
+    def content_hash(self) -> str:
+        """SHA-256 of the canonical JSON of every parameter: two instances have the same hash exactly
+        when they are the same problem. Results and journals record it, so that runs on different
+        instances are never mixed or compared."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
     @classmethod
     def from_dict(cls, data: dict) -> "Instance":
         """Build from the JSON layout; unknown or missing keys are an error."""
@@ -127,9 +138,7 @@ class Instance:
     def load(cls, path: str | os.PathLike) -> "Instance":
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InstanceError(f"instance file '{path}' does not exist") from None
+            data = json.loads(read_text(path, "instance file"))
         except json.JSONDecodeError as exc:
             raise InstanceError(f"instance file '{path}' is not valid JSON: {exc}") from None
         return cls.from_dict(data)
@@ -140,9 +149,7 @@ class Instance:
         import pyarrow.csv
         import pyarrow.parquet
 
-        path = Path(path)
-        if not path.exists():
-            raise InstanceError(f"item table '{path}' does not exist")
+        path = input_file(path, "item table")
         suffix = path.suffix.lower()
         if suffix == ".csv":
             table = pyarrow.csv.read_csv(path)

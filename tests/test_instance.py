@@ -8,6 +8,7 @@ import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
+from envs.errors import InputError
 from envs.instance import Instance, InstanceError, paper_instance
 
 GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8)
@@ -63,7 +64,7 @@ def test_bad_json_file(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(InstanceError, match="not valid JSON"):
         Instance.load(tmp_path / "bad.json")
-    with pytest.raises(InstanceError, match="does not exist"):
+    with pytest.raises(InputError, match="does not exist"):
         Instance.load(tmp_path / "missing.json")
 
 

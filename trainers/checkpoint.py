@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from envs.errors import InputError
 from envs.instance import Instance, atomic_write
 from trainers.pathwise import TrainConfig
 
@@ -18,7 +19,7 @@ FORMAT = "or-transformer-platform/checkpoint"
 VERSION = 1
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
 
 

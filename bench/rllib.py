@@ -12,7 +12,7 @@ import time
 import torch
 
 from envs.instance import paper_instance
-from solver_workers.pool import init_ray
+from solver_workers.ray_session import init_ray
 from trainers.pathwise import PathwiseTrainer, preset
 from trainers.rllib_ppo import build_algorithm, ppo_preset
 

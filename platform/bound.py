@@ -22,7 +22,8 @@ from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 from envs.results import write_evaluation, write_parquet
 from solver_workers.backends import SOLVERS, SolverOptions
-from solver_workers.pool import Journal, Pool, init_ray, run_bounds
+from solver_workers.pool import Journal, Pool, run_bounds
+from solver_workers.ray_session import init_ray
 from solver_workers.rolling import ReplayPolicy
 
 

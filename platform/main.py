@@ -18,7 +18,7 @@ from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import write_evaluation
-from solver_workers.pool import init_ray
+from solver_workers.ray_session import init_ray
 
 
 @ray.remote(num_cpus=1)

@@ -58,7 +58,7 @@ def main() -> None:
     instance = Instance.load(args.instance)
     overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}}
     if args.method in PPO_METHODS:
-        from solver_workers.pool import init_ray
+        from solver_workers.ray_session import init_ray
         from trainers.rllib_ppo import ppo_preset, train_ppo
 
         torch.set_num_threads(1)  # RLlib samples and learns in this process; one thread is 5-12x faster here (shared/notes)

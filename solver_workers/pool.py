@@ -168,14 +168,3 @@ def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions
 
     pool.run(tasks, on_result, paths.num_episodes, paths.num_episodes - len(tasks), "bounds")
     return [journal.records[e] for e in paths.episodes]
-
-
-def init_ray(workers: int, address: Optional[str] = None) -> None:
-    """Connect to a cluster (RAY_ADDRESS, as under `ray job submit`, or --address) or start an embedded Ray."""
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address)
-    else:
-        ray.init(num_cpus=max(workers, os.cpu_count() or 1), include_dashboard=False)

@@ -1,9 +1,18 @@
 """The one output format of every evaluated method: summary.json, costs.parquet and, on request,
-the traces steps.parquet and items.parquet. Files are written atomically (temporary name, then
-rename), summary.json last, so a directory with a summary.json is complete."""
+the traces steps.parquet and items.parquet, plus any method-specific tables (a MILP's decisions.parquet).
+
+A results folder is whole or it is not read. A writer first removes summary.json (from then on the
+folder counts as incomplete), removes the previous run's result files and any temporary file left by
+a killed writer, writes every file atomically (temporary name, then rename) and writes summary.json
+last, with the SHA-256 of every file it vouches for. `read_evaluation` accepts a folder only when
+summary.json is well formed and every listed file is present with its checksum; temporary files are
+never read. summary.json also records the instance's content hash, so that evaluations of different
+instances are never compared.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -20,7 +29,8 @@ import pyarrow.parquet as pq
 import torch
 
 from envs.evaluation import Evaluation
-from envs.instance import atomic_write, atomic_write_text
+from envs.errors import InputError
+from envs.instance import Instance, atomic_write, atomic_write_text
 
 _PACKAGES = ("torch", "numpy", "pyarrow", "ray", "highspy", "gurobipy", "gymnasium")
 
@@ -59,6 +69,29 @@ def write_parquet(table: pa.Table, path: Path) -> None:
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
+SUMMARY = "summary.json"
+COSTS = "costs.parquet"
+TRACES = ("steps.parquet", "items.parquet")
+FORMAT = "or-transformer-platform/evaluation"
+VERSION = 2
+"""Version 2 added the file checksums and the instance hash; folders of version 1 are refused."""
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Delete temporary files that a killed writer left in `folder` (see atomic_write)."""
+    for stale in folder.glob(".*.tmp*"):
+        if stale.is_file():
+            stale.unlink()
+
+
 def write_evaluation(
     out_dir: str | os.PathLike,
     policy: str,
@@ -67,41 +100,92 @@ def write_evaluation(
     config: dict[str, Any],
     parameters: Optional[dict[str, Any]] = None,
     extra: Optional[dict[str, Any]] = None,
+    *,
+    instance: Instance,
+    tables: Optional[dict[str, pa.Table]] = None,
 ) -> dict[str, Any]:
-    """Write the evaluation of `policy` to `out_dir`; return the summary dict."""
+    """Write the evaluation of `policy` on `instance` to `out_dir`, whole or not at all (module docstring);
+    `tables` are further Parquet files by name. Returns the summary dict."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = dict(tables or {})
+    (out / SUMMARY).unlink(missing_ok=True)
+    remove_leftovers(out)
+    for name in (COSTS, *TRACES, *tables):
+        (out / name).unlink(missing_ok=True)
+
     episodes = np.asarray(evaluation.episodes, dtype=np.int64)
-    write_parquet(pa.table({"episode": episodes, "discounted_cost": evaluation.discounted_cost}), out / "costs.parquet")
+    tables[COSTS] = pa.table({"episode": episodes, "discounted_cost": evaluation.discounted_cost})
     if evaluation.trace is not None:
         tr = evaluation.trace
         E, T, n = tr.inventory.shape
         ep = np.repeat(episodes, T)
         t = np.tile(np.arange(T, dtype=np.int64), E)
-        write_parquet(
-            pa.table({"episode": ep, "t": t, "factor": tr.factor.ravel(), "open": tr.open.ravel().astype(np.int8), "cost": tr.cost.ravel()}),
-            out / "steps.parquet",
-        )
-        write_parquet(
-            pa.table({
-                "episode": np.repeat(ep, n),
-                "t": np.repeat(t, n),
-                "item": np.tile(np.arange(n, dtype=np.int64), E * T),
-                "inventory": tr.inventory.ravel(),
-                "demand": tr.demand.ravel(),
-                "quantity": tr.quantity.ravel(),
-            }),
-            out / "items.parquet",
-        )
+        tables["steps.parquet"] = pa.table({"episode": ep, "t": t, "factor": tr.factor.ravel(), "open": tr.open.ravel().astype(np.int8), "cost": tr.cost.ravel()})
+        tables["items.parquet"] = pa.table({
+            "episode": np.repeat(ep, n),
+            "t": np.repeat(t, n),
+            "item": np.tile(np.arange(n, dtype=np.int64), E * T),
+            "inventory": tr.inventory.ravel(),
+            "demand": tr.demand.ravel(),
+            "quantity": tr.quantity.ravel(),
+        })
+    for name, table in tables.items():
+        write_parquet(table, out / name)
     summary = {
+        "format": FORMAT,
+        "version": VERSION,
         "policy": policy,
         "mean": evaluation.mean,
         "se": evaluation.se,
         "episodes": len(evaluation.episodes),
         "horizon": evaluation.horizon,
         "seed": int(seed),
+        "n": instance.n,
+        "instance_hash": instance.content_hash(),
         "parameters": parameters or {},
         **(extra or {}),
+        "files": {name: sha256(out / name) for name in sorted(tables)},
         "manifest": manifest(config),
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / SUMMARY, json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def read_evaluation(folder: str | os.PathLike) -> dict[str, Any]:
+    """Read a whole results folder: {'summary': dict, 'episodes': int64 [E] (sorted), 'cost': float64 [E]}.
+    An incomplete, modified or foreign folder is one InputError naming the folder and what is wrong."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(f"results folder '{folder}' does not exist or is not a directory")
+    path = folder / SUMMARY
+    if not path.is_file():
+        raise InputError(f"results folder '{folder}' has no {SUMMARY}: the evaluation is incomplete (interrupted or still running), or this is not a results folder")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"'{path}' is not valid JSON ({exc})") from None
+    if not isinstance(summary, dict) or summary.get("format") != FORMAT:
+        raise InputError(f"'{path}': not a results summary of this platform (field 'format' should be '{FORMAT}')")
+    if summary.get("version") != VERSION:
+        raise InputError(f"'{path}': field 'version' is {summary.get('version')!r}, this code reads version {VERSION}; re-run the evaluation")
+    required = {"policy": str, "mean": float, "se": float, "episodes": int, "horizon": int, "seed": int, "n": int, "instance_hash": str, "files": dict}
+    for key, kind in required.items():
+        value = summary.get(key)
+        allowed = (int, float) if kind is float else kind
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            raise InputError(f"'{path}': field '{key}' is missing or not a {kind.__name__} (got {value!r})")
+    if COSTS not in summary["files"]:
+        raise InputError(f"'{path}': field 'files' does not list {COSTS}")
+    for name, digest in summary["files"].items():
+        file = folder / name
+        if not file.is_file():
+            raise InputError(f"results folder '{folder}': {name} is missing (listed in {SUMMARY}); the folder is incomplete")
+        if sha256(file) != digest:
+            raise InputError(f"results folder '{folder}': {name} does not match its checksum in {SUMMARY}; it was modified or replaced after the evaluation")
+    costs = pq.read_table(folder / COSTS)
+    if set(costs.column_names) != {"episode", "discounted_cost"} or costs.num_rows != summary["episodes"]:
+        raise InputError(f"results folder '{folder}': {COSTS} should have columns episode, discounted_cost and {summary['episodes']} rows")
+    episodes = np.asarray(costs.column("episode").to_numpy(), dtype=np.int64)
+    order = np.argsort(episodes)
+    return {"summary": summary, "episodes": episodes[order], "cost": np.asarray(costs.column("discounted_cost").to_numpy(), dtype=np.float64)[order]}

@@ -11,10 +11,8 @@ documented held-out seed.
 
 import argparse
 
-import torch
-
 from envs.classical import POLICY_NAMES, tuned_policy
-from envs.cli import positive_int, run_cli
+from envs.cli import device, output_dir, positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
@@ -40,10 +38,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available on this machine")
+    output_dir(args.out)
     instance = Instance.load(args.instance)
     if args.policy.startswith(CHECKPOINT_PREFIX):
         path = args.policy[len(CHECKPOINT_PREFIX):]
@@ -56,7 +53,7 @@ def main() -> None:
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
-    summary = write_evaluation(args.out, label, result, args.seed, config, parameters)
+    summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)
     print(f"{label}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "
           f"of {summary['horizon']} steps -> {args.out}")
 

@@ -7,13 +7,12 @@ held-out comparison table. Runs on an embedded local Ray, or on a cluster under 
 
 import argparse
 import os
-from pathlib import Path
 
 import ray
 import torch
 
 from envs.classical import POLICY_NAMES, best_of, make_policy, tune_family, zero_policy
-from envs.cli import positive_int, run_cli
+from envs.cli import output_dir, positive_int, run_cli
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
@@ -36,8 +35,8 @@ def main() -> None:
     parser.add_argument("--out", default="runs/main", help="output directory (default runs/main)")
     args = parser.parse_args()
 
+    out = output_dir(args.out)
     instance = paper_instance(args.n, args.seed)
-    out = Path(args.out)
     instance.save(out / "instance.json")
     init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray
     names = [n for n in POLICY_NAMES if n not in ("zero", "classical-best")]
@@ -53,7 +52,7 @@ def main() -> None:
     results = {}
     for name, policy, params in entries:
         results[name] = evaluate(policy, tinst, paths)
-        write_evaluation(out / name, name, results[name], HELDOUT_SEED, {**vars(args), "policy": name}, params)
+        write_evaluation(out / name, name, results[name], HELDOUT_SEED, {**vars(args), "policy": name}, params, instance=instance)
 
     reference = results["classical-best"].discounted_cost
     print(f"\nheld-out: {args.episodes} episodes x {args.horizon} steps, seed {HELDOUT_SEED}; "

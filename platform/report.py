@@ -4,30 +4,36 @@ and the optimality gap against a perfect-information bound.
   python platform/report.py runs/best runs/ot16/greedy runs/milp --reference runs/best --bound runs/bound [--out table.md]
 
 Each argument is a directory written by evaluate.py, train.py (its greedy/ or sampled/), milp.py or
-bound.py. All must cover the same episodes, horizon and seed; anything else is refused.
+bound.py. All must evaluate the same instance (summary.json records its content hash) on the same
+episodes, horizon and seed; anything else is refused, and so is an incomplete or modified folder.
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
-from envs.cli import run_cli
+from envs.cli import output_dir, run_cli
+from envs.errors import InputError
 from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
+from envs.results import read_evaluation
 
 
 def load(directory: str) -> dict:
-    path = Path(directory)
-    if not (path / "summary.json").is_file() or not (path / "costs.parquet").is_file():
-        raise ValueError(f"results directory '{path}': expected summary.json and costs.parquet (a finished evaluation)")
-    summary = json.loads((path / "summary.json").read_text())
-    costs = pq.read_table(path / "costs.parquet").to_pydict()
-    order = np.argsort(costs["episode"])
-    return {"name": summary["policy"], "dir": str(path), "summary": summary,
-            "episodes": np.asarray(costs["episode"])[order], "cost": np.asarray(costs["discounted_cost"], dtype=np.float64)[order]}
+    run = read_evaluation(directory)
+    return {"name": run["summary"]["policy"], "dir": str(directory), **run}
+
+
+def check_comparable(run: dict, reference: dict) -> None:
+    """Paired comparisons need the same instance and the same held-out episodes."""
+    a, b = run["summary"], reference["summary"]
+    if a["instance_hash"] != b["instance_hash"]:
+        raise InputError(f"results '{run['dir']}' (n = {a['n']}, instance {a['instance_hash'][:12]}) and the reference '{reference['dir']}' "
+                         f"(n = {b['n']}, instance {b['instance_hash'][:12]}) evaluate different instances; compare only evaluations of one instance")
+    if any(a[k] != b[k] for k in ("horizon", "seed")) or not np.array_equal(run["episodes"], reference["episodes"]):
+        raise InputError(f"results '{run['dir']}': episodes, horizon or seed differ from the reference '{reference['dir']}'; "
+                         "compare only evaluations on the same held-out episodes")
 
 
 def main() -> None:
@@ -37,14 +43,15 @@ def main() -> None:
     parser.add_argument("--bound", help="results directory of platform/bound.py, for the optimality gap")
     parser.add_argument("--out", help="also write the table as Markdown to this file")
     args = parser.parse_args()
+    if args.out:
+        output_dir(Path(args.out).parent, "--out's folder")
+        if Path(args.out).is_dir():
+            raise InputError(f"--out '{args.out}' is a directory, expected a file name for the Markdown table")
     runs = [load(d) for d in args.runs]
     reference = load(args.reference) if args.reference else runs[0]
     bound = load(args.bound) if args.bound else None
-    for other in runs + [reference] + ([bound] if bound else []):
-        key = ("horizon", "seed")
-        if any(other["summary"][k] != reference["summary"][k] for k in key) or not np.array_equal(other["episodes"], reference["episodes"]):
-            raise ValueError(f"results '{other['dir']}': episodes, horizon or seed differ from the reference '{reference['dir']}'; "
-                             "compare only evaluations on the same held-out episodes")
+    for other in runs + ([bound] if bound else []):
+        check_comparable(other, reference)
     s = reference["summary"]
     lines = [f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}; reference: {reference['name']}", "",
              "| method | mean | s.e. | vs reference (95% CI) |" + (" gap to bound |" if bound else ""),

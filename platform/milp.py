@@ -8,36 +8,29 @@ solver workers (embedded local Ray, or a cluster under `ray job submit`).
 Writes summary.json, costs.parquet (and with --trace steps.parquet, items.parquet) like
 platform/evaluate.py, plus decisions.parquet: one row per (episode, decision) with status, solve
 seconds, objective, bound, gap, time_limited and fallback. Decisions are journalled in
-DIR/decisions.jsonl as they finish: re-running the same command resumes.
+DIR/decisions.jsonl as they finish, under the run's identity (the instance's content hash and every
+setting a decision depends on: --seed, --scenarios, --plan-horizon, --solver, --time-limit, --gap,
+--threads, --no-warm-start, --solver-seed; see solver_workers/pool.py). Re-running the same command
+resumes, also with more --episodes or a longer --horizon (the journal is extended); a re-run into the
+same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
 """
 
 import argparse
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from envs.cli import positive_int, run_cli
+from envs.cli import Interrupted, output_dir, positive_float, positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
-from envs.results import write_evaluation, write_parquet
+from envs.results import write_evaluation
 from solver_workers.backends import GUROBI_SIZE_LIMIT, SOLVERS, SolverOptions
-from solver_workers.pool import Journal, Pool, run_rolling
+from solver_workers.pool import Journal, Pool, decision_key, rolling_identity, run_rolling
 from solver_workers.ray_session import init_ray
 from solver_workers.rolling import ReplayPolicy, RollingOptions
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got '{text}'") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return value
 
 
 def main() -> None:
@@ -50,10 +43,10 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.005, help="relative MIP gap (default 0.005)")
     parser.add_argument("--threads", type=positive_int, default=1, help="solver threads per worker (default 1)")
     parser.add_argument("--no-warm-start", action="store_true", help="do not supply the all-zero plan as the initial incumbent")
-    parser.add_argument("--solver-seed", type=int, default=0, help="seed of the scenario sampling and the solver (default 0)")
+    parser.add_argument("--solver-seed", type=seed, default=0, help="seed of the scenario sampling and the solver (default 0)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
     parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="decisions per episode (default 50)")
-    parser.add_argument("--seed", type=int, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
+    parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
     parser.add_argument("--out", required=True, help="output directory")
@@ -62,26 +55,38 @@ def main() -> None:
     if not 0 <= args.gap < 1:
         parser.error(f"--gap: expected a relative gap in [0, 1), got {args.gap}")
     instance = Instance.load(args.instance)
+    out = output_dir(args.out)
     options = RollingOptions(args.scenarios, args.plan_horizon, SolverOptions(args.solver, args.time_limit, args.gap, args.threads,
                                                                              not args.no_warm_start, args.solver_seed))
+    journal = Journal(out / "decisions.jsonl", decision_key, rolling_identity(instance, args.seed, options))
     if args.solver == "gurobi":
         print(f"note: the PyPI Gurobi licence is limited to {GUROBI_SIZE_LIMIT} variables and constraints; larger decisions are "
               "recorded with status 'licence-limit' and execute the zero fallback", flush=True)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon)
-    out = Path(args.out)
-    journal = Journal(out / "decisions.jsonl", key=lambda r: (r["episode"], r["decision"]))
-    init_ray(args.workers, args.address)
-    open_order, quantity = run_rolling(instance, paths, options, Pool(args.workers), journal)
+    try:
+        init_ray(args.workers, args.address)
+        open_order, quantity = run_rolling(instance, paths, options, Pool(args.workers), journal)
+        records = [journal.records[(e, t)] for e in paths.episodes for t in range(args.horizon)]
+        columns = ["episode", "decision", "open", "status", "solve_seconds", "build_seconds", "objective", "bound", "gap", "time_limited",
+                   "fallback", "rows", "columns", "nonzeros"]
+        table = pa.table({c: [r[c] for r in records] for c in columns} | {"quantity": [r["quantity"] for r in records]})
+        result = evaluate(ReplayPolicy(open_order, quantity), instance.to_torch(), paths, trace=args.trace)
+        summary = write_evaluation(out, f"milp-{args.solver}", result, args.seed, {**vars(args), "n": instance.n}, options.to_dict(),
+                                   decision_summary(records), instance=instance, tables={"decisions.parquet": table})
+    except KeyboardInterrupt:
+        done = sum((e, t) in journal for e in paths.episodes for t in range(args.horizon))
+        raise Interrupted(f"no results written; journal '{journal.path}' keeps {done} of {len(paths.episodes) * args.horizon} decisions; "
+                          "re-run the same command to resume") from None
+    d = summary["decisions"]
+    print(f"milp-{args.solver}: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes; "
+          f"{d['count']} decisions, {d['time_limited']} time-limited, {d['fallback']} fallbacks (zero order), statuses {json.dumps(d['statuses'])}")
 
-    records = [journal.records[(e, t)] for e in paths.episodes for t in range(args.horizon)]
-    columns = ["episode", "decision", "open", "status", "solve_seconds", "build_seconds", "objective", "bound", "gap", "time_limited",
-               "fallback", "rows", "columns", "nonzeros"]
-    table = pa.table({c: [r[c] for r in records] for c in columns} | {"quantity": [r["quantity"] for r in records]})
-    write_parquet(table, out / "decisions.parquet")
-    result = evaluate(ReplayPolicy(open_order, quantity), instance.to_torch(), paths, trace=args.trace)
+
+def decision_summary(records: list[dict]) -> dict:
+    """The summary.json entry 'decisions': counts of statuses, time limits and fallbacks, solve times."""
     statuses = Counter(r["status"] for r in records)
     solve_seconds = np.array([r["solve_seconds"] for r in records])
-    extra = {"decisions": {
+    return {"decisions": {
         "count": len(records),
         "statuses": dict(statuses),
         "time_limited": sum(r["time_limited"] for r in records),
@@ -90,10 +95,6 @@ def main() -> None:
         "solve_seconds_mean": float(solve_seconds.mean()),
         "solve_seconds_max": float(solve_seconds.max()),
     }}
-    summary = write_evaluation(out, f"milp-{args.solver}", result, args.seed, {**vars(args), "n": instance.n}, options.to_dict(), extra)
-    d = summary["decisions"]
-    print(f"milp-{args.solver}: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes; "
-          f"{d['count']} decisions, {d['time_limited']} time-limited, {d['fallback']} fallbacks (zero order), statuses {json.dumps(d['statuses'])}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from solver_workers.model import MilpModel
 SOLVERS = ("highs", "gurobi")
 GUROBI_SIZE_LIMIT = 2000  # variables or constraints under the PyPI licence
 GUROBI_SIZE_LIMIT_ERROR = 10010
+MAX_SEED = 2**31 - 1  # the largest random seed HiGHS and Gurobi accept
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,14 @@ class SolverOptions:
     def __post_init__(self):
         if self.solver not in SOLVERS:
             raise ValueError(f"solver: expected one of {list(SOLVERS)}, got '{self.solver}'")
-        if not self.time_limit > 0:
-            raise ValueError(f"time_limit: expected seconds > 0, got {self.time_limit}")
+        if not 0 < self.time_limit < math.inf:
+            raise ValueError(f"time_limit: expected finite seconds > 0, got {self.time_limit}")
         if not 0 <= self.gap < 1:
             raise ValueError(f"gap: expected a relative gap in [0, 1), got {self.gap}")
         if self.threads < 1:
             raise ValueError(f"threads: expected an integer >= 1, got {self.threads}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed: expected an integer in [0, {MAX_SEED}], got {self.seed}")
 
 
 @dataclass(frozen=True)

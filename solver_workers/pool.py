@@ -6,6 +6,23 @@ Fault tolerance: actors restart after a crash and Ray retries their in-flight ca
 Retries are at-least-once, so every result is keyed — (episode, decision) for decisions, episode for
 bounds — and appended to a JSON-lines journal as it arrives (flushed and fsynced); the journal keeps
 the first record per key. A re-run reads the journal and skips what is done.
+
+Run identity. A journal's first line is the identity of the run that wrote it: the instance's content
+hash and every setting a record depends on. A re-run resumes a journal only with the same identity;
+another identity, or a journal without one (written before identities were recorded), is refused
+with an InputError naming every field that differs. What is in an identity, and why:
+
+* Decisions (`rolling_identity`): instance, path seed, scenarios S, plan horizon H, and every solver
+  option — solver, time limit, gap, threads (a solver's search path depends on its thread count),
+  warm start, solver seed. Not the number of episodes nor the evaluation horizon: episode e's path
+  depends only on (instance, seed, e) and a longer horizon regenerates the same prefix, and a decision
+  at step t plans over its own H steps whatever the evaluation horizon (the plan is never truncated
+  at the episode's end). So a re-run with more episodes or a longer horizon extends the journal, and
+  one with fewer or a shorter one reuses part of it.
+* Bounds (`bound_identity`): instance, path seed, the evaluation horizon (an episode's bound solves
+  the whole episode) and every solver option; not the number of episodes.
+* Neither holds the worker count or the Ray address (a record does not depend on where it ran). A
+  time-limited solve also depends on the machine's speed, which no identity can hold.
 """
 
 from __future__ import annotations
@@ -20,9 +37,11 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
+from envs.cli import read_text
 from envs.dynamics import State, initial_state, step
+from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
-from envs.instance import Instance
+from envs.instance import Instance, atomic_write_text
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
 from solver_workers.rolling import RollingOptions, decide
@@ -30,20 +49,60 @@ from solver_workers.rolling import RollingOptions, decide
 ACTOR_RESTARTS = 3
 
 
-class Journal:
-    """Append-only JSON-lines results keyed by `key(record)`; a torn last line is ignored."""
+def solver_identity(options: SolverOptions) -> dict[str, Any]:
+    return {"solver": options.solver, "time_limit": options.time_limit, "gap": options.gap, "threads": options.threads,
+            "warm_start": options.warm_start, "solver_seed": options.seed}
 
-    def __init__(self, path: str | os.PathLike, key: Callable[[dict], Any]):
+
+def rolling_identity(instance: Instance, seed: int, options: RollingOptions) -> dict[str, Any]:
+    """What a rolling-horizon decision record depends on (module docstring)."""
+    return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "scenarios": options.scenarios,
+            "plan_horizon": options.plan_horizon, **solver_identity(options.solver)}
+
+
+def bound_identity(instance: Instance, seed: int, horizon: int, options: SolverOptions) -> dict[str, Any]:
+    """What an episode's bound record depends on (module docstring)."""
+    return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "horizon": int(horizon), **solver_identity(options)}
+
+
+def decision_key(record: dict) -> tuple[int, int]:
+    return record["episode"], record["decision"]
+
+
+def episode_key(record: dict) -> int:
+    return record["episode"]
+
+
+class Journal:
+    """Append-only JSON-lines results of one run, keyed by `key(record)`; a torn last line is ignored.
+
+    The first line is {"identity": identity}. Opening an existing journal of another identity, or one
+    without an identity, raises an InputError; nothing is created until the first record arrives,
+    and then the identity line is written (atomically) before it."""
+
+    def __init__(self, path: str | os.PathLike, key: Callable[[dict], Any], identity: dict[str, Any]):
         self.path, self.key = Path(path), key
+        self.identity = json.loads(json.dumps(identity))
         self.records: dict[Any, dict] = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
+        self.started, self.torn = self.path.exists(), False
+        if not self.started:
+            return
+        text = read_text(self.path, "journal")
+        lines = text.splitlines()
+        header = _json_or_none(lines[0]) if lines else None
+        if not (isinstance(header, dict) and isinstance(header.get("identity"), dict)):
+            raise InputError(f"journal '{self.path}' has no run identity (it was written before identities were recorded, or it is not a journal), "
+                             f"so it cannot be checked against this run's settings; {_start_anew(self.path)}")
+        differences = [f"{name} {_show(name, header['identity'].get(name))} there, {_show(name, self.identity.get(name))} here"
+                       for name in sorted(set(header["identity"]) | set(self.identity)) if header["identity"].get(name) != self.identity.get(name)]
+        if differences:
+            raise InputError(f"journal '{self.path}' belongs to a run with other settings ({'; '.join(differences)}); "
+                             f"re-run with its settings to resume it, or {_start_anew(self.path)}")
+        for line in lines[1:]:
+            record = _json_or_none(line)
+            if isinstance(record, dict):
                 self.records.setdefault(self.key(record), record)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.torn = not text.endswith("\n")  # a crash mid-write: the next record starts on a new line
 
     def __contains__(self, key) -> bool:
         return key in self.records
@@ -53,12 +112,37 @@ class Journal:
         key = self.key(record)
         if key in self.records:
             return False
+        if not self.started:
+            atomic_write_text(self.path, json.dumps({"identity": self.identity}) + "\n")
+            self.started = True
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(("\n" if self.torn else "") + json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        self.records[key] = record
+        self.records[key], self.torn = record, False
         return True
+
+    def check(self, identity: dict[str, Any]) -> None:
+        """Refuse to store results of a computation with another identity (a caller's bug, not bad input)."""
+        if json.loads(json.dumps(identity)) != self.identity:
+            raise ValueError(f"journal '{self.path}' was opened with another identity than this computation's")
+
+
+def _json_or_none(line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def _show(name: str, value) -> str:
+    if value is None:
+        return "(absent)"
+    return f"{value[:16]}…" if name == "instance_hash" and isinstance(value, str) else json.dumps(value)
+
+
+def _start_anew(path: Path) -> str:
+    return f"start anew with another --out, or delete '{path.parent}'"
 
 
 @ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
@@ -114,6 +198,7 @@ class Pool:
 def run_rolling(instance: Instance, paths: ExogenousPaths, options: RollingOptions, pool: Pool, journal: Journal) -> tuple[np.ndarray, np.ndarray]:
     """Run the rolling-horizon controller on every episode of `paths`, resuming from `journal`.
     Returns the executed actions open [E, T] and quantity [E, T, n]."""
+    journal.check(rolling_identity(instance, paths.seed, options))
     E, T, n = paths.num_episodes, paths.horizon, instance.n
     tinst = instance.to_torch(dtype=torch.float64)
     factor = paths.factor.double().numpy()
@@ -155,6 +240,7 @@ def run_rolling(instance: Instance, paths: ExogenousPaths, options: RollingOptio
 
 def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions, pool: Pool, journal: Journal) -> list[dict]:
     """The perfect-information bound of every episode of `paths` (initial state as in evaluation)."""
+    journal.check(bound_identity(instance, paths.seed, paths.horizon, options))
     tinst = instance.to_torch(dtype=torch.float64)
     ref = ray.put(instance)
     demand = paths.demand.double().numpy()

@@ -4,6 +4,8 @@ warm start, execute only the root action; with no incumbent, execute zero.
 
 One decision is a pure function of (instance, state, episode, decision, options), so it can run on
 any worker and be retried: its scenarios come from a NumPy stream keyed by (seed, episode, decision).
+It plans over H = plan_horizon steps even near the end of an episode (the plan is not truncated), so
+it does not depend on the evaluation horizon.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from scipy.optimize import linprog
 
 from envs.dynamics import State, step
 from envs.instance import LMAX, Instance
-from solver_workers.backends import SolverOptions, solve
+from solver_workers.backends import MAX_SEED, SolverOptions, solve
 from solver_workers.model import build_model, sample_scenarios
 
 
@@ -137,3 +137,19 @@ def test_tail_fixing_removes_late_columns():
     expected = 1 + S * (H - 1 - 1) + (1 + S * (H - 2)) + (1 + S * (H - 5)) + 2 * S * 2 * H
     assert model.shape[1] == expected
     assert (model.root_quantity >= 0).all()
+
+
+@pytest.mark.parametrize("field, value", [("time_limit", float("inf")), ("time_limit", float("nan")), ("seed", -1), ("seed", 2**31), ("gap", 1.0)])
+def test_solver_options_refuse_what_a_solver_would_reject(field, value):
+    with pytest.raises(ValueError, match=field):
+        SolverOptions(**{field: value})
+
+
+def test_the_largest_seed_is_the_largest_highs_accepts():
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    assert h.setOptionValue("random_seed", MAX_SEED) == highspy.HighsStatus.kOk
+    assert h.setOptionValue("random_seed", MAX_SEED + 1) != highspy.HighsStatus.kOk  # HiGHS would silently keep its previous seed
+    assert h.getOptionValue("random_seed")[1] == MAX_SEED

@@ -64,11 +64,3 @@ def test_bound_cli_and_report_gap(solved):
     refused = script("report.py", tmp / "best", tmp / "zero2")
     assert refused.returncode == 2 and "differ from the reference" in refused.stderr
 
-
-def test_bad_solver_flags(tmp_path):
-    inst = tmp_path / "inst.json"
-    paper_instance(1, 0).save(inst)
-    bad = script("milp.py", "--instance", inst, "--solver", "cplex", "--out", tmp_path / "o")
-    assert bad.returncode == 2 and "invalid choice: 'cplex'" in bad.stderr
-    bad = script("milp.py", "--instance", inst, "--time-limit", "-1", "--out", tmp_path / "o")
-    assert bad.returncode == 2 and "--time-limit: expected a number > 0" in bad.stderr

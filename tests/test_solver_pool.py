@@ -10,41 +10,55 @@ import pytest
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from solver_workers.backends import SolverOptions
-from solver_workers.pool import Journal, Pool, run_bounds, run_rolling
+from solver_workers.pool import Journal, Pool, bound_identity, decision_key, episode_key, rolling_identity, run_bounds, run_rolling
 from solver_workers.rolling import RollingOptions, decide
 
 FAST = RollingOptions(scenarios=2, plan_horizon=5, solver=SolverOptions(time_limit=10, gap=0.0))
+IDENTITY = {"run": 1}
 
 
-def decision_key(record):
-    return record["episode"], record["decision"]
+def decisions(path, inst, seed, options=FAST):
+    return Journal(path, decision_key, rolling_identity(inst, seed, options))
 
 
 def test_journal_keeps_the_first_record_and_skips_a_torn_line(tmp_path):
     path = tmp_path / "j.jsonl"
-    journal = Journal(path, key=decision_key)
+    journal = Journal(path, decision_key, IDENTITY)
+    assert not path.exists()  # nothing is written before the first record
     assert journal.add({"episode": 0, "decision": 0, "open": 1})
     assert not journal.add({"episode": 0, "decision": 0, "open": 0})  # a retried duplicate
     with open(path, "a") as f:
         f.write('{"episode": 0, "decision": 1, "op')  # a crash mid-write
-    again = Journal(path, key=decision_key)
+    again = Journal(path, decision_key, IDENTITY)
     assert list(again.records) == [(0, 0)] and again.records[(0, 0)]["open"] == 1
+    assert again.add({"episode": 0, "decision": 1, "open": 0})  # the next record does not join the torn line
+    assert list(Journal(path, decision_key, IDENTITY).records) == [(0, 0), (0, 1)]
+    assert path.read_text().splitlines()[0] == '{"identity": {"run": 1}}'
+
+
+def test_results_of_another_identity_are_not_stored(tmp_path):
+    inst = paper_instance(2, 0)
+    with pytest.raises(ValueError, match="another identity"):
+        run_rolling(inst, sample_paths(inst, 6, 1, 2), FAST, None, decisions(tmp_path / "a.jsonl", inst, 5))  # paths of seed 6, journal of seed 5
+    with pytest.raises(ValueError, match="another identity"):
+        run_bounds(inst, sample_paths(inst, 5, 1, 9), FAST.solver, None, Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 5, 8, FAST.solver)))
+    assert not list(tmp_path.iterdir())
 
 
 def test_resumed_run_equals_an_uninterrupted_one(tmp_path, ray_session):
     inst = paper_instance(2, 0)
     pool = Pool(2)
     # "interrupted" after two decisions per episode: the journal holds t = 0, 1
-    partial = Journal(tmp_path / "a.jsonl", key=decision_key)
+    partial = decisions(tmp_path / "a.jsonl", inst, 5)
     run_rolling(inst, sample_paths(inst, 5, 3, 2), FAST, pool, partial)
-    resumed_journal = Journal(tmp_path / "a.jsonl", key=decision_key)
+    resumed_journal = decisions(tmp_path / "a.jsonl", inst, 5)
     assert len(resumed_journal.records) == 6
     resumed = run_rolling(inst, sample_paths(inst, 5, 3, 4), FAST, pool, resumed_journal)
-    fresh = run_rolling(inst, sample_paths(inst, 5, 3, 4), FAST, pool, Journal(tmp_path / "b.jsonl", key=decision_key))
+    fresh = run_rolling(inst, sample_paths(inst, 5, 3, 4), FAST, pool, decisions(tmp_path / "b.jsonl", inst, 5))
     np.testing.assert_array_equal(resumed[0], fresh[0])
     np.testing.assert_allclose(resumed[1], fresh[1])
     lines = (tmp_path / "a.jsonl").read_text().splitlines()
-    assert len(lines) == 12  # nothing computed twice, nothing lost
+    assert len(lines) == 1 + 12  # the identity, then nothing computed twice, nothing lost
 
 
 def test_killing_a_worker_mid_solve_loses_and_duplicates_nothing(tmp_path, ray_session):
@@ -54,20 +68,20 @@ def test_killing_a_worker_mid_solve_loses_and_duplicates_nothing(tmp_path, ray_s
     pid = ray_session.get(pool.actors[0].pid.remote())
     killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
     killer.start()
-    journal = Journal(tmp_path / "k.jsonl", key=decision_key)
+    journal = decisions(tmp_path / "k.jsonl", inst, 0, slow)
     try:
         run_rolling(inst, sample_paths(inst, 0, 1, 2), slow, pool, journal)
     finally:
         killer.cancel()
     assert sorted(journal.records) == [(0, 0), (0, 1)]
-    assert len((tmp_path / "k.jsonl").read_text().splitlines()) == 2
+    assert len((tmp_path / "k.jsonl").read_text().splitlines()) == 1 + 2
     assert ray_session.get(pool.actors[0].pid.remote()) != pid  # the actor was restarted
 
 
 def test_bounds_run_in_the_pool(tmp_path, ray_session):
     inst = paper_instance(2, 0)
     paths = sample_paths(inst, 1, 3, 8)
-    journal = Journal(tmp_path / "b.jsonl", key=lambda r: r["episode"])
+    journal = Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 1, 8, SolverOptions(gap=0.0)))
     records = run_bounds(inst, paths, SolverOptions(gap=0.0), Pool(2), journal)
     assert [r["episode"] for r in records] == [0, 1, 2] and all(r["status"] == "optimal" for r in records)
 

@@ -33,9 +33,11 @@ def single_item(lead: int, lam: float = 2.0, h: float = 1.0, b: float = 10.0, K:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One embedded Ray for the whole test session."""
+    """One embedded Ray for the whole test session, started and bound as the scripts start theirs."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from solver_workers.ray_session import start_local_ray
+
+    start_local_ray(2, log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -1,0 +1,153 @@
+"""init_ray: the embedded Ray listens on loopback only and leaves no token in ~/.ray; an address where no Ray
+cluster answers is refused within seconds as bad input, without starting Ray. Each case runs in its own
+interpreter: the session's Ray (`ray_session`) must neither collide with it nor satisfy it."""
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+EMBEDDED = """
+import os, sys, ray
+from solver_workers.ray_session import init_ray
+
+init_ray(1)
+
+@ray.remote
+def task_pid():
+    return os.getpid()
+
+@ray.remote
+class Actor:
+    def pid(self):
+        return os.getpid()
+
+ray.get([task_pid.remote(), Actor.remote().pid.remote()])  # a task worker and an actor worker are up
+print("ready", flush=True)
+sys.stdin.read()
+ray.shutdown()
+"""
+
+CONNECT = """
+import sys, ray
+from solver_workers.ray_session import init_ray
+
+try:
+    init_ray(1, sys.argv[1] or None)
+finally:
+    print("ray started" if ray.is_initialized() else "ray not started", flush=True)
+"""
+
+RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # what the session's Ray may have set
+
+
+def clean_env(home: Path, **extra: str) -> dict:
+    """This environment without Ray's settings, with a fresh HOME (so ~/.ray is visible to the test)."""
+    return {**{k: v for k, v in os.environ.items() if k not in RAY_ENV}, "HOME": str(home), **extra}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below pid, from the parent ids in /proc/*/stat."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def listening_sockets() -> dict[str, ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Socket inode -> local address of every listening TCP socket, from /proc/net/tcp and tcp6."""
+    found = {}
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # TCP_LISTEN
+                raw = bytes.fromhex(fields[1].split(":")[0])
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # host-order 32-bit words
+                found[fields[9]] = ipaddress.ip_address(raw)
+    return found
+
+
+def listeners_of(pids: list[int]) -> list[tuple[str, str]]:
+    """(process name, listening address) for each listening TCP socket held by one of pids."""
+    sockets = listening_sockets()
+    found = []
+    for pid in pids:
+        try:
+            name = (Path(f"/proc/{pid}/cmdline").read_text().split("\0")[0] or "?").rsplit("/", 1)[-1]
+            links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:  # gone, or not ours
+            continue
+        found += [(name, str(sockets[link[8:-1]])) for link in links if link.startswith("socket:[") and link[8:-1] in sockets]
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    """Loopback, also as an IPv4-mapped IPv6 address (::ffff:127.0.0.1: how Ray's dual-stack sockets show it)."""
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux /proc")
+def test_embedded_ray_listens_on_loopback_only_and_writes_no_token_to_home(tmp_path):
+    log = (tmp_path / "driver.log").open("w")
+    driver = subprocess.Popen([sys.executable, "-c", EMBEDDED], cwd=ROOT, env=clean_env(tmp_path), text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    try:
+        assert driver.stdout.readline().strip() == "ready", (tmp_path / "driver.log").read_text()[-3000:]
+        listeners = listeners_of([driver.pid, *descendants(driver.pid)])
+        driver.stdin.close()
+        assert driver.wait(timeout=60) == 0, (tmp_path / "driver.log").read_text()[-3000:]
+    finally:
+        driver.kill()
+        log.close()
+    names = {name for name, _ in listeners}
+    assert {"gcs_server", "raylet"} <= names and any(name.startswith("ray::") for name in names), listeners  # the check saw Ray
+    assert [(name, address) for name, address in listeners if not is_loopback(address)] == []
+    assert not (tmp_path / ".ray" / "auth_token").exists()
+
+
+def free_port() -> int:
+    """A TCP port where nothing listens on any address (chosen by the OS, then released)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def connect(address: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """init_ray(1, address or None) in a fresh interpreter; its stdout says whether Ray was started."""
+    return subprocess.run([sys.executable, "-c", CONNECT, address], cwd=ROOT, env=clean_env(tmp_path, **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("via_env", [False, True], ids=["flag", "RAY_ADDRESS"])
+def test_an_address_where_nothing_listens_is_refused_without_starting_ray(tmp_path, via_env):
+    address = f"127.0.0.1:{free_port()}"
+    result = connect("", tmp_path, RAY_ADDRESS=address) if via_env else connect(address, tmp_path)
+    where = f"RAY_ADDRESS={address}" if via_env else f"--address {address}"
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"envs.errors.InputError: {where}: no Ray cluster answers there (") and error.endswith(": Connection refused)"), result.stderr[-3000:]
+    assert result.stdout.strip() == "ray not started"
+
+
+@pytest.mark.parametrize("address, message", [
+    ("ray://127.0.0.1:10001", "Ray Client and URL addresses are not supported"),
+    ("headnode", "expected HOST:PORT"),
+    ("127.0.0.1:99999", "expected HOST:PORT"),
+])
+def test_an_address_that_is_no_gcs_address_is_refused(tmp_path, address, message):
+    result = connect(address, tmp_path)
+    assert f"envs.errors.InputError: --address {address}: {message}" in result.stderr, result.stderr[-3000:]
+    assert result.stdout.strip() == "ray not started"

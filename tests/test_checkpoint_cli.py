@@ -32,7 +32,7 @@ def test_resume_continues_the_same_curve(tmp_path):
     instance = paper_instance(2, 0)
     straight = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "a", progress=False)
     train(TrainConfig(**TINY, updates=2), instance, tmp_path / "b", progress=False)
-    resumed = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "b", resume=True, progress=False)
+    resumed = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "b", mode="resume", progress=False)
     curve_a = pq.read_table(tmp_path / "a" / "curve.parquet").to_pydict()
     curve_b = pq.read_table(tmp_path / "b" / "curve.parquet").to_pydict()
     assert curve_a["update"] == curve_b["update"] == [1, 2, 3, 4]
@@ -46,7 +46,7 @@ def test_resume_refuses_a_different_config(tmp_path):
     instance = paper_instance(2, 0)
     train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
     with pytest.raises(CheckpointError, match="config differs"):
-        train(TrainConfig(**{**TINY, "width": 32}, updates=4), instance, tmp_path, resume=True, progress=False)
+        train(TrainConfig(**{**TINY, "width": 32}, updates=4), instance, tmp_path, mode="resume", progress=False)
 
 
 def test_diverged_run_is_a_result(tmp_path):

@@ -1,6 +1,9 @@
 """RLlib baselines: the action distribution, the module (shapes, bounds, permutation), a tiny PPO run,
 checkpoints, and where RLlib writes."""
 
+import os
+import re
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +21,9 @@ from envs.features import flat_features
 from envs.gym_env import JRPVectorEnv
 from envs.instance import Instance, paper_instance
 from trainers.policy import load_policy
-from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, build_module, train_ppo
+from trainers.checkpoint import load_checkpoint
+from trainers.config import ConfigError
+from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, ppo_preset, train_ppo
 
 TINY = dict(batch=16, rollout=5, epochs=1, minibatches=2, hidden=16, blocks=1, width=16, heads=2, feed_forward=32)
 
@@ -107,11 +112,53 @@ def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path, monkeypatch):
     small = PPOTrainConfig(method="transformer-ppo", **TINY, updates=2)
     monkeypatch.chdir(tmp_path.parent)  # a relative run directory, as from the command line
     train_ppo(small, paper_instance(2, 0), tmp_path.name, progress=False)
-    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **TINY, updates=3), paper_instance(2, 0), tmp_path.name, resume=True, progress=False)
+    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **TINY, updates=3), paper_instance(2, 0), tmp_path.name, mode="resume", progress=False)
     assert resumed["updates_done"] == 3
     assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2, 3]
-    assert (tmp_path / "tensorboard").exists() and (tmp_path / "rllib" / "algorithm").exists()
+    assert (tmp_path / "tensorboard").exists() and (tmp_path / "rllib" / "algorithm-3").is_dir() and not (tmp_path / "rllib" / "algorithm-2").exists()
 
 
 def test_rllib_writes_nothing_to_ray_results(tiny_run):
     assert tiny_run[5] == set()
+
+
+def test_an_interrupt_saves_the_update_under_way_and_the_run_resumes(tmp_path, monkeypatch, ray_session):
+    """Ctrl-C while RLlib samples update 2: the update finishes, checkpoint.pt and rllib/algorithm-2 hold it."""
+    samples = []
+    on_sample_end = RolloutCost.on_sample_end
+
+    def interrupted(self, **kwargs):
+        samples.append(1)
+        if len(samples) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return on_sample_end(self, **kwargs)
+
+    monkeypatch.setattr(RolloutCost, "on_sample_end", interrupted)
+    config, inst = PPOTrainConfig(method="ppo", **TINY, updates=4), paper_instance(2, 0)
+    with pytest.raises(KeyboardInterrupt):
+        train_ppo(config, inst, tmp_path, progress=False)
+    ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"], len(samples)) == ("interrupted", 2, 2)
+    assert sorted(p.name for p in (tmp_path / "rllib").iterdir()) == ["algorithm-2", "logs"]
+    assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2]
+    monkeypatch.undo()
+    assert train_ppo(config, inst, tmp_path, mode="resume", progress=False)["updates_done"] == 4
+    assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (tmp_path / "rllib").iterdir()) == ["algorithm-4", "logs"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("epochs", True, "an integer >= 1, got True"),
+    ("minibatches", 0, "an integer >= 1, got 0"),
+    ("minibatches", 3, "must divide batch x rollout = 80, got 3"),
+    ("clip", 0, "a number > 0, got 0.0"),
+    ("value_weight", -0.1, "a number >= 0, got -0.1"),
+    ("entropy", "lots", "a number >= 0, got 'lots'"),
+    ("method", "dqn", "one of ['ppo', 'transformer-ppo'], got 'dqn'"),
+])
+def test_every_ppo_config_field_is_checked(field, value, message):
+    with pytest.raises(ConfigError, match=re.escape(f"config field '{field}': ") + "(expected )?" + re.escape(message)):
+        PPOTrainConfig.from_dict({**TINY, field: value})
+    assert PPOTrainConfig.from_dict({**TINY, "clip": "2e-1"}).clip == 0.2  # YAML 1.1's reading of 2e-1
+    with pytest.raises(ConfigError, match=r"preset: expected one of \['paper', 'cpu'\], got 'huge'"):
+        ppo_preset("huge")

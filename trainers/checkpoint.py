@@ -7,7 +7,7 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -35,15 +35,19 @@ def config_from_dict(data: dict[str, Any]):
     return TrainConfig.from_dict(data)
 
 
-def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str) -> None:
-    """Write atomically (temporary file, then rename)."""
-    payload = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "instance": instance.to_dict(), "status": status, "trainer": trainer_state}
+def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str, reason: Optional[str] = None) -> None:
+    """Write atomically (temporary file, then rename). `status` is the run's (running, completed, diverged,
+    interrupted) at the checkpoint's update; `reason` says why it diverged."""
+    payload = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "instance": instance.to_dict(), "status": status, "reason": reason,
+               "trainer": trainer_state}
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate; returns {config: TrainConfig | PPOTrainConfig, instance: Instance, status, trainer}."""
+    """Load and validate; returns {config: TrainConfig | PPOTrainConfig, instance: Instance, status, reason, trainer}."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint '{path}' is a directory, expected a file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:
@@ -60,6 +64,8 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         instance = Instance.from_dict(payload["instance"])
         trainer = payload["trainer"]
         trainer["model"]
+        if not isinstance(trainer["update"], int) or trainer["update"] < 0:
+            raise ValueError(f"field 'update' is {trainer['update']!r}")
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint '{path}': malformed content ({exc})") from None
-    return {"config": config, "instance": instance, "status": payload.get("status"), "trainer": trainer}
+    return {"config": config, "instance": instance, "status": payload.get("status"), "reason": payload.get("reason"), "trainer": trainer}

@@ -26,7 +26,7 @@ from envs.dynamics import State, initial_state, step
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import TensorInstance
-from trainers.config import TrainerConfig, divergence_reason
+from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
 
 METHODS = ("or-transformer", "hpo")
@@ -39,25 +39,29 @@ class TrainConfig(TrainerConfig):
     method: str = "or-transformer"
     """or-transformer (three Transformer encoders) or hpo (three perceptrons on the flat input)."""
     pathwise_weight: float = 1.0
-    """alpha_PW."""
+    """alpha_PW, >= 0."""
     critic_weight: float = 0.13
-    """alpha_V."""
+    """alpha_V, >= 0."""
     entropy_start: float = 0.01
-    """alpha_H at the first update, annealed linearly to entropy_end at the last."""
+    """alpha_H at the first update (>= 0), annealed linearly to entropy_end (>= 0) at the last."""
     entropy_end: float = 0.001
     final_learning_rate: float = 3e-5
-    """The learning rate is warmed linearly over `warmup` updates to learning_rate, then cosine-decayed to this."""
+    """The learning rate is warmed linearly over `warmup` (>= 0) updates to learning_rate, then cosine-decayed to this (> 0)."""
     warmup: int = 40
     adam_eps: float = 1e-5
+    """Adam's epsilon, > 0."""
     checkpoint_every: int = 500
-    """Updates between checkpoints (0: only at the end). Gradients are clipped for each network separately."""
+    """Updates between checkpoints (>= 0; 0: only at the end). Gradients are clipped for each network separately."""
 
     def __post_init__(self):
         self.require_choice("method", METHODS)
         self.check_shared_fields()
+        for name in ("pathwise_weight", "critic_weight", "entropy_start", "entropy_end"):
+            self.require_real(name, 0)
         for name in ("final_learning_rate", "adam_eps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"config field '{name}': expected a value > 0, got {getattr(self, name)}")
+            self.require_real(name, 0, low_open=True)
+        self.require_int("warmup", 0)
+        self.require_int("checkpoint_every", 0)
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -70,8 +74,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset(name: str, **overrides) -> TrainConfig:
+    """The preset's config with `overrides` (config fields) over it."""
     if name not in PRESETS:
-        raise ValueError(f"preset: expected one of {list(PRESETS)}, got '{name}'")
+        raise ConfigError(f"preset: expected one of {list(PRESETS)}, got {name!r}")
     return TrainConfig.from_dict({**PRESETS[name], **overrides})
 
 
@@ -203,7 +208,7 @@ class PathwiseTrainer:
         self.instance = instance
         rank, world = rank_and_world()
         if config.batch % world:
-            raise ValueError(f"config field 'batch': {config.batch} rollouts do not split evenly over {world} workers")
+            raise ConfigError(f"config field 'batch': {config.batch} rollouts do not split evenly over {world} workers")
         self.shard = config.batch // world
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model = build_network(config, instance.n).to(device=instance.device, dtype=instance.dtype)

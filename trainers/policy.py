@@ -1,8 +1,9 @@
-"""The decision API: a trained network as a policy (state, instance) -> (Y, Q) for the shared evaluator."""
+"""The decision API: a trained network as a policy (state, instance) -> (Y, Q) for the shared evaluator,
+and `decide`, which also returns the opening probability p (what platform/decide.py reports)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -14,6 +15,14 @@ from trainers.networks import ThreeNetworks
 from trainers.pathwise import build_network
 
 MODES = ("greedy", "sampled")
+
+
+class Decision(NamedTuple):
+    """One decision per state of a batch: Y [B] in {0, 1}, p = P(Y = 1) [B], proposed Q [B, n] in [0, qbar]."""
+
+    open: torch.Tensor
+    probability: torch.Tensor
+    quantity: torch.Tensor
 
 
 class LearnedPolicy:
@@ -34,7 +43,7 @@ class LearnedPolicy:
         self.generator.manual_seed(self.seed)
 
     @torch.no_grad()
-    def __call__(self, state: State, instance: TensorInstance):
+    def decide(self, state: State, instance: TensorInstance) -> Decision:
         items, glob = item_tokens(instance, state), global_token(instance, state)
         p = torch.sigmoid(self.model.open_logit(items, glob))
         if self.mode == "greedy":
@@ -43,7 +52,11 @@ class LearnedPolicy:
             if self.generator is None:
                 self.reset()
             open_order = torch.bernoulli(p, generator=self.generator)
-        return open_order, instance.qbar * self.model.quantity_fraction(items, glob)
+        return Decision(open_order, p, instance.qbar * self.model.quantity_fraction(items, glob))
+
+    def __call__(self, state: State, instance: TensorInstance):
+        open_order, _, quantity = self.decide(state, instance)
+        return open_order, quantity
 
 
 def load_policy(path, mode: str = "greedy", device="cpu", instance: Optional[Instance] = None) -> tuple[LearnedPolicy, dict]:

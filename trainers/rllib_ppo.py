@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 import gymnasium as gym
@@ -39,8 +38,9 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
-from trainers.config import TrainerConfig, divergence_reason
+from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
+from trainers.policy import Decision
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
 ENV_ID = "jrp-vector"
@@ -179,22 +179,26 @@ class PPOTrainConfig(TrainerConfig):
     method: str = "ppo"
     """ppo (MLP) or transformer-ppo (OR-Transformer encoders)."""
     epochs: int = 4
-    """PPO passes over each update's batch."""
+    """PPO passes over each update's batch (>= 1)."""
     minibatches: int = 4
-    """Minibatches per pass (minibatch size = batch x rollout / minibatches)."""
+    """Minibatches per pass (>= 1; minibatch size = batch x rollout / minibatches)."""
     clip: float = 0.2
-    """PPO clip parameter."""
+    """PPO clip parameter, > 0."""
     value_weight: float = 0.13
-    """Value-loss weight (alpha_V of the pathwise trainer)."""
+    """Value-loss weight (alpha_V of the pathwise trainer), >= 0."""
     entropy: float = 0.001
-    """Entropy bonus weight."""
+    """Entropy bonus weight, >= 0."""
 
     def __post_init__(self):
         self.require_choice("method", NETWORKS)
         self.check_shared_fields()
-        self.require_positive_ints("epochs", "minibatches")
+        self.require_int("epochs", 1)
+        self.require_int("minibatches", 1)
         if (self.batch * self.rollout) % self.minibatches:
-            raise ValueError(f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}")
+            raise ConfigError(f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}, got {self.minibatches}")
+        self.require_real("clip", 0, low_open=True)
+        self.require_real("value_weight", 0)
+        self.require_real("entropy", 0)
 
     def model_config(self, n: int) -> dict[str, Any]:
         return {"n": n, "network": NETWORKS[self.method], "hidden": self.hidden, "blocks": self.blocks, "width": self.width,
@@ -210,8 +214,9 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def ppo_preset(name: str, **overrides) -> PPOTrainConfig:
+    """The preset's config with `overrides` (config fields) over it."""
     if name not in PPO_PRESETS:
-        raise ValueError(f"preset: expected one of {list(PPO_PRESETS)}, got '{name}'")
+        raise ConfigError(f"preset: expected one of {list(PPO_PRESETS)}, got {name!r}")
     return PPOTrainConfig.from_dict({**PPO_PRESETS[name], **overrides})
 
 
@@ -269,7 +274,7 @@ class RLModulePolicy:
             self.rng_state = torch.get_rng_state()
 
     @torch.no_grad()
-    def __call__(self, state, instance):
+    def decide(self, state, instance) -> Decision:
         obs = flat_features(instance, state).float()
         distribution = JRPActionDistribution(self.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS])
         if self.mode == "greedy":
@@ -281,7 +286,12 @@ class RLModulePolicy:
                 torch.set_rng_state(self.rng_state)
                 open_order, fraction = distribution.sample()
                 self.rng_state = torch.get_rng_state()
-        return open_order.to(state.inv.dtype), instance.qbar * fraction.to(state.inv.dtype)
+        dtype = state.inv.dtype
+        return Decision(open_order.to(dtype), distribution.open.probs.to(dtype), instance.qbar * fraction.to(dtype))
+
+    def __call__(self, state, instance):
+        open_order, _, quantity = self.decide(state, instance)
+        return open_order, quantity
 
 
 def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
@@ -290,24 +300,30 @@ def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
     return JRPModule(observation_space=observation, action_space=action, model_config=config.model_config(n))
 
 
-def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, resume: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train (or resume) a PPO run in `out_dir`: the files of trainers.run plus rllib/ (RLlib's own
-    algorithm checkpoint, used to resume). checkpoint.pt holds the module weights for evaluation."""
-    from trainers.checkpoint import load_checkpoint, save_checkpoint
-    from trainers.run import RunRecorder, check_resumable, training_loop
+def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "new", progress: bool = True) -> dict[str, Any]:
+    """Train a PPO run in `out_dir` (`mode` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
+    own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
+    names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run
+    stopped at any point resumes from a matching pair."""
+    from trainers.checkpoint import CheckpointError, save_checkpoint
+    from trainers.run import RunRecorder, ended_summary, resume_point, start_run_dir, training_loop
 
-    out = Path(out_dir).resolve()  # RLlib's checkpointing reads a relative path as a URI
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(config.seed)
-    algo = build_algorithm(config, instance, str(out / "rllib" / "logs"))
-    checkpoint_path, algo_path = out / "checkpoint.pt", out / "rllib" / "algorithm"
-    done = 0
-    if resume and checkpoint_path.exists():
-        ckpt = load_checkpoint(checkpoint_path)
-        check_resumable(ckpt, config.to_dict(), instance, checkpoint_path)
-        algo.restore_from_path(str(algo_path))
+    out = start_run_dir(out_dir, mode).resolve()  # RLlib's checkpointing reads a relative path as a URI
+    algorithms = out / "rllib"
+    rows, done = [], 0
+    if mode == "resume":
+        ckpt, rows = resume_point(out, config, instance)
+        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
+            return summary
         done = int(ckpt["trainer"]["update"])
-    recorder = RunRecorder(out, config.method, instance.n, config.seed, config.updates, done, progress)
+        if not (algorithms / f"algorithm-{done}").is_dir():
+            raise CheckpointError(f"RLlib checkpoint '{algorithms / f'algorithm-{done}'}' of the checkpoint's update {done} is missing: start anew with --overwrite")
+    torch.manual_seed(config.seed)
+    algo = build_algorithm(config, instance, str(algorithms / "logs"))
+    written = set()  # updates whose algorithm-<k> this call wrote or restored (any other one there is a leftover)
+    if mode == "resume":
+        algo.restore_from_path(str(algorithms / f"algorithm-{done}"))
+        written.add(done)
     c_ref = instance.to_torch().c_ref
     state = {"update": done}
 
@@ -324,18 +340,21 @@ def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, resume: bool 
     def diverged(metrics: dict[str, float]) -> Optional[str]:
         return divergence_reason(metrics, c_ref, instance.gamma, config.rollout, config.divergence_cost)
 
-    def save(status: str) -> None:
-        tmp = algo_path.with_name(algo_path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        algo.save_to_path(str(tmp))
-        shutil.rmtree(algo_path, ignore_errors=True)
-        tmp.rename(algo_path)
-        module = algo.get_module()
-        weights = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-        save_checkpoint(checkpoint_path, config, instance, {"model": weights, "update": state["update"]}, status)
+    def save(status: str, reason: Optional[str]) -> None:
+        update = state["update"]
+        path = algorithms / f"algorithm-{update}"
+        if update not in written:
+            shutil.rmtree(path, ignore_errors=True)
+            algo.save_to_path(str(path))
+            written.add(update)
+        weights = {k: v.detach().cpu() for k, v in algo.get_module().state_dict().items()}
+        save_checkpoint(out / "checkpoint.pt", config, instance, {"model": weights, "update": update}, status, reason)
+        for old in algorithms.glob("algorithm-*"):
+            if old != path:
+                shutil.rmtree(old)
 
     try:
-        status, reason, updates_done = training_loop(recorder, done, config.updates, step, diverged, save, checkpoint_every=max(config.updates // 5, 1))
+        recorder = RunRecorder(out, config, instance.n, rows, progress)
+        return training_loop(recorder, done, step, diverged, save, checkpoint_every=max(config.updates // 5, 1))
     finally:
         algo.stop()
-    return recorder.finish(status, reason, updates_done, config.to_dict())

@@ -1,16 +1,35 @@
-"""One training run on disk, for every trainer: the training curve (Parquet and TensorBoard), periodic
-checkpoints, resumption, divergence as a recorded result, and a progress bar.
+"""One training run on disk, for every trainer: the run folder's modes (new, resume, overwrite), the
+training curve (Parquet and TensorBoard), periodic checkpoints, resumption, divergence as a recorded
+result, Ctrl-C / SIGTERM as a saved interruption, and a progress bar.
 
 Files in the run directory:
   checkpoint.pt   latest checkpoint (trainers.checkpoint)
-  curve.parquet   method, n, seed, update, cost10, wall_seconds (rewritten atomically with each checkpoint)
+  curve.parquet   method, n, seed, update, cost10, wall_seconds: updates 1..k of the checkpoint's update k
+                  (rewritten atomically before each checkpoint)
   tensorboard/    event files (every metric of every update)
-  training.json   config, status (completed | diverged), reason, updates done, wall time, manifest
+  training.json   config, status (completed | diverged | interrupted), reason, updates done, wall time, manifest
+  greedy/, sampled/, rllib/  the held-out evaluations (platform/train.py) and RLlib's state (trainers.rllib_ppo)
+
+Modes: `new` refuses a folder that already holds a run (any of the files above), so a run is never
+overwritten or mixed with another by accident; `overwrite` removes the previous run's files (and nothing
+else) first; `resume` continues from checkpoint.pt with the identical curve, and needs a checkpoint whose
+config and instance match and a curve that holds its updates 1..k. Resuming a run that has ended (it
+diverged, or completed `updates` updates) trains nothing and returns its training.json; a larger
+`updates` continues a completed run.
+
+An interruption (Ctrl-C or SIGTERM, in the main thread) lets the current update finish, then saves the
+checkpoint (status `interrupted`), the curve and training.json at that update and raises KeyboardInterrupt
+again; a second one stops at once, keeping the files of the last checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -19,30 +38,134 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
+from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text
 from envs.results import manifest, write_parquet
 from trainers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from trainers.pathwise import PathwiseTrainer, TrainConfig
 
+MODES = ("new", "resume", "overwrite")
+RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib")
+CURVE_COLUMNS = ("method", "n", "seed", "update", "cost10", "wall_seconds")
+
+
+def run_files(out: Path) -> list[str]:
+    """The names in `out` that belong to a run: RUN_FILES and the temporary files of their atomic writes."""
+    if not out.is_dir():
+        return []
+    leftover = re.compile(r"\.(.+)\.tmp\d*")
+    return sorted(p.name for p in out.iterdir() if p.name in RUN_FILES or ((m := leftover.fullmatch(p.name)) and m.group(1) in RUN_FILES))
+
+
+def check_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
+    """Check, before any work, that the run folder suits `mode` (module docstring); changes nothing."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    out = Path(out_dir)
+    found = run_files(out)
+    if mode == "new" and found:
+        raise InputError(f"run folder '{out}' already holds a run ({', '.join(found)}): continue it with --resume or replace it with --overwrite")
+    if mode == "resume" and not (out / "checkpoint.pt").is_file():
+        hint = "start anew with --overwrite" if found else "run without --resume to start it"
+        raise InputError(f"run folder '{out}' has no checkpoint.pt to resume: {hint}")
+    return out
+
+
+def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
+    """`check_run_dir`, then (mode overwrite) remove the previous run's files, and make the folder."""
+    out = check_run_dir(out_dir, mode)
+    if mode == "overwrite":
+        for name in run_files(out):
+            path = out / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def check_resumable(ckpt: dict[str, Any], config_dict: dict[str, Any], instance: Instance, path: Path) -> None:
+    """Only `updates` may change between a checkpoint and the run that resumes it, and not below the checkpoint's update."""
+    if ckpt["config"].to_dict() | {"updates": 0} != config_dict | {"updates": 0}:
+        raise CheckpointError(f"checkpoint '{path}': its config differs from this run's (only 'updates' may change on resume)")
+    if ckpt["instance"].to_dict() != instance.to_dict():
+        raise CheckpointError(f"checkpoint '{path}': it was trained on a different instance")
+    done = int(ckpt["trainer"]["update"])
+    if done > config_dict["updates"]:
+        raise CheckpointError(f"checkpoint '{path}' holds update {done}, more than this run's {config_dict['updates']} updates: resume with at least {done}")
+
+
+def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
+    """The curve rows of updates 1..done (a checkpoint's update); refused when any is missing, since they cannot be rebuilt."""
+    cannot = f"the checkpoint holds update {done} and the curve cannot be rebuilt, so the run cannot be resumed: start anew with --overwrite"
+    if not path.is_file():
+        raise InputError(f"curve '{path}' is missing: {cannot}")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"curve '{path}' is not readable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {cannot}") from None
+    if set(table.column_names) != set(CURVE_COLUMNS):
+        raise InputError(f"curve '{path}': expected the columns {list(CURVE_COLUMNS)}, got {table.column_names}: {cannot}")
+    rows = [r for r in table.to_pylist() if r["update"] is not None and r["update"] <= done]
+    if [r["update"] for r in rows] != list(range(1, done + 1)):
+        raise InputError(f"curve '{path}' holds {len(rows)} of the updates 1..{done}: {cannot}")
+    return rows
+
+
+def resume_point(out: Path, config, instance: Instance, device: str = "cpu") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The checkpoint in `out`, checked against this run's config and instance, and its curve rows."""
+    path = out / "checkpoint.pt"
+    ckpt = load_checkpoint(path, device)
+    check_resumable(ckpt, config.to_dict(), instance, path)
+    return ckpt, read_curve(out / "curve.parquet", int(ckpt["trainer"]["update"]))
+
+
+def write_summary(out: Path, config, n: int, status: str, reason: Optional[str], updates_done: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Write training.json; returns its content."""
+    summary = {
+        "method": config.method, "n": n, "seed": config.seed, "status": status, "reason": reason, "updates_done": updates_done,
+        "final_cost10": rows[-1]["cost10"] if rows else None,
+        "wall_seconds": rows[-1]["wall_seconds"] if rows else 0.0,
+        "manifest": manifest(config.to_dict()),
+    }
+    atomic_write_text(out / "training.json", json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """For a run with nothing left to train (it diverged, or completed config.updates updates): its
+    training.json, written anew only when missing or not of this checkpoint. None while there is training to do."""
+    done, status = int(ckpt["trainer"]["update"]), ckpt["status"]
+    if not (status == "diverged" or (status == "completed" and done == config.updates)):
+        return None
+    try:
+        summary = json.loads((out / "training.json").read_text())
+    except (OSError, ValueError):
+        summary = None
+    if isinstance(summary, dict) and summary.get("status") == status and summary.get("updates_done") == done:
+        return summary
+    return write_summary(out, config, n, status, ckpt["reason"], done, rows)
+
 
 class RunRecorder:
-    """Curve rows, TensorBoard scalars, the progress bar and training.json of one run."""
+    """Curve rows, TensorBoard scalars and the progress bar of one run; `rows` are those of the updates already done."""
 
-    def __init__(self, out: Path, method: str, n: int, seed: int, updates: int, done: int, progress: bool):
+    def __init__(self, out: Path, config, n: int, rows: list[dict[str, Any]], progress: bool):
         from tensorboardX import SummaryWriter
 
-        self.out, self.method, self.n, self.seed = out, method, n, seed
-        self.rows: list[dict[str, Any]] = []
-        if done and (out / "curve.parquet").exists():
-            self.rows = [r for r in pq.read_table(out / "curve.parquet").to_pylist() if r["update"] <= done]
+        self.out, self.config, self.n = out, config, n
+        self.rows = list(rows)
+        done = len(self.rows)
         self.wall_offset = self.rows[-1]["wall_seconds"] if self.rows else 0.0
         self.start = time.perf_counter()
-        self.writer = SummaryWriter(str(out / "tensorboard"))
-        self.bar = tqdm(total=updates, initial=done, desc=f"train {method} n={n}", disable=not progress)
+        # purge_step hides events of updates after the checkpoint that a killed run had logged
+        self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else None)
+        self.bar = tqdm(total=config.updates, initial=done, desc=f"train {config.method} n={n}", disable=not progress)
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
         wall = self.wall_offset + time.perf_counter() - self.start
-        self.rows.append({"method": self.method, "n": self.n, "seed": self.seed, "update": update, "cost10": metrics["cost10"], "wall_seconds": wall})
+        self.rows.append({"method": self.config.method, "n": self.n, "seed": self.config.seed, "update": update, "cost10": metrics["cost10"], "wall_seconds": wall})
         for key, value in metrics.items():
             self.writer.add_scalar(f"train/{key}", value, update)
         self.bar.update(1)
@@ -59,64 +182,88 @@ class RunRecorder:
             "wall_seconds": pa.array([r["wall_seconds"] for r in rows], pa.float64()),
         }), self.out / "curve.parquet")
 
-    def finish(self, status: str, reason: Optional[str], updates_done: int, config: dict[str, Any]) -> dict[str, Any]:
+    def close(self) -> None:
         self.bar.close()
         self.writer.close()
-        self.write_curve()
-        summary = {
-            "method": self.method, "n": self.n, "seed": self.seed, "status": status, "reason": reason, "updates_done": updates_done,
-            "final_cost10": self.rows[-1]["cost10"] if self.rows else None,
-            "wall_seconds": self.rows[-1]["wall_seconds"] if self.rows else 0.0,
-            "manifest": manifest(config),
-        }
-        atomic_write_text(self.out / "training.json", json.dumps(summary, indent=1) + "\n")
-        return summary
 
 
-def training_loop(recorder: RunRecorder, done: int, updates: int, step: Callable[[], dict[str, float]],
-                  diverged: Callable[[dict[str, float]], Optional[str]], save: Callable[[str], None], checkpoint_every: int) -> tuple[str, Optional[str], int]:
-    """Run updates done+1..updates; returns (status, reason, updates done). `save(status)` checkpoints."""
+class StopRequest:
+    """`with StopRequest() as stop:` in the main thread: the first Ctrl-C or SIGTERM only sets `stop.requested`
+    (the loop stops when the current update is done, so no half-made update is ever saved); a second one
+    raises KeyboardInterrupt at once. Elsewhere (a worker thread) it changes nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+        self.previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self.request)
+        return self
+
+    def request(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        try:
+            os.write(2, b"\nstopping after this update to save it (once more to stop at once without saving it)\n")
+        except OSError:  # no stderr: stop all the same
+            pass
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
+def training_loop(recorder: RunRecorder, done: int, step: Callable[[], dict[str, float]], diverged: Callable[[dict[str, float]], Optional[str]],
+                  save: Callable[[str, Optional[str]], None], checkpoint_every: int) -> dict[str, Any]:
+    """Run updates done+1..updates, then save the checkpoint (`save(status, reason)`), the curve and
+    training.json; returns training.json's content. Interruptions: module docstring."""
+    config = recorder.config
     status, reason, update = "completed", None, done
-    try:
-        while update < updates:
-            metrics = step()
-            update += 1
-            recorder.record(update, metrics)
-            reason = diverged(metrics)
-            if reason:
-                status = "diverged"
-                break
-            if checkpoint_every and update % checkpoint_every == 0:
-                recorder.write_curve()
-                save("running")
-    finally:
-        recorder.bar.close()
-    save(status)
-    return status, reason, update
+    with StopRequest() as stop:
+        try:
+            while update < config.updates and not stop.requested:
+                metrics = step()
+                update += 1
+                recorder.record(update, metrics)
+                reason = diverged(metrics)
+                if reason:
+                    status = "diverged"
+                    break
+                if checkpoint_every and update % checkpoint_every == 0:
+                    recorder.write_curve()
+                    save("running", None)
+            if status == "completed" and update < config.updates:
+                status = "interrupted"
+            recorder.write_curve()
+            save(status, reason)
+        finally:
+            recorder.close()
+        summary = write_summary(recorder.out, config, recorder.n, status, reason, update, recorder.rows)
+    if stop.requested:
+        raise KeyboardInterrupt
+    return summary
 
 
-def check_resumable(ckpt: dict[str, Any], config_dict: dict[str, Any], instance: Instance, path: Path) -> None:
-    """Only `updates` may change between a checkpoint and the run that resumes it."""
-    if ckpt["config"].to_dict() | {"updates": 0} != config_dict | {"updates": 0}:
-        raise CheckpointError(f"checkpoint '{path}': its config differs from this run's (only 'updates' may change on resume)")
-    if ckpt["instance"].to_dict() != instance.to_dict():
-        raise CheckpointError(f"checkpoint '{path}': it was trained on a different instance")
-
-
-def train(config: TrainConfig, instance: Instance, out_dir: str | Path, resume: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train (or resume) a pathwise run (OR-Transformer or HPO) in `out_dir`; returns training.json's content."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: str = "new", progress: bool = True) -> dict[str, Any]:
+    """Train a pathwise run (OR-Transformer or HPO) in `out_dir`: a new run, the resumption of the run there,
+    or a new run over it (`mode`: module docstring); returns training.json's content."""
+    out = start_run_dir(out_dir, mode)
+    rows: list[dict[str, Any]] = []
+    if mode == "resume":
+        ckpt, rows = resume_point(out, config, instance, config.device)
+        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
+            return summary
     trainer = PathwiseTrainer(config, instance.to_torch(config.device))
-    checkpoint_path = out / "checkpoint.pt"
-    if resume and checkpoint_path.exists():
-        ckpt = load_checkpoint(checkpoint_path, config.device)
-        check_resumable(ckpt, config.to_dict(), instance, checkpoint_path)
+    if mode == "resume":
         trainer.load_state_dict(ckpt["trainer"])
-    recorder = RunRecorder(out, config.method, instance.n, config.seed, config.updates, trainer.update, progress)
+    recorder = RunRecorder(out, config, instance.n, rows, progress)
 
-    def save(status: str) -> None:
-        save_checkpoint(checkpoint_path, config, instance, trainer.state_dict(), status)
+    def save(status: str, reason: Optional[str]) -> None:
+        save_checkpoint(out / "checkpoint.pt", config, instance, trainer.state_dict(), status, reason)
 
-    status, reason, done = training_loop(recorder, trainer.update, config.updates, trainer.step, trainer.diverged, save, config.checkpoint_every)
-    return recorder.finish(status, reason, done, config.to_dict())
+    return training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every)

@@ -1,0 +1,274 @@
+"""train.py never loses work: a run folder is never overwritten or mixed by accident, resumption needs a
+checkpoint and its whole curve, Ctrl-C / SIGTERM saves the last finished update (and a resume from it
+gives the uninterrupted curve), and every config field is checked for its type and range."""
+
+import json
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from conftest import ROOT
+
+from envs.cli import _terminate
+from envs.errors import InputError
+from envs.instance import paper_instance
+from trainers.checkpoint import load_checkpoint
+from trainers.config import ConfigError
+from trainers.pathwise import PathwiseTrainer, TrainConfig, preset
+from trainers.run import train
+
+TINY = dict(method="hpo", batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
+
+
+def curve(folder) -> dict:
+    return pq.read_table(folder / "curve.parquet").to_pydict()
+
+
+def event_files(folder) -> list:
+    return sorted((folder / "tensorboard").iterdir())
+
+
+def test_a_new_run_refuses_a_folder_that_holds_a_run(tmp_path):
+    instance = paper_instance(2, 0)
+    train(TrainConfig(**TINY, updates=2), instance, tmp_path / "run", progress=False)
+    before = (tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")
+    with pytest.raises(InputError, match=r"run folder '.*run' already holds a run \(checkpoint.pt, curve.parquet, tensorboard, training.json\): "
+                                         r"continue it with --resume or replace it with --overwrite"):
+        train(TrainConfig(**TINY, updates=3, seed=1), instance, tmp_path / "run", progress=False)
+    assert ((tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")) == before
+    for name in ("greedy", "tensorboard"):  # any one of a run's files is enough
+        (tmp_path / name / name).mkdir(parents=True)
+        with pytest.raises(InputError, match=f"already holds a run \\({name}\\)"):
+            train(TrainConfig(**TINY, updates=2), instance, tmp_path / name, progress=False)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("a user's file")
+    assert train(TrainConfig(**TINY, updates=1), instance, tmp_path / "mine", progress=False)["status"] == "completed"
+
+
+def test_overwrite_replaces_the_previous_run_and_nothing_else(tmp_path):
+    instance = paper_instance(2, 0)
+    run = tmp_path / "run"
+    train(TrainConfig(**TINY, updates=4), instance, run, progress=False)
+    for name in ("greedy", "sampled", "rllib/algorithm-4"):
+        (run / name).mkdir(parents=True)
+        (run / name / "summary.json").write_text("{}")
+    (run / ".checkpoint.pt.tmp123").write_bytes(b"left by a killed writer")
+    (run / "notes.txt").write_text("a user's file")
+    summary = train(TrainConfig(**TINY, updates=2, seed=5), instance, run, mode="overwrite", progress=False)
+    assert summary["updates_done"] == 2 and summary["seed"] == 5
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "curve.parquet", "notes.txt", "tensorboard", "training.json"]
+    assert len(event_files(run)) == 1  # TensorBoard holds the new run only
+    assert curve(run)["update"] == [1, 2] and set(curve(run)["seed"]) == {5}
+    assert load_checkpoint(run / "checkpoint.pt")["config"].seed == 5
+
+
+def test_resume_needs_a_checkpoint(tmp_path):
+    cfg = TrainConfig(**TINY, updates=2)
+    with pytest.raises(InputError, match=r"run folder '.*empty' has no checkpoint.pt to resume: run without --resume to start it"):
+        train(cfg, paper_instance(2, 0), tmp_path / "empty", mode="resume", progress=False)
+    assert not (tmp_path / "empty").exists()
+    (tmp_path / "partial" / "tensorboard").mkdir(parents=True)
+    with pytest.raises(InputError, match="has no checkpoint.pt to resume: start anew with --overwrite"):
+        train(cfg, paper_instance(2, 0), tmp_path / "partial", mode="resume", progress=False)
+
+
+def test_resume_refuses_a_curve_that_lacks_updates_of_the_checkpoint(tmp_path):
+    instance = paper_instance(2, 0)
+    cfg = TrainConfig(**TINY, updates=4)
+    train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
+    rows = pq.read_table(tmp_path / "curve.parquet")
+    checkpoint = (tmp_path / "checkpoint.pt").read_bytes()
+    (tmp_path / "curve.parquet").unlink()
+    with pytest.raises(InputError, match=r"curve '.*curve.parquet' is missing: the checkpoint holds update 2 and the curve cannot be rebuilt.*--overwrite"):
+        train(cfg, instance, tmp_path, mode="resume", progress=False)
+    pq.write_table(rows.slice(1), tmp_path / "curve.parquet")  # update 1 lost
+    with pytest.raises(InputError, match=r"holds 1 of the updates 1..2"):
+        train(cfg, instance, tmp_path, mode="resume", progress=False)
+    (tmp_path / "curve.parquet").write_bytes(b"PAR1 not parquet")
+    with pytest.raises(InputError, match="is not readable"):
+        train(cfg, instance, tmp_path, mode="resume", progress=False)
+    assert (tmp_path / "checkpoint.pt").read_bytes() == checkpoint
+    pq.write_table(rows, tmp_path / "curve.parquet")
+    train(cfg, instance, tmp_path, mode="resume", progress=False)
+    assert curve(tmp_path)["update"] == [1, 2, 3, 4]
+
+
+def test_resume_of_a_run_that_ended_trains_nothing(tmp_path):
+    instance = paper_instance(2, 0)
+    done = tmp_path / "done"
+    summary = train(TrainConfig(**TINY, updates=2), instance, done, progress=False)
+    files = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    assert train(TrainConfig(**TINY, updates=2), instance, done, mode="resume", progress=False) == summary
+    assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == files  # nothing written, TensorBoard included
+    with pytest.raises(InputError, match="holds update 2, more than this run's 1 updates: resume with at least 2"):
+        train(TrainConfig(**TINY, updates=1), instance, done, mode="resume", progress=False)
+    (done / "training.json").unlink()  # a run killed between its last checkpoint and training.json
+    rebuilt = train(TrainConfig(**TINY, updates=2), instance, done, mode="resume", progress=False)
+    assert {k: rebuilt[k] for k in ("status", "updates_done", "final_cost10")} == {k: summary[k] for k in ("status", "updates_done", "final_cost10")}
+    diverged = tmp_path / "diverged"
+    first = train(TrainConfig(**TINY, updates=5, divergence_cost=1e-6), instance, diverged, progress=False)
+    again = train(TrainConfig(**TINY, updates=9, divergence_cost=1e-6), instance, diverged, mode="resume", progress=False)
+    assert again == first and again["status"] == "diverged" and curve(diverged)["update"] == [1]
+    assert load_checkpoint(diverged / "checkpoint.pt")["reason"] == first["reason"] and "exceeds" in first["reason"]
+
+
+@pytest.fixture
+def sigterm_is_ctrl_c():
+    """SIGTERM raises KeyboardInterrupt, as in the scripts (envs.cli.run_cli)."""
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt_at(monkeypatch, update: int, signals: int, signum=signal.SIGINT):
+    """Make the trainer receive `signals` signals at the start of update `update` + 1, before any of its work."""
+    step = PathwiseTrainer.step
+
+    def interrupted_step(self):
+        if self.update == update:
+            for _ in range(signals):
+                os.kill(os.getpid(), signum)
+        return step(self)
+
+    monkeypatch.setattr(PathwiseTrainer, "step", interrupted_step)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_finishes_the_update_saves_it_and_the_resume_matches(tmp_path, monkeypatch, sigterm_is_ctrl_c, signum):
+    instance = paper_instance(2, 0)
+    cfg = TrainConfig(**{**TINY, "checkpoint_every": 0}, updates=6)
+    straight = train(cfg, instance, tmp_path / "straight", progress=False)
+    interrupt_at(monkeypatch, 2, signals=1, signum=signum)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, instance, tmp_path / "run", progress=False)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (signal.default_int_handler, _terminate)  # restored
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"]) == ("interrupted", 3)  # update 3 was under way: it finished and was saved
+    assert curve(tmp_path / "run")["update"] == [1, 2, 3]
+    assert json.loads((tmp_path / "run" / "training.json").read_text())["status"] == "interrupted"
+    monkeypatch.undo()
+    resumed = train(cfg, instance, tmp_path / "run", mode="resume", progress=False)
+    assert resumed["status"] == "completed" and resumed["updates_done"] == 6
+    assert curve(tmp_path / "run")["cost10"] == curve(tmp_path / "straight")["cost10"] and straight["updates_done"] == 6
+
+
+def test_a_second_interrupt_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    instance = paper_instance(2, 0)
+    cfg = TrainConfig(**TINY, updates=6)  # checkpoints at updates 2, 4 and 6
+    train(cfg, instance, tmp_path / "straight", progress=False)
+    interrupt_at(monkeypatch, 2, signals=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, instance, tmp_path / "run", progress=False)
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt")["trainer"]["update"] == 3
+    interrupt_at(monkeypatch, 4, signals=2)  # twice in the resumed run, before update 5 does anything
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, instance, tmp_path / "run", mode="resume", progress=False)
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"]) == ("running", 4) and curve(tmp_path / "run")["update"] == [1, 2, 3, 4]
+    monkeypatch.undo()
+    train(cfg, instance, tmp_path / "run", mode="resume", progress=False)
+    assert curve(tmp_path / "run")["cost10"] == curve(tmp_path / "straight")["cost10"]
+
+
+def test_train_script_saves_on_ctrl_c_and_resumes_to_the_uninterrupted_curve(tmp_path):
+    inst = tmp_path / "inst.json"
+    instance = paper_instance(2, 0)
+    instance.save(inst)
+    config = tmp_path / "tiny.yaml"
+    fields = {**TINY, "checkpoint_every": 10, "updates": 200, "learning_rate": "3e-4"}
+    config.write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if k != "method"))
+    assert yaml.safe_load(config.read_text())["learning_rate"] == "3e-4"  # YAML 1.1 reads it as a string; train.py takes the number
+    run, log = tmp_path / "run", tmp_path / "stderr.txt"
+    argv = [sys.executable, str(ROOT / "platform" / "train.py"), "--method", "hpo", "--instance", str(inst), "--config", str(config),
+            "--episodes", "2", "--horizon", "3", "--out", str(run)]
+    one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny tensors: the same numbers, and no thread contention on a busy machine
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=one_thread)
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoint.pt").exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        process.send_signal(signal.SIGINT)  # after the first checkpoint (update 10)
+        process.wait(timeout=120)
+    output = log.read_text()
+    assert process.returncode == 130, output[-3000:]
+    assert "Traceback" not in output
+    lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
+    ckpt = load_checkpoint(run / "checkpoint.pt")
+    done = ckpt["trainer"]["update"]
+    assert ckpt["status"] == "interrupted" and 10 <= done < 200 and ckpt["config"].learning_rate == 3e-4
+    assert len(lines) == 1 and f"training stopped after update {done} of 200, saved in '{run / 'checkpoint.pt'}'; resume with: " in lines[0]
+    assert curve(run)["update"] == list(range(1, done + 1)) and not (run / "greedy").exists()
+    resume = shlex.split(lines[0].split("resume with: ")[1])
+    assert resume[-1] == "--resume"
+    finished = subprocess.run(resume, capture_output=True, text=True, timeout=300, env=one_thread)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        straight = train(ckpt["config"], instance, tmp_path / "straight", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert curve(run)["update"] == list(range(1, 201)) and curve(run)["cost10"] == curve(tmp_path / "straight")["cost10"]
+    assert json.loads((run / "greedy" / "summary.json").read_text())["training"]["updates_done"] == straight["updates_done"] == 200
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("checkpoint_every", -1, "an integer >= 0, got -1"),
+    ("warmup", -3, "an integer >= 0, got -3"),
+    ("batch", True, "an integer >= 1, got True"),
+    ("width", 2.5, "an integer >= 1, got 2.5"),
+    ("updates", 20.0, "an integer >= 1, got 20.0"),
+    ("rollout", "10", "an integer >= 1, got '10'"),
+    ("seed", -1, "an integer in [0, 4294967295], got -1"),
+    ("seed", 2**32, "an integer in [0, 4294967295], got 4294967296"),
+    ("learning_rate", "abc", "a number > 0, got 'abc'"),
+    ("learning_rate", True, "a number > 0, got True"),
+    ("learning_rate", 0, "a number > 0, got 0.0"),
+    ("learning_rate", "nan", "a number > 0, got 'nan'"),
+    ("learning_rate", math.inf, "a number > 0, got inf"),
+    ("learning_rate", "1e999", "a number > 0, got inf"),
+    ("gae_lambda", 1.5, "a number >= 0 and <= 1, got 1.5"),
+    ("gae_lambda", "0.9x", "a number >= 0 and <= 1, got '0.9x'"),
+    ("grad_clip", -5, "a number > 0, got -5.0"),
+    ("divergence_cost", 0.0, "a number > 0, got 0.0"),
+    ("entropy_start", -0.01, "a number >= 0, got -0.01"),
+    ("entropy_end", math.nan, "a number >= 0, got nan"),
+    ("pathwise_weight", -1, "a number >= 0, got -1.0"),
+    ("critic_weight", [0.1], "a number >= 0, got [0.1]"),
+    ("final_learning_rate", 0, "a number > 0, got 0.0"),
+    ("adam_eps", None, "a number > 0, got None"),
+    ("device", "gpu", "cpu, cuda or cuda:K, got 'gpu'"),
+    ("method", ["hpo"], "one of ['or-transformer', 'hpo'], got ['hpo']"),
+])
+def test_every_config_field_is_checked(field, value, message):
+    with pytest.raises(ConfigError, match=re.escape(f"config field '{field}': expected {message}")):
+        TrainConfig.from_dict({field: value})
+
+
+def test_numbers_in_yaml_form_are_read_as_numbers():
+    cfg = TrainConfig.from_dict({"learning_rate": "3e-4", "final_learning_rate": "1E-5", "gae_lambda": 1, "adam_eps": " .5e-8", "entropy_end": "+0"})
+    assert (cfg.learning_rate, cfg.final_learning_rate, cfg.gae_lambda, cfg.adam_eps, cfg.entropy_end) == (3e-4, 1e-5, 1.0, 0.5e-8, 0.0)
+    assert isinstance(cfg.gae_lambda, float) and TrainConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match=r"config: expected a mapping of config fields, got list"):
+        TrainConfig.from_dict([{"batch": 8}])
+    with pytest.raises(ConfigError, match=r"preset: expected one of \['paper', 'cpu'\], got 'bogus'"):
+        preset("bogus")
+    assert issubclass(ConfigError, InputError)
+
+
+def test_curve_columns_are_checked(tmp_path):
+    instance = paper_instance(2, 0)
+    train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
+    pq.write_table(pa.table({"update": [1, 2]}), tmp_path / "curve.parquet")
+    with pytest.raises(InputError, match=r"expected the columns \['method', 'n', 'seed', 'update', 'cost10', 'wall_seconds'\]"):
+        train(TrainConfig(**TINY, updates=3), instance, tmp_path, mode="resume", progress=False)

@@ -39,16 +39,39 @@ class InstanceError(InputError):
     """An instance field is missing, unknown or outside its allowed range."""
 
 
+def is_number(value) -> bool:
+    """A real number as a JSON or YAML file gives it (int or float); a boolean or a string is not one."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def describe_value(value) -> str:
+    """How a value read from a file looks to its author, for error messages: `a string "2"`, `a boolean true`."""
+    text = json.dumps(value, default=str)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, (bool, np.bool_)):
+        return f"a boolean {text}"
+    if isinstance(value, str):
+        return f"a string {text}"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)}: {text}"
+    if isinstance(value, dict):
+        return f"an object {text}"
+    return text
+
+
 def _check(ok: bool, field_name: str, allowed: str, got) -> None:
     if not ok:
         raise InstanceError(f"instance field '{field_name}': expected {allowed}, got {got}")
 
 
 def _item_array(items: dict, name: str, n: int | None) -> np.ndarray:
+    values = np.asarray(items[name], dtype=object)
+    for i, value in enumerate(values.ravel()):
+        _check(is_number(value), name, "a list of numbers", describe_value(value) + (f" for item {i}" if values.ndim == 1 else ""))
     try:
         arr = np.asarray(items[name], dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise InstanceError(f"instance field '{name}': expected a list of numbers ({exc})") from None
+    except OverflowError:
+        raise InstanceError(f"instance field '{name}': expected finite numbers, got an integer too large for a float") from None
     _check(arr.ndim == 1, name, "a one-dimensional list", f"shape {arr.shape}")
     _check(arr.size >= 1, name, "at least one item (n >= 1)", "an empty list")
     _check(bool(np.all(np.isfinite(arr))), name, "finite numbers", "NaN or infinity")
@@ -90,10 +113,11 @@ class Instance:
             _check(bad.size == 0, name, allowed, f"{bad[0]:g} (item {int(np.argmin(ok))})" if bad.size else "")
         for name in ("K", "gamma", "rho"):
             value = getattr(self, name)
+            _check(is_number(value), name, "a number", describe_value(value))
             try:
                 value = float(value)
-            except (TypeError, ValueError):
-                raise InstanceError(f"instance field '{name}': expected a number, got {value!r}") from None
+            except OverflowError:  # an integer beyond the float range
+                value = math.inf
             _check(math.isfinite(value), name, "a finite number", value)
             object.__setattr__(self, name, value)
         _check(self.K >= 0, "K", "K >= 0", self.K)
@@ -123,11 +147,11 @@ class Instance:
         """Build from the JSON layout; unknown or missing keys are an error."""
         if not isinstance(data, dict):
             raise InstanceError(f"instance: expected a JSON object, got {type(data).__name__}")
-        _exact_keys(data, {"K", "gamma", "rho", "items"}, "instance")
+        exact_keys(data, {"K", "gamma", "rho", "items"}, "instance")
         items = data["items"]
         if not isinstance(items, dict):
             raise InstanceError("instance field 'items': expected an object of per-item lists")
-        _exact_keys(items, set(ITEM_COLUMNS), "instance field 'items'")
+        exact_keys(items, set(ITEM_COLUMNS), "instance field 'items'")
         return cls(**{name: items[name] for name in ITEM_COLUMNS}, K=data["K"], gamma=data["gamma"], rho=data["rho"])
 
     def save(self, path: str | os.PathLike) -> None:
@@ -146,6 +170,7 @@ class Instance:
     @classmethod
     def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> "Instance":
         """Import an item table (CSV or Parquet) with exactly the columns h, b, lam, beta, lead, qbar."""
+        import pyarrow as pa
         import pyarrow.csv
         import pyarrow.parquet
 
@@ -157,12 +182,14 @@ class Instance:
             table = pyarrow.parquet.read_table(path)
         else:
             raise InstanceError(f"item table '{path}': expected a .csv or .parquet file, got '{suffix}'")
-        _exact_keys(set(table.column_names), set(ITEM_COLUMNS), f"item table '{path}' columns")
+        exact_keys(set(table.column_names), set(ITEM_COLUMNS), f"item table '{path}' columns")
         items = {}
         for name in ITEM_COLUMNS:
             column = table.column(name)
             if column.null_count:
                 raise InstanceError(f"instance field '{name}': {column.null_count} missing values in '{path}'")
+            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+                raise InstanceError(f"item table '{path}' column '{name}': expected numbers, got {column.type} values{_first_text(column.to_pylist())}")
             items[name] = column.to_pylist()
         return cls(**items, K=K, gamma=gamma, rho=rho)
 
@@ -178,7 +205,18 @@ class Instance:
         return TensorInstance.from_instance(self, device, dtype)
 
 
-def _exact_keys(keys, expected: set, where: str) -> None:
+def _first_text(values: list) -> str:
+    """' (first: "abc" in row 3)' for the first value of a text column that is not a number; '' if none."""
+    for row, value in enumerate(values, start=1):
+        try:
+            float(value)
+        except (TypeError, ValueError):
+            return f" (first: {json.dumps(value)} in data row {row})"
+    return ""
+
+
+def exact_keys(keys, expected: set, where: str) -> None:
+    """Refuse, naming `where`, a mapping (instance, item table, decide.py's state) whose keys are not exactly `expected`."""
     keys = set(keys)
     missing, unknown = sorted(expected - keys), sorted(keys - expected)
     if missing or unknown:
@@ -196,8 +234,11 @@ def atomic_write(path: str | os.PathLike, write) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -214,6 +255,8 @@ def paper_instance(n: int, seed: int) -> Instance:
     """
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise InstanceError(f"paper instance field 'n': expected an integer >= 1, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InstanceError(f"paper instance field 'seed': expected an integer >= 0, got {seed!r}")
     grids = [np.round(np.arange(lo, hi + 0.05, 0.1), 1) for lo, hi in (PAPER_H, PAPER_B, PAPER_LAM)]
     sizes = [g.size for g in grids]
     n_triples = int(np.prod(sizes))

@@ -3,39 +3,109 @@
   python platform/decide.py --checkpoint runs/ot16/checkpoint.pt --state state.json [--mode sampled]
 
 state.json: {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}, or a list of
-such objects for a batch. The instance is the one stored in the checkpoint, or --instance.
-Prints JSON: open (Y), open_probability (p), quantity (Q, proposed; executed only if Y = 1), latency.
+such objects for a batch (JSON, or YAML for other suffixes). The instance is the one stored in the
+checkpoint, or --instance. Works with checkpoints of every method (or-transformer, hpo, ppo,
+transformer-ppo). Prints JSON: open (Y), open_probability (p), quantity (Q, proposed; executed only if
+Y = 1), latency. In sampled mode the answer is the first draw of the checkpoint's seeded stream.
+
+A state must be one the instance can produce; anything else is refused, naming the state and field:
+* in_transit[i][l] (P_{i,l+1}, arriving in l + 1 periods) is in [0, qbar_i]: each slot holds one
+  period's order O = Y Q <= qbar_i (envs/dynamics.py shifts the slots down and puts the new order in
+  slot L_i - 1 only), and it is 0 in slots l >= L_i - 1: an item with lead time L_i has only L_i - 1
+  occupied slots (none for L_i = 1, whose order goes straight to inventory).
+* |inventory[i]| <= 10^4 (qbar_i + lam_i): inventory rises by at most one order (<= qbar_i) per period
+  and a backlog grows by the period's demand (mean lam_i), so this is more than 10^4 periods (200 times
+  the evaluation horizon) of ordering the maximum with no demand, or of unserved demand, from I_0 = mu_i.
+* |factor| <= 10: the factor is stationary N(0, 1) (F_0 ~ N(0, 1), AR(1) with innovation variance
+  1 - rho^2), so |F| > 10 has probability below 2e-23 per period.
+* Every value is a finite number (not a string, boolean or NaN).
+Inside these bounds the networks' inputs stay far from float32 overflow; a decision that is still not
+finite (for example from a checkpoint with NaN weights) is an error too, never an answer.
 """
 
 import argparse
 import json
+import math
 import time
 
+import numpy as np
 import torch
 
-from envs.cli import read_file, run_cli
+from envs.cli import device, input_file, read_file, run_cli
 from envs.dynamics import State
-from envs.features import global_token, item_tokens
-from envs.instance import LMAX, Instance
+from envs.errors import InputError
+from envs.instance import LMAX, Instance, describe_value, exact_keys, is_number
 from trainers.policy import MODES, load_policy
 
+KEYS = ("factor", "in_transit", "inventory")
+FACTOR_BOUND = 10.0
+INVENTORY_PERIODS = 10_000
+QBAR_ROUNDING = 1e-6  # relative slack on in_transit <= qbar_i: states copied from float32 simulations
 
-def read_states(path: str, n: int) -> State:
+
+def number(value, where: str) -> float:
+    """`value` as a finite float, or an InputError naming `where` (a string, boolean, NaN or infinity is refused)."""
+    if not is_number(value):
+        raise InputError(f"{where}: expected a number, got {describe_value(value)}")
+    try:
+        result = float(value)
+    except OverflowError:  # an integer beyond the float range
+        result = math.inf
+    if not math.isfinite(result):
+        raise InputError(f"{where}: expected a finite number, got {describe_value(value)}")
+    return result
+
+
+def numbers(value, length: int, where: str, what: str) -> np.ndarray:
+    """`value` as a list of `length` finite numbers (float64 [length])."""
+    if not isinstance(value, list) or len(value) != length:
+        raise InputError(f"{where}: expected {length} {what}, got {describe_value(value)}")
+    return np.array([number(x, f"{where}[{j}]") for j, x in enumerate(value)])
+
+
+def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarray, float]:
+    """One state object checked against the bounds of the module docstring: (inventory [n], in_transit [n, LMAX-1], factor)."""
+    n, slots = instance.n, LMAX - 1
+    if not isinstance(record, dict):
+        raise InputError(f"state {k}: expected an object with the keys {list(KEYS)}, got {describe_value(record)}")
+    exact_keys(record, set(KEYS), f"state {k}")
+    inv = numbers(record["inventory"], n, f"state {k} field 'inventory'", "numbers (one per item)")
+    if not isinstance(record["in_transit"], list) or len(record["in_transit"]) != n:
+        raise InputError(f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got {describe_value(record['in_transit'])}")
+    pipe = np.stack([numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})") for i, row in enumerate(record["in_transit"])])
+    factor = number(record["factor"], f"state {k} field 'factor'")
+
+    inv_bound = INVENTORY_PERIODS * (instance.qbar + instance.lam)
+    if (bad := np.flatnonzero(np.abs(inv) > inv_bound)).size:
+        i = bad[0]
+        raise InputError(f"state {k} field 'inventory'[{i}]: {inv[i]:g} is outside [-{inv_bound[i]:g}, {inv_bound[i]:g}], "
+                         f"the range |I_i| <= {INVENTORY_PERIODS} (qbar_i + lam_i) an inventory can reach (see decide.py --help)")
+    if (bad := np.argwhere(pipe < 0)).size:
+        i, l = bad[0]
+        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} is negative; an in-transit quantity is in [0, qbar_{i}] = [0, {instance.qbar[i]:g}]")
+    if (bad := np.argwhere(pipe > instance.qbar[:, None] * (1 + QBAR_ROUNDING))).size:
+        i, l = bad[0]
+        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} exceeds qbar_{i} = {instance.qbar[i]:g}, the largest order one slot can hold")
+    lead = instance.lead.astype(int)
+    if (bad := np.argwhere((pipe != 0) & (np.arange(slots) >= lead[:, None] - 1))).size:
+        i, l = bad[0]
+        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: expected 0, got {pipe[i, l]:g}: item {i} has lead time L = {lead[i]}, "
+                         f"so only its first L - 1 = {lead[i] - 1} slots can hold an order")
+    if abs(factor) > FACTOR_BOUND:
+        raise InputError(f"state {k} field 'factor': {factor:g} is outside [-{FACTOR_BOUND:g}, {FACTOR_BOUND:g}] "
+                         f"(the factor is stationary N(0, 1); |F| > {FACTOR_BOUND:g} has probability below 2e-23)")
+    return inv, pipe, float(factor)
+
+
+def read_states(path: str, instance: Instance) -> State:
+    """The state file as a batch (float32); every state is checked by `read_state`."""
     data = read_file(path, "state file")
-    records = data if isinstance(data, list) else [data]
-    inv, pipe, factor = [], [], []
-    for k, rec in enumerate(records):
-        if not isinstance(rec, dict) or set(rec) != {"inventory", "in_transit", "factor"}:
-            raise ValueError(f"state {k}: expected exactly the keys ['factor', 'in_transit', 'inventory']")
-        i, p, f = (torch.tensor(rec[key], dtype=torch.float32) for key in ("inventory", "in_transit", "factor"))
-        if i.shape != (n,):
-            raise ValueError(f"state {k} field 'inventory': expected {n} numbers, got shape {tuple(i.shape)}")
-        if p.shape != (n, LMAX - 1) or bool((p < 0).any()):
-            raise ValueError(f"state {k} field 'in_transit': expected {n} lists of {LMAX - 1} non-negative numbers, got shape {tuple(p.shape)}")
-        if f.ndim != 0 or not all(bool(torch.isfinite(x).all()) for x in (i, p, f)):
-            raise ValueError(f"state {k}: expected finite numbers and a scalar 'factor'")
-        inv.append(i), pipe.append(p), factor.append(f)
-    return State(torch.stack(inv), torch.stack(pipe), torch.stack(factor))
+    if isinstance(data, list) and not data:
+        raise InputError(f"state file '{path}': an empty list; expected a state object or a non-empty list of them")
+    if not isinstance(data, (list, dict)):
+        raise InputError(f"state file '{path}': expected a state object or a list of them, got {describe_value(data)}")
+    inv, pipe, factor = zip(*(read_state(rec, k, instance) for k, rec in enumerate(data if isinstance(data, list) else [data])))
+    return State(*(torch.tensor(np.array(x), dtype=torch.float32) for x in (inv, pipe, factor)))
 
 
 def main() -> None:
@@ -44,26 +114,32 @@ def main() -> None:
     parser.add_argument("--state", required=True, help="state JSON (one object or a list)")
     parser.add_argument("--instance", help="instance JSON (default: the checkpoint's)")
     parser.add_argument("--mode", default="greedy", choices=MODES)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
+    input_file(args.checkpoint, "checkpoint")
+    input_file(args.state, "state file")
     instance = Instance.load(args.instance) if args.instance else None
     policy, ckpt = load_policy(args.checkpoint, args.mode, args.device, instance)
     instance = instance or ckpt["instance"]
     tinst = instance.to_torch(args.device)
-    state = read_states(args.state, instance.n)
+    state = read_states(args.state, instance)
     state = State(state.inv.to(args.device), state.pipe.to(args.device), state.factor.to(args.device))
-    policy(state, tinst)  # warm-up
+    policy.decide(state, tinst)  # warm-up
+    policy.reset()  # the sampled answer is the stream's first draw
     start = time.perf_counter()
-    open_order, quantity = policy(state, tinst)
-    if open_order.is_cuda:
+    decision = policy.decide(state, tinst)
+    if decision.open.is_cuda:
         torch.cuda.synchronize()
     latency = time.perf_counter() - start
-    with torch.no_grad():
-        p = torch.sigmoid(policy.model.open_logit(item_tokens(tinst, state), global_token(tinst, state)))
+    finite = torch.isfinite(decision.probability) & torch.isfinite(decision.quantity).all(-1)
+    if not bool(finite.all()):
+        k = int((~finite).nonzero()[0])
+        raise InputError(f"checkpoint '{args.checkpoint}' (training status '{ckpt['status']}') gives a non-finite open probability or quantity "
+                         f"for state {k}: its weights cannot act on this state")
     print(json.dumps({
-        "open": open_order.int().tolist(),
-        "open_probability": p.tolist(),
-        "quantity": quantity.tolist(),
+        "open": decision.open.int().tolist(),
+        "open_probability": decision.probability.tolist(),
+        "quantity": decision.quantity.tolist(),
         "mode": args.mode,
         "batch": state.batch,
         "latency_ms": latency * 1e3,

@@ -5,8 +5,10 @@
 """
 
 import argparse
+from pathlib import Path
 
-from envs.cli import positive_int, run_cli
+from envs.cli import output_dir, positive_int, run_cli, seed
+from envs.errors import InputError
 from envs.instance import Instance, paper_instance
 
 
@@ -15,12 +17,16 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--n", type=positive_int, help="number of items of a paper-family instance")
     source.add_argument("--items", help="CSV or Parquet item table with columns h, b, lam, beta, lead, qbar")
-    parser.add_argument("--seed", type=int, default=0, help="paper family: the instance seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="paper family: the instance seed (default 0)")
     parser.add_argument("--K", type=float, help="with --items: joint setup cost K >= 0")
     parser.add_argument("--gamma", type=float, help="with --items: discount factor in (0, 1)")
     parser.add_argument("--rho", type=float, help="with --items: factor autocorrelation in [0, 1)")
     parser.add_argument("--out", required=True, help="output JSON file")
     args = parser.parse_args()
+    out = Path(args.out)
+    if out.is_dir():
+        raise InputError(f"--out '{out}' is a directory, expected the path of the instance file to write")
+    output_dir(out.parent)
     if args.items:
         missing = [f"--{k}" for k in ("K", "gamma", "rho") if getattr(args, k) is None]
         if missing:

@@ -33,11 +33,35 @@ GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1
         ("rho", 1.0, "'rho': expected 0 <= rho < 1"),
         ("rho", float("nan"), "'rho': expected a finite number"),
         ("K", "ten", "'K': expected a number"),
+        ("lead", ["2", 3], "'lead': expected a list of numbers, got a string \"2\" for item 0"),
+        ("lead", "2", "'lead': expected a list of numbers, got a string \"2\""),
+        ("h", [1.0, "2.0"], "'h': expected a list of numbers, got a string \"2.0\" for item 1"),
+        ("lead", [True, 4], "'lead': expected a list of numbers, got a boolean true for item 0"),
+        ("qbar", [12.0, None], "'qbar': expected a list of numbers, got null for item 1"),
+        ("b", [[7.0], [9.0]], "'b': expected a one-dimensional list"),
+        ("lam", [3, 10**400], "'lam': expected finite numbers"),
+        ("gamma", "0.95", "'gamma': expected a number, got a string \"0.95\""),
+        ("K", True, "'K': expected a number, got a boolean true"),
+        ("rho", None, "'rho': expected a number, got null"),
+        ("K", 10**400, "'K': expected a finite number"),
     ],
 )
 def test_every_validation_error_names_the_field(field, value, message):
     with pytest.raises(InstanceError, match=message.replace("(", r"\(")):
         Instance(**{**GOOD, field: value})
+
+
+def test_integers_are_numbers():
+    inst = Instance(**{**GOOD, "h": [1, 2], "qbar": [12, 16], "K": 20, "gamma": 0.95, "rho": 0})
+    assert inst.h.dtype == np.float64 and inst.K == 20.0 and isinstance(inst.K, float) and inst.rho == 0.0
+
+
+def test_json_file_with_text_numbers(tmp_path):
+    data = Instance(**GOOD).to_dict()
+    data["items"]["lead"] = ["1", "4"]
+    (tmp_path / "i.json").write_text(json.dumps(data))
+    with pytest.raises(InstanceError, match="'lead': expected a list of numbers, got a string \"1\" for item 0"):
+        Instance.load(tmp_path / "i.json")
 
 
 def test_json_missing_and_unknown_keys():
@@ -87,6 +111,17 @@ def test_item_table_errors(tmp_path):
     pq.write_table(pa.table({"h": [1.0, None], "b": [7.0, 8], "lam": [3.0, 3], "beta": [0.1, 0], "lead": [1, 2], "qbar": [9.0, 9]}), tmp_path / "t.parquet")
     with pytest.raises(InstanceError, match="'h': 1 missing values"):
         Instance.from_table(tmp_path / "t.parquet", K=1, gamma=0.9, rho=0.5)
+    path.write_text('h,b,lam,beta,lead,qbar\n1,7,3,0.2,1,12\n"1,5",7,3,0.2,1,12\n')  # a decimal comma: the column is text
+    with pytest.raises(InstanceError, match="column 'h': expected numbers, got string values \\(first: \"1,5\" in data row 2\\)"):
+        Instance.from_table(path, K=1, gamma=0.9, rho=0.5)
+    path.write_text("h,b,lam,beta,lead,qbar\n1,7,3,0.2,true,12\n")
+    with pytest.raises(InstanceError, match="column 'lead': expected numbers, got bool values"):
+        Instance.from_table(path, K=1, gamma=0.9, rho=0.5)
+    pq.write_table(pa.table({"h": ["1.0"], "b": [7.0], "lam": [3.0], "beta": [0.1], "lead": [1], "qbar": [9.0]}), tmp_path / "t.parquet")
+    with pytest.raises(InstanceError, match="column 'h': expected numbers, got string values$"):
+        Instance.from_table(tmp_path / "t.parquet", K=1, gamma=0.9, rho=0.5)
+    with pytest.raises(InputError, match="is a directory"):
+        Instance.from_table(tmp_path, K=1, gamma=0.9, rho=0.5)
     (tmp_path / "items.json").write_text("{}")
     with pytest.raises(InstanceError, match="expected a .csv or .parquet"):
         Instance.from_table(tmp_path / "items.json", K=1, gamma=0.9, rho=0.5)
@@ -108,3 +143,5 @@ def test_paper_family_ranges_and_nesting():
     assert not np.array_equal(paper_instance(16, 6).lam, small.lam)
     with pytest.raises(InstanceError, match="'n': expected an integer >= 1"):
         paper_instance(0, 0)
+    with pytest.raises(InstanceError, match="'seed': expected an integer >= 0, got -1"):
+        paper_instance(4, -1)

@@ -1,0 +1,151 @@
+"""platform/decide.py on checkpoints of all four methods: its answer is the policy's decision, recomputed here
+from the networks' outputs; states the instance cannot produce and non-finite decisions are refused."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import ROOT, run_script
+
+from envs.dynamics import State
+from envs.errors import InputError
+from envs.features import flat_features, global_token, item_tokens
+from envs.instance import Instance, paper_instance
+from trainers.pathwise import TrainConfig
+from trainers.policy import load_policy
+from trainers.run import train
+
+METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
+INSTANCE = paper_instance(2, 0)  # lead times [3, 3]: in_transit[i][2] is always 0
+TINY = dict(batch=8, rollout=3, updates=2, blocks=1, width=16, heads=2, feed_forward=32, hidden=16)
+QBAR, BOUND = INSTANCE.qbar.tolist(), (10_000 * (INSTANCE.qbar + INSTANCE.lam)).tolist()  # decide.py's bound on |inventory|
+STATES = [
+    {"inventory": [1, 2], "in_transit": [[0, 0, 0], [3, 1, 0]], "factor": 0.5},
+    {"inventory": [-40, 80.5], "in_transit": [[24.8, 0, 0], [0, 22.4, 0]], "factor": -2},
+    {"inventory": [BOUND[0], -BOUND[1]], "in_transit": [[QBAR[0], QBAR[0], 0], [QBAR[1], QBAR[1], 0]], "factor": 10},  # the edges of the bounds
+    {"inventory": [-BOUND[0], BOUND[1]], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": -10.0},
+]
+
+
+def load_decide():
+    """platform/decide.py as a module (scripts are not a package), for its state reader."""
+    spec = importlib.util.spec_from_file_location("decide", ROOT / "platform" / "decide.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, ray_session):
+    """A tiny two-update run of every method on INSTANCE."""
+    from trainers.rllib_ppo import PPOTrainConfig, train_ppo
+
+    folder = tmp_path_factory.mktemp("decide")
+    for method in ("or-transformer", "hpo"):
+        train(TrainConfig(method=method, warmup=1, **TINY), INSTANCE, folder / method, progress=False)
+    for method in ("ppo", "transformer-ppo"):
+        train_ppo(PPOTrainConfig(method=method, epochs=1, minibatches=2, **TINY), INSTANCE, folder / method, progress=False)
+    return {method: folder / method / "checkpoint.pt" for method in METHODS}
+
+
+def network_decision(policy, state: State):
+    """(p, fraction) straight from the networks: sigmoid of the open logit, and the quantity fraction
+    (pathwise: the sigmoid head; RLlib: the mean a / (a + b) of the Beta with a, b = 1 + softplus)."""
+    tinst = INSTANCE.to_torch()
+    with torch.no_grad():
+        if hasattr(policy, "model"):
+            items, glob = item_tokens(tinst, state), global_token(tinst, state)
+            return torch.sigmoid(policy.model.open_logit(items, glob)), policy.model.quantity_fraction(items, glob)
+        inputs = policy.module.forward_inference({"obs": flat_features(tinst, state)})["action_dist_inputs"]
+        a, b = (1 + F.softplus(inputs[:, 1:].reshape(len(inputs), -1, 2)[..., k]) for k in (0, 1))
+        return torch.sigmoid(inputs[:, 0]), a / (a + b)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+@pytest.mark.parametrize("method", METHODS)
+def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps(STATES))
+    result = run_script("decide.py", "--checkpoint", checkpoints[method], "--state", tmp_path / "state.json", "--mode", mode)
+    assert result.returncode == 0, result.stderr[-2000:]
+    answer = json.loads(result.stdout)
+    open_order, p, quantity = (np.array(answer[key]) for key in ("open", "open_probability", "quantity"))
+    assert answer["batch"] == 4 and open_order.shape == p.shape == (4,) and quantity.shape == (4, 2)
+    assert set(open_order.tolist()) <= {0, 1} and np.all((0 <= p) & (p <= 1))
+    assert np.all((0 <= quantity) & (quantity <= INSTANCE.qbar * (1 + 1e-6)))
+
+    policy, _ = load_policy(checkpoints[method], mode)
+    state = State(*(torch.tensor([s[key] for s in STATES], dtype=torch.float32) for key in ("inventory", "in_transit", "factor")))
+    p_net, fraction = network_decision(policy, state)
+    np.testing.assert_allclose(p, p_net.numpy(), rtol=1e-5, atol=1e-6)
+    if mode == "greedy":
+        np.testing.assert_array_equal(open_order, (p_net > 0.5).int().numpy())
+        np.testing.assert_allclose(quantity, (INSTANCE.to_torch().qbar * fraction).numpy(), rtol=1e-5)
+    else:  # the first draw of the seeded stream, as the evaluator's call makes it
+        sampled_open, sampled_quantity = policy(state, INSTANCE.to_torch())
+        np.testing.assert_array_equal(open_order, sampled_open.int().numpy())
+        np.testing.assert_allclose(quantity, sampled_quantity.numpy(), rtol=1e-5)
+
+
+def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path):
+    payload = torch.load(checkpoints["hpo"], weights_only=True)
+    payload["trainer"]["model"] = {k: torch.full_like(v, float("nan")) for k, v in payload["trainer"]["model"].items()}
+    torch.save(payload, tmp_path / "nan.pt")
+    (tmp_path / "state.json").write_text(json.dumps(STATES[0]))
+    result = run_script("decide.py", "--checkpoint", tmp_path / "nan.pt", "--state", tmp_path / "state.json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stdout == "" and "gives a non-finite open probability or quantity for state 0" in result.stderr
+
+
+LEAD_ONE = Instance(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8)
+VALID = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [16, 16, 16]], "factor": 0}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"inventory": [150_000, 2]}, None),  # |I_0| <= 10^4 (qbar_0 + lam_0) = 150000
+        ({"inventory": [150_001, 2]}, r"'inventory'\[0\]: 150001 is outside \[-150000, 150000\]"),
+        ({"inventory": [1, -200_001]}, r"'inventory'\[1\]: -200001 is outside \[-200000, 200000\]"),
+        ({"factor": -10}, None),
+        ({"factor": 10.01}, r"'factor': 10.01 is outside \[-10, 10\]"),
+        ({"in_transit": [[0, 0, 0], [16, 16, 16.001]]}, r"'in_transit'\[1\]\[2\]: 16.001 exceeds qbar_1 = 16"),
+        ({"in_transit": [[0, 0, 0], [0, -0.5, 0]]}, r"'in_transit'\[1\]\[1\]: -0.5 is negative"),
+        ({"in_transit": [[0.1, 0, 0], [0, 0, 0]]}, r"'in_transit'\[0\]\[0\]: expected 0, got 0.1: item 0 has lead time L = 1"),
+        ({"in_transit": [[0, 0, 0], [0, 0]]}, r"'in_transit'\[1\]: expected 3 numbers \(slots l = 1..3\), got a list of 2"),
+        ({"in_transit": [[0, 0, 0]]}, r"'in_transit': expected 2 lists \(one per item\) of 3 numbers, got a list of 1"),
+        ({"in_transit": "[[0, 0, 0], [0, 0, 0]]"}, r"'in_transit': expected 2 lists .* got a string"),
+        ({"inventory": [1, "2"]}, r"'inventory'\[1\]: expected a number, got a string \"2\""),
+        ({"inventory": [1, None]}, r"'inventory'\[1\]: expected a number, got null"),
+        ({"factor": float("inf")}, r"'factor': expected a finite number, got Infinity"),
+        ({"factor": 10**400}, r"'factor': expected a finite number"),
+        ({"factor": True}, r"'factor': expected a number, got a boolean true"),
+        ({"factor": [0.5]}, r"'factor': expected a number, got a list of 1"),
+    ],
+)
+def test_states_outside_the_instance_are_refused(change, message, tmp_path):
+    decide = load_decide()
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps([VALID, {**VALID, **change}]))
+    if message is None:
+        assert decide.read_states(path, LEAD_ONE).batch == 2
+    else:
+        with pytest.raises(InputError, match="state 1 field " + message):
+            decide.read_states(path, LEAD_ONE)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[]", "an empty list"),
+        ('"state"', 'expected a state object or a list of them, got a string "state"'),
+        ("[[1, 2]]", "state 0: expected an object"),
+        ('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "time": 3}', r"state 0: unknown \['time'\]"),
+    ],
+)
+def test_state_files_that_are_not_a_batch_of_states_are_refused(text, message, tmp_path):
+    (tmp_path / "state.json").write_text(text)
+    with pytest.raises(InputError, match=message):
+        load_decide().read_states(tmp_path / "state.json", LEAD_ONE)

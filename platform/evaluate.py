@@ -3,16 +3,17 @@
   python platform/evaluate.py --instance inst.json --policy classical-best --out runs/eval
 
 POLICY is one of: zero, base-stock, base-stock-factor, can-order, can-order-factor, periodic,
-periodic-factor, classical-best, or checkpoint:PATH (a trained policy; --mode greedy or sampled).
-Classical families are tuned on training paths (a seed disjoint from the held-out one) before the
-evaluation. --seed picks the exogenous paths; its default is the
-documented held-out seed.
+periodic-factor, classical-best, dp-optimal (one-item instances only: the exact dynamic-programming
+optimum for this horizon, envs/dp_optimal.py), or checkpoint:PATH (a trained policy; --mode greedy or
+sampled). Classical families are tuned on training paths (a seed disjoint from the held-out one) before
+the evaluation. --seed picks the exogenous paths; its default is the documented held-out seed.
 """
 
 import argparse
 
 from envs.classical import POLICY_NAMES, tuned_policy
-from envs.cli import device, output_dir, positive_int, run_cli
+from envs.cli import device, output_dir, positive_int, run_cli, seed
+from envs.dp_optimal import dp_optimal_policy
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
@@ -20,12 +21,14 @@ from envs.results import write_evaluation
 from trainers.policy import MODES, load_policy
 
 CHECKPOINT_PREFIX = "checkpoint:"
+DP_OPTIMAL = "dp-optimal"
+NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL)
 
 
 def policy_name(text: str) -> str:
-    if text in POLICY_NAMES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)):
+    if text in NAMED_POLICIES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)):
         return text
-    raise argparse.ArgumentTypeError(f"expected one of {list(POLICY_NAMES)} or checkpoint:PATH, got '{text}'")
+    raise argparse.ArgumentTypeError(f"expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got '{text}'")
 
 
 def main() -> None:
@@ -35,7 +38,7 @@ def main() -> None:
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
     parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="steps per episode (default 50)")
-    parser.add_argument("--seed", type=int, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
+    parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
@@ -47,6 +50,9 @@ def main() -> None:
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
+    elif args.policy == DP_OPTIMAL:
+        policy, parameters = dp_optimal_policy(instance, args.horizon, args.device)
+        label = DP_OPTIMAL
     else:
         policy, parameters = tuned_policy(instance, args.policy, args.horizon, args.device, progress=True)
         label = args.policy

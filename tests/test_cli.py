@@ -83,3 +83,13 @@ def test_bad_instance_file_is_reported_and_nothing_written(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "error: instance field 'gamma': expected 0 < gamma < 1, got 1.5"
     assert not (tmp_path / "o").exists()
+
+
+def test_evaluate_dp_optimal_on_one_item_matches_its_own_value(tmp_path):
+    """evaluate.py --policy dp-optimal: the simulated cost agrees with the DP's expected value (the DP's own
+    accuracy is tested in test_dp_optimal.py; this checks the wiring, horizon included)."""
+    script("instance.py", "--n", 1, "--out", tmp_path / "i.json")
+    script("evaluate.py", "--instance", tmp_path / "i.json", "--policy", "dp-optimal", "--episodes", 400, "--horizon", 20, "--seed", 5, "--out", tmp_path / "dp")
+    summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert summary["policy"] == "dp-optimal" and summary["horizon"] == 20
+    assert abs(summary["mean"] - summary["parameters"]["expected_cost"]) < 3 * summary["se"] + 1.0

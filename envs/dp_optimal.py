@@ -1,0 +1,426 @@
+"""The dynamic-programming optimum for one item (n = 1): a finite-horizon DP over (inventory position,
+factor on a grid), exact up to the factor discretisation; a policy and a test oracle.
+
+Model (eqs. factor_process ... one_step_cost, timing of envs/dynamics.py): at step t the policy sees
+(I_t, P_t, F_t), picks (Y_t, Q_t) with O_t = Y_t Q_t, 0 <= Q_t <= qbar; D_t | F_t ~ Poisson(lam
+exp(beta F_t - beta^2/2)); the step costs K Y_t + h [Z_t]^+ + b [-Z_t]^+ with Z_t = I_t - D_t; an order
+placed at t is first usable for demand at t + L. The evaluation (envs/evaluation.py) counts
+sum_{t<T} gamma^t C_t from I_0 = lam (L + 1), P_0 = 0, F_0 ~ N(0, 1).
+
+Lead-time reduction. With x_t = I_t + sum_l P_{t,l} (inventory position before ordering) and
+y_t = x_t + O_t, the post-demand net inventory of step t + L is Z_{t+L} = y_t - (D_t + ... + D_{t+L})
+and x_{t+1} = y_t - D_t. So the cost of step s >= L belongs to the decision at s - L, and the costs of
+steps s < L are sunk: Z_s = I_0 - (D_0 + ... + D_s) (P_0 = 0). Given the history at t, the expected
+charge of decision t is gamma^L G(y_t, F_t), G(y, f) = E[h (y - S)^+ + b (S - y)^+ | F_t = f],
+S = D_t + ... + D_{t+L}. Since the evaluation stops at T, a decision at t only affects the costs of
+steps t + L <= T - 1: decisions with t + L >= T never order (they would only pay K), and
+
+    V_t(x, f) = 0                                                   for t >= T - L,
+    W_t(y, f) = gamma^L G(y, f) + gamma E[V_{t+1}(y - D_t, F_{t+1}) | F_t = f],
+    V_t(x, f) = min( W_t(x, f),  K + min_{x <= y <= x + qbar} W_t(y, f) )   for t < T - L,
+
+    expected cost from s_0 = E_{F_0}[ sunk(F_0) + V_0(x_0, F_0) ],
+    sunk(f) = sum_{s < min(L, T)} gamma^s E[h (x_0 - S_s)^+ + b (S_s - x_0)^+ | F_0 = f],
+    S_s = D_0 + ... + D_s.
+
+Factor grid (Tauchen 1986). M equally spaced points over [-w, w] (w stationary standard deviations,
+the stationary law is N(0, 1)); P(f_i -> f_j) is the N(rho f_i, 1 - rho^2) mass of the cell of f_j
+(cells split at midpoints, the end cells open). F_0 is distributed by the N(0, 1) mass of the cells.
+In the discretised chain D_t | F_t = f_i ~ Poisson(lam exp(beta f_i - beta^2/2)) exactly; the DP is
+exact for that chain. The distribution of S given F_t = f_i is computed exactly on the chain by the
+recursion H_1 = pois_i, H_{j+1}[i] = pois_i * (sum_k P_ik H_j[k]) (convolution in the demand; the
+factor moves during the lead time). Poisson laws are truncated where the upper tail at the largest
+grid rate is below `tail` (1e-13), the tail mass lumped into the last point.
+
+Lattice (why a finite set of positions is exact). Demand is integer. Let delta = 1/m with m the
+smallest integer such that m x_0 and m qbar are integers (m = 5 for the paper's n = 1 instance:
+x_0 = qbar = 24.8). Claim: on the positions delta Z, W_t and V_t are concave on every cell
+[k delta, (k + 1) delta]. Induction from V = 0: G(., f) is piecewise linear with breakpoints at the
+integers, which are cell ends (1 is a multiple of delta), hence linear on cells; an integer shift
+y - d maps cells to cells, and mixing over d and f' keeps concavity on cells, so W_t is concave on
+cells; for x inside a cell (a, a + delta) the window [x, x + qbar] (qbar a multiple of delta)
+splits into the partial cells [x, a + delta] and [a + qbar, x + qbar] and whole cells between, so
+min_window W = min(const, W(x), W(x + qbar)) is concave on the cell, and so is V_t = min(W_t, K + min).
+Consequently, for x on the lattice the window is a union of whole cells and a minimiser of a
+cell-wise concave function sits at a cell end: an optimal order-up-to position y lies on delta Z.
+Starting from x_0 in delta Z, demands keep the position on delta Z; hence the DP restricted to
+delta Z (order quantities in delta Z) is exactly the optimum over real quantities. Integer
+quantities alone (delta = 1) are NOT enough when x_0 or qbar are fractional: from x_0 = 24.8 the
+optimal target is an integer, reached by a fractional quantity. If no m <= max_denominator works,
+the lattice is x_0 + delta Z with delta = 1/max_denominator and quantities <= floor(qbar/delta)
+delta: a feasible restriction (an upper bound), flagged by `exact_lattice = False`.
+
+Position domain: [x_lo, x_hi] with x_lo = min(x_0, 0) - (L + 1) dmax and x_hi = max(x_0, q) + qbar
+(dmax the one-period truncation point, q the upper 1e-9 quantile of S at the top factor); positions
+below x_lo that the expectation needs are extrapolated linearly (slope over the lowest unit), which
+only touches states ~(L + 1) dmax below anything a sensible policy visits. If an optimal target
+reaches the top of the domain, x_hi grows by qbar and the DP is solved again.
+
+The policy looks up the action values W_t at the current step (it counts calls; `reset()` restarts
+the clock, as the evaluator does per rollout), interpolated linearly in F between the neighbouring
+grid points (clamped at the ends), at the lattice point nearest to the observed position, and opens
+an order iff K + min_window W < W(x), ordering up to the minimiser.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from scipy import stats
+from scipy.signal import fftconvolve
+
+from envs.dynamics import State
+from envs.errors import InputError
+from envs.instance import Instance, TensorInstance
+
+NAME = "dp-optimal"
+DEFAULT_FACTOR_POINTS = 121
+DEFAULT_FACTOR_WIDTH = 4.0
+DEFAULT_MAX_DENOMINATOR = 10
+DEFAULT_TAIL = 1e-13
+
+
+def check_single_item(n: int) -> None:
+    if n != 1:
+        raise InputError(f"{NAME}: the exact DP exists for one item (n = 1), got n = {n}")
+
+
+# ---- factor grid ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FactorGrid:
+    """Tauchen discretisation of F_{t+1} = rho F_t + sqrt(1 - rho^2) eps (stationary law N(0, 1)).
+
+    points: [M] f_1 < ... < f_M; transition: [M, M] P(f_i -> f_j), rows sum to 1;
+    initial: [M] the N(0, 1) mass of each point's cell (the law of F_0)."""
+
+    points: np.ndarray
+    transition: np.ndarray
+    initial: np.ndarray
+
+
+def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float = DEFAULT_FACTOR_WIDTH) -> FactorGrid:
+    if points < 1:
+        raise InputError(f"{NAME} factor_points: expected an integer >= 1, got {points}")
+    if points == 1:
+        return FactorGrid(np.zeros(1), np.ones((1, 1)), np.ones(1))
+    if not width > 0:
+        raise InputError(f"{NAME} factor_width: expected a number > 0, got {width}")
+    f = np.linspace(-width, width, points)
+    edges = np.concatenate([[-np.inf], 0.5 * (f[1:] + f[:-1]), [np.inf]])  # [M+1] cell boundaries
+    scale = math.sqrt(1.0 - rho * rho)
+    if scale == 0.0:  # rho = 1 is not an admissible instance; kept for completeness
+        raise InputError(f"{NAME}: rho must be < 1, got {rho}")
+    cdf = stats.norm.cdf((edges[None, :] - rho * f[:, None]) / scale)  # [M, M+1]
+    transition = np.diff(cdf, axis=1)
+    transition /= transition.sum(1, keepdims=True)
+    initial = np.diff(stats.norm.cdf(edges))
+    return FactorGrid(f, transition, initial / initial.sum())
+
+
+# ---- demand laws on the chain --------------------------------------------------------------------
+
+
+def poisson_rows(rates: np.ndarray, dmax: int) -> np.ndarray:
+    """pmf of Poisson(rate_i) on 0..dmax, the upper tail lumped into dmax: [M, dmax+1]."""
+    d = np.arange(dmax + 1)
+    pmf = stats.poisson.pmf(d[None, :], rates[:, None])
+    pmf[:, -1] += np.clip(1.0 - pmf.sum(1), 0.0, None)
+    return pmf
+
+
+def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int) -> list[np.ndarray]:
+    """Law of D_t + ... + D_{t+j-1} given F_t = f_i on the chain, for j = 1..periods: H_j [M, j dmax + 1]."""
+    laws = [pmf]
+    for _ in range(periods - 1):
+        mixed = grid.transition @ laws[-1]  # law of the later demands given F_t: [M, S]
+        laws.append(np.stack([np.convolve(p, q) for p, q in zip(pmf, mixed)]))
+    return laws
+
+
+def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float) -> np.ndarray:
+    """E[h (y - S)^+ + b (S - y)^+] for S ~ law[i] (support 0..S-1) and every y: [M, N]."""
+    s = np.arange(law.shape[1], dtype=np.float64)
+    gap = positions[:, None] - s[None, :]  # [N, S]
+    loss = h * np.clip(gap, 0.0, None) + b * np.clip(-gap, 0.0, None)
+    return law @ loss.T
+
+
+# ---- lattice -------------------------------------------------------------------------------------
+
+
+def lattice_denominator(x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR) -> Optional[int]:
+    """The smallest m <= max_denominator with m x0 and m qbar integers (to 1e-9), or None."""
+    for m in range(1, max_denominator + 1):
+        if all(abs(m * v - round(m * v)) <= 1e-9 * max(1.0, abs(m * v)) for v in (x0, qbar)):
+            return m
+    return None
+
+
+# ---- the solution --------------------------------------------------------------------------------
+
+
+@dataclass
+class DPSolution:
+    """The solved DP for one item over `horizon` evaluation steps.
+
+    positions: [N] the lattice x_lo + k delta; action_value: [T_dec, M, N] W_t (t < T_dec = max(T - L, 0));
+    value: [T_dec + 1, M, N] V_t (V_{T_dec} = 0); order_up_to: [T_dec, M, N] the optimal position after
+    ordering (equal to the position where no order is placed); sunk: [M] expected discounted cost of
+    the steps s < L from the initial state, by F_0 grid point."""
+
+    instance: Instance
+    horizon: int
+    lead: int
+    grid: FactorGrid
+    delta: float
+    denominator: int
+    exact_lattice: bool
+    window: int  # largest order in lattice steps: floor(qbar / delta)
+    positions: np.ndarray
+    action_value: np.ndarray
+    value: np.ndarray
+    order_up_to: np.ndarray
+    sunk: np.ndarray
+    initial_position: float
+    initial_index: int
+    solve_seconds: float
+
+    @property
+    def decision_steps(self) -> int:
+        """T_dec = max(T - L, 0): the steps whose orders can still affect a counted cost."""
+        return self.action_value.shape[0]
+
+    @property
+    def cost_by_factor(self) -> np.ndarray:
+        """Expected discounted cost over the T steps from the initial state, given F_0 = f_i: [M]."""
+        return self.sunk + self.value[0][:, self.initial_index]
+
+    @property
+    def expected_cost(self) -> float:
+        """The optimum: E[sum_{t<T} gamma^t C_t] from the initial state, F_0 ~ N(0, 1) on the grid."""
+        return float(self.grid.initial @ self.cost_by_factor)
+
+    def summary(self) -> dict:
+        """Plain numbers for a results summary (JSON)."""
+        return {
+            "expected_cost": self.expected_cost,
+            "horizon": self.horizon,
+            "factor_points": int(self.grid.points.size),
+            "factor_width": float(self.grid.points[-1]),
+            "lattice_step": self.delta,
+            "exact_lattice": bool(self.exact_lattice),
+            "positions": int(self.positions.size),
+            "solve_seconds": self.solve_seconds,
+        }
+
+
+def solve(
+    instance: Instance,
+    horizon: int,
+    factor_points: int = DEFAULT_FACTOR_POINTS,
+    factor_width: float = DEFAULT_FACTOR_WIDTH,
+    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
+    tail: float = DEFAULT_TAIL,
+) -> DPSolution:
+    """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
+    from the documented initial state I_0 = lam (L + 1), P_0 = 0."""
+    check_single_item(instance.n)
+    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+        raise InputError(f"{NAME} horizon: expected an integer >= 1, got {horizon!r}")
+    start = time.perf_counter()
+    h, b, lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "qbar"))
+    lead, K, gamma = int(instance.lead[0]), instance.K, instance.gamma
+    x0 = lam * (lead + 1)
+    grid = tauchen_grid(instance.rho, factor_points, factor_width)
+    rates = lam * np.exp(beta * grid.points - 0.5 * beta * beta)
+    dmax = int(stats.poisson.isf(tail, rates.max())) + 1
+    pmf = poisson_rows(rates, dmax)  # [M, dmax+1]
+    sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
+
+    m = lattice_denominator(x0, qbar, max_denominator)
+    exact = m is not None
+    m = m if exact else max_denominator
+    delta = 1.0 / m
+    offset = 0.0 if exact else x0 - math.floor(x0 * m) * delta
+    window = int(math.floor(qbar * m + 1e-9))
+    top_law = sums[-1][-1]
+    q_top = float(np.searchsorted(np.cumsum(top_law), 1.0 - 1e-9))
+    lo = math.floor((min(x0, 0.0) - (lead + 1) * dmax - offset) * m)
+    upper = max(x0, q_top) + qbar
+    decision_steps = max(horizon - lead, 0)
+    for _ in range(32):
+        hi = math.ceil((upper - offset) * m)
+        positions = offset + np.arange(lo, hi + 1) * delta  # [N]
+        result = _backward(positions, m, window, grid, pmf, sums[-1], h, b, K, gamma, lead, decision_steps)
+        action_value, value, order_up_to, hit_top = result
+        if not hit_top:
+            break
+        upper += qbar  # an optimal target touched the top of the domain: widen it and solve again
+    else:
+        raise InputError(f"{NAME}: optimal order-up-to positions exceed {upper:g}; the instance has no finite optimal policy on this domain")
+    k0 = int(np.rint((x0 - positions[0]) / delta))
+    sunk = np.zeros(grid.points.size)
+    for s in range(min(lead, horizon)):
+        sunk += gamma**s * expected_loss(sums[s], np.array([positions[k0]]), h, b)[:, 0]
+    return DPSolution(
+        instance=instance, horizon=int(horizon), lead=lead, grid=grid, delta=delta, denominator=m,
+        exact_lattice=exact, window=window, positions=positions, action_value=action_value, value=value,
+        order_up_to=order_up_to, sunk=sunk, initial_position=float(positions[k0]), initial_index=k0,
+        solve_seconds=time.perf_counter() - start,
+    )
+
+
+def _running_argmin(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Running minimum along the last axis and where it is attained (the latest position among ties)."""
+    running = np.minimum.accumulate(blocks, axis=-1)
+    j = np.arange(blocks.shape[-1])
+    return running, np.maximum.accumulate(np.where(blocks == running, j, -1), axis=-1)
+
+
+def window_argmin(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """min and argmin of values[..., y] over y in [x, x + window] (clipped at the end) for every x:
+    the van Herk / Gil-Werman scheme (block prefix and suffix minima), O(N) per row. values: [M, N]."""
+    rows, N = values.shape
+    k = window + 1
+    blocks = -(-(N + window) // k)
+    padded = np.full((rows, blocks * k), np.inf)
+    padded[:, :N] = values
+    shaped = padded.reshape(rows, blocks, k)
+    start = np.arange(blocks)[:, None] * k  # [blocks, 1]
+    prefix, prefix_at = _running_argmin(shaped)  # min over [block start, j]
+    suffix, suffix_at = _running_argmin(shaped[..., ::-1])  # min over [j, block end], reversed
+    suffix, suffix_at = suffix[..., ::-1].reshape(rows, -1), (k - 1 - suffix_at[..., ::-1] + start).reshape(rows, -1)
+    prefix, prefix_at = prefix.reshape(rows, -1), (prefix_at + start).reshape(rows, -1)
+    left, left_at = suffix[:, :N], suffix_at[:, :N]  # [x, end of the block of x]
+    right, right_at = prefix[:, window : window + N], prefix_at[:, window : window + N]  # [block start, x + window]
+    take_left = left <= right
+    return np.where(take_left, left, right), np.where(take_left, left_at, right_at)
+
+
+def _backward(positions, m, window, grid, pmf, lead_law, h, b, K, gamma, lead, decision_steps):
+    """The backward recursion on the lattice (NumPy, single-threaded apart from one small matmul).
+    Returns W [T_dec, M, N], V [T_dec+1, M, N], targets, and whether an optimal target reached the
+    top of the domain."""
+    M, N = grid.points.size, positions.size
+    dmax = pmf.shape[1] - 1
+    pad = dmax * m  # lattice points below the domain that y - d can reach
+    charge = gamma**lead * expected_loss(lead_law, positions, h, b)  # gamma^L G(y, f): [M, N]
+    below = np.arange(-pad, 0)[None, :] / m  # [1, pad] in units of position
+    # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each residue class mod m of the lattice:
+    # index pad + k = q m + r, and a demand d moves q by d. `classes` pads the length to a multiple of m.
+    length = -(-(pad + N) // m) * m
+    kernel = pmf[:, :, None]  # [M, dmax+1, 1]
+    action_value = np.empty((decision_steps, M, N))
+    value = np.zeros((decision_steps + 1, M, N))
+    order_up_to = np.empty((decision_steps, M, N))
+    hit_top = False
+    for t in range(decision_steps - 1, -1, -1):
+        mixed = grid.transition @ value[t + 1]  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [M, N]
+        slope = mixed[:, m : m + 1] - mixed[:, :1]  # per unit of position, at the bottom
+        padded = np.zeros((M, length))
+        padded[:, :pad] = mixed[:, :1] + slope * below  # linear extrapolation below x_lo
+        padded[:, pad : pad + N] = mixed
+        full = fftconvolve(padded.reshape(M, length // m, m), kernel, axes=1)  # [M, Q + dmax, m]
+        expected_next = full[:, : length // m].reshape(M, length)[:, pad : pad + N]
+        w = charge + gamma * expected_next
+        best, where = window_argmin(w, window)
+        opens = K + best < w
+        value[t] = np.where(opens, K + best, w)
+        action_value[t] = w
+        order_up_to[t] = positions[np.where(opens, where, np.arange(N)[None, :])]
+        hit_top = hit_top or bool((opens & (where >= N - 1)).any())
+    return action_value, value, order_up_to, hit_top
+
+
+# ---- the policy ----------------------------------------------------------------------------------
+
+
+class DPOptimalPolicy:
+    """The DP's decision rule as a policy (state, instance) -> (Y [B], Q [B, 1]).
+
+    It counts its calls as the time step (the evaluator calls a policy once per step in time order and
+    calls `reset()` at the start of every rollout). At step t < T - L it interpolates W_t linearly in
+    F between the neighbouring grid points (`interpolate=False`: the nearest point), takes the lattice
+    point nearest to the position x = I + sum_l P_l, and opens iff K + min_{x<=y<=x+qbar} W_t(y) < W_t(x),
+    ordering Q = y* - x; at t >= T - L it never orders."""
+
+    def __init__(self, solution: DPSolution, interpolate: bool = True):
+        self.solution = solution
+        self.interpolate = interpolate
+        self.t = 0
+        self._tables: dict = {}
+
+    def reset(self) -> None:
+        self.t = 0
+
+    def _check(self, instance: TensorInstance) -> None:
+        check_single_item(instance.n)
+        inst = self.solution.instance
+        ours = [float(getattr(inst, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")] + [inst.K, inst.gamma, inst.rho]
+        theirs = [float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")]
+        theirs += [instance.K, instance.gamma, instance.rho]
+        if not np.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
+            raise InputError(f"{NAME}: the policy was solved for another instance ({ours} vs {theirs})")
+
+    def _table(self, device):
+        if device not in self._tables:
+            sol = self.solution
+            self._tables[device] = (
+                torch.as_tensor(sol.action_value, device=device),  # [T_dec, M, N] float64
+                torch.as_tensor(sol.grid.points, device=device),
+            )
+        return self._tables[device]
+
+    @torch.no_grad()
+    def __call__(self, state: State, instance: TensorInstance):
+        if self.t == 0:
+            self._check(instance)
+        sol = self.solution
+        t = self.t
+        if t >= sol.horizon:
+            raise InputError(f"{NAME}: the policy was solved for a horizon of {sol.horizon} steps, called at step {t} (evaluate with --horizon <= {sol.horizon}, or solve for a longer one)")
+        self.t += 1
+        device, dtype = state.inv.device, state.inv.dtype
+        batch = state.batch
+        if t >= sol.decision_steps:  # an order placed now arrives after the last counted step
+            return torch.zeros(batch, device=device, dtype=dtype), torch.zeros(batch, 1, device=device, dtype=dtype)
+        table, points = self._table(device)
+        W = table[t]  # [M, N]
+        M, N = W.shape
+        flat = W.reshape(-1)
+        position = state.inventory_position()[:, 0].double()  # [B]
+        k = torch.round((position - sol.positions[0]) / sol.delta).clamp(0, N - 1).long()  # [B] nearest lattice point
+        idx = k[:, None] + torch.arange(sol.window + 1, device=device)[None, :]  # the window [x, x + qbar]: [B, w+1]
+        inside = idx < N
+        idx = torch.cat([k[:, None], idx.clamp_max(N - 1)], dim=1)  # column 0: no order
+        f = state.factor.double().clamp(points[0], points[-1])  # [B]
+        if M == 1:
+            values = flat[idx]
+        elif self.interpolate:  # linear in F between the neighbouring grid points
+            upper = torch.searchsorted(points, f).clamp(1, M - 1)  # [B]
+            a = ((f - points[upper - 1]) / (points[upper] - points[upper - 1]))[:, None]
+            values = (1 - a) * flat[(upper - 1)[:, None] * N + idx] + a * flat[upper[:, None] * N + idx]
+        else:
+            nearest = (f[:, None] - points[None, :]).abs().argmin(1)
+            values = flat[nearest[:, None] * N + idx]
+        stay = values[:, 0]
+        best, offset = values[:, 1:].masked_fill(~inside, math.inf).min(1)
+        opens = instance.K + best < stay
+        target = sol.positions[0] + (k + offset).double() * sol.delta
+        quantity = torch.where(opens, target - position, torch.zeros_like(position))
+        quantity = quantity.clamp(0.0, float(sol.instance.qbar[0]))
+        return opens.to(dtype), quantity.to(dtype)[:, None]
+
+
+def dp_optimal_policy(instance: Instance, horizon: int, device="cpu", **solve_kwargs) -> tuple[DPOptimalPolicy, dict]:
+    """Solve the DP and return (policy, parameters for the summary), like envs.classical.tuned_policy.
+    An InputError for n > 1."""
+    solution = solve(instance, horizon, **solve_kwargs)
+    return DPOptimalPolicy(solution), solution.summary()

@@ -32,6 +32,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seed(text: str) -> int:
+    """A random seed: an integer in [0, 2^31 - 1] (NumPy, torch and the solvers all accept that range)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2147483647], got '{text}'") from None
+    if not 0 <= value <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2147483647], got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -5,9 +5,10 @@ never a traceback, and leaves nothing in its output folder.
 A row: id, script (in platform/), args, optional files (text written under {tmp}) and binary (hex bytes),
 expect (substrings of the error line), optional exit. Placeholders: {tmp} (an empty folder per row),
 {out} (= {tmp}/out), {instance} / {instance4} (paper instances, n = 2 / 4) and {<method>_checkpoint}
-(a tiny trained run of that method on {instance}, made once per session when a row needs it)."""
+(a tiny trained run of that method on {instance}, made once per session when a row uses it)."""
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,44 +28,49 @@ def test_the_table_has_at_least_40_distinct_rows():
         assert (ROOT / "platform" / row["script"]).is_file() and row["expect"], row["id"]
 
 
+def fill(text: str, values: dict) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], text)
+
+
+def placeholders(row) -> set[str]:
+    return set(re.findall(r"\{(\w+)\}", " ".join(map(str, row["args"]))))
+
+
+def run_row(row, folder: Path, common: dict):
+    """Write the row's files into its own folder and run its script."""
+    values = {**common, "tmp": str(folder), "out": str(folder / "out")}
+    for name, text in row.get("files", {}).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    for name, hexbytes in row.get("binary", {}).items():
+        (folder / name).write_bytes(bytes.fromhex(hexbytes))
+    return run_script(row["script"], *(fill(str(a), values) for a in row["args"]))
+
+
 @pytest.fixture(scope="session")
-def shared_inputs(tmp_path_factory):
-    """Instances at once; checkpoints on first use (training one costs seconds)."""
+def outcomes(tmp_path_factory):
+    """Every row's (folder, result): the shared inputs first (checkpoints only of the methods some row
+    uses), then the rows three at a time, since each is mostly the start-up of a Python process."""
     folder = tmp_path_factory.mktemp("bad-inputs")
     for key, n in (("instance", 2), ("instance4", 4)):
         run_script("instance.py", "--n", n, "--out", folder / f"{key}.json", check=True)
-    values = {"instance": str(folder / "instance.json"), "instance4": str(folder / "instance4.json")}
-
-    def checkpoint(key: str) -> str:
-        if key not in values:
-            method = CHECKPOINT_METHODS[key.removesuffix("_checkpoint")]
-            run = folder / method
-            run_script("train.py", "--method", method, "--instance", values["instance"], "--config", ROOT / "tune_configs" / "quick.yaml",
-                       "--updates", 2, "--batch", 4, "--episodes", 2, "--horizon", 3, "--out", run, check=True)
-            values[key] = str(run / "checkpoint.pt")
-        return values[key]
-
-    return values, checkpoint
-
-
-def fill(text: str, values: dict, checkpoint) -> str:
-    def one(match):
-        key = match.group(1)
-        return checkpoint(key) if key.endswith("_checkpoint") else values[key]
-
-    return re.sub(r"\{(\w+)\}", one, text)
+    common = {"instance": str(folder / "instance.json"), "instance4": str(folder / "instance4.json")}
+    for key in sorted(set().union(*map(placeholders, ROWS)) & {f"{k}_checkpoint" for k in CHECKPOINT_METHODS}):
+        method = CHECKPOINT_METHODS[key.removesuffix("_checkpoint")]
+        run_script("train.py", "--method", method, "--instance", common["instance"], "--config", ROOT / "tune_configs" / "quick.yaml",
+                   "--updates", 2, "--batch", 4, "--episodes", 2, "--horizon", 3, "--out", folder / method, check=True)
+        common[key] = str(folder / method / "checkpoint.pt")
+    folders = {row["id"]: folder / "rows" / row["id"] for row in ROWS}
+    for path in folders.values():
+        path.mkdir(parents=True)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(zip(folders, pool.map(lambda row: run_row(row, folders[row["id"]], common), ROWS)))
+    return {key: (folders[key], results[key]) for key in folders}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[row["id"] for row in ROWS])
-def test_bad_input_gives_one_clear_error(row, tmp_path, shared_inputs):
-    common, checkpoint = shared_inputs
-    values = {**common, "tmp": str(tmp_path), "out": str(tmp_path / "out")}
-    for name, text in row.get("files", {}).items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    for name, hexbytes in row.get("binary", {}).items():
-        (tmp_path / name).write_bytes(bytes.fromhex(hexbytes))
-    result = run_script(row["script"], *(fill(str(a), values, checkpoint) for a in row["args"]))
+def test_bad_input_gives_one_clear_error(row, outcomes):
+    folder, result = outcomes[row["id"]]
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:") or ": error:" in line]
@@ -72,6 +78,5 @@ def test_bad_input_gives_one_clear_error(row, tmp_path, shared_inputs):
     for needle in row["expect"]:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
     assert result.returncode == row.get("exit", 2), result.stderr[-3000:]
-    out = tmp_path / "out"
+    out = folder / "out"
     assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()], sorted(map(str, out.rglob("*")))
-

@@ -18,8 +18,9 @@ from envs.classical import make_policy
 from envs.dynamics import initial_state
 from envs.exogenous import FactorDemandStream
 from envs.instance import paper_instance
-from trainers.pathwise import PathwiseTrainer, build_network, preset
+from trainers.pathwise import PathwiseTrainer, build_network
 from trainers.policy import LearnedPolicy
+from trainers.registry import method_config
 
 
 def median_seconds(fn, repeats):
@@ -42,7 +43,7 @@ def latency(device):
             state = initial_state(tinst, FactorDemandStream(tinst, batch, 0).initial_factor())
             reference = median_seconds(lambda: classical(state, tinst), 20)
             for name in ("paper", "cpu"):
-                model = build_network(preset(name), n).to(device)
+                model = build_network(method_config("or-transformer", name), n).to(device)
                 policy = LearnedPolicy(model, "greedy")
                 seconds = median_seconds(lambda: policy(state, tinst), 5 if n == 1024 and batch == 128 else 20)
                 print(json.dumps({"figure": "decision_latency_ms", "network": f"or-transformer/{name}", "n": n, "batch": batch, "device": device,
@@ -53,7 +54,7 @@ def update_time(device):
     for n in (4, 16, 64):
         tinst = paper_instance(n, 0).to_torch(device)
         for method in ("or-transformer", "hpo"):
-            cfg = preset("cpu", method=method, device=device)
+            cfg = method_config(method, "cpu", {"device": device})
             trainer = PathwiseTrainer(cfg, tinst)
             seconds = median_seconds(trainer.step, 5)
             model_free = median_seconds(lambda: _simulate(tinst, cfg.batch, cfg.rollout), 5)

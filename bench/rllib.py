@@ -13,8 +13,9 @@ import torch
 
 from envs.instance import paper_instance
 from solver_workers.ray_session import init_ray
-from trainers.pathwise import PathwiseTrainer, preset
-from trainers.rllib_ppo import build_algorithm, ppo_preset
+from trainers.pathwise import PathwiseTrainer
+from trainers.registry import method_config
+from trainers.rllib_ppo import build_algorithm
 
 
 def main():
@@ -27,7 +28,7 @@ def main():
     for n in args.n:
         inst = paper_instance(n, 0)
         for method in ("ppo", "transformer-ppo"):
-            config = ppo_preset("cpu", method=method)
+            config = method_config(method, "cpu")
             with tempfile.TemporaryDirectory() as logdir:
                 algo = build_algorithm(config, inst, logdir)
                 runner = algo.env_runner
@@ -43,7 +44,7 @@ def main():
                 full = args.updates * config.batch * config.rollout / (time.perf_counter() - start)
                 algo.stop()
             pathwise_method = "or-transformer" if method == "transformer-ppo" else "hpo"
-            trainer = PathwiseTrainer(preset("cpu", method=pathwise_method), inst.to_torch())
+            trainer = PathwiseTrainer(method_config(pathwise_method, "cpu"), inst.to_torch())
             trainer.step()
             start = time.perf_counter()
             for _ in range(args.updates):

@@ -35,7 +35,8 @@ from envs.cli import device, input_file, read_file, run_cli
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.instance import LMAX, Instance, describe_value, exact_keys, is_number
-from trainers.policy import MODES, load_policy
+from trainers.policy import MODES
+from trainers.registry import load_policy
 
 KEYS = ("factor", "in_transit", "inventory")
 FACTOR_BOUND = 10.0

@@ -12,13 +12,15 @@ the evaluation. --seed picks the exogenous paths; its default is the documented 
 import argparse
 
 from envs.classical import POLICY_NAMES, tuned_policy
-from envs.cli import device, output_dir, positive_int, run_cli, seed
+from envs.cli import device, positive_int, run_cli, seed
 from envs.dp_optimal import dp_optimal_policy
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
+from envs.job_output import resolve_out
 from envs.results import write_evaluation
-from trainers.policy import MODES, load_policy
+from trainers.policy import MODES
+from trainers.registry import load_policy
 
 CHECKPOINT_PREFIX = "checkpoint:"
 DP_OPTIMAL = "dp-optimal"
@@ -43,7 +45,7 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
-    output_dir(args.out)
+    resolve_out(args.out)
     instance = Instance.load(args.instance)
     if args.policy.startswith(CHECKPOINT_PREFIX):
         path = args.policy[len(CHECKPOINT_PREFIX):]

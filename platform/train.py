@@ -1,5 +1,6 @@
 """Train OR-Transformer, HPO (hybrid pathwise trainer) or the RLlib baselines PPO and Transformer-PPO on
-an instance, then evaluate the policy on the held-out set.
+an instance, then evaluate the policy on the held-out set (trainers.experiment.run_experiment, the call
+that the sweep's trials make too).
 
   python platform/train.py --method or-transformer --instance inst.json --preset cpu --seed 0 --out runs/ot16
   python platform/train.py --method transformer-ppo --instance inst.json --preset cpu --seed 0 --out runs/tppo16
@@ -15,8 +16,8 @@ ended (diverged, or completed its --updates) trains nothing and evaluates it aga
 this also finishes an evaluation that was interrupted). Ctrl-C or SIGTERM stops after the current update
 and saves it (press again to stop at once, keeping the last checkpoint); the message gives the command
 that resumes. Config files: YAML fields of trainers/pathwise.py TrainConfig or trainers/rllib_ppo.py
-PPOTrainConfig over the preset, each checked for its type and range (a real number may be written as
-3e-4, which YAML reads as a string).
+PPOTrainConfig over the preset (trainers/registry.py PRESETS), each checked for its type and range (a real
+number may be written as 3e-4, which YAML reads as a string).
 """
 
 import argparse
@@ -24,18 +25,17 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
-from envs.cli import Interrupted, device, output_dir, positive_int, read_file, run_cli
-from envs.evaluation import EVAL_HORIZON, evaluate
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.cli import Interrupted, device, positive_int, read_file, run_cli
+from envs.evaluation import EVAL_HORIZON
+from envs.exogenous import HELDOUT_EPISODES
 from envs.instance import Instance
-from envs.results import write_evaluation
-from trainers.checkpoint import PPO_METHODS, CheckpointError, load_checkpoint
+from envs.job_output import resolve_out
+from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import METHODS, PRESETS, preset
-from trainers.policy import MODES, load_policy
-from trainers.run import check_run_dir, train
+from trainers.experiment import run_experiment
+from trainers.policy import MODES
+from trainers.registry import METHODS, PRESETS
+from trainers.run import check_run_dir
 
 
 def read_config(path) -> dict:
@@ -65,14 +65,14 @@ def command(args, flag: str) -> str:
     return shlex.join([*argv, flag])
 
 
-def stopped(args, updates: int) -> str:
+def stopped(args, out: Path) -> str:
     """What an interruption kept, read from the checkpoint on disk, and how to go on."""
-    path = Path(args.out) / "checkpoint.pt"
+    path = out / "checkpoint.pt"
     try:
-        ckpt = load_checkpoint(path)
+        ckpt = read_checkpoint(path)
     except CheckpointError:
         return f"training stopped before its first checkpoint; nothing was saved; start again with: {command(args, '--overwrite')}"
-    done, status = ckpt["trainer"]["update"], ckpt["status"]
+    done, status, updates = ckpt["trainer"]["update"], ckpt["status"], ckpt["config"]["updates"]
     if status in ("completed", "diverged"):
         return f"training {status} after {done} updates ('{path}'), the held-out evaluation did not finish; evaluate with: {command(args, '--resume')}"
     if status == "interrupted":
@@ -82,12 +82,12 @@ def stopped(args, updates: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", required=True, choices=METHODS + PPO_METHODS)
+    parser.add_argument("--method", required=True, choices=list(METHODS))
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--preset", default="cpu", choices=list(PRESETS), help="training budget and network size (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     parser.add_argument("--out", required=True, help="run directory")
-    parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/); unknown keys are an error")
+    parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/train/); unknown keys are an error")
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
     parser.add_argument("--batch", type=positive_int, help="override the preset's parallel rollouts per update")
     existing = parser.add_mutually_exclusive_group()
@@ -98,38 +98,19 @@ def main() -> None:
     parser.add_argument("--device", type=device, default="cpu", help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     run_mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
-    out = check_run_dir(output_dir(args.out), run_mode)
+    out = check_run_dir(resolve_out(args.out), run_mode)
     instance = Instance.load(args.instance)
     overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}}
-    settings = dict(method=args.method, seed=args.seed, device=args.device, **overrides)
-    if args.method in PPO_METHODS:
-        from trainers.rllib_ppo import ppo_preset, train_ppo
-
-        config = ppo_preset(args.preset, **settings)
-    else:
-        config = preset(args.preset, **settings)
     try:
-        if args.method in PPO_METHODS:
-            from solver_workers.ray_session import init_ray
-
-            torch.set_num_threads(1)  # RLlib samples and learns in this process; one thread is 5-12x faster here (shared/notes)
-            init_ray(1)
-            summary = train_ppo(config, instance, out, run_mode)
-        else:
-            summary = train(config, instance, out, run_mode)
-        print(f"training {summary['status']} after {summary['updates_done']} updates ({summary['wall_seconds']:.0f} s); "
-              f"last cost10 {summary['final_cost10']:.4g}")
-        paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon, args.device)
-        tinst = instance.to_torch(args.device)
-        for mode in MODES:
-            policy, _ = load_policy(out / "checkpoint.pt", mode, args.device, instance)
-            result = evaluate(policy, tinst, paths, progress=f"evaluate {mode}")
-            extra = {"training": {k: summary[k] for k in ("status", "reason", "updates_done", "wall_seconds")}}
-            write_evaluation(out / mode, f"{args.method}-{mode}", result, HELDOUT_SEED, {**vars(args), "n": instance.n, "mode": mode},
-                             {"checkpoint": str(out / "checkpoint.pt"), "preset": args.preset}, extra, instance=instance)
-            print(f"held-out {mode}: {result.mean:.2f} ± {result.se:.2f}")
+        result = run_experiment(args.method, instance, out, preset=args.preset, seed=args.seed, overrides=overrides, mode=run_mode,
+                                episodes=args.episodes, horizon=args.horizon, device=args.device)
     except KeyboardInterrupt:
-        raise Interrupted(stopped(args, config.updates)) from None
+        raise Interrupted(stopped(args, out)) from None
+    training = result["training"]
+    print(f"training {training['status']} after {training['updates_done']} updates ({training['wall_seconds']:.0f} s); "
+          f"last cost10 {training['final_cost10']:.4g}")
+    for mode in MODES:
+        print(f"held-out {mode}: {result[mode]['mean']:.2f} ± {result[mode]['se']:.2f}")
 
 if __name__ == "__main__":
     run_cli(main)

@@ -15,7 +15,7 @@ from envs.errors import InputError
 from envs.features import flat_features, global_token, item_tokens
 from envs.instance import Instance, paper_instance
 from trainers.pathwise import TrainConfig
-from trainers.policy import load_policy
+from trainers.registry import load_policy
 from trainers.run import train
 
 METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")

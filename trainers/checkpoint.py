@@ -1,5 +1,8 @@
 """Checkpoints: weights, optimiser and rollout state, config and instance, in one file that loads
-with `torch.load(weights_only=True)` (tensors and primitives only; nothing is unpickled)."""
+with `torch.load(weights_only=True)` (tensors and primitives only; nothing is unpickled).
+
+This module knows the file format, not the methods: `read_checkpoint` returns the stored config as a
+dict. trainers.registry.load_checkpoint gives it its method's typed config."""
 
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import torch
 
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write
-from trainers.pathwise import TrainConfig
 
 FORMAT = "or-transformer-platform/checkpoint"
 VERSION = 1
@@ -21,18 +23,6 @@ VERSION = 1
 
 class CheckpointError(InputError):
     """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
-
-
-PPO_METHODS = ("ppo", "transformer-ppo")
-
-
-def config_from_dict(data: dict[str, Any]):
-    """The typed config of a run: TrainConfig (pathwise methods) or PPOTrainConfig (RLlib methods)."""
-    if isinstance(data, dict) and data.get("method") in PPO_METHODS:
-        from trainers.rllib_ppo import PPOTrainConfig  # imports RLlib: only when needed
-
-        return PPOTrainConfig.from_dict(data)
-    return TrainConfig.from_dict(data)
 
 
 def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str, reason: Optional[str] = None) -> None:
@@ -43,8 +33,8 @@ def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate; returns {config: TrainConfig | PPOTrainConfig, instance: Instance, status, reason, trainer}."""
+def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load and validate the file; returns {config: dict (with a text 'method'), instance: Instance, status, reason, trainer}."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"checkpoint '{path}' is a directory, expected a file")
@@ -60,7 +50,9 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     if payload.get("version") != VERSION:
         raise CheckpointError(f"checkpoint '{path}': field 'version' is {payload.get('version')!r}, this code reads version {VERSION}")
     try:
-        config = config_from_dict(payload["config"])
+        config = payload["config"]
+        if not isinstance(config, dict) or not isinstance(config.get("method"), str):
+            raise ValueError("field 'config' is not a config with a method")
         instance = Instance.from_dict(payload["instance"])
         trainer = payload["trainer"]
         trainer["model"]

@@ -1,5 +1,6 @@
 """The decision API: a trained network as a policy (state, instance) -> (Y, Q) for the shared evaluator,
-and `decide`, which also returns the opening probability p (what platform/decide.py reports)."""
+and `decide`, which also returns the opening probability p (what platform/decide.py reports). A checkpoint
+of any method loads as its policy through trainers.registry.load_policy."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ import torch
 
 from envs.dynamics import State
 from envs.features import global_token, item_tokens
-from envs.instance import Instance, TensorInstance
-from trainers.checkpoint import PPO_METHODS, CheckpointError, load_checkpoint
+from envs.instance import TensorInstance
 from trainers.networks import ThreeNetworks
-from trainers.pathwise import build_network
 
 MODES = ("greedy", "sampled")
 
@@ -57,27 +56,3 @@ class LearnedPolicy:
     def __call__(self, state: State, instance: TensorInstance):
         open_order, _, quantity = self.decide(state, instance)
         return open_order, quantity
-
-
-def load_policy(path, mode: str = "greedy", device="cpu", instance: Optional[Instance] = None) -> tuple[LearnedPolicy, dict]:
-    """Load a checkpoint as a policy. With `instance`, check its item count where the network has a fixed
-    input of 11n + 4 features (the perceptrons and the RLlib modules); OR-Transformer acts on any n."""
-    ckpt = load_checkpoint(path, device)
-    config, trained_on = ckpt["config"], ckpt["instance"]
-    n = trained_on.n
-    fixed_size = config.method == "hpo" or config.method in PPO_METHODS
-    if instance is not None and fixed_size and instance.n != n:
-        raise CheckpointError(f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}")
-    if config.method in PPO_METHODS:
-        from trainers.rllib_ppo import RLModulePolicy, build_module
-
-        model = build_module(config, n).to(device)
-    else:
-        model = build_network(config, n).to(device)
-    try:
-        model.load_state_dict(ckpt["trainer"]["model"])
-    except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({str(exc).splitlines()[0]})") from None
-    if config.method in PPO_METHODS:
-        return RLModulePolicy(model, mode, config.seed), ckpt
-    return LearnedPolicy(model, mode, config.seed), ckpt

@@ -1,0 +1,284 @@
+"""The method registry and the experiment API: one preset table for both trainer families, no import
+circle among the trainers, and every method trained and evaluated by trainers.experiment.run_experiment,
+its checkpoint evaluated again by `evaluate.py --policy checkpoint:` (decide.py on every method's
+checkpoint: tests/test_decide.py)."""
+
+import ast
+import json
+import subprocess
+import sys
+import types
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT, run_script
+
+from envs.errors import InputError
+from envs.evaluation import evaluate
+from envs.exogenous import HELDOUT_SEED, sample_paths
+from envs.instance import paper_instance
+from envs.results import read_evaluation
+from trainers import registry, run
+from trainers.checkpoint import CheckpointError
+from trainers.config import ConfigError, TrainerConfig
+from trainers.experiment import run_experiment
+from trainers.pathwise import TrainConfig
+
+METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
+INSTANCE = paper_instance(2, 0)
+TINY = dict(batch=4, updates=2, rollout=10, blocks=1, width=32, heads=2, feed_forward=64, hidden=64)  # tune_configs/train/quick.yaml, 2 updates of 4
+EPISODES, HORIZON = 4, 5
+
+
+@pytest.fixture(scope="module")
+def experiments(tmp_path_factory, ray_session):
+    """run_experiment of every method on INSTANCE: {method: (run folder, result, on_update calls)}."""
+    folder = tmp_path_factory.mktemp("experiments")
+    done = {}
+    for method in METHODS:
+        calls = []
+        result = run_experiment(method, INSTANCE, folder / method, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False,
+                                on_update=lambda update, metrics, calls=calls: calls.append((update, metrics)))
+        done[method] = (folder / method, result, calls)
+    return done
+
+
+# ---- the registry ---------------------------------------------------------------------------------
+
+
+def test_one_preset_table_for_both_families():
+    shared = [f.name for f in fields(TrainerConfig) if f.name != "method"]
+    for preset in registry.PRESETS:
+        configs = {method: registry.method_config(method, preset) for method in METHODS}
+        for name in shared:
+            assert len({getattr(c, name) for c in configs.values()}) == 1, (preset, name)
+    cpu = {method: registry.method_config(method, "cpu") for method in METHODS}
+    # the cpu preset of the README: B 128, 1,280 updates, 2 blocks of width 64, 4 heads, feed-forward 256, hidden 256
+    assert {(c.batch, c.updates, c.blocks, c.width, c.heads, c.feed_forward, c.hidden) for c in cpu.values()} == {(128, 1280, 2, 64, 4, 256, 256)}
+    assert cpu["or-transformer"].checkpoint_every == cpu["hpo"].checkpoint_every == 250
+    assert (cpu["ppo"].epochs, cpu["ppo"].minibatches) == (cpu["transformer-ppo"].epochs, cpu["transformer-ppo"].minibatches) == (2, 2)
+    paper = registry.method_config("hpo", "paper")
+    assert (paper.batch, paper.updates, paper.width, paper.checkpoint_every) == (1024, 16_000, 128, 500)  # the paper's table, the config's defaults
+    from trainers import pathwise, rllib_ppo
+
+    assert not {"PRESETS", "preset"} & set(vars(pathwise)) and not {"PPO_PRESETS", "ppo_preset"} & set(vars(rllib_ppo))
+
+
+def test_every_method_has_its_config_class():
+    for method in METHODS:
+        config = registry.method_config(method, "paper", {"seed": 3})
+        assert config.method == method and config.seed == 3
+        assert registry.config_from_dict(config.to_dict()) == config
+    assert isinstance(registry.method_config("hpo"), TrainConfig)
+    assert type(registry.method_config("ppo")).__name__ == "PPOTrainConfig"
+    from trainers import pathwise, rllib_ppo
+
+    families = {family: {m.name for m in registry.METHODS.values() if m.family == family} for family in ("pathwise", "rllib")}
+    assert families == {"pathwise": set(pathwise.METHODS), "rllib": set(rllib_ppo.NETWORKS)}  # what each config class accepts
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: registry.method_config("dqn"), r"method: expected one of \['or-transformer', 'hpo', 'ppo', 'transformer-ppo'\], got 'dqn'"),
+    (lambda: registry.method_config("hpo", "huge"), r"preset: expected one of \['paper', 'cpu'\], got 'huge'"),
+    (lambda: registry.method_config("ppo", "cpu", {"lr": 1}), r"unknown fields \['lr'\]; allowed fields are \["),
+    (lambda: registry.method_config("ppo", "cpu", {"method": "hpo"}), r"overrides: 'method' is not a field to override"),
+    (lambda: registry.config_from_dict({"method": ["hpo"]}), r"method: expected one of .* got \['hpo'\]"),
+    (lambda: registry.train(TrainConfig(), INSTANCE, "x", workers=0), r"workers: expected None .* or an integer >= 1, got 0"),
+])
+def test_unknown_names_are_config_errors(call, message):
+    with pytest.raises(ConfigError, match=message):
+        call()
+
+
+def test_experiment_arguments_are_checked_before_anything_is_written(tmp_path):
+    with pytest.raises(ConfigError, match=r"method: expected one of \['or-transformer', 'hpo', 'ppo', 'transformer-ppo'\], got 'sac'"):
+        run_experiment("sac", INSTANCE, tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"overrides: \['seed', 'device'\] are arguments of the experiment"):
+        run_experiment("hpo", INSTANCE, tmp_path / "b", overrides={"seed": 1, "device": "cpu"})
+    with pytest.raises(ConfigError, match="config field 'width': expected an integer >= 1, got 0"):
+        run_experiment("hpo", INSTANCE, tmp_path / "c", overrides={"width": 0})
+    with pytest.raises(InputError, match="has no checkpoint.pt to resume"):
+        run_experiment("hpo", INSTANCE, tmp_path / "d", overrides=TINY, mode="resume")
+    assert list(tmp_path.iterdir()) == []
+
+
+def trainer_imports() -> dict[str, set[str]]:
+    """For every module of trainers/, the trainers modules it imports anywhere (at its top or inside a function)."""
+    graph = {}
+    for path in sorted((ROOT / "trainers").glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "trainers":
+                imported |= {f"trainers.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainers."):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names if alias.name.startswith("trainers.")}
+        graph[f"trainers.{path.stem}"] = imported
+    return graph
+
+
+def test_the_trainers_import_each_other_without_a_circle():
+    graph = trainer_imports()
+    assert "trainers.rllib_ppo" in graph["trainers.registry"] and "trainers.run" in graph["trainers.rllib_ppo"]  # the graph sees lazy imports
+
+    def circle(module, path):
+        if module in path:
+            return path[path.index(module):] + [module]
+        for other in sorted(graph.get(module, ())):
+            if found := circle(other, path + [module]):
+                return found
+        return None
+
+    for module in graph:
+        assert circle(module, []) is None, " -> ".join(circle(module, []))
+    assert graph["trainers.checkpoint"] == set()  # the file format knows no method
+
+
+def test_the_registry_imports_no_rllib():
+    code = ("import sys, trainers.registry, trainers.experiment; "
+            "assert not [m for m in sys.modules if m.startswith('ray.rllib')], 'RLlib imported'; "
+            "trainers.registry.method_config('hpo'); assert not [m for m in sys.modules if m.startswith('ray.rllib')]")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+# ---- run_experiment on every method ---------------------------------------------------------------
+
+
+def rebuilt_policy(method: str, weights, config, mode: str):
+    """The trained policy put together by hand from the checkpoint's weights, without the registry."""
+    if method in ("or-transformer", "hpo"):
+        from trainers.pathwise import build_network
+        from trainers.policy import LearnedPolicy
+
+        model, policy_class = build_network(config, INSTANCE.n), LearnedPolicy
+    else:
+        from trainers.rllib_ppo import RLModulePolicy, build_module
+
+        model, policy_class = build_module(config, INSTANCE.n), RLModulePolicy
+    model.load_state_dict(weights)
+    return policy_class(model, mode, config.seed)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_run_experiment_trains_and_evaluates_every_method(experiments, method):
+    out, result, calls = experiments[method]
+    assert set(result) == {"training", "greedy", "sampled"}
+    assert result["training"] == json.loads((out / "training.json").read_text())
+    assert (result["training"]["status"], result["training"]["updates_done"]) == ("completed", 2)
+    ckpt = registry.load_checkpoint(out / "checkpoint.pt")
+    assert ckpt["config"] == registry.method_config(method, "cpu", {**TINY, "seed": 0, "device": "cpu"})
+    curve = pq.read_table(out / "curve.parquet").to_pydict()
+    assert [u for u, _ in calls] == curve["update"] == [1, 2]  # on_update after every update, with the curve's metrics
+    assert [m["cost10"] for _, m in calls] == curve["cost10"]
+    paths = sample_paths(INSTANCE, HELDOUT_SEED, EPISODES, HORIZON)
+    for mode in ("greedy", "sampled"):
+        summary = read_evaluation(out / mode)["summary"]
+        assert result[mode] == summary
+        assert (summary["policy"], summary["episodes"], summary["horizon"], summary["seed"]) == (f"{method}-{mode}", EPISODES, HORIZON, HELDOUT_SEED)
+        assert summary["instance_hash"] == INSTANCE.content_hash() and summary["training"]["updates_done"] == 2
+        by_hand = evaluate(rebuilt_policy(method, ckpt["trainer"]["model"], ckpt["config"], mode), INSTANCE.to_torch(), paths)
+        assert summary["mean"] == pytest.approx(by_hand.mean, rel=1e-9)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_policy_of_fixed_input_size_refuses_another_n(experiments, method):
+    path = experiments[method][0] / "checkpoint.pt"
+    other = paper_instance(3, 0)
+    if method == "or-transformer":  # attention over items: any n
+        policy, _ = registry.load_policy(path, instance=other)
+        assert policy(*policy_input(other))[1].shape == (1, 3)
+    else:
+        with pytest.raises(CheckpointError, match=f"a {method} policy for n = 2 items cannot act on an instance with n = 3"):
+            registry.load_policy(path, instance=other)
+
+
+def policy_input(instance):
+    from envs.dynamics import initial_state
+    from envs.exogenous import FactorDemandStream
+
+    tinst = instance.to_torch()
+    return initial_state(tinst, FactorDemandStream(tinst, 1, 0).initial_factor()), tinst
+
+
+def test_evaluate_script_on_every_methods_checkpoint(experiments, tmp_path):
+    (tmp_path / "inst.json").write_text(json.dumps(INSTANCE.to_dict()))
+    runs = [(method, mode) for method in METHODS for mode in ("greedy", "sampled")]
+
+    def evaluate_script(method, mode):
+        return run_script("evaluate.py", "--instance", tmp_path / "inst.json", "--policy", f"checkpoint:{experiments[method][0] / 'checkpoint.pt'}",
+                          "--mode", mode, "--episodes", EPISODES, "--horizon", HORIZON, "--out", tmp_path / f"{method}-{mode}")
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda run: evaluate_script(*run), runs))
+    for (method, mode), result in zip(runs, results):
+        assert result.returncode == 0, result.stderr[-2000:]
+        summary = read_evaluation(tmp_path / f"{method}-{mode}")["summary"]
+        assert summary["policy"] == f"{method}-{mode}" and summary["parameters"]["method"] == method
+        assert summary["mean"] == pytest.approx(experiments[method][1][mode]["mean"], rel=1e-9)  # the same held-out episodes
+
+
+def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(experiments, tmp_path):
+    import shutil
+
+    out = tmp_path / "hpo"
+    shutil.copytree(experiments["hpo"][0], out)
+    before = {name: (out / name).read_bytes() for name in ("checkpoint.pt", "curve.parquet", "training.json")}
+    shutil.rmtree(out / "sampled")  # killed during its evaluation
+    (out / "greedy" / "summary.json").unlink()
+    with pytest.raises(InputError, match="already holds a run"):
+        run_experiment("hpo", INSTANCE, out, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False)
+    calls = []
+    again = run_experiment("hpo", INSTANCE, out, overrides=TINY, mode="resume", episodes=EPISODES, horizon=HORIZON, progress=False,
+                           on_update=lambda *a: calls.append(a))
+    assert calls == [] and {name: (out / name).read_bytes() for name in before} == before
+    for mode in ("greedy", "sampled"):
+        assert read_evaluation(out / mode)["summary"]["mean"] == experiments["hpo"][1][mode]["mean"] == again[mode]["mean"]
+
+
+def test_workers_train_a_pathwise_method_with_ray_train(monkeypatch, tmp_path):
+    """workers=k goes to trainers.ray_train.train_data_parallel (replaced here by one that records its arguments
+    and trains in this process), and the evaluation follows."""
+    calls = []
+
+    def train_data_parallel(config, instance, out_dir, mode="new", workers=1, use_gpu=False, resources_per_worker=None, progress=True):
+        calls.append((config.method, mode, workers, use_gpu, progress))
+        return run.train(config, instance, out_dir, mode, progress)
+
+    monkeypatch.setitem(sys.modules, "trainers.ray_train", types.SimpleNamespace(train_data_parallel=train_data_parallel))
+    updates = []
+    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False, workers=2,
+                            on_update=lambda *a: updates.append(a))
+    assert calls == [("hpo", "new", 2, False, False)]
+    assert updates == []  # Ray Train workers report to ray.train.report, not to this process's hook
+    assert result["training"]["updates_done"] == 2 and read_evaluation(tmp_path / "greedy")["summary"] == result["greedy"]
+
+
+def test_workers_scale_an_rllib_method_with_env_runners_and_learners(monkeypatch, tmp_path):
+    """workers=k for PPO: k remote env runners and k remote learners (a GPU each with use_gpu), in the config
+    that reaches trainers.rllib_ppo.train_ppo (replaced here: no training)."""
+    from trainers import rllib_ppo
+
+    seen = []
+    monkeypatch.setattr(rllib_ppo, "train_ppo", lambda config, *args: seen.append(config) or {"status": "completed"})
+    monkeypatch.setattr("solver_workers.ray_session.init_ray", lambda workers, address=None: None)
+    config = registry.method_config("ppo", "cpu", TINY)
+    registry.train(config, INSTANCE, tmp_path, workers=2)
+    registry.train(config, INSTANCE, tmp_path, workers=1, use_gpu=True)
+    registry.train(config, INSTANCE, tmp_path)
+    assert [(c.env_runners, c.learners, c.gpus_per_learner) for c in seen] == [(2, 2, 0), (1, 1, 1), (0, 0, 0)]
+    assert seen[2] == config
+    with pytest.raises(ConfigError, match=r"config fields \['env_runners', 'learners', 'gpus_per_learner'\]: set by workers = 2"):
+        registry.train(registry.method_config("ppo", "cpu", {**TINY, "env_runners": 1}), INSTANCE, tmp_path, workers=2)
+
+
+@pytest.mark.slow
+def test_run_experiment_on_one_ray_train_worker_gives_the_in_process_curve(experiments, tmp_path):
+    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False, workers=1)
+    in_process = experiments["hpo"][0]
+    assert result["training"]["updates_done"] == 2 and read_evaluation(tmp_path / "sampled")["summary"] == result["sampled"]
+    curve = pq.read_table(tmp_path / "curve.parquet").to_pydict()["cost10"]
+    assert curve == pytest.approx(pq.read_table(in_process / "curve.parquet").to_pydict()["cost10"], rel=1e-6)

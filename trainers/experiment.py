@@ -1,0 +1,56 @@
+"""One experiment: a training run of any method and its held-out evaluation, the greedy policy
+(Y = 1{p > 0.5}; PPO: Beta mean) and the sampled one (Y ~ Bernoulli(p); PPO: draws from the module's
+distribution). platform/train.py, the sweep's Tune trials and the tests all run it.
+
+The run folder holds the run's files (trainers.run) and greedy/ and sampled/ in the evaluation format
+(envs.results.write_evaluation, whole or not read). The evaluation runs after every call that ends with a
+finished training, so `mode="resume"` of a run that has ended trains nothing and evaluates it again
+(the same numbers): a call killed during its evaluation is finished by a resume.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from envs.evaluation import EVAL_HORIZON, evaluate
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.instance import Instance
+from envs.results import write_evaluation
+from trainers import registry
+from trainers.config import ConfigError
+from trainers.policy import MODES
+from trainers.run import check_run_dir
+
+ARGUMENT_FIELDS = ("method", "seed", "device")
+"""Config fields that are arguments of run_experiment, never overrides."""
+
+
+def run_experiment(method: str, instance: Instance, out_dir: str | os.PathLike, *, preset: str = "cpu", seed: int = 0,
+                   overrides: Optional[dict[str, Any]] = None, mode: str = "new", episodes: int = HELDOUT_EPISODES,
+                   horizon: int = EVAL_HORIZON, device: str = "cpu", progress: bool = True, workers: Optional[int] = None,
+                   use_gpu: bool = False, on_update: registry.OnUpdate = None, resources_per_worker: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """Train `method` on `instance` in the run folder `out_dir` with the config `preset` + `overrides` (config
+    fields) + `seed` and `device`, then evaluate it on `episodes` held-out episodes of `horizon` steps.
+    `mode`: new, resume or overwrite (trainers.run); `workers`, `use_gpu`, `on_update`, `resources_per_worker`: registry.train.
+    The config and the run folder are checked before anything is written. Returns {training: training.json's
+    content, greedy: summary, sampled: summary} (the summaries as in OUT/greedy/summary.json, OUT/sampled/...)."""
+    overrides = dict(overrides or {})
+    if given := [k for k in ARGUMENT_FIELDS if k in overrides]:
+        raise ConfigError(f"overrides: {given} are arguments of the experiment, not overrides")
+    config = registry.method_config(method, preset, {**overrides, "seed": seed, "device": device})
+    out = check_run_dir(out_dir, mode)
+    training = registry.train(config, instance, out, mode=mode, progress=progress, workers=workers, use_gpu=use_gpu, on_update=on_update,
+                              resources_per_worker=resources_per_worker)
+    settings = {"method": method, "preset": preset, "seed": seed, "overrides": overrides, "run_mode": mode, "episodes": episodes, "horizon": horizon,
+                "device": device, "workers": workers, "use_gpu": use_gpu, "out": str(out), "n": instance.n, "training_config": training["manifest"]["config"]}
+    paths = sample_paths(instance, HELDOUT_SEED, episodes, horizon, device)
+    tinst = instance.to_torch(device)
+    summaries = {}
+    for policy_mode in MODES:
+        policy, _ = registry.load_policy(out / "checkpoint.pt", policy_mode, device, instance)
+        result = evaluate(policy, tinst, paths, progress=f"evaluate {policy_mode}" if progress else None)
+        extra = {"training": {k: training[k] for k in ("status", "reason", "updates_done", "wall_seconds")}}
+        summaries[policy_mode] = write_evaluation(out / policy_mode, f"{method}-{policy_mode}", result, HELDOUT_SEED, {**settings, "mode": policy_mode},
+                                                  {"checkpoint": str(out / "checkpoint.pt"), "preset": preset}, extra, instance=instance)
+    return {"training": training, **summaries}

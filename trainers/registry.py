@@ -1,0 +1,192 @@
+"""The learned methods by name, in one table: each method's family (the hybrid pathwise trainer or RLlib
+PPO), typed config, presets, trainer and policy loader. Everything that depends on the method goes through
+here; nothing else branches on a method's name.
+
+This module imports no RLlib: the RLlib family (trainers.rllib_ppo) is imported when one of its methods
+is used. Layers, each importing only those below it (tests/test_registry.py checks there is no circle):
+trainers.checkpoint (the file format) and trainers.pathwise (the pathwise update) <- trainers.run (run
+folders, pathwise training in this process) <- trainers.rllib_ppo, trainers.ray_train <- this registry <-
+trainers.experiment, the scripts and the sweep.
+
+  method_config("ppo", "cpu", {"updates": 40})              typed config: the preset, then the overrides
+  train(config, instance, out_dir, mode="new")               a run folder, by the config's method
+  load_checkpoint(path) / load_policy(path, "greedy")        a checkpoint of any method, and its policy
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple, Optional
+
+import torch
+
+from envs.instance import Instance
+from trainers import run
+from trainers.checkpoint import CheckpointError, read_checkpoint
+from trainers.config import ConfigError
+from trainers.pathwise import TrainConfig, build_network
+from trainers.policy import LearnedPolicy
+
+OnUpdate = Optional[Callable[[int, dict[str, float]], None]]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    family: str
+    """pathwise (trainers.pathwise: OR-Transformer, HPO) or rllib (trainers.rllib_ppo: PPO, Transformer-PPO)."""
+    fixed_size: bool
+    """The policy's input has a fixed size 11n + 4 (perceptrons, RLlib modules): it acts only on its training n."""
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("or-transformer", "pathwise", fixed_size=False),
+    Method("hpo", "pathwise", fixed_size=True),
+    Method("ppo", "rllib", fixed_size=True),
+    Method("transformer-ppo", "rllib", fixed_size=True),
+)}
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # The paper's configuration: the configs' defaults (table "OR-Transformer architecture and training settings").
+    "paper": {"shared": {}, "pathwise": {}, "rllib": {}},
+    # Trains n = 16 in well under 30 minutes on two CPU cores: 8x fewer rollouts per update, 12.5x fewer
+    # updates, two blocks of width 64 (4 heads, feed-forward 256) instead of four of 128. PPO makes 2 passes
+    # of 2 minibatches (4 Adam steps) per update instead of 4 x 4, so Transformer-PPO at n = 16 fits in
+    # about half an hour here.
+    "cpu": {
+        "shared": {"batch": 128, "updates": 1280, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256, "hidden": 256},
+        "pathwise": {"checkpoint_every": 250},
+        "rllib": {"epochs": 2, "minibatches": 2},
+    },
+}
+"""Per preset: the fields every family shares, then each family's own (over the config's defaults)."""
+
+
+def method(name) -> Method:
+    """The registry entry of `name`; a ConfigError names the methods there are."""
+    if not isinstance(name, str) or name not in METHODS:
+        raise ConfigError(f"method: expected one of {list(METHODS)}, got {name!r}")
+    return METHODS[name]
+
+
+# ---- the two families ---------------------------------------------------------------------------
+
+
+class Family(NamedTuple):
+    config_class: type
+    train: Callable[..., dict[str, Any]]
+    """(config, instance, out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker) -> training.json's content."""
+    build_model: Callable[[Any, int], torch.nn.Module]
+    """(config, n) -> the network whose state_dict the checkpoint holds."""
+    policy_class: type
+    """(model, mode, seed) -> a policy for the shared evaluator and decide.py."""
+
+
+def _train_pathwise(config: TrainConfig, instance: Instance, out_dir, mode: str, progress: bool, workers: Optional[int], use_gpu: bool,
+                    on_update: OnUpdate, resources_per_worker: Optional[dict[str, float]]) -> dict[str, Any]:
+    """In this process (workers None), or on `workers` Ray Train workers, each simulating its shard of the
+    B rollouts; their metrics go to ray.train.report (and on to Tune inside a trial), not to `on_update`."""
+    if workers is None:
+        return run.train(config, instance, out_dir, mode, progress, on_update)
+    from trainers.ray_train import train_data_parallel  # imports Ray Train
+
+    return train_data_parallel(config, instance, out_dir, mode=mode, workers=workers, use_gpu=use_gpu, resources_per_worker=resources_per_worker,
+                               progress=progress)
+
+
+def _train_rllib(config, instance: Instance, out_dir, mode: str, progress: bool, workers: Optional[int], use_gpu: bool,
+                 on_update: OnUpdate, resources_per_worker: Optional[dict[str, float]]) -> dict[str, Any]:
+    """RLlib's driver runs in this process, and its env runners and learners too unless the config asks for
+    remote ones or `workers` is given: then, as a Ray Train worker holds a simulator shard and a learner
+    replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`).
+    One torch thread makes the driver 5-12x faster on a small machine (shared/notes)."""
+    from solver_workers.ray_session import init_ray
+    from trainers.rllib_ppo import train_ppo
+
+    if workers is not None:
+        scaling = {"env_runners": workers, "learners": workers, "gpus_per_learner": 1 if use_gpu else 0}
+        defaults = type(config)(method=config.method)
+        if any(getattr(config, k) != getattr(defaults, k) for k in scaling):
+            raise ConfigError(f"config fields {list(scaling)}: set by workers = {workers}; leave them at their defaults or give no workers")
+        config = replace(config, **scaling)
+    init_ray(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return train_ppo(config, instance, out_dir, mode, progress, on_update)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def family(name: str) -> Family:
+    """The implementation of a family; the rllib one imports RLlib."""
+    if name == "pathwise":
+        return Family(TrainConfig, _train_pathwise, build_network, LearnedPolicy)
+    from trainers.rllib_ppo import PPOTrainConfig, RLModulePolicy, build_module
+
+    return Family(PPOTrainConfig, _train_rllib, build_module, RLModulePolicy)
+
+
+# ---- configs, training, checkpoints, policies ---------------------------------------------------------
+
+
+def method_config(name: str, preset: str = "cpu", overrides: Optional[dict[str, Any]] = None):
+    """The typed config of method `name`: the config's defaults (the paper's), then the preset's shared and
+    family fields, then `overrides` (config fields; unknown ones are refused, naming the allowed ones)."""
+    entry = method(name)
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise ConfigError(f"preset: expected one of {list(PRESETS)}, got {preset!r}")
+    overrides = dict(overrides or {})
+    if "method" in overrides:
+        raise ConfigError(f"overrides: 'method' is not a field to override (the method is {name!r})")
+    values = PRESETS[preset]
+    return family(entry.family).config_class.from_dict({**values["shared"], **values[entry.family], **overrides, "method": name})
+
+
+def config_from_dict(data: dict[str, Any]):
+    """A stored config (config.to_dict()) as its method's typed config."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: expected a mapping of config fields, got {type(data).__name__}")
+    return family(method(data.get("method")).family).config_class.from_dict(data)
+
+
+def train(config, instance: Instance, out_dir: str | os.PathLike, *, mode: str = "new", progress: bool = True, workers: Optional[int] = None,
+          use_gpu: bool = False, on_update: OnUpdate = None, resources_per_worker: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """Train `config`'s method in the run folder `out_dir` (modes and files: trainers.run); returns training.json's
+    content. `workers` None trains in this process (on config.device); k trains on k Ray processes, a GPU
+    each with `use_gpu` (pathwise: Ray Train workers; RLlib: env runners and learners). `on_update(update,
+    metrics)` is called after each update made in this process (not by Ray Train workers: they report to
+    ray.train.report, and on to Tune inside a trial). `resources_per_worker` (Ray Train workers) as in
+    ray.train.ScalingConfig, e.g. {"CPU": 2, "GPU": 0.25}."""
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
+    return family(method(config.method).family).train(config, instance, out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker)
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint of any method: {config (its method's typed config), instance, status, reason, trainer}."""
+    ckpt = read_checkpoint(path, device)
+    try:
+        config = config_from_dict(ckpt["config"])
+    except ConfigError as exc:
+        raise CheckpointError(f"checkpoint '{path}': malformed content ({exc})") from None
+    return {**ckpt, "config": config}
+
+
+def load_policy(path: str | os.PathLike, mode: str = "greedy", device: str | torch.device = "cpu",
+                instance: Optional[Instance] = None) -> tuple[Any, dict[str, Any]]:
+    """A checkpoint as a policy (greedy or sampled), and the checkpoint. With `instance`, a policy of fixed
+    input size is checked against its item count (OR-Transformer acts on any n)."""
+    ckpt = load_checkpoint(path, device)
+    config, n = ckpt["config"], ckpt["instance"].n
+    entry = method(config.method)
+    if instance is not None and entry.fixed_size and instance.n != n:
+        raise CheckpointError(f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}")
+    implementation = family(entry.family)
+    model = implementation.build_model(config, n).to(device)
+    try:
+        model.load_state_dict(ckpt["trainer"]["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({str(exc).splitlines()[0]})") from None
+    return implementation.policy_class(model, mode, config.seed), ckpt

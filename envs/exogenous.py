@@ -8,7 +8,7 @@ Two samplers share one formula (`demand_rate`):
   any worker. Sampling happens on the CPU and the result is moved to the requested device, so CPU
   and GPU runs are judged on identical episodes.
 * `FactorDemandStream` draws fresh exogenous steps for training rollouts with a `torch.Generator`
-  on the training device (fast; reproducible for the same seed and device).
+  on the training device (fast; reproducible for the same seed, batch size and device).
 """
 
 from __future__ import annotations
@@ -98,7 +98,13 @@ def sample_paths(
 
 
 class FactorDemandStream:
-    """Fresh exogenous draws for B parallel training rollouts, on the instance's device."""
+    """Fresh exogenous draws for B parallel training rollouts, on the instance's device.
+
+    Rollout b's draws depend on the seed and b only when every draw is made for the whole batch: the
+    factor's draws are positional, but torch.poisson's use of the generator depends on the rates. So a
+    data-parallel worker holding some of the rollouts still steps the whole batch's factor path and demands
+    and keeps its rows (trainers.pathwise): the factor path is exogenous, so it can.
+    """
 
     def __init__(self, instance: TensorInstance, batch: int, seed: int):
         self.instance = instance

@@ -10,8 +10,9 @@ from envs.classical import zero_policy
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
-from trainers.pathwise import PathwiseTrainer, TrainConfig, entropy_weight, gae, learning_rate, losses, preset, rollout
+from trainers.pathwise import PathwiseTrainer, TrainConfig, entropy_weight, gae, learning_rate, losses, rollout
 from trainers.policy import LearnedPolicy
+from trainers.registry import method_config
 
 TINY = dict(batch=16, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, hidden=32, warmup=2, updates=10)
 
@@ -126,4 +127,4 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match=r"unknown fields \['lr'\]"):
         TrainConfig.from_dict({"lr": 1})
     with pytest.raises(ValueError, match="preset: expected one of"):
-        preset("huge")
+        method_config("or-transformer", "huge")

@@ -20,10 +20,9 @@ from envs.exogenous import sample_paths
 from envs.features import flat_features
 from envs.gym_env import JRPVectorEnv
 from envs.instance import Instance, paper_instance
-from trainers.policy import load_policy
-from trainers.checkpoint import load_checkpoint
 from trainers.config import ConfigError
-from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, ppo_preset, train_ppo
+from trainers.registry import load_checkpoint, load_policy, method_config
+from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, train_ppo
 
 TINY = dict(batch=16, rollout=5, epochs=1, minibatches=2, hidden=16, blocks=1, width=16, heads=2, feed_forward=32)
 
@@ -161,4 +160,4 @@ def test_every_ppo_config_field_is_checked(field, value, message):
         PPOTrainConfig.from_dict({**TINY, field: value})
     assert PPOTrainConfig.from_dict({**TINY, "clip": "2e-1"}).clip == 0.2  # YAML 1.1's reading of 2e-1
     with pytest.raises(ConfigError, match=r"preset: expected one of \['paper', 'cpu'\], got 'huge'"):
-        ppo_preset("huge")
+        method_config("ppo", "huge")

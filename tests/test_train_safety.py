@@ -22,9 +22,9 @@ from conftest import ROOT
 from envs.cli import _terminate
 from envs.errors import InputError
 from envs.instance import paper_instance
-from trainers.checkpoint import load_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig, preset
+from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.registry import load_checkpoint, method_config
 from trainers.run import train
 
 TINY = dict(method="hpo", batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
@@ -262,7 +262,7 @@ def test_numbers_in_yaml_form_are_read_as_numbers():
     with pytest.raises(ConfigError, match=r"config: expected a mapping of config fields, got list"):
         TrainConfig.from_dict([{"batch": 8}])
     with pytest.raises(ConfigError, match=r"preset: expected one of \['paper', 'cpu'\], got 'bogus'"):
-        preset("bogus")
+        method_config("or-transformer", "bogus")
     assert issubclass(ConfigError, InputError)
 
 

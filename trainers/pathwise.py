@@ -8,8 +8,12 @@ frozen-critic terminal value (eq. pathwise_loss), the critic by regression (eq. 
 is eq. (total_loss). Costs are normalised by c_ref (eq. cost_normalization).
 
 The update is written for data-parallel use: when torch.distributed is initialised (a Ray Train
-worker), each rank simulates its shard of the B rollouts, the advantage statistics and the gradients
-are averaged across ranks, and the single-process run is the one-worker case.
+worker), rank k simulates rollouts k B/W .. (k+1) B/W - 1 of the B, the advantage statistics, the
+gradients and the metrics are averaged across ranks, and the single-process run is the one-worker case.
+Rollout b's randomness depends on (seed, b), not on the world size W: every rank draws the whole batch's
+exogenous steps and open-decision uniforms from the common streams and keeps its rows, and a checkpoint
+holds the whole batch's rollout state. So 1 and W workers give the same curve (to float reduction), and a
+checkpoint resumes on any W that divides B.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.distributed as dist
 from torch.func import functional_call
 
 from envs.dynamics import State, initial_state, step
+from envs.errors import InputError
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import TensorInstance
@@ -64,22 +69,6 @@ class TrainConfig(TrainerConfig):
         self.require_int("checkpoint_every", 0)
 
 
-PRESETS: dict[str, dict[str, Any]] = {
-    # The paper's configuration.
-    "paper": {},
-    # Trains n = 16 in well under 30 minutes on two CPU cores: 8x fewer rollouts per update, 12.5x
-    # fewer updates, two blocks of width 64 (4 heads, feed-forward 256) instead of four of 128.
-    "cpu": {"batch": 128, "updates": 1280, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256, "hidden": 256, "checkpoint_every": 250},
-}
-
-
-def preset(name: str, **overrides) -> TrainConfig:
-    """The preset's config with `overrides` (config fields) over it."""
-    if name not in PRESETS:
-        raise ConfigError(f"preset: expected one of {list(PRESETS)}, got {name!r}")
-    return TrainConfig.from_dict({**PRESETS[name], **overrides})
-
-
 def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
     if config.method == "hpo":
         return HPOPerceptron(n, config.hidden)
@@ -117,21 +106,27 @@ class Rollout(NamedTuple):
 
 
 def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, stream: FactorDemandStream, steps: int, generator: torch.Generator) -> Rollout:
-    """Simulate `steps` steps: Q from the quantity network on s_t (pathwise), Y ~ Bernoulli(p(sg(s_t)))."""
+    """Simulate `steps` steps of this rank's rollouts (`state`): Q from the quantity network on s_t (pathwise),
+    Y ~ Bernoulli(p(sg(s_t))) as Y = 1{U < p}. The factor path is exogenous, so every rank carries the whole
+    batch's (`stream` is sized B), draws its Poisson demands and the uniforms U for all B rollouts, and keeps its rows."""
+    rows = shard_rows(state.batch)
+    factor = all_gather_rows(state.factor)  # [B] F_t of the whole batch
     costs, opens, log_probs, entropies, values = [], [], [], [], []
     for _ in range(steps):
         items, glob = tokens(instance, state)
         items_sg, glob_sg = items.detach(), glob.detach()
         logit = model.open_logit(items_sg, glob_sg)
-        open_order = torch.bernoulli(torch.sigmoid(logit).detach(), generator=generator)
+        uniform = torch.rand(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)  # [B]
+        open_order = (uniform[rows] < torch.sigmoid(logit).detach()).to(logit.dtype)
         distribution = torch.distributions.Bernoulli(logits=logit)
         opens.append(open_order)
         log_probs.append(distribution.log_prob(open_order))
         entropies.append(distribution.entropy())
         values.append(model.value(items_sg, glob_sg))
         quantity = instance.qbar * model.quantity_fraction(items, glob)
-        demand = stream.demand(state.factor)
-        state, cost = step(instance, state, open_order, quantity, demand, stream.next_factor(state.factor))
+        demand = stream.demand(factor)[rows]  # drawn with the whole batch's rates: the generator's use depends on them
+        factor = stream.next_factor(factor)
+        state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
         costs.append(cost / instance.c_ref)
     items, glob = tokens(instance, state)
     frozen = {name: p.detach() for name, p in model.critic_net.named_parameters()}  # psi-bar = sg(psi)
@@ -156,7 +151,8 @@ def gae(normalized_cost: torch.Tensor, value: torch.Tensor, bootstrap: torch.Ten
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    """A process group of several ranks (Ray Train also makes one of a single worker: no collectives then)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -164,11 +160,36 @@ def rank_and_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
 
 
+def shard_rows(shard: int) -> slice:
+    """The rows of the whole batch that this rank simulates, `shard` of them: rank k holds k shard .. (k+1) shard - 1."""
+    rank, _ = rank_and_world()
+    return slice(rank * shard, (rank + 1) * shard)
+
+
+def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """The rows of every rank in rank order (the whole batch): x itself in a single process."""
+    if not _distributed():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
 def _global_sum(x: torch.Tensor) -> torch.Tensor:
     if _distributed():
         x = x.clone()
         dist.all_reduce(x)
     return x
+
+
+def average_gradients(params: list[torch.nn.Parameter], world: int) -> None:
+    """Replace every gradient by its mean over the ranks, in one all-reduce of the flattened gradients."""
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(mean.view_as(g))
 
 
 def standardize(advantage: torch.Tensor) -> torch.Tensor:
@@ -201,26 +222,29 @@ def losses(ro: Rollout, gamma: float, config: TrainConfig, alpha_entropy: float)
 
 
 class PathwiseTrainer:
-    """Holds the model, optimiser, the continuing rollout state and the random streams of one run."""
+    """Holds the model, optimiser, the continuing rollout state (this rank's rows) and the random streams of one run."""
 
     def __init__(self, config: TrainConfig, instance: TensorInstance):
         self.config = config
         self.instance = instance
-        rank, world = rank_and_world()
+        _, world = rank_and_world()
         if config.batch % world:
             raise ConfigError(f"config field 'batch': {config.batch} rollouts do not split evenly over {world} workers")
         self.shard = config.batch // world
+        self.rows = shard_rows(self.shard)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model = build_network(config, instance.n).to(device=instance.device, dtype=instance.dtype)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
-        self.stream = FactorDemandStream(instance, self.shard, seed=config.seed * 1_000_003 + rank)
+        # the same streams on every rank, drawn for the whole batch (module docstring)
+        self.stream = FactorDemandStream(instance, config.batch, seed=config.seed * 1_000_003)
         self.generator = torch.Generator(device=instance.device)
-        self.generator.manual_seed(config.seed * 1_000_003 + rank + 7919)
-        self.state = initial_state(instance, self.stream.initial_factor())
+        self.generator.manual_seed(config.seed * 1_000_003 + 7919)
+        self.state = initial_state(instance, self.stream.initial_factor()[self.rows])
         self.update = 0
 
     def step(self) -> dict[str, float]:
-        """One update; returns its metrics (cost10 is the rollout's discounted cost sum_{t<T} gamma^t C_t)."""
+        """One update; returns its metrics, averaged over the ranks (cost10 is the rollouts' mean discounted cost
+        sum_{t<T} gamma^t C_t)."""
         config, gamma = self.config, self.instance.gamma
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, self.update)
@@ -230,25 +254,22 @@ class PathwiseTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.total.backward()
         _, world = rank_and_world()
+        if world > 1:
+            average_gradients(list(self.model.parameters()), world)
         norms = {}
         for name, params in self.model.networks().items():
             grads = [p for p in params if p.grad is not None]
-            if world > 1:
-                for p in grads:
-                    dist.all_reduce(p.grad)
-                    p.grad /= world
             norms[name] = float(torch.nn.utils.clip_grad_norm_(grads, config.grad_clip)) if grads else 0.0
         self.optimizer.step()
         self.state = ro.final_state.detach()  # truncated backpropagation through time
         self.update += 1
         discount = gamma ** torch.arange(config.rollout, dtype=torch.float64, device=self.instance.device)
-        step_cost = ro.normalized_cost.detach().double() * self.instance.c_ref
-        cost10 = _global_sum((step_cost * discount).sum(1).mean()) / world
+        cost10 = (ro.normalized_cost.detach().double() * self.instance.c_ref * discount).sum(1).mean()
+        local = torch.stack([cost10, *(value.detach().double() for value in loss), ro.open_order.double().mean()])
+        mean = (_global_sum(local) / world).tolist()  # every shard holds B / W rollouts: the mean of the means
         return {
             "update": self.update,
-            "cost10": float(cost10),
-            **{name: float(value.detach()) for name, value in zip(("loss", "score_loss", "pathwise_loss", "critic_loss", "entropy"), loss)},
-            "open_rate": float(ro.open_order.mean()),
+            **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "open_rate"), mean)),
             "learning_rate": learning_rate(config, self.update - 1),
             **{f"grad_norm_{k}": v for k, v in norms.items()},
         }
@@ -259,21 +280,26 @@ class PathwiseTrainer:
     # ---- checkpoint state (plain tensors and primitives only) ----------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """The run's state with the whole batch's rollout state, gathered from every rank (a collective: every
+        rank calls it), so a checkpoint does not depend on the number of workers."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "update": self.update,
-            "rollout_state": {"inv": self.state.inv, "pipe": self.state.pipe, "factor": self.state.factor},
+            "rollout_state": {"inv": all_gather_rows(self.state.inv), "pipe": all_gather_rows(self.state.pipe), "factor": all_gather_rows(self.state.factor)},
             "stream_rng": self.stream.generator.get_state(),
             "open_rng": self.generator.get_state(),
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
+        """Load a checkpoint's state; this rank takes its rows of the whole batch's rollout state."""
+        s = data["rollout_state"]
+        if s["inv"].shape[0] != self.config.batch:
+            raise InputError(f"checkpoint: its rollout state holds {s['inv'].shape[0]} rollouts, this run's config field 'batch' is {self.config.batch}")
         self.model.load_state_dict(data["model"])
         self.optimizer.load_state_dict(data["optimizer"])
         self.update = int(data["update"])
-        s = data["rollout_state"]
-        self.state = State(s["inv"].to(self.instance.device), s["pipe"].to(self.instance.device), s["factor"].to(self.instance.device))
+        device = self.instance.device
+        self.state = State(s["inv"][self.rows].to(device), s["pipe"][self.rows].to(device), s["factor"][self.rows].to(device))
         self.stream.generator.set_state(data["stream_rng"])
         self.generator.set_state(data["open_rng"])
-

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -38,9 +38,11 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
+from trainers.checkpoint import CheckpointError, save_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 from trainers.policy import Decision
+from trainers.run import RunRecorder, ended_summary, resume_point, start_run_dir, training_loop
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
 ENV_ID = "jrp-vector"
@@ -188,6 +190,14 @@ class PPOTrainConfig(TrainerConfig):
     """Value-loss weight (alpha_V of the pathwise trainer), >= 0."""
     entropy: float = 0.001
     """Entropy bonus weight, >= 0."""
+    env_runners: int = 0
+    """RLlib's num_env_runners (>= 0): remote env runners sharing the B rollouts, B / env_runners each (it must
+    divide batch); 0 samples in the driver."""
+    learners: int = 0
+    """RLlib's num_learners (>= 0): remote learners sharing each update's B x T_roll samples and minibatches (it
+    must divide batch x rollout / minibatches); 0 learns in the driver, on `device`."""
+    gpus_per_learner: float = 0.0
+    """RLlib's num_gpus_per_learner for remote learners (>= 0; a fraction shares a GPU); needs learners >= 1."""
 
     def __post_init__(self):
         self.require_choice("method", NETWORKS)
@@ -199,25 +209,20 @@ class PPOTrainConfig(TrainerConfig):
         self.require_real("clip", 0, low_open=True)
         self.require_real("value_weight", 0)
         self.require_real("entropy", 0)
+        self.require_int("env_runners", 0)
+        self.require_int("learners", 0)
+        self.require_real("gpus_per_learner", 0)
+        if self.env_runners and self.batch % self.env_runners:
+            raise ConfigError(f"config field 'env_runners': must divide batch = {self.batch}, got {self.env_runners}")
+        if self.learners and (self.batch * self.rollout) % (self.minibatches * self.learners):
+            raise ConfigError(f"config field 'learners': must divide batch x rollout / minibatches = {self.batch * self.rollout / self.minibatches:g}, "
+                              f"got {self.learners}")
+        if self.gpus_per_learner and not self.learners:
+            raise ConfigError(f"config field 'gpus_per_learner': needs learners >= 1 (the driver's learner runs on 'device'), got {self.gpus_per_learner:g}")
 
     def model_config(self, n: int) -> dict[str, Any]:
         return {"n": n, "network": NETWORKS[self.method], "hidden": self.hidden, "blocks": self.blocks, "width": self.width,
                 "heads": self.heads, "feed_forward": self.feed_forward}
-
-
-PPO_PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {},
-    # The pathwise trainer's cpu preset; PPO makes 2 passes of 2 minibatches (4 Adam steps) per update
-    # instead of the paper preset's 4 x 4, so Transformer-PPO at n = 16 fits in about half an hour here.
-    "cpu": {"batch": 128, "updates": 1280, "epochs": 2, "minibatches": 2, "hidden": 256, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256},
-}
-
-
-def ppo_preset(name: str, **overrides) -> PPOTrainConfig:
-    """The preset's config with `overrides` (config fields) over it."""
-    if name not in PPO_PRESETS:
-        raise ConfigError(f"preset: expected one of {list(PPO_PRESETS)}, got {name!r}")
-    return PPOTrainConfig.from_dict({**PPO_PRESETS[name], **overrides})
 
 
 def make_env(env_config: dict) -> JRPVectorEnv:
@@ -228,19 +233,20 @@ def make_env(env_config: dict) -> JRPVectorEnv:
     return env
 
 
-def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> PPO:
-    """A PPO algorithm for `instance` whose logs (result.json, progress.csv, TensorBoard) go to `logdir`."""
-    minibatch = config.batch * config.rollout // config.minibatches
-    register_env(ENV_ID, make_env)
-    ppo = (
+def algorithm_config(config: PPOTrainConfig, instance: Instance) -> PPOConfig:
+    """RLlib's config of a run: B x T_roll samples per update from the driver or `env_runners` remote runners,
+    learned in the driver or split over `learners` remote learners."""
+    per_learner = config.batch * config.rollout // max(config.learners, 1)
+    learner_gpus = config.gpus_per_learner if config.learners else (1 if config.device.startswith("cuda") else 0)
+    return (
         PPOConfig()
         .environment(env=ENV_ID, env_config={"instance": instance.to_dict(), "horizon": (config.updates + 1) * config.rollout, "seed": config.seed,
                                              "c_ref": instance.to_torch().c_ref},
                      normalize_actions=False, clip_actions=False)
-        .env_runners(num_env_runners=0, num_envs_per_env_runner=config.batch, rollout_fragment_length=config.rollout,
-                     gym_env_vectorize_mode="vector_entry_point")
-        .learners(num_learners=0, num_gpus_per_learner=1 if config.device.startswith("cuda") else 0)
-        .training(train_batch_size_per_learner=config.batch * config.rollout, minibatch_size=minibatch, num_epochs=config.epochs,
+        .env_runners(num_env_runners=config.env_runners, num_envs_per_env_runner=config.batch // max(config.env_runners, 1),
+                     rollout_fragment_length=config.rollout, gym_env_vectorize_mode="vector_entry_point")
+        .learners(num_learners=config.learners, num_gpus_per_learner=learner_gpus)
+        .training(train_batch_size_per_learner=per_learner, minibatch_size=per_learner // config.minibatches, num_epochs=config.epochs,
                   lr=config.learning_rate, gamma=instance.gamma, lambda_=config.gae_lambda, clip_param=config.clip,
                   vf_loss_coeff=config.value_weight, vf_clip_param=float("inf"), entropy_coeff=config.entropy, grad_clip=config.grad_clip, grad_clip_by="global_norm",
                   use_kl_loss=False)
@@ -250,12 +256,17 @@ def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> 
         .reporting(metrics_num_episodes_for_smoothing=1)
     )
 
+
+def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> PPO:
+    """A PPO algorithm for `instance` whose logs (result.json, progress.csv, TensorBoard) go to `logdir`."""
+    register_env(ENV_ID, make_env)
+
     class RunPPO(PPO):
         def _setup_logdir(self):  # Tune's default is ~/ray_results; keep everything in the run folder
             self._logdir = logdir
             os.makedirs(logdir, exist_ok=True)
 
-    return RunPPO(config=ppo)
+    return RunPPO(config=algorithm_config(config, instance))
 
 
 class RLModulePolicy:
@@ -300,14 +311,12 @@ def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
     return JRPModule(observation_space=observation, action_space=action, model_config=config.model_config(n))
 
 
-def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "new", progress: bool = True) -> dict[str, Any]:
-    """Train a PPO run in `out_dir` (`mode` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
+def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "new", progress: bool = True,
+              on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+    """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
     own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
     names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run
     stopped at any point resumes from a matching pair."""
-    from trainers.checkpoint import CheckpointError, save_checkpoint
-    from trainers.run import RunRecorder, ended_summary, resume_point, start_run_dir, training_loop
-
     out = start_run_dir(out_dir, mode).resolve()  # RLlib's checkpointing reads a relative path as a URI
     algorithms = out / "rllib"
     rows, done = [], 0
@@ -355,6 +364,6 @@ def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "
 
     try:
         recorder = RunRecorder(out, config, instance.n, rows, progress)
-        return training_loop(recorder, done, step, diverged, save, checkpoint_every=max(config.updates // 5, 1))
+        return training_loop(recorder, done, step, diverged, save, checkpoint_every=max(config.updates // 5, 1), on_update=on_update)
     finally:
         algo.stop()

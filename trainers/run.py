@@ -8,7 +8,8 @@ Files in the run directory:
                   (rewritten atomically before each checkpoint)
   tensorboard/    event files (every metric of every update)
   training.json   config, status (completed | diverged | interrupted), reason, updates done, wall time, manifest
-  greedy/, sampled/, rllib/  the held-out evaluations (platform/train.py) and RLlib's state (trainers.rllib_ppo)
+  greedy/, sampled/, rllib/  the held-out evaluations (trainers.experiment) and RLlib's state (trainers.rllib_ppo)
+  ray_train/      Ray Train's storage of a data-parallel run (trainers.ray_train)
 
 Modes: `new` refuses a folder that already holds a run (any of the files above), so a run is never
 overwritten or mixed with another by accident; `overwrite` removes the previous run's files (and nothing
@@ -41,11 +42,11 @@ from tqdm.auto import tqdm
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text
 from envs.results import manifest, write_parquet
-from trainers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from trainers.pathwise import PathwiseTrainer, TrainConfig
 
 MODES = ("new", "resume", "overwrite")
-RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib")
+RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train")
 CURVE_COLUMNS = ("method", "n", "seed", "update", "cost10", "wall_seconds")
 
 
@@ -86,8 +87,8 @@ def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
 
 
 def check_resumable(ckpt: dict[str, Any], config_dict: dict[str, Any], instance: Instance, path: Path) -> None:
-    """Only `updates` may change between a checkpoint and the run that resumes it, and not below the checkpoint's update."""
-    if ckpt["config"].to_dict() | {"updates": 0} != config_dict | {"updates": 0}:
+    """Only `updates` may change between a checkpoint (its config as stored) and the run that resumes it, and not below the checkpoint's update."""
+    if ckpt["config"] | {"updates": 0} != config_dict | {"updates": 0}:
         raise CheckpointError(f"checkpoint '{path}': its config differs from this run's (only 'updates' may change on resume)")
     if ckpt["instance"].to_dict() != instance.to_dict():
         raise CheckpointError(f"checkpoint '{path}': it was trained on a different instance")
@@ -116,7 +117,7 @@ def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
 def resume_point(out: Path, config, instance: Instance, device: str = "cpu") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The checkpoint in `out`, checked against this run's config and instance, and its curve rows."""
     path = out / "checkpoint.pt"
-    ckpt = load_checkpoint(path, device)
+    ckpt = read_checkpoint(path, device)
     check_resumable(ckpt, config.to_dict(), instance, path)
     return ckpt, read_curve(out / "curve.parquet", int(ckpt["trainer"]["update"]))
 
@@ -186,6 +187,10 @@ class RunRecorder:
         self.bar.close()
         self.writer.close()
 
+    def summary(self, status: str, reason: Optional[str], updates_done: int) -> dict[str, Any]:
+        """Write training.json; returns its content."""
+        return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows)
+
 
 class StopRequest:
     """`with StopRequest() as stop:` in the main thread: the first Ctrl-C or SIGTERM only sets `stop.requested`
@@ -219,9 +224,11 @@ class StopRequest:
 
 
 def training_loop(recorder: RunRecorder, done: int, step: Callable[[], dict[str, float]], diverged: Callable[[dict[str, float]], Optional[str]],
-                  save: Callable[[str, Optional[str]], None], checkpoint_every: int) -> dict[str, Any]:
-    """Run updates done+1..updates, then save the checkpoint (`save(status, reason)`), the curve and
-    training.json; returns training.json's content. Interruptions: module docstring."""
+                  save: Callable[[str, Optional[str]], None], checkpoint_every: int,
+                  on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+    """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the checkpoint
+    (`save(status, reason)`), the curve and training.json; returns training.json's content. Interruptions:
+    module docstring."""
     config = recorder.config
     status, reason, update = "completed", None, done
     with StopRequest() as stop:
@@ -230,6 +237,8 @@ def training_loop(recorder: RunRecorder, done: int, step: Callable[[], dict[str,
                 metrics = step()
                 update += 1
                 recorder.record(update, metrics)
+                if on_update is not None:
+                    on_update(update, metrics)
                 reason = diverged(metrics)
                 if reason:
                     status = "diverged"
@@ -243,15 +252,16 @@ def training_loop(recorder: RunRecorder, done: int, step: Callable[[], dict[str,
             save(status, reason)
         finally:
             recorder.close()
-        summary = write_summary(recorder.out, config, recorder.n, status, reason, update, recorder.rows)
+        summary = recorder.summary(status, reason, update)
     if stop.requested:
         raise KeyboardInterrupt
     return summary
 
 
-def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: str = "new", progress: bool = True) -> dict[str, Any]:
+def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: str = "new", progress: bool = True,
+          on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
     """Train a pathwise run (OR-Transformer or HPO) in `out_dir`: a new run, the resumption of the run there,
-    or a new run over it (`mode`: module docstring); returns training.json's content."""
+    or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns training.json's content."""
     out = start_run_dir(out_dir, mode)
     rows: list[dict[str, Any]] = []
     if mode == "resume":
@@ -266,4 +276,4 @@ def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: st
     def save(status: str, reason: Optional[str]) -> None:
         save_checkpoint(out / "checkpoint.pt", config, instance, trainer.state_dict(), status, reason)
 
-    return training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every)
+    return training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every, on_update)

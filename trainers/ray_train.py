@@ -1,0 +1,190 @@
+"""OR-Transformer and HPO on Ray Train: a `TorchTrainer` of W workers, each simulating B / W of the
+rollouts on its device (a GPU each with `use_gpu`) with a replica of the networks. Gradients, advantage
+statistics and metrics are averaged across the workers and every rollout's randomness depends on the seed and
+its index only (trainers.pathwise), so W workers give the curve of one process.
+
+  train_data_parallel(method_config("or-transformer", "cpu"), paper_instance(16, 0), "runs/ort-n16", workers=2)
+
+The run folder is trainers.run's (modes new / resume / overwrite; checkpoint.pt, curve.parquet, tensorboard/,
+training.json), written by rank 0 alone, with every update. The metrics go to `ray.train.report` (and on to
+Tune inside a Tune trial, by TuneReportCallback): with a Train checkpoint (checkpoint.pt and the curve) every
+checkpoint_every updates and at the end, and in between those of the latest update every REPORT_SECONDS. Ray
+Train's own storage is OUT/ray_train/<folder name>, a name without timestamps, so a retried or restored run
+finds it; on a cluster, OUT must be on storage that every node sees.
+
+Fault tolerance: when a worker dies, Ray Train starts the worker group again (`max_failures` times). Every start
+of the workers continues from the run folder's checkpoint.pt when there is one (rank 0 reads it and sends it to
+the other ranks), so a retried run's curve holds every update exactly once. Ctrl-C aborts the run at once (Ray
+Train's handler) and raises KeyboardInterrupt: the folder keeps the last periodic checkpoint, to resume from.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import ray.train
+import torch
+import torch.distributed as dist
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+from envs.errors import InputError
+from envs.instance import Instance
+from solver_workers.ray_session import init_ray
+from trainers.checkpoint import save_checkpoint
+from trainers.config import ConfigError
+from trainers.pathwise import PathwiseTrainer, TrainConfig, rank_and_world
+from trainers.run import RunRecorder, ended_summary, resume_point, start_run_dir, training_loop
+
+STORAGE = "ray_train"
+"""Ray Train's storage inside the run folder (one of trainers.run.RUN_FILES)."""
+REPORT_SECONDS = 2.0
+"""Least time between two reports without a checkpoint. Ray Train's controller takes one report per worker each
+time it polls them (every 2 s: RAY_TRAIN_HEALTH_CHECK_INTERVAL_S) and ray.train.report waits until it has taken
+the previous one, so a report every update would hold fast updates up to 2 s each (measured: 8 updates/s became
+0.6). The run folder's curve and TensorBoard hold every update."""
+
+
+def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: str = "new", workers: int = 1, use_gpu: bool = False,
+                        resources_per_worker: Optional[dict[str, float]] = None, progress: bool = True, max_failures: int = 0) -> dict[str, Any]:
+    """Train a pathwise run in `out_dir` on `workers` Ray Train workers (`mode` and the run folder: trainers.run);
+    returns training.json's content. With `use_gpu` (config device cuda) each worker takes a GPU;
+    `resources_per_worker` as in ScalingConfig (e.g. {"CPU": 2}, or {"GPU": 0.25} to share a GPU); a worker
+    group that fails is started again up to `max_failures` times, from the last checkpoint."""
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise InputError(f"workers: expected an integer >= 1, got {workers!r}")
+    if config.batch % workers:
+        raise ConfigError(f"config field 'batch': {config.batch} rollouts do not split evenly over {workers} workers")
+    if use_gpu != config.device.startswith("cuda"):
+        raise ConfigError(f"config field 'device': {config.device!r} with use_gpu={use_gpu}: Ray Train gives each worker a GPU exactly when "
+                          "use_gpu, so train on cuda with use_gpu and on cpu without")
+    if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < -1:
+        raise InputError(f"max_failures: expected an integer >= 0 (or -1: retry without limit), got {max_failures!r}")
+    out = start_run_dir(out_dir, mode).resolve()  # Ray's storage path and the workers (they change directory) need it absolute
+    if mode == "resume":
+        ckpt, rows = resume_point(out, config, instance)
+        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
+            return summary
+    init_ray(workers)
+    trainer = TorchTrainer(
+        worker_loop,
+        train_loop_config={"config": config.to_dict(), "instance": instance.to_dict(), "out": str(out), "progress": progress},
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources_per_worker),
+        run_config=RunConfig(name=re.sub(r"[^\w.-]", "_", out.name) or "run", storage_path=str(out / STORAGE),
+                             failure_config=FailureConfig(max_failures=max_failures), checkpoint_config=CheckpointConfig(num_to_keep=1),
+                             callbacks=[TuneReportCallback()] if _in_tune_session() else None),
+    )
+    main_thread = threading.current_thread() is threading.main_thread()  # not in a Tune trial
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.fit()
+    except SystemExit:  # Ray's SIGINT handler aborted the run and exits
+        raise KeyboardInterrupt from None
+    finally:  # in the main thread, fit installs that handler and leaves it
+        if main_thread:
+            signal.signal(signal.SIGINT, handler)
+    if (out / "checkpoint.pt").is_file():
+        ckpt, rows = resume_point(out, config, instance)
+        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
+            return summary
+    raise KeyboardInterrupt  # fit also returns when Ray's SIGINT handler has aborted the run
+
+
+def worker_loop(loop_config: dict[str, Any]) -> None:
+    """One Ray Train worker: its shard of the run, from the run folder's checkpoint when there is one (module docstring)."""
+    config = TrainConfig.from_dict(loop_config["config"])
+    instance = Instance.from_dict(loop_config["instance"])
+    out = Path(loop_config["out"])
+    device = ray.train.torch.get_device() if config.device != "cpu" else torch.device("cpu")
+    trainer = PathwiseTrainer(config, instance.to_torch(device))
+    lead = ray.train.get_context().get_world_rank() == 0
+    start = [starting_point(out, config, instance) if lead else None]
+    if rank_and_world()[1] > 1:
+        dist.broadcast_object_list(start, src=0)
+    state, rows, ended = start[0]
+    if ended:
+        return
+    if state is not None:
+        trainer.load_state_dict(state)
+    recorder = RunRecorder(out, config, instance.n, rows, loop_config["progress"]) if lead else PeerRecorder(config)
+    report = UpdateReport(device)
+
+    def save(status: str, reason: Optional[str]) -> None:
+        state = trainer.state_dict()  # on every rank: it gathers the whole batch's rollout state
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if lead:
+                save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason)
+                for name in ("checkpoint.pt", "curve.parquet"):
+                    shutil.copy2(out / name, tmp)
+                checkpoint = ray.train.Checkpoint.from_directory(tmp)
+            report.send(checkpoint)
+
+    training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every, report.hold)
+
+
+def starting_point(out: Path, config: TrainConfig, instance: Instance) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]], bool]:
+    """Rank 0's view of the run folder: (the checkpoint's trainer state, the curve rows of its updates, whether
+    the run has ended), or (None, [], False) to start anew. train_data_parallel has checked the folder for its
+    mode; a start of the workers after one that failed before its first checkpoint drops its TensorBoard events."""
+    if not (out / "checkpoint.pt").is_file():
+        shutil.rmtree(out / "tensorboard", ignore_errors=True)
+        return None, [], False
+    ckpt, rows = resume_point(out, config, instance)
+    return ckpt["trainer"], rows, ended_summary(out, ckpt, config, instance.n, rows) is not None
+
+
+class UpdateReport:
+    """Sends the metrics of the updates to ray.train.report, as every rank must call it (it is a barrier): each
+    checkpointed update with its checkpoint (`send`, from the save), and the last update done when REPORT_SECONDS
+    have passed since the last report (`hold`, called after each update; rank 0's clock decides for every rank)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.pending: Optional[dict[str, float]] = None
+        self.last = time.monotonic()
+
+    def hold(self, update: int, metrics: dict[str, float]) -> None:
+        if self.pending is not None and self.due():
+            self.send()
+        self.pending = metrics  # sent by the save when this update is checkpointed
+
+    def due(self) -> bool:
+        due = torch.tensor([float(time.monotonic() - self.last >= REPORT_SECONDS)], device=self.device)
+        if rank_and_world()[1] > 1:
+            dist.broadcast(due, src=0)
+        return bool(due)
+
+    def send(self, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:
+        if self.pending is not None:
+            ray.train.report(self.pending, checkpoint=checkpoint)
+            self.pending = None
+            self.last = time.monotonic()
+
+
+class PeerRecorder:
+    """The recorder of the ranks other than 0 (trainers.run.RunRecorder's methods): rank 0 alone writes the run folder."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+
+    def record(self, update: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def write_curve(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def summary(self, status: str, reason: Optional[str], updates_done: int) -> None:
+        return None

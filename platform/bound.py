@@ -17,18 +17,14 @@ into the same --out with other settings is refused. Ctrl-C or SIGTERM keeps the 
 
 import argparse
 
-import numpy as np
-import pyarrow as pa
-
-from envs.cli import Interrupted, output_dir, positive_float, positive_int, run_cli, seed
-from envs.evaluation import EVAL_HORIZON, Evaluation, evaluate
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.cli import positive_float, positive_int, run_cli, seed
+from envs.evaluation import EVAL_HORIZON
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
 from envs.instance import Instance
-from envs.results import write_evaluation
+from envs.job_output import resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions
-from solver_workers.pool import Journal, Pool, bound_identity, episode_key, run_bounds
 from solver_workers.ray_session import init_ray
-from solver_workers.rolling import ReplayPolicy
+from solver_workers.runs import bound_journal, run_bound
 
 
 def main() -> None:
@@ -46,29 +42,12 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write the best anticipative plan's steps.parquet and items.parquet")
     args = parser.parse_args()
     instance = Instance.load(args.instance)
-    out = output_dir(args.out)
+    out = resolve_out(args.out)
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
-    journal = Journal(out / "bounds.jsonl", episode_key, bound_identity(instance, args.seed, args.horizon, options))
-    paths = sample_paths(instance, args.seed, args.episodes, args.horizon)
-    try:
-        init_ray(args.workers, args.address)
-        records = run_bounds(instance, paths, options, Pool(args.workers), journal)
-        columns = ["episode", "bound", "source", "status", "mip_bound", "uncapacitated_bound", "incumbent", "gap", "seconds"]
-        table = pa.table({c: [r[c] for r in records] for c in columns})
-        trace = None
-        if args.trace:
-            plan = ReplayPolicy(np.array([r["plan_open"] for r in records]), np.array([r["plan_quantity"] for r in records]))
-            trace = evaluate(plan, instance.to_torch(), paths, trace=True).trace
-        result = Evaluation(np.array([r["bound"] for r in records]), paths.episodes, args.horizon, trace)
-        optimal = sum(r["status"] == "optimal" for r in records)
-        extra = {"kind": "lower-bound", "episodes_solved_to_optimality": optimal,
-                 "bound_sources": {s: sum(r["source"] == s for r in records) for s in ("facility-location", "uncapacitated-dp")}}
-        summary = write_evaluation(out, "perfect-information-bound", result, args.seed, {**vars(args), "n": instance.n},
-                                   {"solver": args.solver, "time_limit": args.time_limit, "threads": args.threads}, extra, instance=instance, tables={"bounds.parquet": table})
-    except KeyboardInterrupt:
-        done = sum(e in journal for e in paths.episodes)
-        raise Interrupted(f"no results written; journal '{journal.path}' keeps {done} of {len(paths.episodes)} episodes; "
-                          "re-run the same command to resume") from None
+    journal = bound_journal(out, instance, args.seed, args.horizon, options)
+    init_ray(args.workers, args.address)
+    summary = run_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
+    optimal = summary["episodes_solved_to_optimality"]
     print(f"perfect-information bound: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes "
           f"({optimal} solved to optimality; the rest report proven dual bounds)")
 

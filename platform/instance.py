@@ -7,9 +7,10 @@
 import argparse
 from pathlib import Path
 
-from envs.cli import output_dir, positive_int, run_cli, seed
+from envs.cli import positive_int, run_cli, seed
 from envs.errors import InputError
 from envs.instance import Instance, paper_instance
+from envs.job_output import resolve_out
 
 
 def main() -> None:
@@ -26,7 +27,7 @@ def main() -> None:
     out = Path(args.out)
     if out.is_dir():
         raise InputError(f"--out '{out}' is a directory, expected the path of the instance file to write")
-    output_dir(out.parent)
+    resolve_out(out, is_file=True)
     if args.items:
         missing = [f"--{k}" for k in ("K", "gamma", "rho") if getattr(args, k) is None]
         if missing:

@@ -2,7 +2,7 @@
 held-out comparison table. Runs on an embedded local Ray, or on a cluster under `ray job submit`.
 
   python platform/main.py --n 16 --seed 0 --out runs/main
-  ray job submit --working-dir . -- python platform/main.py --n 64
+  ray job submit --working-dir . -- python platform/main.py --n 64 --out /mnt/shared/runs/main-n64
 """
 
 import argparse
@@ -12,10 +12,11 @@ import ray
 import torch
 
 from envs.classical import POLICY_NAMES, best_of, make_policy, tune_family, zero_policy
-from envs.cli import output_dir, positive_int, run_cli, seed
+from envs.cli import positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
+from envs.job_output import resolve_out
 from envs.results import write_evaluation
 from solver_workers.ray_session import init_ray
 
@@ -35,7 +36,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/main", help="output directory (default runs/main)")
     args = parser.parse_args()
 
-    out = output_dir(args.out)
+    out = resolve_out(args.out)
     instance = paper_instance(args.n, args.seed)
     instance.save(out / "instance.json")
     init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray

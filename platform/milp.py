@@ -3,7 +3,7 @@ solver workers (embedded local Ray, or a cluster under `ray job submit`).
 
   python platform/milp.py --instance inst.json --solver highs --scenarios 100 --plan-horizon 50 \\
       --time-limit 600 --episodes 128 --horizon 50 --workers 2 --out runs/milp
-  ray job submit --working-dir . -- python platform/milp.py --instance inst.json --workers 32 --out runs/milp
+  ray job submit --working-dir . -- python platform/milp.py --instance /mnt/shared/inst.json --workers 32 --out /mnt/shared/runs/milp
 
 Writes summary.json, costs.parquet (and with --trace steps.parquet, items.parquet) like
 platform/evaluate.py, plus decisions.parquet: one row per (episode, decision) with status, solve
@@ -17,20 +17,16 @@ same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
 
 import argparse
 import json
-from collections import Counter
 
-import numpy as np
-import pyarrow as pa
-
-from envs.cli import Interrupted, output_dir, positive_float, positive_int, run_cli, seed
-from envs.evaluation import EVAL_HORIZON, evaluate
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.cli import positive_float, positive_int, run_cli, seed
+from envs.evaluation import EVAL_HORIZON
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
 from envs.instance import Instance
-from envs.results import write_evaluation
+from envs.job_output import resolve_out
 from solver_workers.backends import GUROBI_SIZE_LIMIT, SOLVERS, SolverOptions
-from solver_workers.pool import Journal, Pool, decision_key, rolling_identity, run_rolling
 from solver_workers.ray_session import init_ray
-from solver_workers.rolling import ReplayPolicy, RollingOptions
+from solver_workers.rolling import RollingOptions
+from solver_workers.runs import milp_journal, run_milp
 
 
 def main() -> None:
@@ -55,46 +51,18 @@ def main() -> None:
     if not 0 <= args.gap < 1:
         parser.error(f"--gap: expected a relative gap in [0, 1), got {args.gap}")
     instance = Instance.load(args.instance)
-    out = output_dir(args.out)
+    out = resolve_out(args.out)
     options = RollingOptions(args.scenarios, args.plan_horizon, SolverOptions(args.solver, args.time_limit, args.gap, args.threads,
                                                                              not args.no_warm_start, args.solver_seed))
-    journal = Journal(out / "decisions.jsonl", decision_key, rolling_identity(instance, args.seed, options))
+    journal = milp_journal(out, instance, args.seed, options)
     if args.solver == "gurobi":
         print(f"note: the PyPI Gurobi licence is limited to {GUROBI_SIZE_LIMIT} variables and constraints; larger decisions are "
               "recorded with status 'licence-limit' and execute the zero fallback", flush=True)
-    paths = sample_paths(instance, args.seed, args.episodes, args.horizon)
-    try:
-        init_ray(args.workers, args.address)
-        open_order, quantity = run_rolling(instance, paths, options, Pool(args.workers), journal)
-        records = [journal.records[(e, t)] for e in paths.episodes for t in range(args.horizon)]
-        columns = ["episode", "decision", "open", "status", "solve_seconds", "build_seconds", "objective", "bound", "gap", "time_limited",
-                   "fallback", "rows", "columns", "nonzeros"]
-        table = pa.table({c: [r[c] for r in records] for c in columns} | {"quantity": [r["quantity"] for r in records]})
-        result = evaluate(ReplayPolicy(open_order, quantity), instance.to_torch(), paths, trace=args.trace)
-        summary = write_evaluation(out, f"milp-{args.solver}", result, args.seed, {**vars(args), "n": instance.n}, options.to_dict(),
-                                   decision_summary(records), instance=instance, tables={"decisions.parquet": table})
-    except KeyboardInterrupt:
-        done = sum((e, t) in journal for e in paths.episodes for t in range(args.horizon))
-        raise Interrupted(f"no results written; journal '{journal.path}' keeps {done} of {len(paths.episodes) * args.horizon} decisions; "
-                          "re-run the same command to resume") from None
+    init_ray(args.workers, args.address)
+    summary = run_milp(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
     d = summary["decisions"]
     print(f"milp-{args.solver}: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes; "
           f"{d['count']} decisions, {d['time_limited']} time-limited, {d['fallback']} fallbacks (zero order), statuses {json.dumps(d['statuses'])}")
-
-
-def decision_summary(records: list[dict]) -> dict:
-    """The summary.json entry 'decisions': counts of statuses, time limits and fallbacks, solve times."""
-    statuses = Counter(r["status"] for r in records)
-    solve_seconds = np.array([r["solve_seconds"] for r in records])
-    return {"decisions": {
-        "count": len(records),
-        "statuses": dict(statuses),
-        "time_limited": sum(r["time_limited"] for r in records),
-        "fallback": sum(r["fallback"] for r in records),
-        "licence_limit": statuses.get("licence-limit", 0),
-        "solve_seconds_mean": float(solve_seconds.mean()),
-        "solve_seconds_max": float(solve_seconds.max()),
-    }}
 
 
 if __name__ == "__main__":

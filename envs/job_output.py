@@ -1,0 +1,60 @@
+"""Where a script's results land: `resolve_out` checks every --out before any work starts (docs/cluster.md).
+
+Results are written through the file system (atomic renames, envs/results.py), so --out is a path, never a
+URI. Under `ray job submit` the driver runs in Ray's temporary copy of --working-dir (inside the Ray session
+folder, runtime_resources/working_dir_files/...), which Ray deletes and the user never looks in: a job's --out
+must be absolute and outside that copy. Nothing here imports Ray: the scripts check --out before they start it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from envs.cli import output_dir
+from envs.errors import InputError
+
+# Set by Ray's job supervisor for the driver of a submitted job, and for nothing else (Ray 2.60:
+# ray/dashboard/modules/job/job_supervisor.py, _get_driver_env_vars; RAY_JOB_ID is removed from the driver's
+# environment as an internal flag). Its value is the job's config: {"runtime_env": ..., "metadata": ...}.
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+SHARED = ("give an absolute path that you can read after the job ends, on a multi-node cluster one on a file system "
+          "that every node mounts (e.g. --out /mnt/shared/runs/x; docs/cluster.md)")
+
+
+def job_runtime_env() -> dict | None:
+    """The runtime environment of the Ray job this process is the driver of, or None outside a submitted job."""
+    config = os.environ.get(JOB_CONFIG_ENV)
+    if config is None:
+        return None
+    return json.loads(config).get("runtime_env") or {}
+
+
+def resolve_out(path, what: str = "--out", *, is_file: bool = False) -> Path:
+    """`path` as the script's output directory (or, with is_file, output file), checked before any work: not a
+    URI; under `ray job submit` absolute and outside the job's copy of its working directory; then writable
+    (envs.cli.output_dir, of the file's folder with is_file). Creates nothing."""
+    text = str(path)
+    if URI.match(text):
+        raise InputError(f"{what} '{text}' is a URI; the results are written through the file system, so give a path (on "
+                         "a cluster, on a file system that every node mounts, e.g. an NFS/EFS volume or a Kubernetes "
+                         "ReadWriteMany volume) and copy the results to object storage afterwards")
+    runtime_env = job_runtime_env()
+    if runtime_env is not None:
+        cwd = Path.cwd()
+        copy = runtime_env.get("working_dir")
+        if not Path(text).is_absolute():
+            where = "Ray's temporary copy of --working-dir, which Ray deletes" if copy else "on the node that runs the driver"
+            raise InputError(f"{what} '{text}' is relative, and this script runs as a Ray job: it would resolve against the "
+                             f"job's working directory '{cwd}' ({where}), not where you ran `ray job submit`; {SHARED}")
+        if copy and Path(os.path.abspath(text)).is_relative_to(cwd):
+            raise InputError(f"{what} '{text}' lies in Ray's temporary copy of the job's --working-dir '{cwd}', which Ray "
+                             f"deletes; {SHARED}")
+    if is_file:
+        output_dir(Path(text).parent, f"{what}'s folder")
+    else:
+        output_dir(text, what)
+    return Path(text)

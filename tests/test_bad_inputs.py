@@ -57,7 +57,7 @@ def outcomes(tmp_path_factory):
     common = {"instance": str(folder / "instance.json"), "instance4": str(folder / "instance4.json")}
     for key in sorted(set().union(*map(placeholders, ROWS)) & {f"{k}_checkpoint" for k in CHECKPOINT_METHODS}):
         method = CHECKPOINT_METHODS[key.removesuffix("_checkpoint")]
-        run_script("train.py", "--method", method, "--instance", common["instance"], "--config", ROOT / "tune_configs" / "quick.yaml",
+        run_script("train.py", "--method", method, "--instance", common["instance"], "--config", ROOT / "tune_configs" / "train" / "quick.yaml",
                    "--updates", 2, "--batch", 4, "--episodes", 2, "--horizon", 3, "--out", folder / method, check=True)
         common[key] = str(folder / method / "checkpoint.pt")
     folders = {row["id"]: folder / "rows" / row["id"] for row in ROWS}

@@ -8,9 +8,9 @@ import torch
 from conftest import ROOT, run_script
 
 from envs.instance import paper_instance
-from trainers.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from trainers.checkpoint import CheckpointError, save_checkpoint
 from trainers.pathwise import PathwiseTrainer, TrainConfig
-from trainers.policy import load_policy
+from trainers.registry import load_checkpoint, load_policy
 from trainers.run import train
 
 TINY = dict(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
@@ -119,7 +119,7 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
 def test_yaml_config_files(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
-    run = script("train.py", "--method", "hpo", "--instance", inst, "--config", ROOT / "tune_configs" / "quick.yaml", "--updates", 2,
+    run = script("train.py", "--method", "hpo", "--instance", inst, "--config", ROOT / "tune_configs" / "train" / "quick.yaml", "--updates", 2,
                  "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run")
     assert run.returncode == 0, run.stderr
     config = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["config"]

@@ -1,0 +1,50 @@
+"""Run a sweep file: one Tune trial per (method, n, seed) and the baselines of every size, into one
+results directory (layout: sweeps/run.py), on an embedded local Ray or a cluster.
+
+  python platform/sweep.py --config tune_configs/quick.yaml --out results/quick [--resume] [--dry-run]
+  ray job submit --working-dir . -- python platform/sweep.py --config tune_configs/paper.yaml --out /mnt/shared/results/paper
+
+--dry-run validates the file and prints the trials, the resources of each and an estimate of the
+device-hours, without starting anything (against the cluster's resources with --address or RAY_ADDRESS,
+else this machine's). --resume continues a sweep in --out: finished trials and
+baselines are kept, interrupted ones continue from their checkpoints; another sweep file is refused.
+Tune's experiment folders are under --out/tune (`tensorboard --logdir OUT/tune`).
+"""
+
+import argparse
+import os
+from pathlib import Path
+
+from envs.cli import Interrupted, run_cli
+from envs.job_output import resolve_out
+from solver_workers.ray_session import init_ray
+from sweeps.run import cluster_resources, dry_run, read_spec, run_sweep
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="sweep file (YAML; see tune_configs/)")
+    parser.add_argument("--out", required=True, help="results directory")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
+    parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
+    args = parser.parse_args()
+    spec, data = read_spec(args.config)
+    if args.dry_run:
+        if args.address or os.environ.get("RAY_ADDRESS"):
+            init_ray(1, args.address)  # the cluster's resources decide what fits
+        print("\n".join(dry_run(spec, cluster_resources())))
+        return
+    out = resolve_out(args.out)
+    try:
+        rows = run_sweep(spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=lambda: init_ray(1, args.address))
+    except KeyboardInterrupt:
+        raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: python platform/sweep.py --config {args.config} "
+                          f"--out {out} --resume") from None
+    if rows is not None:
+        done = sum(r["status"] in ("completed", "diverged") for r in rows)
+        print(f"{done} of {len(rows)} trials finished; results in {out} (trials.parquet, curves.parquet, baselines.parquet)")
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,100 @@
+"""Sweep files: validation before anything starts, the trial grid, the dry run, and the refusal to mix
+two sweeps in one results directory."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, run_script
+
+from envs.errors import InputError
+from sweeps.run import dry_run, open_results, read_spec
+from sweeps.spec import SweepError, SweepSpec
+
+MINIMAL = {"sizes": [1, 4], "seeds": 2, "methods": ["hpo", "ppo"]}
+
+
+def test_the_shipped_sweep_files_are_valid_and_expand_as_documented():
+    quick, _ = read_spec(ROOT / "tune_configs" / "quick.yaml")
+    assert len(quick.trials()) == 4 * 2 * 2 and quick.sizes == (1, 4)
+    paper, data = read_spec(ROOT / "tune_configs" / "paper.yaml")
+    assert SweepSpec.from_dict(data) == paper  # as read back from sweep.json (string keys)
+    per_size = {n: sum(t.n == n for t in paper.trials()) for n in paper.sizes}
+    assert per_size == {1: 4 * 30, 4: 4 * 30, 16: 4 * 30, 64: 4 * 30, 1024: 4}  # 30 seeds, one at n = 1,024
+    long = [m for m in paper.baselines.milp if m.sizes == (1024,)]
+    assert len(long) == 1 and long[0].horizon == 8 and long[0].time_limit == 6 * 3600
+    cpu, _ = read_spec(ROOT / "tune_configs" / "cpu.yaml")
+    assert cpu.sizes == (1, 4, 16) and cpu.seeds == (0, 1, 2, 3, 4) and cpu.preset == "cpu"
+
+
+def test_trials_seeds_and_scoped_overrides():
+    spec = SweepSpec.from_dict({**MINIMAL, "seeds": [3, 7], "overrides": {"all": {"updates": 5}, "hpo": {"updates": 9, "batch": 8}},
+                                "resources": {"ppo": {"workers": 0, "cpus_per_worker": 2}}})
+    assert [t.name for t in spec.trials()] == ["hpo-n1-s3", "hpo-n1-s7", "ppo-n1-s3", "ppo-n1-s7", "hpo-n4-s3", "hpo-n4-s7", "ppo-n4-s3", "ppo-n4-s7"]
+    assert spec.overrides_of("hpo") == {"updates": 9, "batch": 8} and spec.overrides_of("ppo") == {"updates": 5}
+    assert spec.resources_of("ppo").cpus_per_worker == 2 and spec.resources_of("hpo").workers == 1
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"sizes": []}, "sweep field 'sizes': expected a non-empty list"),
+    ({"sizes": [0, 4]}, "sweep field 'sizes': expected an integer >= 1, got 0"),
+    ({"sizes": [4, 4]}, "sweep field 'sizes': each entry once"),
+    ({"seeds": 0}, "sweep field 'seeds': expected an integer >= 1"),
+    ({"seeds": [1, 1]}, "sweep field 'seeds': each seed once"),
+    ({"seeds": "3"}, "sweep field 'seeds': expected a count >= 1 or a non-empty list"),
+    ({"methods": ["or-transformers"]}, "sweep field 'methods': expected one of ['or-transformer', 'hpo', 'ppo', 'transformer-ppo']"),
+    ({"methods": [], "baselines": {"classical_best": False, "dp_optimal": False}}, "the grid is empty"),
+    ({"size": [1]}, "unknown keys ['size']; allowed keys are"),
+    ({"overrides": {"hpo2": {}}}, "sweep field 'overrides': unknown keys ['hpo2']"),
+    ({"resources": {"all": {"workers": -1}}}, "sweep field 'resources.all.workers': expected an integer >= 0"),
+    ({"resources": {"all": {"gpus": 1}}}, "sweep field 'resources.all': unknown keys ['gpus']"),
+    ({"evaluation": {"episodes": 0}}, "sweep field 'evaluation.episodes': expected an integer >= 1"),
+    ({"baselines": {"bound": {"time_limit": 0}}}, "sweep field 'baselines.bound.time_limit': expected a finite number > 0"),
+    ({"baselines": {"milp": [{"solver": "cplex"}]}}, "sweep field 'baselines.milp[0].solver': expected one of ['highs', 'gurobi']"),
+    ({"baselines": {"milp": [{}, {}]}}, "names must differ"),
+    ({"concurrency": 0}, "sweep field 'concurrency': expected an integer >= 1"),
+    ({"retries": True}, "sweep field 'retries': expected an integer >= 0, got True"),
+    ({"device": "tpu"}, "sweep field 'device': expected one of ['cpu', 'cuda']"),
+    ({"seeds_per_size": {16: 1}}, "sweep field 'seeds_per_size': unknown keys [16]"),
+    ({"resources": {"all": {"gpus_per_worker": 0.5}}}, "gpus_per_worker > 0 needs device: cuda"),
+])
+def test_bad_sweep_files_are_refused_naming_the_field(change, message):
+    with pytest.raises(SweepError) as err:
+        SweepSpec.from_dict({**MINIMAL, **change})
+    assert message in str(err.value)
+
+
+def test_dry_run_counts_trials_and_refuses_trials_larger_than_the_cluster():
+    spec = SweepSpec.from_dict({**MINIMAL, "device": "cuda", "resources": {"all": {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}}})
+    lines = dry_run(spec, {"CPU": 8, "GPU": 1})
+    assert lines[0].startswith("8 trials (2 methods x 2 sizes x 2 seeds)")
+    assert "hpo: 2 CPU, 1 GPU per trial (2 Ray Train workers)" in lines[1] and "ppo: 1 CPU, 0.5 GPU per trial (the trial process)" in lines[2]
+    with pytest.raises(InputError, match="a hpo trial asks for 2 CPUs and 1 GPUs; the cluster has 8 CPUs and 0 GPUs"):
+        dry_run(spec, {"CPU": 8, "GPU": 0})
+
+
+def test_a_results_directory_holds_one_sweep(tmp_path):
+    out = tmp_path / "results"
+    record = open_results(out, MINIMAL, resume=False)
+    out.mkdir()
+    (out / "sweep.json").write_text(__import__("json").dumps(record))
+    with pytest.raises(InputError, match="holds another sweep"):
+        open_results(out, {**MINIMAL, "seeds": 3}, resume=True)
+    with pytest.raises(InputError, match="already holds this sweep: continue it with --resume"):
+        open_results(out, MINIMAL, resume=False)
+    assert open_results(out, MINIMAL, resume=True)["sweep"] == MINIMAL
+    with pytest.raises(InputError, match="holds no sweep to resume"):
+        open_results(tmp_path / "elsewhere", MINIMAL, resume=True)
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="is not empty and holds no sweep"):
+        open_results(tmp_path / "busy", MINIMAL, resume=False)
+
+
+def test_sweep_script_dry_run_and_a_bad_file(tmp_path):
+    ok = run_script("sweep.py", "--config", ROOT / "tune_configs" / "quick.yaml", "--out", tmp_path / "r", "--dry-run", check=True)
+    assert "16 trials (4 methods x 2 sizes x 2 seeds)" in ok.stdout and not (tmp_path / "r").exists()
+    bad = Path(tmp_path / "bad.yaml")
+    bad.write_text(yaml.safe_dump({**MINIMAL, "methods": ["dqn"]}))
+    result = run_script("sweep.py", "--config", bad, "--out", tmp_path / "r")
+    assert result.returncode == 2 and "sweep field 'methods'" in result.stderr and "Traceback" not in result.stderr

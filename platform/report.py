@@ -1,11 +1,18 @@
-"""Compare evaluated methods on the same episodes: mean ± s.e., paired 95% CI against a reference,
-and the optimality gap against a perfect-information bound.
+"""Report on a sweep's results directory, or compare evaluation folders pairwise.
 
-  python platform/report.py runs/best runs/ot16/greedy runs/milp --reference runs/best --bound runs/bound [--out table.md]
+  python platform/report.py RESULTS_DIR [--out RESULTS_DIR/report] [--opening greedy|sampled] [--markdown docs/results.md]
+  python platform/report.py EVAL_DIR [EVAL_DIR ...] [--reference EVAL_DIR] [--bound EVAL_DIR] [--out table.md]
 
-Each argument is a directory written by evaluate.py, train.py (its greedy/ or sampled/), milp.py or
-bound.py. All must evaluate the same instance (summary.json records its content hash) on the same
-episodes, horizon and seed; anything else is refused, and so is an incomplete or modified folder.
+A single directory holding sweep.json is a results directory of platform/sweep.py: the report writes
+table.md, table.csv, curves.png, curves.svg, decision_time.png and index.html (one self-contained page)
+into --out, and prints the cost table (conventions: sweeps/report.py). --markdown also writes the cost
+table and the paired comparisons, each under the command that regenerates them (docs/results.md).
+
+Otherwise every argument is an evaluation folder written by evaluate.py, train.py (its greedy/ or
+sampled/), milp.py or bound.py: mean ± s.e., the paired 95% CI against the reference and the gap to
+the bound, printed and with --out written as Markdown. All must evaluate the same instance
+(summary.json records its content hash) on the same episodes, horizon and seed; anything else is
+refused, and so is an incomplete or modified folder.
 """
 
 import argparse
@@ -13,14 +20,20 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.cli import output_dir, run_cli
+from envs.cli import device, run_cli
 from envs.errors import InputError
 from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
+from envs.job_output import resolve_out
 from envs.results import read_evaluation
 
 
 def load(directory: str) -> dict:
+    if (Path(directory) / "sweep.json").is_file():
+        raise InputError(f"'{directory}' is a sweep's results directory: report on it alone (python platform/report.py {directory})")
+    if Path(directory).is_dir() and not (Path(directory) / "summary.json").exists():
+        raise InputError(f"'{directory}' holds neither sweep.json (a results directory of platform/sweep.py) nor summary.json (an evaluation "
+                         "folder; an interrupted evaluation has none)")
     run = read_evaluation(directory)
     return {"name": run["summary"]["policy"], "dir": str(directory), **run}
 
@@ -36,15 +49,46 @@ def check_comparable(run: dict, reference: dict) -> None:
                          "compare only evaluations on the same held-out episodes")
 
 
+def sweep_report(args: argparse.Namespace) -> None:
+    from sweeps.report import build_report, cost_table, markdown, write_report
+
+    root = args.runs[0]
+    given = [flag for flag in ("reference", "bound") if getattr(args, flag)]
+    if given:
+        raise InputError(f"--{given[0]} compares evaluation folders; '{root}' is a sweep's results directory, reported on alone")
+    out = resolve_out(args.out or Path(root) / "report")
+    if args.markdown:
+        resolve_out(args.markdown, "--markdown", is_file=True)
+        if Path(args.markdown).is_dir():
+            raise InputError(f"--markdown '{args.markdown}' is a directory, expected a file name for the Markdown tables")
+    report = build_report(root, args.opening or "greedy", args.device or "cpu")
+    command = " ".join(["python platform/report.py", root, "--out", str(out), *(["--opening", args.opening] if args.opening else []),
+                        *(["--markdown", args.markdown] if args.markdown else [])])
+    written = write_report(report, out, args.markdown, command)
+    print(markdown(cost_table(report)))
+    print(f"report: {written['index.html']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", help="results directories")
-    parser.add_argument("--reference", help="results directory of the reference method (default: the first)")
-    parser.add_argument("--bound", help="results directory of platform/bound.py, for the optimality gap")
-    parser.add_argument("--out", help="also write the table as Markdown to this file")
+    parser.add_argument("runs", nargs="+", help="a sweep's results directory, or evaluation folders")
+    parser.add_argument("--out", help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); evaluation folders: "
+                                      "also write the table as Markdown to this file")
+    sweep = parser.add_argument_group("a sweep's results directory")
+    sweep.add_argument("--opening", choices=("greedy", "sampled"), help="the learned policies' evaluation to report (default greedy)")
+    sweep.add_argument("--markdown", help="also write the cost table and paired comparisons as Markdown (docs/results.md)")
+    sweep.add_argument("--device", type=device, help="device of the decision-time measurement (default cpu)")
+    pairwise = parser.add_argument_group("evaluation folders")
+    pairwise.add_argument("--reference", help="evaluation folder of the reference method (default: the first)")
+    pairwise.add_argument("--bound", help="evaluation folder of platform/bound.py, for the optimality gap")
     args = parser.parse_args()
+    if len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
+        return sweep_report(args)
+    given = [flag for flag in ("opening", "markdown", "device") if getattr(args, flag)]
+    if given:
+        raise InputError(f"--{given[0]} needs a sweep's results directory (a directory holding sweep.json), given alone")
     if args.out:
-        output_dir(Path(args.out).parent, "--out's folder")
+        resolve_out(args.out, is_file=True)
         if Path(args.out).is_dir():
             raise InputError(f"--out '{args.out}' is a directory, expected a file name for the Markdown table")
     runs = [load(d) for d in args.runs]

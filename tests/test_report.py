@@ -1,0 +1,355 @@
+"""The report on a sweep's results directory (sweeps/report.py, platform/report.py RESULTS_DIR) on a small
+synthetic results directory: every evaluation folder is real (envs.results.write_evaluation) but holds
+hand-chosen per-episode costs, so every table cell, paired interval and binned curve value below is worked
+out by hand from those numbers."""
+
+import csv
+import json
+import math
+import shutil
+import time
+from html.parser import HTMLParser
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import run_script
+
+from envs.classical import make_policy, zero_policy
+from envs.errors import InputError
+from envs.evaluation import Evaluation, evaluate
+from envs.exogenous import HELDOUT_SEED, sample_paths
+from envs.instance import paper_instance
+from envs.results import manifest, write_evaluation, write_parquet
+from solver_workers.runs import DECISION_COLUMNS
+from sweeps import report as rp
+from sweeps.run import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA
+from trainers.checkpoint import save_checkpoint
+from trainers.pathwise import build_network
+from trainers.registry import method_config
+
+EPISODES, HORIZON = 8, 10
+TINY = {"batch": 8, "updates": 40, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32}
+SWEEP = {
+    "sizes": [1, 4],
+    "seeds": 3,
+    "methods": ["hpo", "or-transformer"],
+    "overrides": {"all": TINY},
+    "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
+    "baselines": {"classical_best": True, "dp_optimal": True, "bound": {"time_limit": 10},
+                  "milp": [{"name": "milp-highs", "scenarios": 3, "plan_horizon": 5, "time_limit": 2},
+                           {"name": "milp-short", "episodes": 2, "horizon": 5, "sizes": [4]}]},
+}
+D = np.array([-3, -2, -1, 0, 0, 1, 2, 3], dtype=float)  # mean 0, s.d. 2: s.e. over 8 episodes 2 / sqrt(8) = 0.7071
+E = np.array([-2, -2, -1, -1, 1, 1, 2, 2], dtype=float)  # classical-best's: mean 0, s.e. sqrt(20 / 7) / sqrt(8) = 0.5976
+# Against classical-best, D - E = [-1, 0, 0, 1, -1, 0, 0, 1]: s.e. sqrt(4 / 7) / sqrt(8) = 0.26726 and the 95% half-width
+# t(0.975, 7) * 0.26726 = 2.364624 * 0.26726 = 0.63197 around the difference of the means.
+CLASSICAL = {"family": "base-stock", "reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0}
+
+# (method, n, seed): status, held-out mean of the greedy opening (the sampled one is 1 higher), reason
+TRIALS = {
+    ("or-transformer", 1, 0): ("completed", 100.0, None), ("or-transformer", 1, 1): ("completed", 102.0, None),
+    ("or-transformer", 1, 2): ("completed", 104.0, None),
+    ("hpo", 1, 0): ("completed", 101.0, None), ("hpo", 1, 1): ("diverged", 110.4, "cost above the threshold"),
+    ("hpo", 1, 2): ("failed", None, "RuntimeError: worker died"),
+    ("or-transformer", 4, 0): ("completed", 400.0, None), ("or-transformer", 4, 1): ("failed", None, "OSError: disk full"),
+    ("or-transformer", 4, 2): ("interrupted", None, "the sweep stopped before this trial finished; --resume continues it"),
+    ("hpo", 4, 0): ("failed", None, "ValueError: a"), ("hpo", 4, 1): ("failed", None, "ValueError: b"), ("hpo", 4, 2): ("failed", None, "ValueError: c"),
+}
+# n -> baseline: (mean, offsets); milp-short at n = 4 runs 2 episodes x 5 decisions
+BASELINES = {
+    1: {"classical-best": (110.0, E), "milp-highs": (112.0, D), "dp-optimal": (99.0, D), "bound": (90.0, D)},
+    4: {"classical-best": (440.0, E), "milp-highs": (440.3, D), "milp-short": (200.0, np.array([-1.0, 1.0])), "bound": (380.0, D)},
+}
+SOLVE_SECONDS = {1: [2.0], 4: [3.0, 5.0]}  # cycled over the decisions; build_seconds 0.5 at n = 1, 1.0 at n = 4
+BUILD_SECONDS = {1: 0.5, 4: 1.0}
+
+
+def evaluation(mean: float, offsets: np.ndarray, horizon: int = HORIZON) -> Evaluation:
+    return Evaluation(mean + offsets, tuple(range(len(offsets))), horizon)
+
+
+def write_results(root) -> None:
+    """The synthetic results directory, in sweeps/run.py's layout."""
+    insts = {n: paper_instance(n, 0) for n in SWEEP["sizes"]}
+    rows, curves = [], []
+    for (method, n, seed), (status, mean, reason) in TRIALS.items():
+        folder = root / "trials" / f"{method}-n{n}-s{seed}"
+        row = {"method": method, "n": n, "seed": seed, "status": status, "reason": reason, "updates": 40, "checkpoint": None}
+        if mean is not None:
+            for opening, shift in (("greedy", 0.0), ("sampled", 1.0)):
+                write_evaluation(folder / opening, f"{method}-{opening}", evaluation(mean + shift, D), HELDOUT_SEED, {}, instance=insts[n])
+            row |= {"greedy_mean": mean, "sampled_mean": mean + 1, "checkpoint": str(folder.relative_to(root) / "checkpoint.pt")}
+            if seed == 0:  # the decision time loads the first finished seed's policy
+                config = method_config(method, "cpu", {**TINY, "seed": seed})
+                save_checkpoint(folder / "checkpoint.pt", config, insts[n], {"model": build_network(config, n).state_dict(), "update": 40}, status)
+        rows.append(row)
+        cost10 = 300.0 + 10 * seed if (method, n) == ("or-transformer", 1) else 1000.0 / (1 + seed)
+        updates = 40 if status == "completed" else 20
+        curves += [{"method": method, "n": n, "seed": seed, "update": u, "cost10": cost10, "wall_seconds": float(u)} for u in range(1, updates + 1)]
+    write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), root / "trials.parquet")
+    write_parquet(pa.Table.from_pylist(curves, schema=CURVES_SCHEMA), root / "curves.parquet")
+    summary_rows = []
+    for n, baselines in BASELINES.items():
+        for name, (mean, offsets) in baselines.items():
+            horizon = 5 if name == "milp-short" else HORIZON
+            tables, extra, policy, params = None, None, name, None
+            if name.startswith("milp"):
+                decisions = [{"episode": e, "decision": t, "open": 0, "status": "optimal", "solve_seconds": SOLVE_SECONDS[n][(e * horizon + t) % len(SOLVE_SECONDS[n])],
+                              "build_seconds": BUILD_SECONDS[n], "objective": 0.0, "bound": 0.0, "gap": 0.0, "time_limited": False, "fallback": False,
+                              "rows": 1, "columns": 1, "nonzeros": 1, "quantity": [1.0] * n} for e in range(len(offsets)) for t in range(horizon)]
+                tables = {"decisions.parquet": pa.Table.from_pylist(decisions).select([*DECISION_COLUMNS, "quantity"])}
+            elif name == "bound":
+                policy, extra = "perfect-information-bound", {"kind": "lower-bound"}
+            elif name == "classical-best":
+                params = {**CLASSICAL, "tuning_mean": 1.0, "tuning_se": 0.1}
+            s = write_evaluation(root / "baselines" / f"n{n}" / name, policy, evaluation(mean, offsets, horizon), HELDOUT_SEED, {}, params, extra,
+                                 instance=insts[n], tables=tables)
+            summary_rows.append({"n": n, "name": name, "mean": s["mean"], "se": s["se"], "episodes": s["episodes"], "horizon": horizon,
+                                 "seconds_per_decision": None})
+    write_parquet(pa.Table.from_pylist(summary_rows, schema=BASELINES_SCHEMA), root / "baselines.parquet")
+    record = {"format": "or-transformer-platform/sweep", "version": 1, "sweep": SWEEP, "started": "2026-01-28T10:00:00+0000",
+              **manifest(SWEEP), "instance_hashes": {f"n{n}": inst.content_hash() for n, inst in insts.items()},
+              "finished": "2026-01-28T11:00:00+0000"}
+    (root / "sweep.json").write_text(json.dumps(record))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep") / "results"
+    write_results(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(results):
+    return rp.build_report(results)
+
+
+def cells(table: rp.Table) -> dict[tuple[str, str], str]:
+    """(row's first cell, header) -> cell, with the best cell as **x** and the second as <ins>x</ins> (as in table.md)."""
+    marked = {"best": "**{}**", "second": "<ins>{}</ins>"}
+    return {(row[0], h): marked[table.styles[(i, j)]].format(c) if (i, j) in table.styles else c
+            for i, row in enumerate(table.rows) for j, (h, c) in enumerate(zip(table.header, row))}
+
+
+def test_cost_table_cells_by_hand(report):
+    got = cells(rp.cost_table(report))
+    assert rp.cost_table(report).header == ["n", "OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal", "bound"]
+    # n = 1: OR-Transformer's seeds 100, 102, 104: mean 102, s.e. across seeds 2 / sqrt(3) = 1.15; HPO's finished seeds 101 and
+    # 110.4 (diverged): 105.7 ± 4.7; dp-optimal (99) is the best policy, OR-Transformer second; the bound is never ranked.
+    assert got[("1", "OR-Transformer")] == "<ins>102.0 ± 1.2</ins>"
+    assert got[("1", "HPO")] == "105.7 ± 4.7 (2 of 3 seeds; 1 failed)"
+    assert got[("1", "classical-best")] == "110.00 ± 0.60"
+    assert got[("1", "milp-highs")] == "112.00 ± 0.71"
+    assert got[("1", "milp-short")] == "—"
+    assert got[("1", "dp-optimal")] == "**99.00 ± 0.71**"
+    assert got[("1", "bound")] == "90.00 ± 0.71"
+    # n = 4: one finished OR-Transformer seed (its s.e. over episodes, marked †); HPO has no finished trial; milp-short ran
+    # 2 episodes x 5 decisions (marked ‡, s.e. sqrt(2) / sqrt(2) = 1, not ranked although cheapest).
+    assert got[("4", "OR-Transformer")] == "**400.00 ± 0.71† (1 of 3 seeds; 1 failed, 1 interrupted)**"
+    assert got[("4", "HPO")] == "failed (3 of 3 seeds)"
+    assert got[("4", "classical-best")] == "<ins>440.00 ± 0.60</ins>"
+    assert got[("4", "milp-highs")] == "440.30 ± 0.71"
+    assert got[("4", "milp-short")] == "200.0 ± 1.0‡"
+    assert got[("4", "dp-optimal")] == "—"
+    notes = " ".join(rp.cost_table(report).notes)
+    assert "† one finished seed" in notes and "milp-short at n = 4: 2 episodes x 5 decisions" in notes
+    assert "hpo-n1-s2 failed: RuntimeError: worker died" in notes and "hpo-n4-s1 failed: ValueError: b" in notes
+    assert "or-transformer-n4-s2 interrupted" in notes
+
+
+def test_per_item_reduction_gap_and_divergence_by_hand(report):
+    per_item = cells(rp.per_item_table(report))
+    assert per_item[("4", "OR-Transformer")] == "100.00 ± 0.18" and per_item[("4", "classical-best")] == "110.00 ± 0.15"
+    assert per_item[("4", "HPO")] == "failed (3 of 3 seeds)"
+    reduction = cells(rp.reduction_table(report))  # 1 - OR-Transformer / method
+    assert [reduction[("1", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == ["3.5%", "7.3%", "8.9%", "n/a", "-3.0%"]
+    assert [reduction[("4", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == ["n/a", "9.1%", "9.2%", "n/a", "n/a"]
+    gap = cells(rp.gap_table(report))  # method / bound - 1
+    assert [gap[("1", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "dp-optimal")] == ["13.3%", "17.4%", "22.2%", "24.4%", "10.0%"]
+    assert [gap[("4", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short")] == ["5.3%", "n/a", "15.8%", "15.9%", "n/a"]
+    diverged = cells(rp.diverged_table(report))
+    assert diverged[("1", "HPO")] == "1 of 3 (33.3%)" and diverged[("1", "OR-Transformer")] == "0 of 3 (0.0%)"
+
+
+def test_csv_holds_every_cell_with_its_numbers(report):
+    rows = {(r["n"], r["column"]): r for r in csv.DictReader(rp.csv_text(report).splitlines())}
+    assert len(rows) == 2 * 7
+    ours = rows[("1", "or-transformer")]
+    assert float(ours["mean"]) == pytest.approx(102) and float(ours["se"]) == pytest.approx(2 / math.sqrt(3)) and ours["se_over"] == "seeds"
+    assert ours["rank"] == "2" and float(ours["gap_to_bound"]) == pytest.approx(102 / 90 - 1) and ours["opening"] == "greedy"
+    assert rows[("4", "or-transformer")]["se_over"] == "episodes of one seed" and rows[("4", "or-transformer")]["not_finished"] == "1 failed; 1 interrupted"
+    assert rows[("4", "hpo")]["cell"] == "failed (3 of 3 seeds)" and rows[("4", "hpo")]["mean"] == ""
+    assert float(rows[("4", "milp-highs")]["reduction_by_or_transformer"]) == pytest.approx(1 - 400 / 440.3)
+    assert rows[("4", "milp-short")]["rank"] == "" and rows[("4", "milp-short")]["horizon"] == "5"
+
+
+def test_paired_comparisons_by_hand(report):
+    table = rp.paired_table(report)
+    got = {(r[0], r[1]): r for r in table.rows}
+    assert set(got) == {("1", "OR-Transformer"), ("1", "HPO"), ("1", "milp-highs"), ("1", "dp-optimal"), ("4", "OR-Transformer"), ("4", "HPO"),
+                        ("4", "milp-highs"), ("4", "milp-short")}
+    # every interval is the difference of the means ± 0.632 (above)
+    assert got[("1", "OR-Transformer")][2:4] == ["3", "-8.00"] and got[("1", "OR-Transformer")][5:] == ["3 of 3", "0 of 3"]
+    assert got[("1", "HPO")][2:] == ["2", "-4.30", "s0: -9.00 [-9.63, -8.37]; s1: +0.40 [-0.23, +1.03]", "1 of 2", "0 of 2"]  # 101 - 110, 110.4 - 110
+    assert got[("1", "milp-highs")][2:] == ["1", "+2.00", "+2.00 [+1.37, +2.63]", "0 of 1", "1 of 1"]
+    assert got[("4", "milp-highs")][3:] == ["+0.30", "+0.30 [-0.33, +0.93]", "0 of 1", "0 of 1"]
+    assert got[("4", "HPO")][2:5] == ["0", "n/a", "failed (3 of 3 seeds)"]
+    assert got[("4", "milp-short")][4] == "not paired: 2 episodes x 5 decisions, classical-best 8 x 10"
+
+
+def test_binned_curve_by_hand():
+    updates = np.arange(1, 9, dtype=float)
+    falling, flat = np.array([8, 6, 4, 2, 2, 2, 2, 2.0]), np.full(8, 4.0)
+    # window 2: falling -> [8, 7, 5, 3, 2, 2, 2, 2]; 3 bins over [1, 8]: edges 1, 2, 4, 8 -> {1}, {2, 3}, {4..8}
+    one = rp.binned_curve([(updates, falling)], bins=3, window=2)
+    np.testing.assert_allclose(one.update, [math.sqrt(2), math.sqrt(8), math.sqrt(32)])
+    np.testing.assert_allclose(one.mean, [8, 6, 2.2])
+    np.testing.assert_allclose(one.low, [8, 5.2, 2.0])  # 10th-90th percentile of [7, 5] and [3, 2, 2, 2, 2]
+    np.testing.assert_allclose(one.high, [8, 6.8, 2.6])
+    two = rp.binned_curve([(updates, falling), (updates, flat)], bins=3, window=2)
+    np.testing.assert_allclose(two.mean, [6, 5, 3.1])  # per bin (8 + 4) / 2, (6 + 4) / 2, (2.2 + 4) / 2
+    np.testing.assert_allclose(two.high - two.mean, [2, 1, 0.9])  # s.e. of two values a, b: |a - b| / 2
+    np.testing.assert_allclose(two.low, two.mean - [2, 1, 0.9])
+    np.testing.assert_array_equal(two.seeds, [2, 2, 2])
+
+
+def test_figure_one_conventions_on_the_results(report):
+    """OR-Transformer at n = 1: three constant curves (300, 310, 320) over updates 1..40 in the default 24 log bins."""
+    binned = rp.binned_curve(rp.seed_curves(report.results, report.entries[(1, "or-transformer")]))
+    np.testing.assert_allclose(binned.mean, 310)
+    np.testing.assert_allclose(binned.high - binned.mean, 10 / math.sqrt(3))
+    step = 40 ** (1 / 24)  # edges 40^(j/24); centres the geometric means of consecutive edges
+    assert binned.update[0] == pytest.approx(math.sqrt(step)) and binned.update[-1] == pytest.approx(40 / math.sqrt(step))
+    # edges 1, 1.166, 1.360, 1.586, 1.849, 2.157, 2.515, 2.933, 3.420, 3.988, 4.651, ...: update 1 is in bin 0, 2 in bin 4, 3 in
+    # bin 7, and 4..40 fill bins 9..23 (from bin 9 on every bin is wider than one update): 18 bins are not empty
+    assert len(binned.update) == 18
+    # only finished seeds: HPO at n = 1 has seeds 0 (40 updates) and 1 (diverged, 20), not the failed seed 2
+    assert [len(u) for u, _ in rp.seed_curves(report.results, report.entries[(1, "hpo")])] == [40, 20]
+
+
+def test_reference_lines_are_the_first_ten_held_out_decisions(report):
+    inst = paper_instance(1, 0)
+    tinst = inst.to_torch()
+    # classical-best from its stored parameters: the first 10 steps of a 50-step traced evaluation, discounted
+    policy = make_policy(tinst, CLASSICAL["family"], {k: v for k, v in CLASSICAL.items() if k != "family"})
+    trace = evaluate(policy, tinst, sample_paths(inst, HELDOUT_SEED, EPISODES, 50), trace=True).trace
+    expected = (trace.cost[:, :10] * inst.gamma ** np.arange(10)).sum(1).mean()
+    assert report.references[1]["classical-best"] == pytest.approx(expected, rel=1e-6)
+    # the MILP's recorded decisions never open an order: the zero policy's cost
+    zero = evaluate(zero_policy, tinst, sample_paths(inst, HELDOUT_SEED, EPISODES, 10)).mean
+    assert report.references[1]["milp-highs"] == pytest.approx(zero, rel=1e-6)
+    assert "milp-short" not in report.references[4] and any("milp-short at n = 4: no reference line" in n for n in report.reference_notes)
+
+
+def test_decision_time_against_the_milp(report):
+    rows = {(r["n"], r["column"]): r for r in report.timings}
+    assert set(rows) == {(1, "or-transformer"), (1, "hpo"), (4, "or-transformer"), (4, "hpo")}
+    assert rows[(4, "hpo")]["absent"] == "failed (3 of 3 seeds)" and rows[(4, "hpo")]["one_state"] is None
+    for key in ((1, "or-transformer"), (1, "hpo"), (4, "or-transformer")):
+        assert 0 < rows[key]["one_state"] < 1 and rows[key]["batch_size"] == EPISODES
+    assert report.milp_times[1] == {"milp-highs": pytest.approx(2.5)}  # solve 2.0 + build 0.5
+    assert report.milp_times[4] == {"milp-highs": pytest.approx(5.0), "milp-short": pytest.approx(5.0)}  # mean of 3 and 5, + 1
+    table = rp.decision_table(report)
+    row = next(r for r in table.rows if r[:2] == ["1", "HPO"])
+    assert row[4] == "2.5 s"
+    assert row[5] == rp.ratio(2.5 / rows[(1, "hpo")]["one_state"])
+
+
+class Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.sources, self.links, self.cells, self.text, self._cell = [], [], [], [], None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img":
+            self.sources.append(attrs.get("src", ""))
+        self.links += [v for k, v in attrs.items() if k in ("src", "href") and tag != "img"]
+        if tag == "td":
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag == "td":
+            self.cells.append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data):
+        self.text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_outputs_and_the_self_contained_page(report, tmp_path):
+    written = rp.write_report(report, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["table.md", "table.csv", "curves.png", "curves.svg", "decision_time.png",
+                                                                           "index.html"])
+    assert written["curves.png"].read_bytes().startswith(b"\x89PNG") and b"<svg" in written["curves.svg"].read_bytes()
+    md = written["table.md"].read_text()
+    assert "| 1 | <ins>102.0 ± 1.2</ins> | 105.7 ± 4.7 (2 of 3 seeds; 1 failed) |" in md and "(greedy opening)" in md
+    page = Page()
+    page.feed(written["index.html"].read_text())
+    page.close()
+    assert len(page.sources) == 2 and all(s.startswith("data:image/png;base64,") for s in page.sources)
+    assert page.links == []  # no script, stylesheet or link to fetch
+    for row in csv.DictReader(rp.csv_text(report).splitlines()):
+        assert row["cell"] in page.cells, row["cell"]
+    text = "".join(page.text)
+    assert report.results.record["git_commit"] in text and "2026-01-28T11:00:00+0000" in text and "milp-short" in text
+
+
+def test_sampled_opening_is_selectable_and_stated(results):
+    sampled = rp.build_report(results, opening="sampled")
+    table = rp.cost_table(sampled)
+    assert "(sampled opening)" in table.title and cells(table)[("1", "OR-Transformer")] == "<ins>103.0 ± 1.2</ins>"
+    with pytest.raises(InputError, match="opening: expected one of"):
+        rp.build_report(results, opening="best")
+
+
+def test_results_markdown_writes_the_command_above_each_table(report):
+    text = rp.results_markdown(report, "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md")
+    sections = text.split("## ")[1:]
+    assert [s.splitlines()[0] for s in sections] == ["Mean discounted cost over 10 decisions (greedy opening)", "Paired comparisons against classical-best"]
+    for section in sections:
+        assert section.index("--markdown docs/results.md") < section.index("| n |")
+
+
+def test_bad_results_directories(results, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="holds no sweep.json: not a results directory"):
+        rp.read_results(empty)
+    record = json.loads((results / "sweep.json").read_text())
+    (empty / "sweep.json").write_text(json.dumps(record))
+    with pytest.raises(InputError, match="has no trials.parquet: the sweep has not finished a run"):
+        rp.read_results(empty)
+    (empty / "sweep.json").write_text(json.dumps(record | {"version": 2}))
+    with pytest.raises(InputError, match="results of schema version 2; this code reads version 1"):
+        rp.read_results(empty)
+    (empty / "sweep.json").write_text(json.dumps(record | {"sweep": {**SWEEP, "sizes": "all"}}))
+    with pytest.raises(InputError, match="field 'sweep': sweep field 'sizes'"):
+        rp.read_results(empty)
+
+
+def test_a_finished_trial_without_its_evaluation_is_an_error(results, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(results, broken)
+    (broken / "trials" / "hpo-n1-s1" / "greedy" / "costs.parquet").write_bytes(b"changed")
+    with pytest.raises(InputError, match="trial hpo-n1-s1 is diverged in trials.parquet, but its greedy evaluation does not read: .*checksum"):
+        rp.build_report(broken)
+
+
+def test_script_modes_and_errors(results, tmp_path):
+    start = time.time()
+    done = run_script("report.py", results, "--markdown", tmp_path / "results.md")
+    assert done.returncode == 0, done.stderr
+    assert "| 4 | **400.00 ± 0.71† (1 of 3 seeds; 1 failed, 1 interrupted)** | failed (3 of 3 seeds) |" in done.stdout
+    assert f"report: {results / 'report' / 'index.html'}" in done.stdout and (results / "report" / "curves.svg").is_file()
+    assert f"python platform/report.py {results} --out {results / 'report'} --markdown {tmp_path / 'results.md'}" in (tmp_path / "results.md").read_text()
+    (tmp_path / "nothing").mkdir()
+    for args, message in (([tmp_path / "nothing"], "holds neither sweep.json (a results directory of platform/sweep.py) nor summary.json"),
+                          ([results, "--bound", results], "--bound compares evaluation folders")):
+        bad = run_script("report.py", *args)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    assert time.time() - start < 60

@@ -16,8 +16,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]"
 	touch $(STAMP)
 
+# The quick sweep (every method and baseline at n = 1, 4) on an embedded Ray, then its report; a second
+# `make run` resumes the sweep in results/quick instead of starting over.
+QUICK := results/quick
+
 run: $(STAMP)
-	$(BIN)/python platform/main.py
+	@if [ -f $(QUICK)/sweep.json ]; then echo "resuming the sweep in $(QUICK)"; \
+		$(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) --resume; \
+	else $(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK); fi
+	$(BIN)/python platform/report.py $(QUICK) --out $(QUICK)/report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q
@@ -30,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/policy.py
 	$(BIN)/python bench/milp.py
 	$(BIN)/python bench/rllib.py
+	$(BIN)/python bench/scaling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

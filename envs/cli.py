@@ -22,25 +22,24 @@ class Interrupted(Exception):
     """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""
 
 
-def positive_int(text: str) -> int:
+def _integer(text: str, low: int, high: int | None = None) -> int:
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got '{text}'") from None
+    if value < low or (high is not None and value > high):
+        raise argparse.ArgumentTypeError(f"expected {allowed}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _integer(text, 1)
 
 
 def seed(text: str) -> int:
     """A random seed: an integer in [0, 2^31 - 1] (NumPy, torch and the solvers all accept that range)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2147483647], got '{text}'") from None
-    if not 0 <= value <= 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2147483647], got {value}")
-    return value
+    return _integer(text, 0, 2**31 - 1)
 
 
 def positive_float(text: str) -> float:

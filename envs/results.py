@@ -152,6 +152,20 @@ def write_evaluation(
     return summary
 
 
+def read_record(path: Path, fmt: str, version: int, what: str, hint: str) -> dict[str, Any]:
+    """A JSON record of this platform (summary.json, sweep.json) with its 'format' and 'version' checked;
+    anything else is one InputError naming the file (`hint` says what to do about another version)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"'{path}' is not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != fmt:
+        raise InputError(f"'{path}': not a {what} of this platform (field 'format' should be '{fmt}')")
+    if record.get("version") != version:
+        raise InputError(f"'{path}': field 'version' is {record.get('version')!r}, this code reads version {version}; {hint}")
+    return record
+
+
 def read_evaluation(folder: str | os.PathLike) -> dict[str, Any]:
     """Read a whole results folder: {'summary': dict, 'episodes': int64 [E] (sorted), 'cost': float64 [E]}.
     An incomplete, modified or foreign folder is one InputError naming the folder and what is wrong."""
@@ -161,14 +175,7 @@ def read_evaluation(folder: str | os.PathLike) -> dict[str, Any]:
     path = folder / SUMMARY
     if not path.is_file():
         raise InputError(f"results folder '{folder}' has no {SUMMARY}: the evaluation is incomplete (interrupted or still running), or this is not a results folder")
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"'{path}' is not valid JSON ({exc})") from None
-    if not isinstance(summary, dict) or summary.get("format") != FORMAT:
-        raise InputError(f"'{path}': not a results summary of this platform (field 'format' should be '{FORMAT}')")
-    if summary.get("version") != VERSION:
-        raise InputError(f"'{path}': field 'version' is {summary.get('version')!r}, this code reads version {VERSION}; re-run the evaluation")
+    summary = read_record(path, FORMAT, VERSION, "results summary", "re-run the evaluation")
     required = {"policy": str, "mean": float, "se": float, "episodes": int, "horizon": int, "seed": int, "n": int, "instance_hash": str, "files": dict}
     for key, kind in required.items():
         value = summary.get(key)

@@ -41,7 +41,6 @@ import base64
 import csv
 import html
 import io
-import json
 import math
 import time
 from collections import Counter
@@ -60,11 +59,10 @@ from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
 from envs.instance import Instance, atomic_write, atomic_write_text, paper_instance
-from envs.results import read_evaluation
-from sweeps.run import BASELINES_SCHEMA, CURVES_SCHEMA, SCHEMA_VERSION, TRIALS_SCHEMA
+from envs.results import read_evaluation, read_record
+from sweeps.run import BASELINES_SCHEMA, CURVES_SCHEMA, SCHEMA_VERSION, SWEEP_FORMAT, TRIALS_SCHEMA
 from sweeps.spec import SweepSpec, Trial
 
-SWEEP_FORMAT = "or-transformer-platform/sweep"
 OPENINGS = {"greedy": "Y = 1{p > 0.5}; PPO: the Beta mean", "sampled": "Y ~ Bernoulli(p); PPO: draws from its distribution"}
 """The held-out evaluations of a trial (trainers.experiment)."""
 METHOD_LABELS = {"or-transformer": "OR-Transformer", "transformer-ppo": "Transformer-PPO", "hpo": "HPO", "ppo": "PPO"}
@@ -124,15 +122,7 @@ def read_results(root) -> Results:
     path = root / "sweep.json"
     if not path.is_file():
         raise InputError(f"'{root}' holds no sweep.json: not a results directory of platform/sweep.py")
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"'{path}' is not valid JSON ({exc})") from None
-    if not isinstance(record, dict) or record.get("format") != SWEEP_FORMAT:
-        raise InputError(f"'{path}': not a sweep record of this platform (field 'format' should be '{SWEEP_FORMAT}')")
-    if record.get("version") != SCHEMA_VERSION:
-        raise InputError(f"'{path}': results of schema version {record.get('version')!r}; this code reads version {SCHEMA_VERSION}: "
-                         "report them with the code that wrote them, or run the sweep again")
+    record = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "report it with the code that wrote it, or run the sweep again")
     try:
         spec = SweepSpec.from_dict(record.get("sweep"))
     except InputError as exc:

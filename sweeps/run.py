@@ -35,9 +35,10 @@ from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance, atomic_write_text, paper_instance
-from envs.results import manifest, read_evaluation, write_evaluation, write_parquet
+from envs.results import manifest, read_evaluation, read_record, write_evaluation, write_parquet
 from sweeps.spec import MilpBaseline, SweepSpec, Trial
 
+SWEEP_FORMAT = "or-transformer-platform/sweep"
 SCHEMA_VERSION = 1
 
 
@@ -59,12 +60,7 @@ def open_results(out: Path, data: dict, resume: bool) -> dict:
     """Check that `out` can hold this sweep; return sweep.json's content (the existing one on resume)."""
     path = out / "sweep.json"
     if path.exists():
-        try:
-            old = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise InputError(f"'{path}' is not valid JSON ({exc})") from None
-        if old.get("version") != SCHEMA_VERSION:
-            raise InputError(f"'{path}': results of schema version {old.get('version')!r}; this code writes version {SCHEMA_VERSION}: use another --out")
+        old = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "use another --out")
         if old.get("sweep") != data:
             raise InputError(f"results directory '{out}' holds another sweep (its sweep file differs from this one): use another --out")
         if not resume:
@@ -74,7 +70,7 @@ def open_results(out: Path, data: dict, resume: bool) -> dict:
         raise InputError(f"results directory '{out}' holds no sweep to resume (no sweep.json): run without --resume")
     if out.exists() and any(out.iterdir()):
         raise InputError(f"results directory '{out}' is not empty and holds no sweep: use a new or empty --out")
-    return {"format": "or-transformer-platform/sweep", "version": SCHEMA_VERSION, "sweep": data, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {"format": SWEEP_FORMAT, "version": SCHEMA_VERSION, "sweep": data, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def instances(spec: SweepSpec, out: Path) -> dict[int, Instance]:

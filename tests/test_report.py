@@ -325,7 +325,7 @@ def test_bad_results_directories(results, tmp_path):
     with pytest.raises(InputError, match="has no trials.parquet: the sweep has not finished a run"):
         rp.read_results(empty)
     (empty / "sweep.json").write_text(json.dumps(record | {"version": 2}))
-    with pytest.raises(InputError, match="results of schema version 2; this code reads version 1"):
+    with pytest.raises(InputError, match="field 'version' is 2, this code reads version 1"):
         rp.read_results(empty)
     (empty / "sweep.json").write_text(json.dumps(record | {"sweep": {**SWEEP, "sizes": "all"}}))
     with pytest.raises(InputError, match="field 'sweep': sweep field 'sizes'"):

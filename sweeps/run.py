@@ -200,13 +200,13 @@ def run_trials(spec: SweepSpec, out: Path, log) -> dict[str, str]:
     """Run the trials that are not finished in one Tune experiment; returns the error of each failed trial."""
     from ray import tune
 
-    todo = [trial_config(spec, out, t) for t in spec.trials() if not trial_done(out / "trials" / t.name)]
-    if not todo:
+    pending = [trial_config(spec, out, t) for t in spec.trials() if not trial_done(out / "trials" / t.name)]
+    if not pending:
         return {}
     storage = (out / "tune").resolve()
     attempt = 1 + (len(list(storage.glob("trials-*"))) if storage.exists() else 0)
-    log(f"{len(todo)} trials to run ({len(spec.trials()) - len(todo)} finished), {spec.concurrency} at a time")
-    trials = {c["name"]: c for c in todo}
+    log(f"{len(pending)} trials to run ({len(spec.trials()) - len(pending)} finished), {spec.concurrency} at a time")
+    trials = {c["name"]: c for c in pending}
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(run_trial, trials=trials), lambda config: trial_resources(trials[config["name"]])),
         param_space={"name": tune.grid_search(list(trials))},

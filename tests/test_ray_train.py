@@ -101,6 +101,7 @@ def dying_worker_loop(killed, rank: int, update: int):
     return loop
 
 
+@pytest.mark.slow  # 20-40 s; a killed Tune trial is retried from its checkpoint in make test (tests/test_sweep.py)
 def test_a_killed_worker_is_replaced_and_the_run_continues_from_its_checkpoint(ray_session, tmp_path, monkeypatch):
     monkeypatch.setattr(ray_train, "worker_loop", dying_worker_loop(tmp_path / "killed", rank=1, update=7))  # after the checkpoint of update 5
     summary = ray_train.train_data_parallel(CONFIG, INSTANCE, tmp_path / "run", workers=2, progress=False, max_failures=1)

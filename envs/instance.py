@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,6 +227,16 @@ def exact_keys(keys, expected: set, where: str) -> None:
         if unknown:
             parts.append(f"unknown {unknown}")
         raise InstanceError(f"{where}: {', '.join(parts)}; allowed keys are {sorted(expected)}")
+
+
+TEMPORARY = re.compile(r"\.(.+)\.tmp\d*")
+"""The name `atomic_write` gives the temporary file of NAME: .NAME.tmpPID."""
+
+
+def written_by_atomic_write(name: str) -> str | None:
+    """The file whose atomic write (killed before its rename) left the temporary file `name`, else None."""
+    match = TEMPORARY.fullmatch(name)
+    return match.group(1) if match else None
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:

@@ -30,7 +30,7 @@ import torch
 
 from envs.evaluation import Evaluation
 from envs.errors import InputError
-from envs.instance import Instance, atomic_write, atomic_write_text
+from envs.instance import Instance, atomic_write, atomic_write_text, written_by_atomic_write
 
 _PACKAGES = ("torch", "numpy", "pyarrow", "ray", "highspy", "gurobipy", "gymnasium")
 
@@ -87,8 +87,8 @@ def sha256(path: Path) -> str:
 
 def remove_leftovers(folder: Path) -> None:
     """Delete temporary files that a killed writer left in `folder` (see atomic_write)."""
-    for stale in folder.glob(".*.tmp*"):
-        if stale.is_file():
+    for stale in folder.iterdir():
+        if written_by_atomic_write(stale.name) and stale.is_file():
             stale.unlink()
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import threading
@@ -40,7 +39,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from envs.errors import InputError
-from envs.instance import Instance, atomic_write_text
+from envs.instance import Instance, atomic_write_text, written_by_atomic_write
 from envs.results import manifest, write_parquet
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from trainers.pathwise import PathwiseTrainer, TrainConfig
@@ -54,8 +53,7 @@ def run_files(out: Path) -> list[str]:
     """The names in `out` that belong to a run: RUN_FILES and the temporary files of their atomic writes."""
     if not out.is_dir():
         return []
-    leftover = re.compile(r"\.(.+)\.tmp\d*")
-    return sorted(p.name for p in out.iterdir() if p.name in RUN_FILES or ((m := leftover.fullmatch(p.name)) and m.group(1) in RUN_FILES))
+    return sorted(p.name for p in out.iterdir() if p.name in RUN_FILES or written_by_atomic_write(p.name) in RUN_FILES)
 
 
 def check_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:

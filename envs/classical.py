@@ -2,25 +2,36 @@
 
 Families (each sees only s_t = (I, P, F; Theta) and, for periodic review, its own clock):
 
-* zero        never order;
-* base-stock  joint trigger: if any item's inventory position IP_i = I_i + sum_l P_{i,l} is below s_i,
-              open an order and raise every item towards S_i;
-* can-order   (s, c, S): if any item is below s_i, open an order and raise every item below its
-              can-order level c_i towards S_i;
-* periodic    (R, S): every R periods raise every item towards S_i.
+* zero              never order;
+* base-stock        joint trigger: if any item's inventory position IP_i = I_i + sum_l P_{i,l} is below
+                    its reorder level s_i, open an order and raise every item towards S_i;
+* can-order         (s, c, S): if any item is below s_i, open an order and raise every item below its
+                    can-order level c_i = s_i + f (S_i - s_i) towards S_i;
+* fraction-trigger  open when at least a fraction f of the items (and at least one) are below s_i;
+* cost-trigger      open when the expected backlog cost of not ordering now,
+                    sum_i b_i E[(D_i - IP_i)^+] with D_i the demand over L_i + 1 periods (normal loss
+                    function), reaches theta * K;
+* periodic          (R, S): every R periods raise every item towards S_i.
 Raising is Q_i = clip(S_i - IP_i, 0, qbar_i).
 
 Levels come from the demand over the next p periods, D_t + ... + D_{t+p-1}, whose mean and standard
-deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate):
-level = mean + z * sd with global multipliers (z, cover periods, ...). The static variant uses the
-stationary moments; the factor-aware variant ("-factor") conditions them on the observed F_t.
-An order placed at t serves demand from t + L_i on, so the reorder level s covers p = L_i + 1
-periods and the order-up-to level covers p = L_i + cover periods.
+deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate). An order
+placed at t serves demand from t + L_i on, so the reorder level covers p = L_i + 1 periods:
+s_i = m_i + z_s sd_i. The order-up-to level adds cover and cycle stock,
+S_i = m_i + z_S sd_i + k EOQ_i over p = L_i + cover periods (periodic: L_i + R), with the economic order
+quantity EOQ_i = sqrt(2 (K / n) lam_i / h_i) (the fixed cost shared over the n items). The static variant
+uses the stationary moments; the factor-aware variant ("-factor") conditions them on the observed F_t.
+
+Tuning (`tune_family`): a coarse grid of every parameter, all candidates simulated at once on the same
+training paths, then pattern searches from the best points (`refine`), so the tuned parameters are
+not limited by the grid's spacing.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -33,17 +44,38 @@ from envs.evaluation import rollout_costs, standard_error
 from envs.exogenous import HELDOUT_SEED, TUNING_SEED, sample_paths
 from envs.instance import LMAX, Instance, TensorInstance
 
-# Candidate grids of the global multipliers (the reorder trigger sits low: with many items some item
-# is almost always below a high s_i, which would open an order every period).
-REORDER_Z = (-2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0)
-UP_TO_Z = (-0.5, 0.0, 0.5, 1.0, 1.5, 2.0)
-COVER_GRID = (1, 2, 3, 4, 6)
-FAMILIES: dict[str, dict[str, tuple]] = {
-    "base-stock": {"reorder_z": REORDER_Z, "cover": COVER_GRID, "order_up_to_z": UP_TO_Z},
-    "can-order": {"reorder_z": REORDER_Z, "can_order_fraction": (1 / 3, 2 / 3), "cover": COVER_GRID, "order_up_to_z": UP_TO_Z},
-    "periodic": {"period": (1, 2, 3, 4, 6), "order_up_to_z": UP_TO_Z},
+
+@dataclass(frozen=True)
+class Parameter:
+    """A tuned parameter: its coarse grid, the first step of the refinement and its scale (linear: x +- step;
+    log: x * exp(+-step); integer: x +- 1), kept within [low, high]."""
+
+    grid: tuple[float, ...]
+    step: float
+    scale: str = "linear"
+    low: float = -math.inf
+    high: float = math.inf
+
+
+# The reorder trigger sits low: with many items some item is almost always below a high s_i, which would
+# open an order every period.
+REORDER_Z = Parameter((-2.0, -1.0, 0.0, 1.0), 0.5)
+UP_TO = {
+    "cover": Parameter((1,), 1, "integer", 1, 8),  # the refinement moves it; the cycle-stock term does its work
+    "order_up_to_z": Parameter((0.0, 1.0, 2.0), 0.5),
+    "cycle_stock": Parameter((0.0, 0.5, 1.0), 0.25, low=0.0),
 }
-MAX_COVER = max(max(COVER_GRID), max(FAMILIES["periodic"]["period"]))
+FAMILIES: dict[str, dict[str, Parameter]] = {
+    "base-stock": {"reorder_z": REORDER_Z, **UP_TO},
+    "can-order": {"reorder_z": REORDER_Z, "can_order_fraction": Parameter((1 / 3, 2 / 3), 1 / 6, low=0.0, high=1.0), **UP_TO},
+    "fraction-trigger": {"reorder_z": REORDER_Z, "trigger_fraction": Parameter((0.1, 0.25, 0.5), 0.05, low=0.0, high=1.0), **UP_TO},
+    "cost-trigger": {"theta": Parameter((0.1, 0.3, 1.0, 3.0), 0.5, "log", 1e-3), **UP_TO},
+    "periodic": {"period": Parameter((1, 2, 3, 4, 6), 1, "integer", 1, 12), "order_up_to_z": UP_TO["order_up_to_z"],
+                 "cycle_stock": UP_TO["cycle_stock"]},
+}
+MAX_COVER = int(max(UP_TO["cover"].high, FAMILIES["periodic"]["period"].high))
+REFINE_STARTS = 2
+"""Pattern searches per variant, from the best grid points."""
 POLICY_NAMES = ("zero", *(f"{f}{s}" for f in FAMILIES for s in ("", "-factor")), "classical-best")
 
 
@@ -67,17 +99,21 @@ class DemandMoments:
         self._gain = {  # exp(beta^2 C) - 1: [n, J, J]
             aware: torch.expm1(beta2 * cov) for aware, cov in ((False, stationary_cov), (True, conditional_cov))
         }
+        self._gain_below = {aware: torch.tril(gain, -1) for aware, gain in self._gain.items()}  # G_jk for k < j
         self._var_drift = {aware: torch.diagonal(cov) - 1 for aware, cov in ((False, stationary_cov), (True, conditional_cov))}
         self._stationary = self._cumulative(None)  # constant: computed once
 
-    def cumulative(self, factor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cumulative mean and variance over p = 1..J periods: [B, n, J] each (B = 1 when factor is None)."""
+    def over(self, factor: Optional[torch.Tensor], batch: int, *periods: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per entry of `periods` ([B or 1, n], long, 1..J): the mean and s.d. of the demand over that many
+        periods for each of `batch` rows, given each row's F_t (factor [B]) or stationary (None): [B, n] each."""
         if factor is None:
-            return self._stationary
-        # Rows that share an episode share F_t (tuning runs many candidates per episode).
-        distinct, row_of = torch.unique(factor, return_inverse=True)
-        cum_mean, cum_var = self._cumulative(distinct)
-        return cum_mean[row_of], cum_var[row_of]
+            (cum_mean, cum_var), row = self._stationary, torch.zeros(batch, dtype=torch.long, device=self.rho_j.device)
+        else:  # rows that share an episode share F_t (tuning runs many candidates per episode)
+            distinct, row = torch.unique(factor, return_inverse=True)
+            cum_mean, cum_var = self._cumulative(distinct)
+        n, J = cum_mean.shape[1:]
+        start = (row[:, None] * n + torch.arange(n, device=row.device)[None, :]) * J - 1  # flat index of period 0: [B, n]
+        return [(cum_mean.take(start + p), cum_var.take(start + p).clamp_min(0).sqrt()) for p in periods]
 
     def _cumulative(self, factor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         inst = self.instance
@@ -86,20 +122,23 @@ class DemandMoments:
         beta = inst.beta[None, :, None]  # [1, n, 1]
         m = torch.exp(beta * mean_f[:, None, :] + 0.5 * beta**2 * self._var_drift[aware])  # [B, n, J]
         gain = self._gain[aware]
-        cross = torch.einsum("njk,bnk->bnj", torch.tril(gain, -1), m)  # sum_{k<j} G_jk m_k
+        cross = torch.einsum("njk,bnk->bnj", self._gain_below[aware], m)  # sum_{k<j} G_jk m_k
         increment = inst.lam[None, :, None] * m + inst.lam[None, :, None] ** 2 * (
             2 * m * cross + m * m * torch.diagonal(gain, dim1=-2, dim2=-1)
         )
         return inst.lam[None, :, None] * m.cumsum(-1), increment.cumsum(-1)
 
 
-def _level(cum_mean, cum_var, periods, z):
-    """mean + z * sd of the demand over `periods` [B, n] (long, >= 1) periods."""
-    rows = max(cum_mean.shape[0], periods.shape[0])
-    idx = (periods - 1).expand(rows, -1)[..., None]
-    mean = cum_mean.expand(rows, -1, -1).gather(-1, idx)[..., 0]
-    sd = cum_var.expand(rows, -1, -1).gather(-1, idx)[..., 0].clamp_min(0).sqrt()
-    return mean + z[:, None] * sd
+def expected_shortfall(mean, sd, position):
+    """E[(D - x)^+] for D ~ Normal(mean, sd^2) at x = position (the normal loss function), elementwise."""
+    sd = sd.clamp_min(1e-9)
+    u = (position - mean) / sd
+    return sd * (torch.exp(-0.5 * u * u) / math.sqrt(2 * math.pi) - u * torch.special.ndtr(-u))
+
+
+def economic_order_quantity(instance: TensorInstance) -> torch.Tensor:
+    """EOQ_i = sqrt(2 (K / n) lam_i / h_i): [n]."""
+    return torch.sqrt(2 * (instance.K / instance.n) * instance.lam / instance.h)
 
 
 def _raise_to(level, position, qbar):
@@ -121,26 +160,31 @@ class ClassicalPolicy:
         self.clock = 0
 
     def __call__(self, state: State, instance: TensorInstance):
-        cum_mean, cum_var = self.moments.cumulative(state.factor if self.factor_aware else None)
         position = state.inventory_position()  # [B, n]
         lead = instance.lead.long()[None, :]  # [1, n]
         p = self.params
-        if self.family == "periodic":
-            period = p["period"].long()
-            up_to = _level(cum_mean, cum_var, lead + period[:, None], p["order_up_to_z"])
-            due = (self.clock % period) == 0
-            self.clock += 1
-            quantity = _raise_to(up_to, position, instance.qbar)
-            open_order = (due & (position < up_to).any(-1)).to(position.dtype)
-            return open_order, quantity
-        reorder = _level(cum_mean, cum_var, lead + 1, p["reorder_z"])
-        up_to = _level(cum_mean, cum_var, lead + p["cover"].long()[:, None], p["order_up_to_z"])
-        open_order = (position < reorder).any(-1).to(position.dtype)
+        cover = p["period"] if self.family == "periodic" else p["cover"]
+        # the order-up-to level's periods, and the protection interval L_i + 1 of the reorder level and the cost trigger
+        (cover_mean, cover_sd), (mean, sd) = self.moments.over(
+            state.factor if self.factor_aware else None, state.batch, lead + cover.long()[:, None], lead + 1)
+        up_to = cover_mean + p["order_up_to_z"][:, None] * cover_sd + p["cycle_stock"][:, None] * economic_order_quantity(instance)
         quantity = _raise_to(up_to, position, instance.qbar)
+        if self.family == "periodic":
+            due = (self.clock % p["period"].long()) == 0
+            self.clock += 1
+            return (due & (position < up_to).any(-1)).to(position.dtype), quantity
+        if self.family == "cost-trigger":
+            backlog_cost = (instance.b * expected_shortfall(mean, sd, position)).sum(-1)
+            return (backlog_cost >= p["theta"] * instance.K).to(position.dtype), quantity
+        below = position < mean + p["reorder_z"][:, None] * sd
+        if self.family == "fraction-trigger":
+            open_order = below.any(-1) & (below.to(position.dtype).mean(-1) >= p["trigger_fraction"])
+        else:
+            open_order = below.any(-1)
         if self.family == "can-order":
-            can_order = reorder + p["can_order_fraction"][:, None] * (up_to - reorder)
-            quantity = quantity * (position < can_order)
-        return open_order, quantity
+            reorder = mean + p["reorder_z"][:, None] * sd
+            quantity = quantity * (position < reorder + p["can_order_fraction"][:, None] * (up_to - reorder))
+        return open_order.to(position.dtype), quantity
 
 
 def zero_policy(state: State, instance: TensorInstance):
@@ -167,6 +211,14 @@ def make_policy(instance: TensorInstance, name: str, params: dict[str, float]) -
     return ClassicalPolicy(family, aware, tensors, DemandMoments(instance, LMAX + MAX_COVER))
 
 
+def policy_from_parameters(instance: TensorInstance, parameters: dict) -> ClassicalPolicy:
+    """The policy of a summary's `parameters` ({"family": name, each tuned parameter, tuning figures...}),
+    as written by `tuned_policy`."""
+    name = parameters["family"]
+    family, _ = parse_policy_name(name)
+    return make_policy(instance, name, {k: parameters[k] for k in FAMILIES[family]})
+
+
 @dataclass(frozen=True)
 class TunedPolicy:
     name: str
@@ -174,6 +226,74 @@ class TunedPolicy:
     tuning_mean: float
     tuning_se: float
     candidates: int
+    """Parameter sets simulated: the coarse grid and the refinement's."""
+    seconds: float
+
+
+class _Simulator:
+    """Mean discounted costs of candidate parameter sets of one variant on fixed training paths (common
+    random numbers), simulated in batched chunks of at most `max_elements` item-rollouts."""
+
+    def __init__(self, instance: Instance, name: str, episodes: int, horizon: int, seed: int, device, max_elements: int):
+        self.family, self.aware = parse_policy_name(name)
+        self.names = list(FAMILIES[self.family])
+        self.tinst = instance.to_torch(device)
+        self.paths = sample_paths(instance, seed, episodes, horizon, device)
+        self.moments = DemandMoments(self.tinst, LMAX + MAX_COVER)
+        self.episodes = episodes
+        self.chunk = max(1, max_elements // (episodes * instance.n))
+        self.evaluated = 0
+
+    @torch.no_grad()
+    def costs(self, candidates: list[tuple[float, ...]], progress: Optional[str] = None) -> np.ndarray:
+        """Per-episode discounted costs [C, episodes] of each candidate."""
+        out = []
+        for start in tqdm(range(0, len(candidates), self.chunk), desc=progress, disable=progress is None, leave=False):
+            block = candidates[start : start + self.chunk]
+            values = torch.tensor(block, device=self.tinst.device, dtype=self.tinst.dtype)  # [C, P]
+            params = {k: values[:, i].repeat_interleave(self.episodes) for i, k in enumerate(self.names)}
+            policy = ClassicalPolicy(self.family, self.aware, params, self.moments)
+            total = rollout_costs(policy, self.tinst, self.paths.factor, self.paths.demand, repeats=len(block))
+            out.append(total.view(len(block), self.episodes).cpu().numpy())
+        self.evaluated += len(candidates)
+        return np.concatenate(out)
+
+
+def _neighbours(point: tuple[float, ...], steps: list[float], spec: list[Parameter]) -> list[tuple[float, ...]]:
+    """The pattern search's moves: each parameter one step up and down (integers by 1), within bounds."""
+    moves = []
+    for i, (x, step, p) in enumerate(zip(point, steps, spec)):
+        if step == 0:
+            continue
+        for sign in (-1, 1):
+            y = x * math.exp(sign * step) if p.scale == "log" else x + sign * step
+            y = min(max(y, p.low), p.high)
+            if y != x:
+                moves.append(point[:i] + (y,) + point[i + 1 :])
+    return moves
+
+
+def refine(simulate, start: tuple[float, ...], start_costs: np.ndarray, spec: list[Parameter], rounds: int = 12, halvings: int = 3):
+    """Pattern search from the grid's best point: simulate every one-step move at once; move to the best if it
+    is cheaper, else halve the steps (integer steps stay 1 and stop after their first failure) until each has
+    been halved `halvings` times or `rounds` batches ran. Returns (point, its per-episode costs)."""
+    steps = [p.step for p in spec]
+    halved = 0
+    point, costs = start, start_costs
+    for _ in range(rounds):
+        moves = _neighbours(point, steps, spec)
+        if not moves:
+            break
+        trial = simulate(moves)
+        best = int(np.argmin(trial.mean(1)))
+        if trial[best].mean() < costs.mean():
+            point, costs = moves[best], trial[best]
+            continue
+        halved += 1
+        if halved > halvings:
+            break
+        steps = [0 if p.scale == "integer" else s / 2 for s, p in zip(steps, spec)]
+    return point, costs
 
 
 def tune_family(
@@ -185,37 +305,30 @@ def tune_family(
     device: str | torch.device = "cpu",
     max_elements: int = 1 << 23,
     progress: bool = False,
+    refinement: bool = True,
 ) -> TunedPolicy:
-    """Grid-search one family on `episodes` training paths: every candidate parameter set is
-    simulated on the same paths (common random numbers) in batched chunks; the lowest mean
-    discounted cost wins."""
+    """Tune one variant on `episodes` training paths: every parameter set of the family's coarse grid is
+    simulated on the same paths (common random numbers) in batched chunks, then `refine` searches from
+    each of the REFINE_STARTS best; the lowest mean discounted cost wins."""
     if seed == HELDOUT_SEED:
         raise ValueError(f"tuning seed: must differ from the held-out seed {HELDOUT_SEED}")
-    family, aware = parse_policy_name(name)
-    tinst = instance.to_torch(device)
-    paths = sample_paths(instance, seed, episodes, horizon, device)
-    grid = FAMILIES[family]
-    candidates = list(itertools.product(*grid.values()))
-    moments = DemandMoments(tinst, LMAX + MAX_COVER)
-    chunk = max(1, max_elements // (episodes * instance.n))
-    costs = []
-    with torch.no_grad():
-        for start in tqdm(range(0, len(candidates), chunk), desc=f"tune {name}", disable=not progress, leave=False):
-            block = candidates[start : start + chunk]
-            values = torch.tensor(block, device=device, dtype=tinst.dtype)  # [C, P]
-            params = {k: values[:, i].repeat_interleave(episodes) for i, k in enumerate(grid)}
-            policy = ClassicalPolicy(family, aware, params, moments)
-            c = len(block)
-            total = rollout_costs(policy, tinst, paths.factor, paths.demand, repeats=c)
-            costs.append(total.view(c, episodes).cpu().numpy())
-    costs = np.concatenate(costs)
-    best = int(np.argmin(costs.mean(1)))
+    started = time.perf_counter()
+    sim = _Simulator(instance, name, episodes, horizon, seed, device, max_elements)
+    spec = list(FAMILIES[sim.family].values())
+    grid = [tuple(float(v) for v in c) for c in itertools.product(*(p.grid for p in spec))]
+    grid_costs = sim.costs(grid, progress=f"tune {name}" if progress else None)  # [C, episodes]
+    ranked = np.argsort(grid_costs.mean(1), kind="stable")[: REFINE_STARTS if refinement else 1]
+    found = [(grid[i], grid_costs[i]) for i in ranked]
+    if refinement:  # from the best few grid points: the grid's best may sit in a worse basin
+        found = [refine(sim.costs, point, costs, spec) for point, costs in found]
+    point, costs = min(found, key=lambda f: f[1].mean())
     return TunedPolicy(
         name=name,
-        params={k: float(v) for k, v in zip(grid, candidates[best])},
-        tuning_mean=float(costs[best].mean()),
-        tuning_se=standard_error(costs[best]),
-        candidates=len(candidates),
+        params=dict(zip(sim.names, point)),
+        tuning_mean=float(costs.mean()),
+        tuning_se=standard_error(costs),
+        candidates=sim.evaluated,
+        seconds=time.perf_counter() - started,
     )
 
 
@@ -234,14 +347,18 @@ def tuned_policy(instance: Instance, name: str, horizon: int, device="cpu", prog
     """Resolve a policy name (see POLICY_NAMES) to (policy, parameters for the summary).
 
     Classical families are tuned first on training paths (TUNING_SEED) with the evaluation horizon;
-    `classical-best` tunes every family and keeps the best on those paths.
+    `classical-best` tunes every family and keeps the best on those paths. The summary's parameters hold the
+    family, its tuned parameters, the tuning cost and the seconds spent tuning (every variant for classical-best).
     """
     tinst = instance.to_torch(device)
     if name == "zero":
         return zero_policy, {}
     if name == "classical-best":
-        tuned = best_of(tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs))
+        every = tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs)
+        tuned, seconds = best_of(every), sum(t.seconds for t in every)
     else:
         tuned = tune_family(instance, name, horizon=horizon, device=device, progress=progress, **tune_kwargs)
-    parameters = {"family": tuned.name, **tuned.params, "tuning_mean": tuned.tuning_mean, "tuning_se": tuned.tuning_se}
+        seconds = tuned.seconds
+    parameters = {"family": tuned.name, **tuned.params, "tuning_mean": tuned.tuning_mean, "tuning_se": tuned.tuning_se,
+                  "tuning_seconds": round(seconds, 2)}
     return make_policy(tinst, tuned.name, tuned.params), parameters

@@ -48,8 +48,9 @@ def main() -> None:
     tinst = instance.to_torch()
     paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon)
     best = best_of(tuned)
-    entries = [("zero", zero_policy, {})] + [(t.name, make_policy(tinst, t.name, t.params), t.params) for t in tuned]
-    entries.append(("classical-best", make_policy(tinst, best.name, best.params), {"family": best.name, **best.params}))
+    entries = [("zero", zero_policy, {})] + [(t.name, make_policy(tinst, t.name, t.params), {**t.params, "tuning_seconds": round(t.seconds, 2)}) for t in tuned]
+    entries.append(("classical-best", make_policy(tinst, best.name, best.params),
+                    {"family": best.name, **best.params, "tuning_seconds": round(sum(t.seconds for t in tuned), 2)}))
     results = {}
     for name, policy, params in entries:
         results[name] = evaluate(policy, tinst, paths)
@@ -58,11 +59,13 @@ def main() -> None:
     reference = results["classical-best"].discounted_cost
     print(f"\nheld-out: {args.episodes} episodes x {args.horizon} steps, seed {HELDOUT_SEED}; "
           f"classical-best = {best.name}\n")
-    print(f"{'policy':<20}{'mean':>12}{'s.e.':>10}{'vs classical-best (95% CI)':>40}")
+    seconds = {t.name: t.seconds for t in tuned}
+    seconds["classical-best"] = sum(seconds.values())
+    print(f"{'policy':<26}{'mean':>12}{'s.e.':>10}{'vs classical-best (95% CI)':>40}{'tuning s':>10}")
     for name, result in results.items():
         cmp = paired_comparison(result.discounted_cost, reference)
         ci = "reference" if name == "classical-best" else f"{cmp.mean_difference:+.1f} [{cmp.ci_low:+.1f}, {cmp.ci_high:+.1f}]"
-        print(f"{name:<20}{result.mean:>12.1f}{result.se:>10.1f}{ci:>40}")
+        print(f"{name:<26}{result.mean:>12.1f}{result.se:>10.1f}{ci:>40}{seconds.get(name, 0.0):>10.1f}")
     print(f"\nresults in {out}/<policy>/summary.json and costs.parquet")
 
 

@@ -435,7 +435,7 @@ def seed_curves(results: Results, entry: Entry) -> list[tuple[np.ndarray, np.nda
 def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> tuple[dict[int, dict[str, float]], list[str]]:
     """Per size, the mean cost of the first REFERENCE_DECISIONS decisions of classical-best and of each MILP
     on the held-out episodes (module docstring), and a note for each baseline that gets no line."""
-    from envs.classical import FAMILIES, make_policy, parse_policy_name
+    from envs.classical import policy_from_parameters
     from solver_workers.rolling import ReplayPolicy
 
     references: dict[int, dict[str, float]] = {}
@@ -458,10 +458,8 @@ def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> 
             tinst = inst.to_torch()
             paths = sample_paths(inst, s["seed"], run.evaluation["episodes"], REFERENCE_DECISIONS)
             if column == "classical-best":
-                params = s["parameters"]
                 try:
-                    family = params["family"]
-                    policy = make_policy(tinst, family, {k: params[k] for k in FAMILIES[parse_policy_name(family)[0]]})
+                    policy = policy_from_parameters(tinst, s["parameters"])
                 except (KeyError, TypeError, ValueError) as exc:
                     raise InputError(f"'{run.folder / 'summary.json'}': field 'parameters' does not hold classical-best's tuned family "
                                      f"and parameters ({exc})") from None

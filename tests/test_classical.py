@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from envs.classical import FAMILIES, DemandMoments, make_policy, tune_family
+from envs.classical import FAMILIES, DemandMoments, Parameter, make_policy, refine, tune_family
 from envs.dynamics import State
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import HELDOUT_SEED, TUNING_SEED, sample_paths
@@ -18,8 +18,8 @@ from envs.instance import Instance, paper_instance
 def test_demand_moments_match_monte_carlo(factor):
     inst = Instance(h=[1.0, 1.0], b=[9.0, 9.0], lam=[3.0, 6.0], beta=[0.6, 0.3], lead=[1, 4], qbar=[9.0, 9.0], K=1.0, gamma=0.9, rho=0.8)
     periods = 5
-    cum_mean, cum_var = DemandMoments(inst.to_torch(dtype=torch.float64), periods).cumulative(
-        None if factor is None else torch.tensor([factor], dtype=torch.float64))
+    moments = DemandMoments(inst.to_torch(dtype=torch.float64), periods)
+    observed = None if factor is None else torch.tensor([factor], dtype=torch.float64)
     rng = np.random.default_rng(0)
     N = 400_000
     f = rng.standard_normal(N) if factor is None else np.full(N, factor)
@@ -27,8 +27,9 @@ def test_demand_moments_match_monte_carlo(factor):
     for p in range(periods):
         total += rng.poisson(inst.lam * np.exp(inst.beta * f[:, None] - inst.beta**2 / 2))
         if p in (0, 2, 4):
-            np.testing.assert_allclose(cum_mean[0, :, p].numpy(), total.mean(0), rtol=0.01)
-            np.testing.assert_allclose(cum_var[0, :, p].numpy(), total.var(0), rtol=0.03)
+            [(mean, sd)] = moments.over(observed, 1, torch.full((1, 2), p + 1, dtype=torch.long))
+            np.testing.assert_allclose(mean[0].numpy(), total.mean(0), rtol=0.01)
+            np.testing.assert_allclose(sd[0].numpy() ** 2, total.var(0), rtol=0.03)
         f = inst.rho * f + math.sqrt(1 - inst.rho**2) * rng.standard_normal(N)
 
 
@@ -45,22 +46,56 @@ def state_of(inv):
 def test_base_stock_and_can_order_decisions_by_hand():
     inst = poisson_instance()
     ti = inst.to_torch(dtype=torch.float64)
-    # s_i = lam (L+1) + 0 * sd = [8, 4]; S_i (cover 2: L+2 periods) = lam (L+2) + 1 * sqrt(lam (L+2)) = [12 + sqrt(12), 5 + sqrt(5)].
-    up_to = np.array([12 + math.sqrt(12), 5 + math.sqrt(5)])
-    base = make_policy(ti, "base-stock", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0})
+    # s_i = lam (L+1) + 0 * sd = [8, 4]; S_i (cover 2: L+2 periods) = lam (L+2) + 1 * sqrt(lam (L+2)) + 0.5 EOQ_i
+    # with EOQ_i = sqrt(2 (K / n) lam_i / h_i) = sqrt(2 * 5 * [4, 1]) = [sqrt(40), sqrt(10)].
+    up_to = np.array([12 + math.sqrt(12) + 0.5 * math.sqrt(40), 5 + math.sqrt(5) + 0.5 * math.sqrt(10)])
+    base = make_policy(ti, "base-stock", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
     y, q = base(state_of([[7.0, 4.5], [8.5, 4.5], [8.5, 3.0]]), ti)
     assert y.tolist() == [1, 0, 1]
     np.testing.assert_allclose(q.numpy(), [[3.0, up_to[1] - 4.5], [3.0, up_to[1] - 4.5], [3.0, up_to[1] - 3.0]])  # item 0 capped at qbar = 3
-    # can-order: c = s + 0.5 (S - s) = [8 + (4 + sqrt(12))/2, 4 + (1 + sqrt(5))/2]; item 1 at 6 is above c_1 = 5.618.
-    can = make_policy(ti, "can-order", {"reorder_z": 0.0, "can_order_fraction": 0.5, "cover": 2, "order_up_to_z": 1.0})
-    y, q = can(state_of([[7.0, 6.0], [7.0, 5.5], [9.0, 5.5]]), ti)
+    # can-order: c = s + 0.5 (S - s) = [8 + (S_0 - 8)/2, 4 + (S_1 - 4)/2] = [., 5.0 + 1.118 + 0.395]; item 1 at 6.6 is above c_1.
+    can_order_level = 4 + (up_to[1] - 4) / 2
+    can = make_policy(ti, "can-order", {"reorder_z": 0.0, "can_order_fraction": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+    y, q = can(state_of([[7.0, can_order_level + 0.05], [7.0, can_order_level - 0.05], [9.0, 5.5]]), ti)
     assert y.tolist() == [1, 1, 0]
-    assert q[0, 1].item() == 0 and q[1, 1].item() == pytest.approx(up_to[1] - 5.5)
+    assert q[0, 1].item() == 0 and q[1, 1].item() == pytest.approx(up_to[1] - can_order_level + 0.05)
+
+
+def test_fraction_trigger_by_hand():
+    inst = Instance(h=[1.0] * 4, b=[9.0] * 4, lam=[4.0] * 4, beta=[0.0] * 4, lead=[1] * 4, qbar=[50.0] * 4, K=10.0, gamma=0.9, rho=0.8)
+    ti = inst.to_torch(dtype=torch.float64)
+    # s_i = 8 (z = 0 over L + 1 = 2 periods); open when at least half of the 4 items are below 8.
+    policy = make_policy(ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.5, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    y, q = policy(state_of([[7.0, 9.0, 9.0, 9.0], [7.0, 7.9, 9.0, 9.0], [7.0, 7.0, 7.0, 9.0]]), ti)
+    assert y.tolist() == [0, 1, 1]
+    np.testing.assert_allclose(q[1].numpy(), [1.0, 0.1, 0.0, 0.0])  # raise to S = 8
+    # fraction 0: like base-stock, any item below opens; no item below never opens
+    anyone = make_policy(ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    assert anyone(state_of([[7.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]]), ti)[0].tolist() == [1, 0]
+
+
+def test_cost_trigger_by_hand():
+    inst = poisson_instance()  # b = 9, K = 10; D over L + 1 periods: mean = var = [8, 4]
+    ti = inst.to_torch(dtype=torch.float64)
+    position = np.array([[7.0, 3.0], [9.0, 5.0], [12.0, 8.0]])
+    mean, sd = np.array([8.0, 4.0]), np.sqrt([8.0, 4.0])
+    # E[(D - x)^+] for a normal D, by numerical integration of the density (independent of the closed form)
+    shortfall = np.array([[stats.norm(m, s).expect(lambda d, x=x: max(d - x, 0.0), lb=x, ub=m + 12 * s) for x, m, s in zip(row, mean, sd)]
+                          for row in position])
+    backlog_cost = 9.0 * shortfall.sum(1)
+    theta = float(backlog_cost[1]) / 10.0 * 1.001  # just above row 1's cost: rows 0 opens, 1 does not
+    policy = make_policy(ti, "cost-trigger", {"theta": theta, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    y, q = policy(state_of(position.tolist()), ti)
+    assert backlog_cost[0] > backlog_cost[1] > backlog_cost[2]
+    assert y.tolist() == [1, 0, 0]
+    np.testing.assert_allclose(q[0].numpy(), [1.0, 1.0])  # raise to S = mean over L + 1 = [8, 4]
+    at_row_2 = make_policy(ti, "cost-trigger", {"theta": float(backlog_cost[2]) / 10.0 * 0.999, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    assert at_row_2(state_of(position.tolist()), ti)[0].tolist() == [1, 1, 1]
 
 
 def test_periodic_review_orders_every_r_periods():
     ti = poisson_instance().to_torch(dtype=torch.float64)
-    policy = make_policy(ti, "periodic", {"period": 3, "order_up_to_z": 0.0})
+    policy = make_policy(ti, "periodic", {"period": 3, "order_up_to_z": 0.0, "cycle_stock": 0.0})
     policy.reset()
     opens = [policy(state_of([[0.0, 0.0]]), ti)[0].item() for _ in range(7)]
     assert opens == [1, 0, 0, 1, 0, 0, 1]
@@ -70,21 +105,43 @@ def test_periodic_review_orders_every_r_periods():
 
 def test_batched_tuning_equals_one_by_one_evaluation(monkeypatch):
     inst = paper_instance(3, 0)
-    grid = {"reorder_z": (-1.0, 0.0, 1.0), "cover": (1, 3), "order_up_to_z": (0.0, 1.0)}
-    monkeypatch.setitem(FAMILIES, "base-stock", grid)
-    tuned = tune_family(inst, "base-stock-factor", episodes=16, horizon=20, max_elements=40)  # several chunks
+    grid = {"reorder_z": (-1.0, 0.0, 1.0), "cover": (1, 3), "order_up_to_z": (0.0, 1.0), "cycle_stock": (0.0,)}
+    monkeypatch.setitem(FAMILIES, "base-stock", {k: Parameter(v, 0.5) for k, v in grid.items()})
+    tuned = tune_family(inst, "base-stock-factor", episodes=16, horizon=20, max_elements=40, refinement=False)  # several chunks
     ti = inst.to_torch()
     paths = sample_paths(inst, TUNING_SEED, 16, 20)
     means = {}
     for rz in grid["reorder_z"]:
         for cover in grid["cover"]:
             for uz in grid["order_up_to_z"]:
-                params = {"reorder_z": rz, "cover": cover, "order_up_to_z": uz}
+                params = {"reorder_z": rz, "cover": cover, "order_up_to_z": uz, "cycle_stock": 0.0}
                 means[(rz, cover, uz)] = evaluate(make_policy(ti, "base-stock-factor", params), ti, paths).mean
     best = min(means, key=means.get)
     assert (tuned.params["reorder_z"], tuned.params["cover"], tuned.params["order_up_to_z"]) == best
     assert tuned.tuning_mean == pytest.approx(means[best], rel=1e-6)
     assert tuned.candidates == 12
+    # the refinement starts from that point and keeps a parameter set whose own evaluation is its reported cost
+    refined = tune_family(inst, "base-stock-factor", episodes=16, horizon=20)
+    assert refined.candidates > 12
+    own = evaluate(make_policy(ti, "base-stock-factor", refined.params), ti, paths).mean
+    assert refined.tuning_mean == pytest.approx(own, rel=1e-6) and own <= means[best]
+
+
+def test_refinement_finds_the_minimum_between_grid_points():
+    # cost (x - 0.37)^2 + (log theta - log 2.3)^2 + (c - 3)^2 per "episode": the grid holds none of the optimum's values
+    spec = [Parameter((0.0, 1.0), 0.5), Parameter((0.1, 1.0, 10.0), 0.5, "log", 1e-3), Parameter((1, 5), 1, "integer", 1, 8)]
+    calls = []
+
+    def simulate(points):
+        calls.append(len(points))
+        p = np.array(points)
+        cost = (p[:, 0] - 0.37) ** 2 + (np.log(p[:, 1]) - math.log(2.3)) ** 2 + (p[:, 2] - 3) ** 2
+        return np.repeat(cost[:, None], 2, axis=1)
+
+    point, costs = refine(simulate, (0.0, 1.0, 5.0), simulate([(0.0, 1.0, 5.0)])[0], spec, rounds=40, halvings=5)
+    assert point[2] == 3 and abs(point[0] - 0.37) <= 0.5 / 2**5 and abs(math.log(point[1] / 2.3)) <= 0.5 / 2**5
+    assert costs.mean() == pytest.approx(simulate([point])[0].mean())
+    assert max(calls[1:]) <= 6  # one batch of at most two moves per parameter per round
 
 
 def test_tuning_refuses_the_heldout_seed():

@@ -25,7 +25,7 @@ def test_step_and_evaluation_match_the_cpu():
     gpu_next, gpu_cost = step(inst.to_torch("cuda", torch.float64), cuda_state, *(a.cuda() for a in args))
     torch.testing.assert_close(gpu_cost.cpu(), cpu_cost)
     torch.testing.assert_close(gpu_next.inv.cpu(), cpu_next.inv)
-    params = {"reorder_z": -0.5, "cover": 2, "order_up_to_z": 0.5}
+    params = {"reorder_z": -0.5, "cover": 2, "order_up_to_z": 0.5, "cycle_stock": 0.0}
     cpu = evaluate(make_policy(inst.to_torch(), "base-stock-factor", params), inst.to_torch(), sample_paths(inst, 1, 16, 20))
     gpu = evaluate(make_policy(inst.to_torch("cuda"), "base-stock-factor", params), inst.to_torch("cuda"), sample_paths(inst, 1, 16, 20, "cuda"))
     np.testing.assert_allclose(gpu.discounted_cost, cpu.discounted_cost, rtol=1e-4)

@@ -44,7 +44,7 @@ D = np.array([-3, -2, -1, 0, 0, 1, 2, 3], dtype=float)  # mean 0, s.d. 2: s.e. o
 E = np.array([-2, -2, -1, -1, 1, 1, 2, 2], dtype=float)  # classical-best's: mean 0, s.e. sqrt(20 / 7) / sqrt(8) = 0.5976
 # Against classical-best, D - E = [-1, 0, 0, 1, -1, 0, 0, 1]: s.e. sqrt(4 / 7) / sqrt(8) = 0.26726 and the 95% half-width
 # t(0.975, 7) * 0.26726 = 2.364624 * 0.26726 = 0.63197 around the difference of the means.
-CLASSICAL = {"family": "base-stock", "reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0}
+CLASSICAL = {"family": "base-stock", "reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.0}
 
 # (method, n, seed): status, held-out mean of the greedy opening (the sampled one is 1 higher), reason
 TRIALS = {

@@ -29,7 +29,8 @@ LONG_BUDGET_HORIZON = 8
 @dataclass
 class Trace:
     """Per-step records of an evaluation (NumPy). inventory is I before demand at step t; quantity
-    is the proposed Q_t (executed only where open == 1)."""
+    is the proposed Q_t, executed only where open == 1 (a learned policy proposes 0 where it does not open:
+    trainers.policy)."""
 
     factor: np.ndarray  # [E, T]
     open: np.ndarray  # [E, T]

@@ -83,10 +83,10 @@ def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path)
     if mode == "greedy":
         np.testing.assert_array_equal(open_order, (p_net > 0.5).int().numpy())
         np.testing.assert_allclose(quantity, (INSTANCE.to_torch().qbar * fraction).numpy(), rtol=1e-5)
-    else:  # the first draw of the seeded stream, as the evaluator's call makes it
-        sampled_open, sampled_quantity = policy(state, INSTANCE.to_torch())
-        np.testing.assert_array_equal(open_order, sampled_open.int().numpy())
-        np.testing.assert_allclose(quantity, sampled_quantity.numpy(), rtol=1e-5)
+    else:  # the first draw of the seeded stream, as decide.py makes it
+        sampled = policy.decide(state, INSTANCE.to_torch())
+        np.testing.assert_array_equal(open_order, sampled.open.int().numpy())
+        np.testing.assert_allclose(quantity, sampled.quantity.numpy(), rtol=1e-5)
 
 
 def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path):

@@ -7,6 +7,10 @@ fraction) and the normalised value (eq. value_head).
 
 Both take item tokens [B, n, 11], the global token [B, 4] and an optional padding mask [B, n]
 (True = a real item).
+
+Under `torch.inference_mode` (decisions; no gradient can flow there) a Transformer's global readouts
+(open logit, value) update only h_0 in the last block: the same h_0 up to float rounding, with a quarter
+less attention. Training runs outside inference mode and computes every row, as before.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class TransformerShape:
 
 
 class SelfAttention(nn.Module):
-    """Full non-causal multi-head attention without query/key/value bias; `keep` masks padded keys."""
+    """Full non-causal multi-head attention without query/key/value bias; `keep` masks padded keys.
+    `rows` selects the query rows (every row is a key and a value): [B, S, d] -> [B, len(rows), d]."""
 
     def __init__(self, width: int, heads: int):
         super().__init__()
@@ -46,16 +51,16 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.out = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: Optional[torch.Tensor], rows: slice = slice(None)) -> torch.Tensor:
         B, S, d = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, dh]
         mask = None if keep is None else keep[:, None, None, :]  # [B, 1, 1, S]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [B, H, S, dh]
-        return self.out(y.transpose(1, 2).reshape(B, S, d))
+        y = F.scaled_dot_product_attention(q[:, :, rows], k, v, attn_mask=mask)  # [B, H, R, dh]
+        return self.out(y.transpose(1, 2).reshape(B, y.shape[2], d))
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer block, zero dropout."""
+    """Pre-norm Transformer block, zero dropout; updates the token rows `rows` (all by default): [B, S, d] -> [B, len(rows), d]."""
 
     def __init__(self, shape: TransformerShape):
         super().__init__()
@@ -64,14 +69,16 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(shape.width)
         self.mlp = nn.Sequential(nn.Linear(shape.width, shape.feed_forward), nn.GELU(), nn.Linear(shape.feed_forward, shape.width))
 
-    def forward(self, x, keep):
-        x = x + self.attention(self.norm1(x), keep)
+    def forward(self, x, keep, rows: slice = slice(None)):
+        x = x[:, rows] + self.attention(self.norm1(x), keep, rows)
         return x + self.mlp(self.norm2(x))
 
 
 class TokenEncoder(nn.Module):
     """E_G, E_I and T^r of eq. (three_transformers): [B, 4], [B, n, 11] -> [B, 1 + n, d].
-    No positional or item-index embedding, so item order only permutes the item rows."""
+    No positional or item-index embedding, so item order only permutes the item rows. With `rows` the
+    last block updates only those rows (the earlier blocks need every row as a key and a value) and the
+    result is [B, len(rows), d]."""
 
     def __init__(self, shape: TransformerShape):
         super().__init__()
@@ -80,18 +87,19 @@ class TokenEncoder(nn.Module):
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.blocks))
         self.norm = nn.LayerNorm(shape.width)
 
-    def forward(self, items, glob, item_mask=None):
+    def forward(self, items, glob, item_mask=None, rows: slice = slice(None)):
         x = torch.cat([self.embed_global(glob)[:, None], self.embed_item(items)], dim=1)
         keep = None
         if item_mask is not None:  # the global token is always attended to
             keep = torch.cat([torch.ones_like(item_mask[:, :1]), item_mask], dim=1)
-        for block in self.blocks:
+        for block in self.blocks[:-1]:
             x = block(x, keep)
-        return self.norm(x)
+        return self.norm(self.blocks[-1](x, keep, rows))
 
 
 class GlobalReadout(nn.Module):
-    """A token encoder and a scalar head on the final global representation h_0: [B]."""
+    """A token encoder and a scalar head on the final global representation h_0: [B]. Under inference
+    mode the last block computes h_0 only (see the module docstring)."""
 
     def __init__(self, shape: TransformerShape):
         super().__init__()
@@ -99,7 +107,8 @@ class GlobalReadout(nn.Module):
         self.head = nn.Linear(shape.width, 1)
 
     def forward(self, items, glob, item_mask=None):
-        return self.head(self.encoder(items, glob, item_mask)[:, 0])[:, 0]
+        rows = slice(0, 1) if torch.is_inference_mode_enabled() else slice(None)
+        return self.head(self.encoder(items, glob, item_mask, rows)[:, 0])[:, 0]
 
 
 class ItemReadout(nn.Module):

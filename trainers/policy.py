@@ -1,6 +1,10 @@
 """The decision API: a trained network as a policy (state, instance) -> (Y, Q) for the shared evaluator,
 and `decide`, which also returns the opening probability p (what platform/decide.py reports). A checkpoint
-of any method loads as its policy through trainers.registry.load_policy."""
+of any method loads as its policy through trainers.registry.load_policy.
+
+Decisions run under torch.inference_mode, where a Transformer's open encoder updates only h_0 in its
+last block (trainers/networks.py). As a policy (`__call__`) the quantity network runs only on the states
+that open: the evaluator executes O = Y Q, so Q of a state with Y = 0 is never used and is returned as 0."""
 
 from __future__ import annotations
 
@@ -17,7 +21,8 @@ MODES = ("greedy", "sampled")
 
 
 class Decision(NamedTuple):
-    """One decision per state of a batch: Y [B] in {0, 1}, p = P(Y = 1) [B], proposed Q [B, n] in [0, qbar]."""
+    """One decision per state of a batch: Y [B] in {0, 1}, p = P(Y = 1) [B], proposed Q [B, n] in [0, qbar]
+    (0 on the states with Y = 0 when decided with opened_only)."""
 
     open: torch.Tensor
     probability: torch.Tensor
@@ -41,8 +46,10 @@ class LearnedPolicy:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.seed)
 
-    @torch.no_grad()
-    def decide(self, state: State, instance: TensorInstance) -> Decision:
+    @torch.inference_mode()
+    def decide(self, state: State, instance: TensorInstance, opened_only: bool = False) -> Decision:
+        """Y, p and Q for every state; with `opened_only` the quantity network runs only on the states with
+        Y = 1 (a greedy decision that does not open needs one encoder instead of two) and Q is 0 elsewhere."""
         items, glob = item_tokens(instance, state), global_token(instance, state)
         p = torch.sigmoid(self.model.open_logit(items, glob))
         if self.mode == "greedy":
@@ -51,8 +58,12 @@ class LearnedPolicy:
             if self.generator is None:
                 self.reset()
             open_order = torch.bernoulli(p, generator=self.generator)
-        return Decision(open_order, p, instance.qbar * self.model.quantity_fraction(items, glob))
+        rows = open_order.nonzero()[:, 0] if opened_only else torch.arange(state.batch, device=items.device)
+        fraction = torch.zeros_like(items[..., 0])
+        if rows.numel():
+            fraction[rows] = self.model.quantity_fraction(items[rows], glob[rows]).to(fraction.dtype)  # bfloat16 under a caller's autocast
+        return Decision(open_order, p, instance.qbar * fraction)
 
     def __call__(self, state: State, instance: TensorInstance):
-        open_order, _, quantity = self.decide(state, instance)
+        open_order, _, quantity = self.decide(state, instance, opened_only=True)
         return open_order, quantity

@@ -1,0 +1,121 @@
+"""The fast decision path of trainers/policy.py against the full computation (both networks on every state,
+every block on every token, outside inference mode): same Y, same Q where Y = 1, same evaluation costs."""
+
+import numpy as np
+import pytest
+import torch
+
+from envs.dynamics import State
+from envs.evaluation import evaluate
+from envs.exogenous import sample_paths
+from envs.features import global_token, item_tokens
+from envs.instance import paper_instance
+from trainers.pathwise import build_network
+from trainers.policy import LearnedPolicy
+from trainers.registry import method_config
+
+N = 8
+
+
+def random_state(n: int, batch: int, seed: int) -> State:
+    g = torch.Generator().manual_seed(seed)
+    return State(torch.randn(batch, n, generator=g) * 5, torch.rand(batch, n, 3, generator=g) * 4, torch.randn(batch, generator=g))
+
+
+def full_decision(model, tinst, state: State):
+    """Today's path, written out: both networks on every state, gradients tracked (so no inference-mode
+    shortcut): (open logit [B], Q [B, n])."""
+    items, glob = item_tokens(tinst, state), global_token(tinst, state)
+    return model.open_logit(items, glob).detach(), (tinst.qbar * model.quantity_fraction(items, glob)).detach()
+
+
+def half_opening(model, tinst, state: State):
+    """Shift the open head's bias so that half of the batch (even size) opens, none within 1e-3 of p = 0.5."""
+    logit, _ = full_decision(model, tinst, state)
+    middle = logit.sort().values[len(logit) // 2 - 1: len(logit) // 2 + 1].mean()
+    with torch.no_grad():
+        model.open_net.head.bias -= middle
+    logit, _ = full_decision(model, tinst, state)
+    assert (logit > 0).sum() == len(logit) // 2 and logit.abs().min() > 1e-3 * (logit.max() - logit.min())
+    return logit
+
+
+@pytest.mark.parametrize("preset", ["paper", "cpu"])
+def test_fast_path_decides_as_the_full_computation(preset):
+    torch.manual_seed(0)
+    tinst = paper_instance(N, 0).to_torch()
+    model = build_network(method_config("or-transformer", preset), N)
+    state = random_state(N, batch=12, seed=1)
+    logit = half_opening(model, tinst, state)
+    _, quantity = full_decision(model, tinst, state)
+    opens = logit > 0
+
+    policy = LearnedPolicy(model, "greedy")
+    open_order, fast_quantity = policy(state, tinst)
+    assert open_order.tolist() == opens.float().tolist()
+    torch.testing.assert_close(fast_quantity[opens], quantity[opens], rtol=1e-6, atol=0)
+    assert fast_quantity[~opens].eq(0).all()
+
+    decision = policy.decide(state, tinst)  # all quantities, as platform/decide.py reports them
+    assert decision.open.tolist() == open_order.tolist()
+    torch.testing.assert_close(decision.probability, torch.sigmoid(logit), rtol=1e-6, atol=0)
+    torch.testing.assert_close(decision.quantity, quantity, rtol=1e-6, atol=0)
+
+
+def test_sampled_mode_draws_the_same_stream_with_and_without_the_quantities_of_closed_states():
+    torch.manual_seed(2)
+    tinst = paper_instance(N, 0).to_torch()
+    model = build_network(method_config("or-transformer", "cpu"), N)
+    state = random_state(N, batch=12, seed=3)
+    half_opening(model, tinst, state)
+    policy = LearnedPolicy(model, "sampled", seed=5)
+    policy.reset()
+    full = policy.decide(state, tinst)
+    policy.reset()
+    open_order, quantity = policy(state, tinst)
+    opens = open_order.bool()
+    assert open_order.tolist() == full.open.tolist() and 0 < opens.sum() < len(opens)
+    torch.testing.assert_close(quantity[opens], full.quantity[opens], rtol=1e-6, atol=0)
+    assert quantity[~opens].eq(0).all()
+
+
+def test_inference_mode_global_readouts_equal_the_full_encoders_with_padding():
+    """h_0 from a last block that updates only h_0 (inference mode) against every row updated, for the open
+    logit and the value, with padded item slots that must not change them."""
+    torch.manual_seed(3)
+    tinst = paper_instance(N, 0).to_torch()
+    model = build_network(method_config("or-transformer", "cpu"), N)
+    state = random_state(N, batch=3, seed=4)
+    items, glob = item_tokens(tinst, state), global_token(tinst, state)
+    padded = torch.cat([items, torch.randn(3, 5, 11) * 100], dim=1)
+    mask = torch.cat([torch.ones(3, N, dtype=torch.bool), torch.zeros(3, 5, dtype=torch.bool)], dim=1)
+    full_logit, full_value = model.open_logit(items, glob).detach(), model.value(items, glob).detach()
+    with torch.inference_mode():
+        for args in ((items, glob), (padded, glob, mask)):
+            torch.testing.assert_close(model.open_logit(*args), full_logit, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(model.value(*args), full_value, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_costs_equal_the_full_path():
+    torch.manual_seed(4)
+    instance = paper_instance(4, 0)
+    tinst = instance.to_torch()
+    model = build_network(method_config("or-transformer", "cpu"), 4)
+    with torch.no_grad():
+        model.open_net.head.bias -= 0.15  # opens in about half of the steps (checked below)
+    paths = sample_paths(instance, 11, 6, 20)
+
+    def full_policy(state, inst):
+        logit, quantity = full_decision(model, inst, state)
+        return (torch.sigmoid(logit) > 0.5).float(), quantity
+
+    fast = evaluate(LearnedPolicy(model, "greedy"), tinst, paths, trace=True)
+    full = evaluate(full_policy, tinst, paths, trace=True)
+    assert 0.2 < fast.trace.open.mean() < 0.8
+    np.testing.assert_array_equal(fast.trace.open, full.trace.open)
+    np.testing.assert_allclose(fast.discounted_cost, full.discounted_cost, rtol=1e-6, atol=0)
+    opened = fast.trace.open.astype(bool)
+    np.testing.assert_allclose(fast.trace.quantity[opened], full.trace.quantity[opened], rtol=1e-6, atol=0)
+    assert not fast.trace.quantity[~opened].any()
+
+

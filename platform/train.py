@@ -90,6 +90,8 @@ def main() -> None:
     parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/train/); unknown keys are an error")
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
     parser.add_argument("--batch", type=positive_int, help="override the preset's parallel rollouts per update")
+    parser.add_argument("--initial-weights", metavar="CHECKPOINT", help="fine-tune: start from this pathwise checkpoint's network (same method and "
+                        "network shape; an OR-Transformer's from any n) instead of a fresh one")
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint.pt")
     existing.add_argument("--overwrite", action="store_true", help="remove the run in --out (checkpoint, curve, TensorBoard, evaluations) and start anew")
@@ -100,7 +102,7 @@ def main() -> None:
     run_mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     out = check_run_dir(resolve_out(args.out), run_mode)
     instance = Instance.load(args.instance)
-    overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch") if getattr(args, k) is not None}}
+    overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch", "initial_weights") if getattr(args, k) is not None}}
     try:
         result = run_experiment(args.method, instance, out, preset=args.preset, seed=args.seed, overrides=overrides, mode=run_mode,
                                 episodes=args.episodes, horizon=args.horizon, device=args.device)

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
 
+from envs.classical import FAMILIES, POLICY_NAMES
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 
@@ -48,7 +49,10 @@ def test_evaluate_classical_best_records_tuned_parameters(tmp_path):
     script("instance.py", "--n", 4, "--out", inst_path)
     script("evaluate.py", "--instance", inst_path, "--policy", "classical-best", "--episodes", 8, "--horizon", 10, "--seed", 3, "--out", tmp_path / "best")
     summary = json.loads((tmp_path / "best" / "summary.json").read_text())
-    assert summary["seed"] == 3 and summary["parameters"]["family"] in ("base-stock", "base-stock-factor", "can-order", "can-order-factor", "periodic", "periodic-factor")
+    variants = set(POLICY_NAMES) - {"zero", "classical-best"}
+    parameters = summary["parameters"]
+    assert summary["seed"] == 3 and parameters["family"] in variants and parameters["tuning_seconds"] > 0
+    assert set(parameters) == {"family", *FAMILIES[parameters["family"].removesuffix("-factor")], "tuning_mean", "tuning_se", "tuning_seconds"}
     assert not (tmp_path / "best" / "steps.parquet").exists()
 
 

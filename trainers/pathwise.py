@@ -14,11 +14,19 @@ Rollout b's randomness depends on (seed, b), not on the world size W: every rank
 exogenous steps and open-decision uniforms from the common streams and keeps its rows, and a checkpoint
 holds the whole batch's rollout state. So 1 and W workers give the same curve (to float reduction), and a
 checkpoint resumes on any W that divides B.
+
+Optional warm start (not the paper's; `imitation_updates` > 0): before update 1, `warm_start` makes that
+many supervised updates imitating a tuned classical policy (trainers.imitation), with its own Adam at a
+constant `imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as
+without it. It keeps the world-size invariance: every rank tunes the same teacher (tuning is deterministic),
+simulates its rows of the teacher's rollouts from a common stream, and the gradients are averaged; at its
+end every rank takes rank 0's weights.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional
 
@@ -26,12 +34,16 @@ import torch
 import torch.distributed as dist
 from torch.func import functional_call
 
+from envs.classical import tuned_policy
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
+from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
-from envs.instance import TensorInstance
+from envs.instance import Instance, TensorInstance
+from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
+from trainers.imitation import STREAM_OFFSET, TEACHERS, imitation_losses, teacher_rollout
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
 
 METHODS = ("or-transformer", "hpo")
@@ -57,6 +69,15 @@ class TrainConfig(TrainerConfig):
     """Adam's epsilon, > 0."""
     checkpoint_every: int = 500
     """Updates between checkpoints (>= 0; 0: only at the end). Gradients are clipped for each network separately."""
+    imitation_updates: int = 0
+    """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
+    imitation_teacher: str = "classical-best"
+    """The classical policy imitated (trainers.imitation.TEACHERS), tuned on the training instance as for evaluation."""
+    imitation_learning_rate: float = 1e-3
+    """The warm start's constant Adam learning rate, > 0."""
+    initial_weights: str = ""
+    """A checkpoint whose network weights the run starts from (a fine-tune; "" = a fresh network): the same
+    method and network shape; an OR-Transformer's may come from any n, an HPO network only from the same n."""
 
     def __post_init__(self):
         self.require_choice("method", METHODS)
@@ -67,12 +88,38 @@ class TrainConfig(TrainerConfig):
             self.require_real(name, 0, low_open=True)
         self.require_int("warmup", 0)
         self.require_int("checkpoint_every", 0)
+        self.require_int("imitation_updates", 0)
+        self.require_choice("imitation_teacher", TEACHERS)
+        self.require_real("imitation_learning_rate", 0, low_open=True)
+        if not isinstance(self.initial_weights, str):
+            raise ConfigError(f"config field 'initial_weights': expected a checkpoint path or '', got {self.initial_weights!r}")
 
 
 def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
     if config.method == "hpo":
         return HPOPerceptron(n, config.hidden)
     return ORTransformer(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward))
+
+
+NETWORK_FIELDS = {"or-transformer": ("blocks", "width", "heads", "feed_forward"), "hpo": ("hidden",)}
+
+
+def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
+    """Load the network weights of the checkpoint `config.initial_weights` into `model` (a fine-tune's start)."""
+    path = config.initial_weights
+    try:
+        ckpt = read_checkpoint(path, next(model.parameters()).device)
+    except CheckpointError as exc:
+        raise ConfigError(f"config field 'initial_weights': {exc}") from None
+    source = ckpt["config"]
+    differ = [f for f in ("method", *NETWORK_FIELDS[config.method]) if source.get(f) != getattr(config, f)]
+    if differ:
+        found = ", ".join(f"{f} {source.get(f)!r} (this run: {getattr(config, f)!r})" for f in differ)
+        raise ConfigError(f"config field 'initial_weights': checkpoint '{path}' holds another network: {found}")
+    try:
+        model.load_state_dict(ckpt["trainer"]["model"])
+    except RuntimeError as exc:
+        raise ConfigError(f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({str(exc).splitlines()[0]})") from None
 
 
 def tokens(instance: TensorInstance, state: State):
@@ -234,6 +281,8 @@ class PathwiseTrainer:
         self.rows = shard_rows(self.shard)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model = build_network(config, instance.n).to(device=instance.device, dtype=instance.dtype)
+        if config.initial_weights:  # every rank loads the same file
+            load_initial_weights(self.model, config)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
         # the same streams on every rank, drawn for the whole batch (module docstring)
         self.stream = FactorDemandStream(instance, config.batch, seed=config.seed * 1_000_003)
@@ -241,10 +290,53 @@ class PathwiseTrainer:
         self.generator.manual_seed(config.seed * 1_000_003 + 7919)
         self.state = initial_state(instance, self.stream.initial_factor()[self.rows])
         self.update = 0
+        self.warm_start_record: Optional[dict[str, Any]] = None
+        """What the warm start did (teacher, final losses, seconds), once it is done; part of the checkpoint."""
+
+    def warm_start_due(self) -> bool:
+        return self.config.imitation_updates > 0 and self.warm_start_record is None
+
+    def warm_start(self, source: Instance) -> dict[str, Any]:
+        """The warm start (module docstring) on `source`, the instance this trainer's tensors come from (the
+        teacher is tuned on it); every rank calls it (collectives). Returns and keeps its record: the teacher
+        and its parameters, the last update's losses and greedy agreement (before that update's step), seconds."""
+        config, instance = self.config, self.instance
+        if not self.warm_start_due():
+            raise RuntimeError(f"no warm start is due: config field 'imitation_updates' is {config.imitation_updates}, done: {self.warm_start_record is not None}")
+        started = time.perf_counter()
+        teacher, parameters = tuned_policy(source, config.imitation_teacher, EVAL_HORIZON, device=instance.device)
+        tuning_seconds = time.perf_counter() - started
+        stream = FactorDemandStream(instance, config.batch, seed=config.seed * 1_000_003 + STREAM_OFFSET)
+        factor = stream.initial_factor()
+        state = initial_state(instance, factor[self.rows])
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=config.imitation_learning_rate, eps=config.adam_eps)
+        _, world = rank_and_world()
+        for _ in range(config.imitation_updates):
+            batch, state, factor = teacher_rollout(teacher, instance, state, factor, stream, config.rollout, self.rows)
+            loss = imitation_losses(self.model, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
+            if world > 1:
+                average_gradients(list(self.model.parameters()), world)
+            for params in self.model.networks().values():
+                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            optimizer.step()
+        if world > 1:
+            for tensor in self.model.state_dict().values():
+                dist.broadcast(tensor, src=0)
+        final = (_global_sum(torch.stack([value.detach().double() for value in loss[1:]])) / world).tolist()
+        self.warm_start_record = {
+            "updates": config.imitation_updates, "teacher": config.imitation_teacher, "teacher_parameters": parameters,
+            **dict(zip(("open_loss", "quantity_loss", "critic_loss", "open_agreement"), final)),
+            "tuning_seconds": tuning_seconds, "seconds": time.perf_counter() - started,
+        }
+        return self.warm_start_record
 
     def step(self) -> dict[str, float]:
         """One update; returns its metrics, averaged over the ranks (cost10 is the rollouts' mean discounted cost
         sum_{t<T} gamma^t C_t)."""
+        if self.warm_start_due():
+            raise RuntimeError("config field 'imitation_updates' is > 0: call warm_start(instance) before the first update")
         config, gamma = self.config, self.instance.gamma
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, self.update)
@@ -289,6 +381,7 @@ class PathwiseTrainer:
             "rollout_state": {"inv": all_gather_rows(self.state.inv), "pipe": all_gather_rows(self.state.pipe), "factor": all_gather_rows(self.state.factor)},
             "stream_rng": self.stream.generator.get_state(),
             "open_rng": self.generator.get_state(),
+            "warm_start": self.warm_start_record,
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
@@ -303,3 +396,4 @@ class PathwiseTrainer:
         self.state = State(s["inv"][self.rows].to(device), s["pipe"][self.rows].to(device), s["factor"][self.rows].to(device))
         self.stream.generator.set_state(data["stream_rng"])
         self.generator.set_state(data["open_rng"])
+        self.warm_start_record = data.get("warm_start")  # absent from checkpoints older than the warm start

@@ -115,7 +115,10 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
         return
     if state is not None:
         trainer.load_state_dict(state)
-    recorder = RunRecorder(out, config, instance.n, rows, loop_config["progress"]) if lead else PeerRecorder(config)
+    warm_started = trainer.warm_start_due()
+    if warm_started:
+        trainer.warm_start(instance)  # every rank (collectives), before rank 0 writes any file (trainers.run)
+    recorder = RunRecorder(out, config, instance.n, rows, loop_config["progress"], trainer.warm_start_record) if lead else PeerRecorder(config)
     report = UpdateReport(device)
 
     def save(status: str, reason: Optional[str]) -> None:
@@ -129,6 +132,9 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             report.send(checkpoint)
 
+    if warm_started:  # the update-0 checkpoint: a restarted worker group continues after the warm start
+        recorder.write_curve()
+        save("running", None)
     training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every, report.hold)
 
 

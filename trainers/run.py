@@ -7,7 +7,8 @@ Files in the run directory:
   curve.parquet   method, n, seed, update, cost10, wall_seconds: updates 1..k of the checkpoint's update k
                   (rewritten atomically before each checkpoint)
   tensorboard/    event files (every metric of every update)
-  training.json   config, status (completed | diverged | interrupted), reason, updates done, wall time, manifest
+  training.json   config, status (completed | diverged | interrupted), reason, updates done, wall time, manifest,
+                  and the warm start's record when the run has one (trainers.pathwise)
   greedy/, sampled/, rllib/  the held-out evaluations (trainers.experiment) and RLlib's state (trainers.rllib_ppo)
   ray_train/      Ray Train's storage of a data-parallel run (trainers.ray_train)
 
@@ -21,6 +22,11 @@ diverged, or completed `updates` updates) trains nothing and returns its trainin
 An interruption (Ctrl-C or SIGTERM, in the main thread) lets the current update finish, then saves the
 checkpoint (status `interrupted`), the curve and training.json at that update and raises KeyboardInterrupt
 again; a second one stops at once, keeping the files of the last checkpoint.
+
+A warm start (config imitation_updates > 0) runs before any file is written, so an interruption during it
+leaves no run in the folder; then an update-0 checkpoint (status `running`, an empty curve) holds the
+warm-started model, so a resume neither repeats nor skips it. The curve's wall_seconds count from the start
+of the run, the warm start included.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import shutil
 import signal
 import threading
 import time
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -84,9 +91,13 @@ def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
     return out
 
 
-def check_resumable(ckpt: dict[str, Any], config_dict: dict[str, Any], instance: Instance, path: Path) -> None:
-    """Only `updates` may change between a checkpoint (its config as stored) and the run that resumes it, and not below the checkpoint's update."""
-    if ckpt["config"] | {"updates": 0} != config_dict | {"updates": 0}:
+def check_resumable(ckpt: dict[str, Any], config, instance: Instance, path: Path) -> None:
+    """Only `updates` may change between a checkpoint (its config as stored) and the run that resumes it, and
+    not below the checkpoint's update. A field the stored config lacks (added to the config after the
+    checkpoint was written) counts as its default, the value that run had."""
+    defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
+    config_dict = config.to_dict()
+    if defaults | ckpt["config"] | {"updates": 0} != config_dict | {"updates": 0}:
         raise CheckpointError(f"checkpoint '{path}': its config differs from this run's (only 'updates' may change on resume)")
     if ckpt["instance"].to_dict() != instance.to_dict():
         raise CheckpointError(f"checkpoint '{path}': it was trained on a different instance")
@@ -116,16 +127,18 @@ def resume_point(out: Path, config, instance: Instance, device: str = "cpu") -> 
     """The checkpoint in `out`, checked against this run's config and instance, and its curve rows."""
     path = out / "checkpoint.pt"
     ckpt = read_checkpoint(path, device)
-    check_resumable(ckpt, config.to_dict(), instance, path)
+    check_resumable(ckpt, config, instance, path)
     return ckpt, read_curve(out / "curve.parquet", int(ckpt["trainer"]["update"]))
 
 
-def write_summary(out: Path, config, n: int, status: str, reason: Optional[str], updates_done: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Write training.json; returns its content."""
+def write_summary(out: Path, config, n: int, status: str, reason: Optional[str], updates_done: int, rows: list[dict[str, Any]],
+                  warm_start: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Write training.json (with the warm start's record when there is one); returns its content."""
     summary = {
         "method": config.method, "n": n, "seed": config.seed, "status": status, "reason": reason, "updates_done": updates_done,
         "final_cost10": rows[-1]["cost10"] if rows else None,
-        "wall_seconds": rows[-1]["wall_seconds"] if rows else 0.0,
+        "wall_seconds": rows[-1]["wall_seconds"] if rows else (warm_start or {}).get("seconds", 0.0),
+        **({"warm_start": warm_start} if warm_start else {}),
         "manifest": manifest(config.to_dict()),
     }
     atomic_write_text(out / "training.json", json.dumps(summary, indent=1) + "\n")
@@ -144,19 +157,20 @@ def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[di
         summary = None
     if isinstance(summary, dict) and summary.get("status") == status and summary.get("updates_done") == done:
         return summary
-    return write_summary(out, config, n, status, ckpt["reason"], done, rows)
+    return write_summary(out, config, n, status, ckpt["reason"], done, rows, ckpt["trainer"].get("warm_start"))
 
 
 class RunRecorder:
-    """Curve rows, TensorBoard scalars and the progress bar of one run; `rows` are those of the updates already done."""
+    """Curve rows, TensorBoard scalars and the progress bar of one run; `rows` are those of the updates already
+    done, `warm_start` the record of the run's warm start (its seconds start the wall clock)."""
 
-    def __init__(self, out: Path, config, n: int, rows: list[dict[str, Any]], progress: bool):
+    def __init__(self, out: Path, config, n: int, rows: list[dict[str, Any]], progress: bool, warm_start: Optional[dict[str, Any]] = None):
         from tensorboardX import SummaryWriter
 
-        self.out, self.config, self.n = out, config, n
+        self.out, self.config, self.n, self.warm_start = out, config, n, warm_start
         self.rows = list(rows)
         done = len(self.rows)
-        self.wall_offset = self.rows[-1]["wall_seconds"] if self.rows else 0.0
+        self.wall_offset = self.rows[-1]["wall_seconds"] if self.rows else (warm_start or {}).get("seconds", 0.0)
         self.start = time.perf_counter()
         # purge_step hides events of updates after the checkpoint that a killed run had logged
         self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else None)
@@ -187,7 +201,7 @@ class RunRecorder:
 
     def summary(self, status: str, reason: Optional[str], updates_done: int) -> dict[str, Any]:
         """Write training.json; returns its content."""
-        return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows)
+        return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows, self.warm_start)
 
 
 class StopRequest:
@@ -269,9 +283,16 @@ def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: st
     trainer = PathwiseTrainer(config, instance.to_torch(config.device))
     if mode == "resume":
         trainer.load_state_dict(ckpt["trainer"])
-    recorder = RunRecorder(out, config, instance.n, rows, progress)
+    warm_started = trainer.warm_start_due()
+    if warm_started:
+        trainer.warm_start(instance)  # before any file: an interruption here leaves no run
+    recorder = RunRecorder(out, config, instance.n, rows, progress, trainer.warm_start_record)
 
     def save(status: str, reason: Optional[str]) -> None:
         save_checkpoint(out / "checkpoint.pt", config, instance, trainer.state_dict(), status, reason)
+
+    if warm_started:  # the update-0 checkpoint: a resume continues after the warm start
+        recorder.write_curve()
+        save("running", None)
 
     return training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every, on_update)

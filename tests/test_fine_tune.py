@@ -1,0 +1,46 @@
+"""Fine-tuning: a pathwise run that starts from another run's network (config field initial_weights)."""
+
+import pytest
+import torch
+
+from envs.instance import paper_instance
+from trainers.config import ConfigError
+from trainers.pathwise import PathwiseTrainer
+from trainers.registry import load_checkpoint, method_config, train
+
+TINY = {"batch": 8, "rollout": 3, "updates": 2, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 16, "warmup": 1,
+        "imitation_updates": 0}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two tiny runs at n = 4: OR-Transformer and HPO."""
+    out = tmp_path_factory.mktemp("source")
+    for method in ("or-transformer", "hpo"):
+        train(method_config(method, "cpu", {**TINY, "seed": 3}), paper_instance(4, 0), out / method, progress=False)
+    return out
+
+
+def weights(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_an_or_transformer_starts_from_a_run_at_another_size(trained):
+    fresh = PathwiseTrainer(method_config("or-transformer", "cpu", {**TINY, "seed": 5}), paper_instance(6, 0).to_torch())
+    tuned = PathwiseTrainer(method_config("or-transformer", "cpu", {**TINY, "seed": 5, "initial_weights": str(trained / "or-transformer" / "checkpoint.pt")}),
+                            paper_instance(6, 0).to_torch())
+    saved = load_checkpoint(trained / "or-transformer" / "checkpoint.pt")["trainer"]["model"]
+    got = weights(tuned.model)
+    assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
+    assert not all(torch.equal(got[k], v) for k, v in weights(fresh.model).items())  # not the seed's fresh network
+    tuned.step()  # and it trains at the new size
+
+
+def test_another_network_is_refused_naming_the_field(trained):
+    path = str(trained / "or-transformer" / "checkpoint.pt")
+    with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*width 16 \(this run: 32\)"):
+        PathwiseTrainer(method_config("or-transformer", "cpu", {**TINY, "width": 32, "initial_weights": path}), paper_instance(4, 0).to_torch())
+    with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*method 'or-transformer' \(this run: 'hpo'\)"):
+        PathwiseTrainer(method_config("hpo", "cpu", {**TINY, "initial_weights": path}), paper_instance(4, 0).to_torch())
+    with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*does not fit this network"):  # HPO's input is 11 n + 4
+        PathwiseTrainer(method_config("hpo", "cpu", {**TINY, "initial_weights": str(trained / "hpo" / "checkpoint.pt")}), paper_instance(6, 0).to_torch())

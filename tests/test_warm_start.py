@@ -1,0 +1,292 @@
+"""The warm start by imitation of classical-best (trainers.imitation, PathwiseTrainer.warm_start): targets
+against a slow reference loop, the fit (loss falls, greedy agreement with the teacher on states of another
+seed's rollouts), the run folder (update-0 checkpoint, resume without repeating it, an interruption during it
+writes nothing), the paper's path unchanged when it is off, world-size invariance, and bad config values."""
+
+import copy
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import trainers.pathwise as pathwise
+from envs.classical import tuned_policy
+from envs.dynamics import initial_state, step
+from envs.evaluation import EVAL_HORIZON
+from envs.exogenous import FactorDemandStream
+from envs.instance import paper_instance
+from trainers.checkpoint import CheckpointError, read_checkpoint
+from trainers.config import ConfigError
+from trainers.imitation import imitation_losses, lookahead, teacher_rollout
+from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.run import run_files, train
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: one thread gives the same numbers, without thread contention on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+TUNED = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tune_once():
+    """Tune each teacher once in this module (tuning is deterministic and takes seconds; a copy each time, as
+    a tuned policy may hold a clock)."""
+    def tuned(instance, name, horizon, **kwargs):
+        key = (instance.content_hash(), name, horizon)
+        if key not in TUNED:
+            TUNED[key] = tuned_policy(instance, name, horizon, **kwargs)
+        policy, parameters = TUNED[key]
+        return copy.copy(policy), dict(parameters)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pathwise, "tuned_policy", tuned)
+        yield
+
+
+TINY = dict(batch=16, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, hidden=32, warmup=2)
+N4 = paper_instance(4, 0)
+
+
+class EveryThird:
+    """A teacher with a clock (as periodic review has): opens at calls 0, 3, 6, ... and proposes IP-dependent Q."""
+
+    def __init__(self):
+        self.clock = 0
+
+    def __call__(self, state, instance):
+        due = float(self.clock % 3 == 0)
+        self.clock += 1
+        quantity = torch.clamp(2 * instance.mu - state.inventory_position(), min=0.0).minimum(instance.qbar)
+        return torch.full((state.batch,), due), quantity
+
+
+def test_lookahead_reaches_one_percent_of_the_tail():
+    assert lookahead(0.95) == 90 and 0.95**90 <= 0.01 < 0.95**89
+    assert lookahead(0.5) == 7 and lookahead(1e-9) == 1
+
+
+def test_teacher_targets_match_a_slow_reference_loop():
+    """Two calls of 4 steps against one plain simulation of 8 + lookahead steps from the same stream: the
+    states, Y, Q / qbar and the cost-to-go sum_k gamma^k C_{t+k} / c_ref (double loop), and the second call
+    continues exactly where the first one's 4 steps ended (the clock and the stream too)."""
+    inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
+    batch, steps = 6, 4
+    stream = FactorDemandStream(inst, batch, seed=11)
+    reference_stream = FactorDemandStream(inst, batch, seed=11)
+    factor = stream.initial_factor()
+    state = initial_state(inst, factor)
+    teacher = EveryThird()
+    calls = []
+    for _ in range(2):
+        batch_steps, state, factor = teacher_rollout(teacher, inst, state, factor, stream, steps, slice(0, batch))
+        calls.append(batch_steps)
+    # the reference: one simulation long enough for the second call's lookahead
+    total = 2 * steps + lookahead(inst.gamma)
+    ref_teacher, ref_factor = EveryThird(), reference_stream.initial_factor()
+    ref_state, invs, opens, fractions, costs = initial_state(inst, ref_factor), [], [], [], []
+    for _ in range(total):
+        y, q = ref_teacher(ref_state, inst)
+        invs.append(ref_state.inv), opens.append(y), fractions.append(q / inst.qbar)
+        demand = reference_stream.demand(ref_factor)
+        ref_factor = reference_stream.next_factor(ref_factor)
+        ref_state, cost = step(inst, ref_state, y, q, demand, ref_factor)
+        costs.append(cost / inst.c_ref)
+    for call, got in enumerate(calls):
+        for t in range(steps):
+            u = call * steps + t
+            rows = slice(t, None, steps)  # flattened (row, step): step t of every row
+            horizon = steps + lookahead(inst.gamma) - t  # this call simulated up to its own end
+            expected_g = sum(inst.gamma**k * costs[u + k] for k in range(horizon))
+            torch.testing.assert_close(got.cost_to_go[rows], expected_g)
+            torch.testing.assert_close(got.open_order[rows], opens[u])
+            torch.testing.assert_close(got.fraction[rows], fractions[u])
+            torch.testing.assert_close(got.items[rows][..., 0], (invs[u] - inst.mu) / inst.sigma)
+    assert calls[0].open_order.view(batch, steps)[0].tolist() == [1, 0, 0, 1]
+    assert calls[1].open_order.view(batch, steps)[0].tolist() == [0, 0, 1, 0]  # the clock went on from 4, not from 4 + lookahead
+
+
+@pytest.fixture(scope="module")
+def warm_trainer():
+    """A tiny network warm-started by 200 imitation updates on the paper instance n = 4, seed 0."""
+    trainer = PathwiseTrainer(TrainConfig(**TINY, updates=3, imitation_updates=200), N4.to_torch())
+    untrained = PathwiseTrainer(TrainConfig(**TINY, updates=3), N4.to_torch())  # the same initial weights (seed 0)
+    trainer.warm_start(N4)
+    return trainer, untrained
+
+
+@pytest.fixture(scope="module")
+def fresh_teacher_states():
+    """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
+    inst = N4.to_torch()
+    teacher, _ = pathwise.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    stream = FactorDemandStream(inst, 256, seed=987_654)
+    factor = stream.initial_factor()
+    state = initial_state(inst, factor)
+    for _ in range(3):
+        batch, state, factor = teacher_rollout(teacher, inst, state, factor, stream, 20, slice(0, 256))
+    assert 0.2 < batch.open_order.mean() < 0.8  # both decisions occur
+    return batch
+
+
+def test_imitation_lowers_every_loss_on_other_states(warm_trainer, fresh_teacher_states):
+    trainer, untrained = warm_trainer
+    with torch.no_grad():
+        before = imitation_losses(untrained.model, fresh_teacher_states)
+        after = imitation_losses(trainer.model, fresh_teacher_states)
+    assert after.open < 0.5 * before.open
+    assert after.quantity < 0.5 * before.quantity
+    assert after.critic < 0.1 * before.critic  # the untrained critic is near 0, the cost-to-go near 8
+
+
+def test_greedy_opening_agrees_with_the_teacher_on_other_states(warm_trainer, fresh_teacher_states):
+    """Measured 94% here (tiny network, 200 updates); the untrained network's greedy Y is one constant."""
+    trainer, untrained = warm_trainer
+    with torch.no_grad():
+        assert imitation_losses(trainer.model, fresh_teacher_states).agreement >= 0.9
+        assert imitation_losses(untrained.model, fresh_teacher_states).agreement < 0.8
+
+
+def test_record_and_the_first_update_after_it(warm_trainer):
+    trainer, _ = warm_trainer
+    record = trainer.warm_start_record
+    assert record["updates"] == 200 and record["teacher"] == "classical-best"
+    assert record["teacher_parameters"]["family"] and record["seconds"] >= record["tuning_seconds"] > 0
+    assert 0.8 < record["open_agreement"] <= 1 and record["open_loss"] > 0
+    assert not trainer.warm_start_due() and trainer.update == 0
+    with pytest.raises(RuntimeError, match="imitation_updates"):
+        PathwiseTrainer(trainer.config, N4.to_torch()).step()
+    with pytest.raises(RuntimeError, match="no warm start is due"):
+        trainer.warm_start(N4)  # not twice
+
+
+def test_warm_start_is_deterministic_from_the_seed():
+    config = TrainConfig(**TINY, updates=1, imitation_updates=3)
+    a, b = (PathwiseTrainer(config, N4.to_torch()) for _ in range(2))
+    a.warm_start(N4), b.warm_start(N4)
+    for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()):
+        assert torch.equal(x, y)
+
+
+def model_weights(path):
+    return read_checkpoint(path)["trainer"]["model"]
+
+
+def test_resume_after_the_warm_start_does_not_repeat_it(tmp_path, monkeypatch):
+    """A run stopped at once in update 1 keeps the update-0 checkpoint; resumed without calling the warm start
+    again, it ends with the uninterrupted run's model and curve."""
+    config = TrainConfig(**TINY, updates=3, imitation_updates=5, imitation_teacher="base-stock-factor", checkpoint_every=0)
+    inst = paper_instance(3, 0)
+    straight = train(config, inst, tmp_path / "a", progress=False)
+
+    def stop(update, metrics):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(config, inst, tmp_path / "b", progress=False, on_update=stop)
+    ckpt = read_checkpoint(tmp_path / "b" / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"]) == ("running", 0)
+    assert ckpt["trainer"]["warm_start"]["open_loss"] == straight["warm_start"]["open_loss"]
+
+    def no_second_warm_start(self, source):
+        raise AssertionError("the warm start ran again")
+
+    monkeypatch.setattr(PathwiseTrainer, "warm_start", no_second_warm_start)
+    resumed = train(config, inst, tmp_path / "b", mode="resume", progress=False)
+    for x, y in zip(model_weights(tmp_path / "a" / "checkpoint.pt").values(), model_weights(tmp_path / "b" / "checkpoint.pt").values()):
+        assert torch.equal(x, y)
+    assert pq.read_table(tmp_path / "a" / "curve.parquet")["cost10"] == pq.read_table(tmp_path / "b" / "curve.parquet")["cost10"]
+    on_disk = json.loads((tmp_path / "b" / "training.json").read_text())
+    assert on_disk["warm_start"] == resumed["warm_start"] and resumed["warm_start"]["open_loss"] == straight["warm_start"]["open_loss"]
+    assert straight["wall_seconds"] > straight["warm_start"]["seconds"]  # the curve's clock includes the warm start
+
+
+def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pathwise, "imitation_losses", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(**TINY, updates=2, imitation_updates=3, imitation_teacher="base-stock"), paper_instance(2, 0), tmp_path / "run", progress=False)
+    assert run_files(tmp_path / "run") == []
+
+
+def test_without_imitation_updates_training_is_as_before(tmp_path):
+    """The 3-update curve with the field absent and at 0 (with another imitation learning rate), and the curve
+    that the same calls gave before the warm start existed (commit bbb6c6b, this machine)."""
+    inst = paper_instance(2, 0).to_torch()
+    absent = PathwiseTrainer(TrainConfig(**TINY, updates=3), inst)
+    zero = PathwiseTrainer(TrainConfig(**TINY, updates=3, imitation_updates=0, imitation_learning_rate=0.5), inst)
+    curve_absent = [absent.step()["cost10"] for _ in range(3)]
+    assert [zero.step()["cost10"] for _ in range(3)] == curve_absent
+    assert curve_absent == pytest.approx([298.6874198993595, 647.2065015891793, 928.6405972458219], rel=1e-5)
+    summary = train(TrainConfig(**TINY, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
+    assert "warm_start" not in summary and read_checkpoint(tmp_path / "run" / "checkpoint.pt")["trainer"]["warm_start"] is None
+
+
+def test_a_checkpoint_written_before_the_warm_start_existed_still_resumes(tmp_path):
+    """Its stored config lacks the imitation fields (their defaults: no warm start) and its state the record."""
+    inst = paper_instance(2, 0)
+    train(TrainConfig(**TINY, updates=1), inst, tmp_path / "run", progress=False)
+    path = tmp_path / "run" / "checkpoint.pt"
+    payload = torch.load(path, weights_only=True)
+    payload["config"] = {k: v for k, v in payload["config"].items() if not k.startswith("imitation_")}
+    del payload["trainer"]["warm_start"]
+    torch.save(payload, path)
+    assert train(TrainConfig(**TINY, updates=2), inst, tmp_path / "run", mode="resume", progress=False)["updates_done"] == 2
+    with pytest.raises(CheckpointError, match="its config differs"):
+        train(TrainConfig(**TINY, updates=3, imitation_updates=2), inst, tmp_path / "run", mode="resume", progress=False)
+
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("imitation_updates", -1, "expected an integer >= 0, got -1"),
+    ("imitation_updates", 2.5, "expected an integer >= 0, got 2.5"),
+    ("imitation_updates", True, "expected an integer >= 0, got True"),
+    ("imitation_teacher", "zero", r"expected one of \['base-stock', .*'classical-best'\], got 'zero'"),
+    ("imitation_teacher", "dp-optimal", "expected one of .*, got 'dp-optimal'"),
+    ("imitation_learning_rate", 0, "expected a number > 0, got 0"),
+    ("imitation_learning_rate", "fast", "expected a number > 0, got 'fast'"),
+])
+def test_bad_warm_start_fields_are_refused_naming_the_field(field, value, allowed):
+    with pytest.raises(ConfigError, match=f"config field '{field}': {allowed}"):
+        TrainConfig(**{field: value})
+
+
+WORLD_CONFIG = TrainConfig(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, updates=1, imitation_updates=6,
+                           imitation_teacher="base-stock-factor")
+WORLD_INSTANCE = paper_instance(3, 0)
+
+
+def warm_weights(trainer):
+    trainer.warm_start(WORLD_INSTANCE)
+    return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), trainer.warm_start_record["open_loss"]
+
+
+def rank_worker(rank, world, init_file, results):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    torch.set_num_threads(1)
+    try:
+        results[rank] = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path):
+    results = mp.Manager().dict()
+    mp.spawn(rank_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, join=True)
+    (w0, loss0), (w1, loss1) = results[0], results[1]
+    one, loss = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
+    assert torch.equal(w0, w1) and loss0 == loss1
+    torch.testing.assert_close(w0, one, rtol=0, atol=1e-5)
+    assert loss0 == pytest.approx(loss, rel=1e-5)
+    initial = torch.cat([p.detach().flatten() for p in PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()).model.parameters()])
+    assert (one - initial).abs().max() > 1e-3  # the phase moved the weights

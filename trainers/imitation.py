@@ -1,0 +1,111 @@
+"""Warm start by imitation of a tuned classical policy (the teacher), before the paper's first update
+(issue 11, section 3; not part of the paper: `imitation_updates` = 0, the default, runs none of this).
+
+One imitation update: the teacher's B rollouts continue T_roll steps from where the previous update left
+them, and the three networks are fitted on those B T_roll states by
+  open      binary cross-entropy of the open logit (eq. order_head) against the teacher's Y;
+  quantity  squared error of the fraction (eq. quantity_head) against Q_teacher / qbar, on every item of
+            every state (Q_teacher = clip(S - IP, 0, qbar) is the teacher's proposal even where Y = 0);
+  critic    0.5 (V(s_t) - G_t)^2 (eq. value_head) with G_t = sum_k gamma^k C_{t+k} / c_ref the teacher's
+            discounted cost-to-go in the units of eq. (cost_normalization), simulated `lookahead` steps past
+            the last state of the update and truncated there (gamma^k <= TAIL: at most 1% of the tail's value).
+The three networks have disjoint parameters, so the sum of the three losses trains each on its own loss.
+
+The teacher's rollouts use the common-stream scheme of trainers.pathwise: every rank draws the whole batch's
+exogenous steps from one `FactorDemandStream` and keeps its rows, so the phase does not depend on the number
+of workers (to float reduction).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from envs.classical import POLICY_NAMES
+from envs.dynamics import State, step
+from envs.evaluation import Policy
+from envs.exogenous import FactorDemandStream
+from envs.features import global_token, item_tokens
+from envs.instance import TensorInstance
+from trainers.networks import ThreeNetworks
+
+TEACHERS = tuple(name for name in POLICY_NAMES if name != "zero")
+"""The classical policies a run may imitate (envs.classical.tuned_policy resolves each name)."""
+TAIL = 0.01
+"""The cost-to-go is simulated until the discount gamma^k falls to this."""
+STREAM_OFFSET = 104_729
+"""The teacher's stream has seed config.seed * 1_000_003 + STREAM_OFFSET: disjoint from the paper phase's
+streams (trainers.pathwise), which therefore draw the same steps with or without a warm start."""
+
+
+def lookahead(gamma: float) -> int:
+    """Steps simulated past a state for its cost-to-go: the least k >= 1 with gamma^k <= TAIL (90 at gamma = 0.95)."""
+    return max(1, math.ceil(math.log(TAIL) / math.log(gamma)))
+
+
+class TeacherSteps(NamedTuple):
+    """States of the teacher's rollouts (this rank's rows) and the targets on them, flattened over (row, step)."""
+
+    items: torch.Tensor  # [b T, n, 11]  item tokens of s_t
+    glob: torch.Tensor  # [b T, 4]      global token of s_t
+    open_order: torch.Tensor  # [b T]   the teacher's Y_t
+    fraction: torch.Tensor  # [b T, n]  the teacher's Q_t / qbar
+    cost_to_go: torch.Tensor  # [b T]   G_t in c_ref units
+
+
+def teacher_rollout(teacher: Policy, instance: TensorInstance, state: State, factor: torch.Tensor, stream: FactorDemandStream,
+                    steps: int, rows: slice) -> tuple[TeacherSteps, State, torch.Tensor]:
+    """`steps` steps of the teacher from `state` (this rank's `rows`; `factor` is F_t of the whole batch), then
+    `lookahead` more steps whose costs complete the cost-to-go. Returns the steps' states and targets, and the
+    state (rows) and factor (whole batch) after `steps` steps: the stream and the teacher's clock are left there
+    too, so the next call draws the lookahead's steps again as its own."""
+    gamma, total = instance.gamma, steps + lookahead(instance.gamma)
+    items, globs, opens, fractions, costs = [], [], [], [], []
+    policy = teacher
+    with torch.no_grad():
+        for t in range(total):
+            if t == steps:
+                after = (state, factor, stream.generator.get_state())
+                policy = copy.copy(teacher)  # the lookahead runs on a copy: the teacher's periodic clock stays at `steps`
+            open_order, quantity = policy(state, instance)
+            if t < steps:
+                items.append(item_tokens(instance, state))
+                globs.append(global_token(instance, state))
+                opens.append(open_order)
+                fractions.append(quantity / instance.qbar)
+            demand = stream.demand(factor)[rows]  # the whole batch's draws (trainers.pathwise.rollout)
+            factor = stream.next_factor(factor)
+            state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
+            costs.append(cost / instance.c_ref)
+        cost_to_go, running = [], torch.zeros_like(costs[0])
+        for t in reversed(range(total)):
+            running = costs[t] + gamma * running
+            if t < steps:
+                cost_to_go.append(running)
+    state, factor, rng = after
+    stream.generator.set_state(rng)
+    flat = lambda xs: torch.stack(xs, dim=1).flatten(0, 1)  # noqa: E731  [b, T, ...] -> [b T, ...]
+    return TeacherSteps(flat(items), flat(globs), flat(opens), flat(fractions), flat(cost_to_go[::-1])), state, factor
+
+
+class ImitationLosses(NamedTuple):
+    total: torch.Tensor
+    open: torch.Tensor
+    quantity: torch.Tensor
+    critic: torch.Tensor
+    agreement: torch.Tensor
+    """The share of states whose greedy Y = 1{p > 0.5} is the teacher's (no gradient)."""
+
+
+def imitation_losses(model: ThreeNetworks, batch: TeacherSteps) -> ImitationLosses:
+    """The three supervised losses of the module docstring, each a mean over the batch's states (and items)."""
+    logit = model.open_logit(batch.items, batch.glob)
+    open_loss = F.binary_cross_entropy_with_logits(logit, batch.open_order)
+    quantity = F.mse_loss(model.quantity_fraction(batch.items, batch.glob), batch.fraction)
+    critic = 0.5 * F.mse_loss(model.value(batch.items, batch.glob), batch.cost_to_go)
+    agreement = ((logit.detach() > 0).to(logit.dtype) == batch.open_order).to(logit.dtype).mean()
+    return ImitationLosses(open_loss + quantity + critic, open_loss, quantity, critic, agreement)

@@ -149,9 +149,11 @@ def test_an_interrupt_finishes_the_update_saves_it_and_the_resume_matches(tmp_pa
     cfg = TrainConfig(**{**TINY, "checkpoint_every": 0}, updates=6)
     straight = train(cfg, instance, tmp_path / "straight", progress=False)
     interrupt_at(monkeypatch, 2, signals=1, signum=signum)
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    assert before[1] is _terminate
     with pytest.raises(KeyboardInterrupt):
         train(cfg, instance, tmp_path / "run", progress=False)
-    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (signal.default_int_handler, _terminate)  # restored
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before  # restored
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
     assert (ckpt["status"], ckpt["trainer"]["update"]) == ("interrupted", 3)  # update 3 was under way: it finished and was saved
     assert curve(tmp_path / "run")["update"] == [1, 2, 3]

@@ -148,7 +148,10 @@ def test_more_episodes_extend_the_bound_journal(runs):
 
 
 def run_until_first_decision(command: list, journal) -> subprocess.Popen:
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal delivers it: the child starts with SIGINT's default action even if an earlier test
+    # left this process ignoring SIGINT (an ignored signal is inherited across exec)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (journal.exists() and len(lines(journal)) >= 2):  # the identity and one decision
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-2000:]

@@ -91,7 +91,8 @@ def main() -> None:
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
     parser.add_argument("--batch", type=positive_int, help="override the preset's parallel rollouts per update")
     parser.add_argument("--initial-weights", metavar="CHECKPOINT", help="fine-tune: start from this pathwise checkpoint's network (same method and "
-                        "network shape; an OR-Transformer's from any n) instead of a fresh one")
+                        "network shape; an OR-Transformer's from any n) instead of a fresh one, without the preset's warm start "
+                        "(unless --config sets imitation_updates)")
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint.pt")
     existing.add_argument("--overwrite", action="store_true", help="remove the run in --out (checkpoint, curve, TensorBoard, evaluations) and start anew")
@@ -103,6 +104,8 @@ def main() -> None:
     out = check_run_dir(resolve_out(args.out), run_mode)
     instance = Instance.load(args.instance)
     overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch", "initial_weights") if getattr(args, k) is not None}}
+    if args.initial_weights is not None and METHODS[args.method].family == "pathwise":
+        overrides.setdefault("imitation_updates", 0)  # imitating classical-best would overwrite the network being fine-tuned
     try:
         result = run_experiment(args.method, instance, out, preset=args.preset, seed=args.seed, overrides=overrides, mode=run_mode,
                                 episodes=args.episodes, horizon=args.horizon, device=args.device)

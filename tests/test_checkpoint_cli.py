@@ -86,12 +86,16 @@ script = run_script
 def test_train_evaluate_decide_end_to_end(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(3, 0).save(inst)
-    run = script("train.py", "--method", "or-transformer", "--instance", inst, "--updates", 3, "--batch", 8, "--episodes", 4, "--horizon", 5, "--out", tmp_path / "run")
+    short = tmp_path / "short-warm-start.yaml"
+    short.write_text("imitation_updates: 20\n")  # the cpu preset's warm start, shortened from 300
+    run = script("train.py", "--method", "or-transformer", "--instance", inst, "--config", short, "--updates", 3, "--batch", 8, "--episodes", 4,
+                 "--horizon", 5, "--out", tmp_path / "run")
     assert run.returncode == 0, run.stderr
     for mode in ("greedy", "sampled"):
         summary = json.loads((tmp_path / "run" / mode / "summary.json").read_text())
         assert summary["policy"] == f"or-transformer-{mode}" and summary["episodes"] == 4 and summary["training"]["status"] == "completed"
     assert pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 3
+    assert json.loads((tmp_path / "run" / "training.json").read_text())["warm_start"]["updates"] == 20
     ev = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'run' / 'checkpoint.pt'}", "--episodes", 4, "--horizon", 5, "--out", tmp_path / "ev")
     assert ev.returncode == 0, ev.stderr
     evaluated = json.loads((tmp_path / "ev" / "summary.json").read_text())
@@ -119,11 +123,13 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
 def test_yaml_config_files(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
-    run = script("train.py", "--method", "hpo", "--instance", inst, "--config", ROOT / "tune_configs" / "train" / "quick.yaml", "--updates", 2,
+    quick = tmp_path / "quick.yaml"  # tune_configs/train/quick.yaml without the cpu preset's warm start
+    quick.write_text((ROOT / "tune_configs" / "train" / "quick.yaml").read_text() + "imitation_updates: 0\n")
+    run = script("train.py", "--method", "hpo", "--instance", inst, "--config", quick, "--updates", 2,
                  "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run")
     assert run.returncode == 0, run.stderr
     config = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["config"]
-    assert (config.hidden, config.batch, config.updates) == (64, 16, 2)  # file over preset, flag over file
+    assert (config.hidden, config.batch, config.updates, config.imitation_updates) == (64, 16, 2, 0)  # file over preset, flag over file
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch: 16\nlearning_rte: 0.1\n")
     result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")

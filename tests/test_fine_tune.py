@@ -1,7 +1,11 @@
 """Fine-tuning: a pathwise run that starts from another run's network (config field initial_weights)."""
 
+import json
+
 import pytest
 import torch
+import yaml
+from conftest import run_script
 
 from envs.instance import paper_instance
 from trainers.config import ConfigError
@@ -44,3 +48,18 @@ def test_another_network_is_refused_naming_the_field(trained):
         PathwiseTrainer(method_config("hpo", "cpu", {**TINY, "initial_weights": path}), paper_instance(4, 0).to_torch())
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*does not fit this network"):  # HPO's input is 11 n + 4
         PathwiseTrainer(method_config("hpo", "cpu", {**TINY, "initial_weights": str(trained / "hpo" / "checkpoint.pt")}), paper_instance(6, 0).to_torch())
+
+
+def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained, tmp_path):
+    """train.py --initial-weights: the cpu preset imitates classical-best first, which would overwrite the network."""
+    inst, config = tmp_path / "i6.json", tmp_path / "network.yaml"
+    paper_instance(6, 0).save(inst)
+    config.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "imitation_updates"}))
+    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
+               "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft", check=True)
+    assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["config"].imitation_updates == 0
+    assert "warm_start" not in json.loads((tmp_path / "ft" / "training.json").read_text())
+    config.write_text(yaml.safe_dump({**TINY, "imitation_updates": 2}))  # unless the config asks for one
+    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
+               "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft2", check=True)
+    assert json.loads((tmp_path / "ft2" / "training.json").read_text())["warm_start"]["updates"] == 2

@@ -29,6 +29,12 @@ from trainers.pathwise import TrainConfig
 METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
 INSTANCE = paper_instance(2, 0)
 TINY = dict(batch=4, updates=2, rollout=10, blocks=1, width=32, heads=2, feed_forward=64, hidden=64)  # tune_configs/train/quick.yaml, 2 updates of 4
+WARM_START = {"or-transformer": 3, "hpo": 0}  # the cpu preset's 300 imitation updates, cut to 3 here and skipped for HPO
+
+
+def tiny(method: str) -> dict:
+    """TINY for `method`: a pathwise method's warm start shortened (WARM_START), an RLlib method has none."""
+    return {**TINY, "imitation_updates": WARM_START[method]} if method in WARM_START else TINY
 EPISODES, HORIZON = 4, 5
 
 
@@ -39,7 +45,7 @@ def experiments(tmp_path_factory, ray_session):
     done = {}
     for method in METHODS:
         calls = []
-        result = run_experiment(method, INSTANCE, folder / method, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False,
+        result = run_experiment(method, INSTANCE, folder / method, overrides=tiny(method), episodes=EPISODES, horizon=HORIZON, progress=False,
                                 on_update=lambda update, metrics, calls=calls: calls.append((update, metrics)))
         done[method] = (folder / method, result, calls)
     return done
@@ -50,14 +56,19 @@ def experiments(tmp_path_factory, ray_session):
 
 def test_one_preset_table_for_both_families():
     shared = [f.name for f in fields(TrainerConfig) if f.name != "method"]
-    for preset in registry.PRESETS:
+    for preset, table in registry.PRESETS.items():
         configs = {method: registry.method_config(method, preset) for method in METHODS}
-        for name in shared:
+        for name in set(shared) - set(table["pathwise"]) - set(table["rllib"]):  # a family may set a shared field for itself
             assert len({getattr(c, name) for c in configs.values()}) == 1, (preset, name)
     cpu = {method: registry.method_config(method, "cpu") for method in METHODS}
     # the cpu preset of the README: B 128, 1,280 updates, 2 blocks of width 64, 4 heads, feed-forward 256, hidden 256
     assert {(c.batch, c.updates, c.blocks, c.width, c.heads, c.feed_forward, c.hidden) for c in cpu.values()} == {(128, 1280, 2, 64, 4, 256, 256)}
     assert cpu["or-transformer"].checkpoint_every == cpu["hpo"].checkpoint_every == 250
+    # the pathwise methods start by imitating classical-best (docs/experiments.md); the paper preset does not
+    assert cpu["or-transformer"].imitation_updates == cpu["hpo"].imitation_updates == 300
+    assert {(c.learning_rate, c.final_learning_rate) for c in (cpu["or-transformer"], cpu["hpo"])} == {(1e-4, 1e-5)}
+    assert cpu["ppo"].learning_rate == registry.method_config("ppo", "paper").learning_rate  # PPO keeps its own
+    assert registry.method_config("or-transformer", "paper").imitation_updates == 0
     assert (cpu["ppo"].epochs, cpu["ppo"].minibatches) == (cpu["transformer-ppo"].epochs, cpu["transformer-ppo"].minibatches) == (2, 2)
     paper = registry.method_config("hpo", "paper")
     assert (paper.batch, paper.updates, paper.width, paper.checkpoint_every) == (1024, 16_000, 128, 500)  # the paper's table, the config's defaults
@@ -100,7 +111,7 @@ def test_experiment_arguments_are_checked_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match="config field 'width': expected an integer >= 1, got 0"):
         run_experiment("hpo", INSTANCE, tmp_path / "c", overrides={"width": 0})
     with pytest.raises(InputError, match="has no checkpoint.pt to resume"):
-        run_experiment("hpo", INSTANCE, tmp_path / "d", overrides=TINY, mode="resume")
+        run_experiment("hpo", INSTANCE, tmp_path / "d", overrides=tiny("hpo"), mode="resume")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -169,8 +180,9 @@ def test_run_experiment_trains_and_evaluates_every_method(experiments, method):
     assert set(result) == {"training", "greedy", "sampled"}
     assert result["training"] == json.loads((out / "training.json").read_text())
     assert (result["training"]["status"], result["training"]["updates_done"]) == ("completed", 2)
+    assert result["training"].get("warm_start", {}).get("updates") == (3 if method == "or-transformer" else None)
     ckpt = registry.load_checkpoint(out / "checkpoint.pt")
-    assert ckpt["config"] == registry.method_config(method, "cpu", {**TINY, "seed": 0, "device": "cpu"})
+    assert ckpt["config"] == registry.method_config(method, "cpu", {**tiny(method), "seed": 0, "device": "cpu"})
     curve = pq.read_table(out / "curve.parquet").to_pydict()
     assert [u for u, _ in calls] == curve["update"] == [1, 2]  # on_update after every update, with the curve's metrics
     assert [m["cost10"] for _, m in calls] == curve["cost10"]
@@ -230,9 +242,9 @@ def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(experi
     shutil.rmtree(out / "sampled")  # killed during its evaluation
     (out / "greedy" / "summary.json").unlink()
     with pytest.raises(InputError, match="already holds a run"):
-        run_experiment("hpo", INSTANCE, out, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False)
+        run_experiment("hpo", INSTANCE, out, overrides=tiny("hpo"), episodes=EPISODES, horizon=HORIZON, progress=False)
     calls = []
-    again = run_experiment("hpo", INSTANCE, out, overrides=TINY, mode="resume", episodes=EPISODES, horizon=HORIZON, progress=False,
+    again = run_experiment("hpo", INSTANCE, out, overrides=tiny("hpo"), mode="resume", episodes=EPISODES, horizon=HORIZON, progress=False,
                            on_update=lambda *a: calls.append(a))
     assert calls == [] and {name: (out / name).read_bytes() for name in before} == before
     for mode in ("greedy", "sampled"):
@@ -250,7 +262,7 @@ def test_workers_train_a_pathwise_method_with_ray_train(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "trainers.ray_train", types.SimpleNamespace(train_data_parallel=train_data_parallel))
     updates = []
-    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False, workers=2,
+    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=tiny("hpo"), episodes=EPISODES, horizon=HORIZON, progress=False, workers=2,
                             on_update=lambda *a: updates.append(a))
     assert calls == [("hpo", "new", 2, False, False)]
     assert updates == []  # Ray Train workers report to ray.train.report, not to this process's hook
@@ -277,7 +289,7 @@ def test_workers_scale_an_rllib_method_with_env_runners_and_learners(monkeypatch
 
 @pytest.mark.slow
 def test_run_experiment_on_one_ray_train_worker_gives_the_in_process_curve(experiments, tmp_path):
-    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=TINY, episodes=EPISODES, horizon=HORIZON, progress=False, workers=1)
+    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=tiny("hpo"), episodes=EPISODES, horizon=HORIZON, progress=False, workers=1)
     in_process = experiments["hpo"][0]
     assert result["training"]["updates_done"] == 2 and read_evaluation(tmp_path / "sampled")["summary"] == result["sampled"]
     curve = pq.read_table(tmp_path / "curve.parquet").to_pydict()["cost10"]

@@ -22,7 +22,7 @@ SWEEP = {
     "seeds": 1,
     "methods": ["hpo", "ppo"],
     "overrides": {"all": {"batch": 8, "updates": UPDATES, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32},
-                  "hpo": {"checkpoint_every": 5}},
+                  "hpo": {"checkpoint_every": 5, "imitation_updates": 0}},
     "resources": {"all": {"workers": 0, "cpus_per_worker": 1}},
     "evaluation": {"episodes": 8, "horizon": 10},
     "baselines": {"classical_best": True, "dp_optimal": True, "bound": {"time_limit": 10},

@@ -10,6 +10,7 @@ from conftest import ROOT, run_script
 from envs.errors import InputError
 from sweeps.run import dry_run, open_results, read_spec
 from sweeps.spec import SweepError, SweepSpec
+from trainers.registry import method_config
 
 MINIMAL = {"sizes": [1, 4], "seeds": 2, "methods": ["hpo", "ppo"]}
 
@@ -25,6 +26,16 @@ def test_the_shipped_sweep_files_are_valid_and_expand_as_documented():
     assert len(long) == 1 and long[0].horizon == 8 and long[0].time_limit == 6 * 3600
     cpu, _ = read_spec(ROOT / "tune_configs" / "cpu.yaml")
     assert cpu.sizes == (1, 4, 16) and cpu.seeds == (0, 1, 2, 3, 4) and cpu.preset == "cpu"
+    beat, _ = read_spec(ROOT / "tune_configs" / "beat-classical.yaml")  # docs/experiments.md: the cpu preset as it is
+    assert (beat.preset, beat.sizes, beat.seeds, beat.overrides_of("or-transformer")) == ("cpu", (4, 16), (0, 1, 2), {})
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tune_configs").glob("**/*.yaml")), ids=lambda path: path.name)
+def test_every_shipped_config_file_is_valid(path):
+    if path.parent.name == "train":  # training config files: fields over a preset (platform/train.py --config)
+        method_config("or-transformer", "cpu", yaml.safe_load(path.read_text()))
+    else:
+        read_spec(path)
 
 
 def test_trials_seeds_and_scoped_overrides():

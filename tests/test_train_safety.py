@@ -187,7 +187,7 @@ def test_train_script_saves_on_ctrl_c_and_resumes_to_the_uninterrupted_curve(tmp
     instance = paper_instance(2, 0)
     instance.save(inst)
     config = tmp_path / "tiny.yaml"
-    fields = {**TINY, "checkpoint_every": 10, "updates": 200, "learning_rate": "3e-4"}
+    fields = {**TINY, "checkpoint_every": 10, "updates": 200, "learning_rate": "3e-4", "imitation_updates": 0}  # no warm start: update 0 saves no checkpoint
     config.write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if k != "method"))
     assert yaml.safe_load(config.read_text())["learning_rate"] == "3e-4"  # YAML 1.1 reads it as a string; train.py takes the number
     run, log = tmp_path / "run", tmp_path / "stderr.txt"

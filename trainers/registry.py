@@ -50,13 +50,14 @@ METHODS: dict[str, Method] = {m.name: m for m in (
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The paper's configuration: the configs' defaults (table "OR-Transformer architecture and training settings").
     "paper": {"shared": {}, "pathwise": {}, "rllib": {}},
-    # Trains n = 16 in well under 30 minutes on two CPU cores: 8x fewer rollouts per update, 12.5x fewer
-    # updates, two blocks of width 64 (4 heads, feed-forward 256) instead of four of 128. PPO makes 2 passes
-    # of 2 minibatches (4 Adam steps) per update instead of 4 x 4, so Transformer-PPO at n = 16 fits in
-    # about half an hour here.
+    # Trains n = 16 in about 20 minutes on one CPU core: 8x fewer rollouts per update, 12.5x fewer updates,
+    # two blocks of width 64 (4 heads, feed-forward 256) instead of four of 128. The pathwise methods first
+    # imitate classical-best for 300 updates (the warm start), then make the paper's updates at a 3x lower
+    # learning rate (1e-4 to 1e-5): the choice of docs/experiments.md. PPO makes 2 passes of 2 minibatches
+    # (4 Adam steps) per update instead of 4 x 4, so Transformer-PPO at n = 16 fits in about half an hour here.
     "cpu": {
         "shared": {"batch": 128, "updates": 1280, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256, "hidden": 256},
-        "pathwise": {"checkpoint_every": 250},
+        "pathwise": {"checkpoint_every": 250, "imitation_updates": 300, "learning_rate": 1e-4, "final_learning_rate": 1e-5},
         "rllib": {"epochs": 2, "minibatches": 2},
     },
 }

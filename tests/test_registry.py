@@ -29,13 +29,13 @@ from trainers.pathwise import TrainConfig
 METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
 INSTANCE = paper_instance(2, 0)
 TINY = dict(batch=4, updates=2, rollout=10, blocks=1, width=32, heads=2, feed_forward=64, hidden=64)  # tune_configs/train/quick.yaml, 2 updates of 4
+EPISODES, HORIZON = 4, 5
 WARM_START = {"or-transformer": 3, "hpo": 0}  # the cpu preset's 300 imitation updates, cut to 3 here and skipped for HPO
 
 
 def tiny(method: str) -> dict:
     """TINY for `method`: a pathwise method's warm start shortened (WARM_START), an RLlib method has none."""
     return {**TINY, "imitation_updates": WARM_START[method]} if method in WARM_START else TINY
-EPISODES, HORIZON = 4, 5
 
 
 @pytest.fixture(scope="module")

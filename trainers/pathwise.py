@@ -314,13 +314,7 @@ class PathwiseTrainer:
         for _ in range(config.imitation_updates):
             batch, state, factor = teacher_rollout(teacher, instance, state, factor, stream, config.rollout, self.rows)
             loss = imitation_losses(self.model, batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.total.backward()
-            if world > 1:
-                average_gradients(list(self.model.parameters()), world)
-            for params in self.model.networks().values():
-                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            optimizer.step()
+            self._gradient_step(optimizer, loss.total)
         if world > 1:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
@@ -343,16 +337,8 @@ class PathwiseTrainer:
         alpha_entropy = entropy_weight(config, self.update)
         ro = rollout(self.model, self.instance, self.state, self.stream, config.rollout, self.generator)
         loss = losses(ro, gamma, config, alpha_entropy)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.total.backward()
+        norms = self._gradient_step(self.optimizer, loss.total)
         _, world = rank_and_world()
-        if world > 1:
-            average_gradients(list(self.model.parameters()), world)
-        norms = {}
-        for name, params in self.model.networks().items():
-            grads = [p for p in params if p.grad is not None]
-            norms[name] = float(torch.nn.utils.clip_grad_norm_(grads, config.grad_clip)) if grads else 0.0
-        self.optimizer.step()
         self.state = ro.final_state.detach()  # truncated backpropagation through time
         self.update += 1
         discount = gamma ** torch.arange(config.rollout, dtype=torch.float64, device=self.instance.device)
@@ -365,6 +351,21 @@ class PathwiseTrainer:
             "learning_rate": learning_rate(config, self.update - 1),
             **{f"grad_norm_{k}": v for k, v in norms.items()},
         }
+
+    def _gradient_step(self, optimizer: torch.optim.Optimizer, total: torch.Tensor) -> dict[str, float]:
+        """Backpropagate `total`, average the gradients over the ranks, clip each network's gradient norm to
+        grad_clip and step `optimizer`; returns each network's norm before clipping."""
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        _, world = rank_and_world()
+        if world > 1:
+            average_gradients(list(self.model.parameters()), world)
+        norms = {}
+        for name, params in self.model.networks().items():
+            grads = [p for p in params if p.grad is not None]
+            norms[name] = float(torch.nn.utils.clip_grad_norm_(grads, self.config.grad_clip)) if grads else 0.0
+        optimizer.step()
+        return norms
 
     def diverged(self, metrics: dict[str, float]) -> Optional[str]:
         return divergence_reason(metrics, self.instance.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)

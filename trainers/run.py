@@ -131,13 +131,18 @@ def resume_point(out: Path, config, instance: Instance, device: str = "cpu") -> 
     return ckpt, read_curve(out / "curve.parquet", int(ckpt["trainer"]["update"]))
 
 
+def wall_seconds(rows: list[dict[str, Any]], warm_start: Optional[dict[str, Any]]) -> float:
+    """The run's seconds so far: the last curve row's, or before update 1 the warm start's (0 without one)."""
+    return rows[-1]["wall_seconds"] if rows else (warm_start or {}).get("seconds", 0.0)
+
+
 def write_summary(out: Path, config, n: int, status: str, reason: Optional[str], updates_done: int, rows: list[dict[str, Any]],
                   warm_start: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Write training.json (with the warm start's record when there is one); returns its content."""
     summary = {
         "method": config.method, "n": n, "seed": config.seed, "status": status, "reason": reason, "updates_done": updates_done,
         "final_cost10": rows[-1]["cost10"] if rows else None,
-        "wall_seconds": rows[-1]["wall_seconds"] if rows else (warm_start or {}).get("seconds", 0.0),
+        "wall_seconds": wall_seconds(rows, warm_start),
         **({"warm_start": warm_start} if warm_start else {}),
         "manifest": manifest(config.to_dict()),
     }
@@ -170,7 +175,7 @@ class RunRecorder:
         self.out, self.config, self.n, self.warm_start = out, config, n, warm_start
         self.rows = list(rows)
         done = len(self.rows)
-        self.wall_offset = self.rows[-1]["wall_seconds"] if self.rows else (warm_start or {}).get("seconds", 0.0)
+        self.wall_offset = wall_seconds(self.rows, warm_start)
         self.start = time.perf_counter()
         # purge_step hides events of updates after the checkpoint that a killed run had logged
         self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else None)

@@ -5,8 +5,9 @@
 
 A single directory holding sweep.json is a results directory of platform/sweep.py: the report writes
 table.md, table.csv, curves.png, curves.svg, decision_time.png and index.html (one self-contained page)
-into --out, and prints the cost table (conventions: sweeps/report.py). --markdown also writes the cost
-table and the paired comparisons, each under the command that regenerates them (docs/results.md).
+into --out, and prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --markdown
+also writes the cost table and the paired comparisons, each under the command that regenerates them
+(docs/results.md).
 
 Otherwise every argument is an evaluation folder written by evaluate.py, train.py (its greedy/ or
 sampled/), milp.py or bound.py: mean ± s.e., the paired 95% CI against the reference and the gap to
@@ -50,7 +51,8 @@ def check_comparable(run: dict, reference: dict) -> None:
 
 
 def sweep_report(args: argparse.Namespace) -> None:
-    from sweeps.report import build_report, cost_table, markdown, write_report
+    from sweeps.render import cost_table, markdown, write_report
+    from sweeps.report import build_report
 
     root = args.runs[0]
     given = [flag for flag in ("reference", "bound") if getattr(args, flag)]

@@ -1,5 +1,5 @@
 """Run a sweep file: one Tune trial per (method, n, seed) and the baselines of every size, into one
-results directory (layout: sweeps/run.py), on an embedded local Ray or a cluster.
+results directory (layout: sweeps/results_dir.py), on an embedded local Ray or a cluster.
 
   python platform/sweep.py --config tune_configs/quick.yaml --out results/quick [--resume] [--dry-run]
   ray job submit --working-dir . -- python platform/sweep.py --config tune_configs/paper.yaml --out /mnt/shared/results/paper

@@ -1,7 +1,7 @@
-"""The report on a sweep's results directory (sweeps/report.py, platform/report.py RESULTS_DIR) on a small
-synthetic results directory: every evaluation folder is real (envs.results.write_evaluation) but holds
-hand-chosen per-episode costs, so every table cell, paired interval and binned curve value below is worked
-out by hand from those numbers."""
+"""The report on a sweep's results directory (sweeps/report.py computes it, sweeps/render.py writes it,
+platform/report.py RESULTS_DIR runs it) on a small synthetic results directory: every evaluation folder is
+real (envs.results.write_evaluation) but holds hand-chosen per-episode costs, so every table cell, paired
+interval and binned curve value below is worked out by hand from those numbers."""
 
 import csv
 import json
@@ -22,8 +22,9 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import manifest, write_evaluation, write_parquet
 from solver_workers.runs import DECISION_COLUMNS
+from sweeps import render as rn
 from sweeps import report as rp
-from sweeps.run import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA
+from sweeps.results_dir import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA, read_results
 from trainers.checkpoint import save_checkpoint
 from trainers.pathwise import build_network
 from trainers.registry import method_config
@@ -126,7 +127,7 @@ def report(results):
     return rp.build_report(results)
 
 
-def cells(table: rp.Table) -> dict[tuple[str, str], str]:
+def cells(table: rn.Table) -> dict[tuple[str, str], str]:
     """(row's first cell, header) -> cell, with the best cell as **x** and the second as <ins>x</ins> (as in table.md)."""
     marked = {"best": "**{}**", "second": "<ins>{}</ins>"}
     return {(row[0], h): marked[table.styles[(i, j)]].format(c) if (i, j) in table.styles else c
@@ -134,8 +135,8 @@ def cells(table: rp.Table) -> dict[tuple[str, str], str]:
 
 
 def test_cost_table_cells_by_hand(report):
-    got = cells(rp.cost_table(report))
-    assert rp.cost_table(report).header == ["n", "OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal", "bound"]
+    got = cells(rn.cost_table(report))
+    assert rn.cost_table(report).header == ["n", "OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal", "bound"]
     # n = 1: OR-Transformer's seeds 100, 102, 104: mean 102, s.e. across seeds 2 / sqrt(3) = 1.15; HPO's finished seeds 101 and
     # 110.4 (diverged): 105.7 ± 4.7; dp-optimal (99) is the best policy, OR-Transformer second; the bound is never ranked.
     assert got[("1", "OR-Transformer")] == "<ins>102.0 ± 1.2</ins>"
@@ -153,28 +154,28 @@ def test_cost_table_cells_by_hand(report):
     assert got[("4", "milp-highs")] == "440.30 ± 0.71"
     assert got[("4", "milp-short")] == "200.0 ± 1.0‡"
     assert got[("4", "dp-optimal")] == "—"
-    notes = " ".join(rp.cost_table(report).notes)
+    notes = " ".join(rn.cost_table(report).notes)
     assert "† one finished seed" in notes and "milp-short at n = 4: 2 episodes x 5 decisions" in notes
     assert "hpo-n1-s2 failed: RuntimeError: worker died" in notes and "hpo-n4-s1 failed: ValueError: b" in notes
     assert "or-transformer-n4-s2 interrupted" in notes
 
 
 def test_per_item_reduction_gap_and_divergence_by_hand(report):
-    per_item = cells(rp.per_item_table(report))
+    per_item = cells(rn.per_item_table(report))
     assert per_item[("4", "OR-Transformer")] == "100.00 ± 0.18" and per_item[("4", "classical-best")] == "110.00 ± 0.15"
     assert per_item[("4", "HPO")] == "failed (3 of 3 seeds)"
-    reduction = cells(rp.reduction_table(report))  # 1 - OR-Transformer / method
+    reduction = cells(rn.reduction_table(report))  # 1 - OR-Transformer / method
     assert [reduction[("1", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == ["3.5%", "7.3%", "8.9%", "n/a", "-3.0%"]
     assert [reduction[("4", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == ["n/a", "9.1%", "9.2%", "n/a", "n/a"]
-    gap = cells(rp.gap_table(report))  # method / bound - 1
+    gap = cells(rn.gap_table(report))  # method / bound - 1
     assert [gap[("1", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "dp-optimal")] == ["13.3%", "17.4%", "22.2%", "24.4%", "10.0%"]
     assert [gap[("4", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short")] == ["5.3%", "n/a", "15.8%", "15.9%", "n/a"]
-    diverged = cells(rp.diverged_table(report))
+    diverged = cells(rn.diverged_table(report))
     assert diverged[("1", "HPO")] == "1 of 3 (33.3%)" and diverged[("1", "OR-Transformer")] == "0 of 3 (0.0%)"
 
 
 def test_csv_holds_every_cell_with_its_numbers(report):
-    rows = {(r["n"], r["column"]): r for r in csv.DictReader(rp.csv_text(report).splitlines())}
+    rows = {(r["n"], r["column"]): r for r in csv.DictReader(rn.csv_text(report).splitlines())}
     assert len(rows) == 2 * 7
     ours = rows[("1", "or-transformer")]
     assert float(ours["mean"]) == pytest.approx(102) and float(ours["se"]) == pytest.approx(2 / math.sqrt(3)) and ours["se_over"] == "seeds"
@@ -186,7 +187,7 @@ def test_csv_holds_every_cell_with_its_numbers(report):
 
 
 def test_paired_comparisons_by_hand(report):
-    table = rp.paired_table(report)
+    table = rn.paired_table(report)
     got = {(r[0], r[1]): r for r in table.rows}
     assert set(got) == {("1", "OR-Transformer"), ("1", "HPO"), ("1", "milp-highs"), ("1", "dp-optimal"), ("4", "OR-Transformer"), ("4", "HPO"),
                         ("4", "milp-highs"), ("4", "milp-short")}
@@ -251,10 +252,10 @@ def test_decision_time_against_the_milp(report):
         assert 0 < rows[key]["one_state"] < 1 and rows[key]["batch_size"] == EPISODES
     assert report.milp_times[1] == {"milp-highs": pytest.approx(2.5)}  # solve 2.0 + build 0.5
     assert report.milp_times[4] == {"milp-highs": pytest.approx(5.0), "milp-short": pytest.approx(5.0)}  # mean of 3 and 5, + 1
-    table = rp.decision_table(report)
+    table = rn.decision_table(report)
     row = next(r for r in table.rows if r[:2] == ["1", "HPO"])
     assert row[4] == "2.5 s"
-    assert row[5] == rp.ratio(2.5 / rows[(1, "hpo")]["one_state"])
+    assert row[5] == rn.ratio(2.5 / rows[(1, "hpo")]["one_state"])
 
 
 class Page(HTMLParser):
@@ -282,7 +283,7 @@ class Page(HTMLParser):
 
 
 def test_outputs_and_the_self_contained_page(report, tmp_path):
-    written = rp.write_report(report, tmp_path / "out")
+    written = rn.write_report(report, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["table.md", "table.csv", "curves.png", "curves.svg", "decision_time.png",
                                                                            "index.html"])
     assert written["curves.png"].read_bytes().startswith(b"\x89PNG") and b"<svg" in written["curves.svg"].read_bytes()
@@ -293,7 +294,7 @@ def test_outputs_and_the_self_contained_page(report, tmp_path):
     page.close()
     assert len(page.sources) == 2 and all(s.startswith("data:image/png;base64,") for s in page.sources)
     assert page.links == []  # no script, stylesheet or link to fetch
-    for row in csv.DictReader(rp.csv_text(report).splitlines()):
+    for row in csv.DictReader(rn.csv_text(report).splitlines()):
         assert row["cell"] in page.cells, row["cell"]
     text = "".join(page.text)
     assert report.results.record["git_commit"] in text and "2026-01-28T11:00:00+0000" in text and "milp-short" in text
@@ -301,14 +302,14 @@ def test_outputs_and_the_self_contained_page(report, tmp_path):
 
 def test_sampled_opening_is_selectable_and_stated(results):
     sampled = rp.build_report(results, opening="sampled")
-    table = rp.cost_table(sampled)
+    table = rn.cost_table(sampled)
     assert "(sampled opening)" in table.title and cells(table)[("1", "OR-Transformer")] == "<ins>103.0 ± 1.2</ins>"
     with pytest.raises(InputError, match="opening: expected one of"):
         rp.build_report(results, opening="best")
 
 
 def test_results_markdown_writes_the_command_above_each_table(report):
-    text = rp.results_markdown(report, "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md")
+    text = rn.results_markdown(report, "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md")
     sections = text.split("## ")[1:]
     assert [s.splitlines()[0] for s in sections] == ["Mean discounted cost over 10 decisions (greedy opening)", "Paired comparisons against classical-best"]
     for section in sections:
@@ -319,17 +320,17 @@ def test_bad_results_directories(results, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(InputError, match="holds no sweep.json: not a results directory"):
-        rp.read_results(empty)
+        read_results(empty)
     record = json.loads((results / "sweep.json").read_text())
     (empty / "sweep.json").write_text(json.dumps(record))
     with pytest.raises(InputError, match="has no trials.parquet: the sweep has not finished a run"):
-        rp.read_results(empty)
+        read_results(empty)
     (empty / "sweep.json").write_text(json.dumps(record | {"version": 2}))
     with pytest.raises(InputError, match="field 'version' is 2, this code reads version 1"):
-        rp.read_results(empty)
+        read_results(empty)
     (empty / "sweep.json").write_text(json.dumps(record | {"sweep": {**SWEEP, "sizes": "all"}}))
     with pytest.raises(InputError, match="field 'sweep': sweep field 'sizes'"):
-        rp.read_results(empty)
+        read_results(empty)
 
 
 def test_a_finished_trial_without_its_evaluation_is_an_error(results, tmp_path):

@@ -8,7 +8,8 @@ import yaml
 from conftest import ROOT, run_script
 
 from envs.errors import InputError
-from sweeps.run import dry_run, open_results, read_spec
+from sweeps.results_dir import open_results
+from sweeps.run import dry_run, read_spec
 from sweeps.spec import SweepError, SweepSpec
 from trainers.registry import method_config
 

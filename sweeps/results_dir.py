@@ -1,0 +1,239 @@
+"""A sweep's results directory: its layout and schema, the writer (sweeps/run.py) and the reader
+(sweeps/report.py), in one place.
+
+  sweep.json          the sweep file, package versions, git commit, hardware, start and end time, the
+                      instance hash of every size
+  instances/n<N>.json the paper instance of every size
+  trials/<method>-n<N>-s<seed>/   a run folder (trainers/run.py) with greedy/ and sampled/ evaluations
+  baselines/n<N>/<name>/          an evaluation folder (classical-best, dp-optimal, bound, MILPs)
+  trials.parquet      one row per trial: method, n, seed, status, reason, updates, wall_seconds,
+                      transitions_per_second, greedy_mean, greedy_se, sampled_mean, sampled_se, checkpoint
+  curves.parquet      every trial's curve: method, n, seed, update, cost10, wall_seconds
+  baselines.parquet   n, name, mean, se, episodes, horizon, seconds_per_decision
+  tune/trials-<k>/    Tune's experiment folders (TensorBoard event files of every trial)
+
+A results directory holds one sweep: another sweep file is refused. A baseline is finished when its
+folder reads whole, a trial when training.json and both evaluations do. The three tables are rebuilt
+from the folders at the end of every run, so a killed driver leaves no duplicate rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from envs.errors import InputError
+from envs.instance import Instance, atomic_write_text, paper_instance
+from envs.results import read_evaluation, read_record, write_parquet
+from sweeps.spec import SweepSpec, Trial
+
+SWEEP_FORMAT = "or-transformer-platform/sweep"
+SCHEMA_VERSION = 1
+OPENINGS = ("greedy", "sampled")
+"""The held-out evaluations of a trial (trainers.experiment), each a folder of the trial's run folder."""
+FINISHED = ("completed", "diverged")
+"""Trial statuses that have a checkpoint and both evaluations (a diverged run keeps its last checkpoint)."""
+
+TRIALS_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
+                           ("updates", pa.int64()), ("wall_seconds", pa.float64()), ("transitions_per_second", pa.float64()),
+                           ("greedy_mean", pa.float64()), ("greedy_se", pa.float64()), ("sampled_mean", pa.float64()), ("sampled_se", pa.float64()),
+                           ("checkpoint", pa.string())])
+CURVES_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("update", pa.int64()), ("cost10", pa.float64()),
+                           ("wall_seconds", pa.float64())])
+BASELINES_SCHEMA = pa.schema([("n", pa.int64()), ("name", pa.string()), ("mean", pa.float64()), ("se", pa.float64()), ("episodes", pa.int64()),
+                              ("horizon", pa.int64()), ("seconds_per_decision", pa.float64())])
+
+
+def trial_folder(out: Path, trial: Trial) -> Path:
+    return out / "trials" / trial.name
+
+
+def baseline_folder(out: Path, n: int, name: str) -> Path:
+    return out / "baselines" / f"n{n}" / name
+
+
+def instance_path(out: Path, n: int) -> Path:
+    return out / "instances" / f"n{n}.json"
+
+
+# ---- writing --------------------------------------------------------------------------------------
+
+
+def open_results(out: Path, data: dict, resume: bool) -> dict:
+    """Check that `out` can hold this sweep; return sweep.json's content (the existing one on resume)."""
+    path = out / "sweep.json"
+    if path.exists():
+        old = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "use another --out")
+        if old.get("sweep") != data:
+            raise InputError(f"results directory '{out}' holds another sweep (its sweep file differs from this one): use another --out")
+        if not resume:
+            raise InputError(f"results directory '{out}' already holds this sweep: continue it with --resume, or use another --out")
+        return old
+    if resume:
+        raise InputError(f"results directory '{out}' holds no sweep to resume (no sweep.json): run without --resume")
+    if out.exists() and any(out.iterdir()):
+        raise InputError(f"results directory '{out}' is not empty and holds no sweep: use a new or empty --out")
+    return {"format": SWEEP_FORMAT, "version": SCHEMA_VERSION, "sweep": data, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def write_record(out: Path, record: dict) -> None:
+    atomic_write_text(out / "sweep.json", json.dumps(record, indent=1) + "\n")
+
+
+def write_instances(spec: SweepSpec, out: Path) -> dict[int, Instance]:
+    """The paper instance of every size, saved once into instances/."""
+    result = {}
+    for n in spec.sizes:
+        inst = paper_instance(n, spec.instance_seed)
+        path = instance_path(out, n)
+        if not path.exists():
+            inst.save(path)
+        result[n] = inst
+    return result
+
+
+def baseline_done(folder: Path, instance: Instance, episodes: int, horizon: int) -> bool:
+    """A whole evaluation folder of this instance, episodes and horizon (anything else is redone)."""
+    try:
+        s = read_evaluation(folder)["summary"]
+    except InputError:
+        return False
+    return s["instance_hash"] == instance.content_hash() and s["episodes"] == episodes and s["horizon"] == horizon
+
+
+def trial_done(folder: Path) -> bool:
+    if not (folder / "training.json").is_file():
+        return False
+    try:
+        for mode in OPENINGS:
+            read_evaluation(folder / mode)
+    except InputError:
+        return False
+    return True
+
+
+def trial_row(out: Path, trial: Trial, errors: dict[str, str]) -> dict[str, Any]:
+    folder = trial_folder(out, trial)
+    row: dict[str, Any] = {"method": trial.method, "n": trial.n, "seed": trial.seed, "status": "pending", "reason": None, "updates": 0,
+                           "wall_seconds": None, "transitions_per_second": None, "greedy_mean": None, "greedy_se": None,
+                           "sampled_mean": None, "sampled_se": None, "checkpoint": None}
+    training = None
+    if (folder / "training.json").is_file():
+        training = json.loads((folder / "training.json").read_text())
+        config = training["manifest"]["config"]
+        row.update(status=training["status"], reason=training["reason"], updates=training["updates_done"], wall_seconds=training["wall_seconds"])
+        if training["wall_seconds"]:
+            row["transitions_per_second"] = training["updates_done"] * config["batch"] * config["rollout"] / training["wall_seconds"]
+        row["checkpoint"] = str((folder / "checkpoint.pt").relative_to(out))
+    if training is not None and trial_done(folder):
+        for mode in OPENINGS:
+            s = read_evaluation(folder / mode)["summary"]
+            row[f"{mode}_mean"], row[f"{mode}_se"] = s["mean"], s["se"]
+    elif trial.name in errors:
+        row.update(status="failed", reason=errors[trial.name])
+    elif training is not None or (folder / "checkpoint.pt").exists():
+        row.update(status="interrupted", reason="the sweep stopped before this trial finished; --resume continues it")
+    return row
+
+
+def write_tables(spec: SweepSpec, out: Path, errors: dict[str, str]) -> list[dict[str, Any]]:
+    """Rebuild trials.parquet, curves.parquet and baselines.parquet from the folders; returns the trial rows."""
+    rows = [trial_row(out, t, errors) for t in spec.trials()]
+    write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), out / "trials.parquet")
+    curves = []
+    for t in spec.trials():
+        path = trial_folder(out, t) / "curve.parquet"
+        if path.is_file():
+            curves.append(pq.read_table(path).select(CURVES_SCHEMA.names).cast(CURVES_SCHEMA))
+    write_parquet(pa.concat_tables(curves) if curves else CURVES_SCHEMA.empty_table(), out / "curves.parquet")
+    baselines = []
+    for folder in sorted((out / "baselines").glob("n*/*")):
+        try:
+            s = read_evaluation(folder)["summary"]
+        except InputError:
+            continue
+        decisions = s.get("decisions", {})
+        baselines.append({"n": s["n"], "name": folder.name, "mean": s["mean"], "se": s["se"], "episodes": s["episodes"], "horizon": s["horizon"],
+                          "seconds_per_decision": decisions.get("solve_seconds_mean")})
+    write_parquet(pa.Table.from_pylist(baselines, schema=BASELINES_SCHEMA), out / "baselines.parquet")
+    return rows
+
+
+# ---- reading --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    root: Path
+    record: dict[str, Any]
+    """sweep.json: the sweep file, manifest, dates, instance hashes."""
+    spec: SweepSpec
+    trials: list[dict[str, Any]]
+    curves: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
+    """(method, n, seed) -> (update, cost10) from curves.parquet, by update."""
+
+    def instance(self, n: int) -> Instance:
+        """The sweep's instance of size n (the paper's family), checked against sweep.json's hash."""
+        inst = paper_instance(n, self.spec.instance_seed)
+        if inst.content_hash() != self.record["instance_hashes"][f"n{n}"]:
+            raise InputError(f"'{self.root / 'sweep.json'}': the instance hash of n = {n} is not that of the paper instance (n = {n}, "
+                             f"seed {self.spec.instance_seed}); the results were written by another version of the instance family")
+        return inst
+
+
+def _read_table(root: Path, name: str, schema: pa.Schema) -> pa.Table:
+    path = root / name
+    if not path.is_file():
+        raise InputError(f"results directory '{root}' has no {name}: the sweep has not finished a run yet (platform/sweep.py writes "
+                         "its tables at the end of every run; continue it with --resume)")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"'{path}' is not a readable Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    missing = [c for c in schema.names if c not in table.column_names]
+    if missing:
+        raise InputError(f"'{path}' lacks the columns {missing} (expected {schema.names})")
+    return table.select(schema.names)
+
+
+def read_results(root) -> Results:
+    """A results directory of platform/sweep.py: sweep.json of this schema version, the spec it ran and
+    the trials and curves tables; anything else is one InputError saying what is wrong."""
+    root = Path(root)
+    if not root.is_dir():
+        raise InputError(f"results directory '{root}' does not exist or is not a directory")
+    path = root / "sweep.json"
+    if not path.is_file():
+        raise InputError(f"'{root}' holds no sweep.json: not a results directory of platform/sweep.py")
+    record = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "report it with the code that wrote it, or run the sweep again")
+    try:
+        spec = SweepSpec.from_dict(record.get("sweep"))
+    except InputError as exc:
+        raise InputError(f"'{path}', field 'sweep': {exc}") from None
+    hashes = record.get("instance_hashes")
+    if not isinstance(hashes, dict) or any(f"n{n}" not in hashes for n in spec.sizes):
+        raise InputError(f"'{path}': field 'instance_hashes' should name the instance of every size {list(spec.sizes)}")
+    trials = _read_table(root, "trials.parquet", TRIALS_SCHEMA).to_pylist()
+    curves = curve_groups(_read_table(root, "curves.parquet", CURVES_SCHEMA))
+    _read_table(root, "baselines.parquet", BASELINES_SCHEMA)  # written with the others; the folders are read whole by the report
+    return Results(root, record, spec, trials, curves)
+
+
+def curve_groups(table: pa.Table) -> dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]:
+    """Split the curves table (millions of rows in a paper sweep) by (method, n, seed) with one sort."""
+    method = table.column("method").combine_chunks().dictionary_encode()
+    codes, names = method.indices.to_numpy(zero_copy_only=False), method.dictionary.to_pylist()
+    n, seed, update, cost = (table.column(c).to_numpy() for c in ("n", "seed", "update", "cost10"))
+    order = np.lexsort((update, seed, n, codes))
+    keys = np.stack([codes[order], n[order], seed[order]])
+    starts = np.flatnonzero(np.concatenate([[True], (keys[:, 1:] != keys[:, :-1]).any(0)])) if order.size else np.array([], np.int64)
+    ends = np.append(starts[1:], order.size)
+    return {(names[keys[0, a]], int(keys[1, a]), int(keys[2, a])): (update[order[a:b]].astype(np.float64), cost[order[a:b]].astype(np.float64))
+            for a, b in zip(starts, ends)}

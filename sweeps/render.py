@@ -30,8 +30,9 @@ import numpy as np
 import yaml
 
 from envs.instance import atomic_write, atomic_write_text
-from sweeps.report import METHOD_LABELS, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
+from sweeps.report import REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
+from trainers.registry import METHODS
 
 OPENING_TEXT = {"greedy": "Y = 1{p > 0.5}; PPO: the Beta mean", "sampled": "Y ~ Bernoulli(p); PPO: draws from its distribution"}
 """How each held-out evaluation of a trial opens an order (sweeps.results_dir.OPENINGS)."""
@@ -40,7 +41,8 @@ OWN_EVALUATION = "‡"
 
 
 def label(column: str) -> str:
-    return METHOD_LABELS.get(column, column)
+    """A learned method's label (trainers.registry), else the baseline's name."""
+    return METHODS[column].label if column in METHODS else column
 
 
 def decimals(scale: float) -> int:

@@ -51,9 +51,8 @@ from envs.exogenous import sample_paths
 from envs.results import read_evaluation
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, trial_folder
 from sweeps.spec import SweepSpec, Trial
+from trainers.registry import METHODS
 
-METHOD_LABELS = {"or-transformer": "OR-Transformer", "transformer-ppo": "Transformer-PPO", "hpo": "HPO", "ppo": "PPO"}
-"""The learned methods in the paper's column order."""
 REFERENCE_DECISIONS = 10
 MOVING_AVERAGE = 10
 CURVE_BINS = 24
@@ -135,9 +134,10 @@ class Entry:
 
 
 def columns(spec: SweepSpec) -> list[tuple[str, str]]:
-    """(column, kind) in the paper's order: learned methods, classical-best, each MILP, dp-optimal, the bound."""
+    """(column, kind) in the paper's order: learned methods (in the registry's order), classical-best, each MILP,
+    dp-optimal, the bound."""
     b = spec.baselines
-    result = [(m, "learned") for m in METHOD_LABELS if m in spec.methods]
+    result = [(m, "learned") for m in METHODS if m in spec.methods]
     result += [("classical-best", "baseline")] if b.classical_best else []
     result += [(m.name, "baseline") for m in b.milp]
     result += [("dp-optimal", "baseline")] if b.dp_optimal and 1 in spec.sizes else []

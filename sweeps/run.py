@@ -197,23 +197,21 @@ def dry_run(spec: SweepSpec, cluster: dict[str, float]) -> list[str]:
         + (["perfect-information bound"] if b.bound else []) + [m.name for m in b.milp]
     lines.append(f"baselines per size: {', '.join(names) or 'none'}; solver pool of {b.solver_workers} workers")
     hours = sum(training_hours(spec, t) for t in spec.trials())
-    lines.append(f"training: about {hours:,.1f} learner-hours on CPU cores (from THROUGHPUT, measured on this project's 2-core machine; a GPU is far faster)")
+    lines.append(f"training: about {hours:,.1f} learner-hours on CPU cores "
+                 "(each method's throughput in trainers/registry.py, measured on this project's 2-core machine; a GPU is far faster)")
     milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600
                      for m in b.milp for n in spec.sizes if m.sizes is None or n in m.sizes)
     lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
     return lines
 
 
-THROUGHPUT = {"or-transformer": 1662.0, "hpo": 25375.0, "ppo": 4381.0, "transformer-ppo": 536.0}
-"""Transitions per second of one CPU learner at n = 16, B = 128 (`python bench/rllib.py`, README); taken as
-inversely proportional to n above 16, for the dry run's estimate only."""
-
-
 def training_hours(spec: SweepSpec, trial: Trial) -> float:
-    from trainers.registry import method_config
+    """Learner-hours of one trial on CPU cores: the method's throughput (trainers.registry.Method), taken as
+    inversely proportional to n above 16."""
+    from trainers.registry import method, method_config
 
     config = method_config(trial.method, spec.preset, spec.overrides_of(trial.method))
-    rate = THROUGHPUT[trial.method] * min(1.0, 16 / trial.n)
+    rate = method(trial.method).throughput * min(1.0, 16 / trial.n)
     return config.updates * config.batch * config.rollout / rate / 3600
 
 

@@ -91,7 +91,7 @@ def test_every_method_has_its_config_class():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: registry.method_config("dqn"), r"method: expected one of \['or-transformer', 'hpo', 'ppo', 'transformer-ppo'\], got 'dqn'"),
+    (lambda: registry.method_config("dqn"), r"method: expected one of \['or-transformer', 'transformer-ppo', 'hpo', 'ppo'\], got 'dqn'"),
     (lambda: registry.method_config("hpo", "huge"), r"preset: expected one of \['paper', 'cpu'\], got 'huge'"),
     (lambda: registry.method_config("ppo", "cpu", {"lr": 1}), r"unknown fields \['lr'\]; allowed fields are \["),
     (lambda: registry.method_config("ppo", "cpu", {"method": "hpo"}), r"overrides: 'method' is not a field to override"),
@@ -104,7 +104,7 @@ def test_unknown_names_are_config_errors(call, message):
 
 
 def test_experiment_arguments_are_checked_before_anything_is_written(tmp_path):
-    with pytest.raises(ConfigError, match=r"method: expected one of \['or-transformer', 'hpo', 'ppo', 'transformer-ppo'\], got 'sac'"):
+    with pytest.raises(ConfigError, match=r"method: expected one of \['or-transformer', 'transformer-ppo', 'hpo', 'ppo'\], got 'sac'"):
         run_experiment("sac", INSTANCE, tmp_path / "a")
     with pytest.raises(ConfigError, match=r"overrides: \['seed', 'device'\] are arguments of the experiment"):
         run_experiment("hpo", INSTANCE, tmp_path / "b", overrides={"seed": 1, "device": "cpu"})

@@ -354,3 +354,48 @@ def test_script_modes_and_errors(results, tmp_path):
         bad = run_script("report.py", *args)
         assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     assert time.time() - start < 60
+
+
+def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_path, monkeypatch):
+    """Registering a method is the only edit: its label, column and throughput come from trainers.registry.
+    The fake method trains like OR-Transformer (its family's config accepts the name); sweeps.spec reads
+    the registry's names when it is imported, so they are re-read here as a new import would."""
+    from sweeps import spec as spec_module
+    from sweeps.run import dry_run, training_hours
+    from sweeps.spec import SweepSpec
+    from trainers import pathwise, registry
+
+    monkeypatch.setitem(registry.METHODS, "fake", registry.Method("fake", "pathwise", fixed_size=False, label="Fake-Former", throughput=1000.0))
+    monkeypatch.setattr(pathwise, "METHODS", (*pathwise.METHODS, "fake"))
+    monkeypatch.setattr(spec_module, "METHOD_NAMES", tuple(registry.METHODS))
+    # the dry run: 1000 updates x 64 rollouts x 10 steps at 1000 transitions/s is 640 s at n = 1, and twice that at n = 32
+    # (the throughput taken as inversely proportional to n above 16): 1920 s = 0.533 learner-hours
+    spec = SweepSpec.from_dict({"sizes": [1, 32], "seeds": 1, "methods": ["fake"], "overrides": {"fake": {"updates": 1000, "batch": 64}},
+                                "baselines": {"classical_best": False, "dp_optimal": False}})
+    assert sum(training_hours(spec, t) for t in spec.trials()) == pytest.approx(1920 / 3600)
+    lines = dry_run(spec, {"CPU": 2.0, "GPU": 0.0})
+    assert "  fake: 1 CPU, 0 GPU per trial (1 Ray Train workers)" in lines and any("about 0.5 learner-hours" in line for line in lines)
+    # the report: HPO's only seed failed, the fake method's finished with the costs 50 + D
+    sweep = {"sizes": [1], "seeds": 1, "methods": ["fake", "hpo"], "overrides": {"all": TINY}, "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
+             "baselines": {"classical_best": False, "dp_optimal": False}}
+    root, inst = tmp_path / "results", paper_instance(1, 0)
+    folder = root / "trials" / "fake-n1-s0"
+    for opening in ("greedy", "sampled"):
+        write_evaluation(folder / opening, f"fake-{opening}", evaluation(50.0, D), HELDOUT_SEED, {}, instance=inst)
+    config = method_config("fake", "cpu", {**TINY, "seed": 0})
+    save_checkpoint(folder / "checkpoint.pt", config, inst, {"model": build_network(config, 1).state_dict(), "update": 40}, "completed")
+    rows = [{"method": "fake", "n": 1, "seed": 0, "status": "completed", "updates": 40, "greedy_mean": 50.0},
+            {"method": "hpo", "n": 1, "seed": 0, "status": "failed", "reason": "ValueError: a", "updates": 3}]
+    write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), root / "trials.parquet")
+    write_parquet(CURVES_SCHEMA.empty_table(), root / "curves.parquet")
+    write_parquet(BASELINES_SCHEMA.empty_table(), root / "baselines.parquet")
+    record = {"format": "or-transformer-platform/sweep", "version": 1, "sweep": sweep, **manifest(sweep), "instance_hashes": {"n1": inst.content_hash()}}
+    (root / "sweep.json").write_text(json.dumps(record))
+    report = rp.build_report(root)
+    assert report.columns == [("hpo", "learned"), ("fake", "learned")]  # the registry's order: the new method last
+    table = rn.cost_table(report)
+    assert table.header == ["n", "HPO", "Fake-Former"]
+    assert cells(table) == {("1", "n"): "1", ("1", "HPO"): "failed (1 of 1 seeds)", ("1", "Fake-Former"): "**50.00 ± 0.71†**"}
+    timing = next(r for r in report.timings if r["column"] == "fake")
+    assert 0 < timing["one_state"] < 1 and timing["batch_size"] == EPISODES
+    assert [r[:2] for r in rn.decision_table(report).rows] == [["1", "HPO"], ["1", "Fake-Former"]]

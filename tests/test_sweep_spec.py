@@ -54,7 +54,7 @@ def test_trials_seeds_and_scoped_overrides():
     ({"seeds": 0}, "sweep field 'seeds': expected an integer >= 1"),
     ({"seeds": [1, 1]}, "sweep field 'seeds': each seed once"),
     ({"seeds": "3"}, "sweep field 'seeds': expected a count >= 1 or a non-empty list"),
-    ({"methods": ["or-transformers"]}, "sweep field 'methods': expected one of ['or-transformer', 'hpo', 'ppo', 'transformer-ppo']"),
+    ({"methods": ["or-transformers"]}, "sweep field 'methods': expected one of ['or-transformer', 'transformer-ppo', 'hpo', 'ppo']"),
     ({"methods": [], "baselines": {"classical_best": False, "dp_optimal": False}}, "the grid is empty"),
     ({"size": [1]}, "unknown keys ['size']; allowed keys are"),
     ({"overrides": {"hpo2": {}}}, "sweep field 'overrides': unknown keys ['hpo2']"),

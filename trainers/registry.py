@@ -38,14 +38,20 @@ class Method:
     """pathwise (trainers.pathwise: OR-Transformer, HPO) or rllib (trainers.rllib_ppo: PPO, Transformer-PPO)."""
     fixed_size: bool
     """The policy's input has a fixed size 11n + 4 (perceptrons, RLlib modules): it acts only on its training n."""
+    label: str
+    """The name in the report's tables and figures."""
+    throughput: float
+    """Transitions per second of one CPU learner at n = 16, B = 128 (`python bench/rllib.py`, docs/benchmarks.md),
+    for the sweep's dry-run estimate of training hours only."""
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("or-transformer", "pathwise", fixed_size=False),
-    Method("hpo", "pathwise", fixed_size=True),
-    Method("ppo", "rllib", fixed_size=True),
-    Method("transformer-ppo", "rllib", fixed_size=True),
+    Method("or-transformer", "pathwise", fixed_size=False, label="OR-Transformer", throughput=1662.0),
+    Method("transformer-ppo", "rllib", fixed_size=True, label="Transformer-PPO", throughput=536.0),
+    Method("hpo", "pathwise", fixed_size=True, label="HPO", throughput=25375.0),
+    Method("ppo", "rllib", fixed_size=True, label="PPO", throughput=4381.0),
 )}
+"""In the paper's column order (table "Mean discounted cost"), which the report keeps."""
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The paper's configuration: the configs' defaults (table "OR-Transformer architecture and training settings").

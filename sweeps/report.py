@@ -27,8 +27,8 @@ The paper's conventions, and the choices where it is silent (how cells are shown
   decisions recorded in its decisions.parquet on those paths (a MILP run of fewer decisions gets no line).
 * Decision time: the policy of the first finished seed on `device`, the median of REPEATS timed calls
   after a warm-up, on one state (the first held-out episode's initial state) and on the batch of every
-  held-out episode's initial state; a MILP's time is the mean of solve_seconds + build_seconds over its
-  decisions.parquet (the model is rebuilt at every decision).
+  held-out episode's initial state; a MILP's time is its seconds per decision
+  (sweeps.results_dir.seconds_per_decision: build + solve, as in baselines.parquet).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
 from envs.results import read_evaluation
-from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, trial_folder
+from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial
 from trainers.registry import METHODS
 
@@ -375,16 +375,10 @@ def timed(call, device: str) -> float:
     return float(np.median(seconds))
 
 
-def milp_seconds(run: Run) -> float:
-    """Mean wall seconds of one MILP decision: building the model and solving it."""
-    table = pq.read_table(run.folder / "decisions.parquet", columns=["solve_seconds", "build_seconds"])
-    return float(np.mean(table.column("solve_seconds").to_numpy() + table.column("build_seconds").to_numpy()))
-
-
 def milp_times(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[int, dict[str, float]]:
     """Per size, each MILP's seconds per decision (where it ran)."""
-    return {n: {m.name: milp_seconds(entries[(n, m.name)].runs[0]) for m in results.spec.baselines.milp if entries[(n, m.name)].runs}
-            for n in results.spec.sizes}
+    return {n: {m.name: seconds_per_decision(entries[(n, m.name)].runs[0].folder) for m in results.spec.baselines.milp
+                if entries[(n, m.name)].runs} for n in results.spec.sizes}
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@
   trials.parquet      one row per trial: method, n, seed, status, reason, updates, wall_seconds,
                       transitions_per_second, greedy_mean, greedy_se, sampled_mean, sampled_se, checkpoint
   curves.parquet      every trial's curve: method, n, seed, update, cost10, wall_seconds
-  baselines.parquet   n, name, mean, se, episodes, horizon, seconds_per_decision
+  baselines.parquet   n, name, mean, se, episodes, horizon, seconds_per_decision (a MILP's: `seconds_per_decision`)
   tune/trials-<k>/    Tune's experiment folders (TensorBoard event files of every trial)
 
 A results directory holds one sweep: another sweep file is refused. A baseline is finished when its
@@ -23,7 +23,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -108,6 +108,17 @@ def baseline_done(folder: Path, instance: Instance, episodes: int, horizon: int)
     return s["instance_hash"] == instance.content_hash() and s["episodes"] == episodes and s["horizon"] == horizon
 
 
+def seconds_per_decision(folder: Path) -> Optional[float]:
+    """MILP seconds per decision (docs/formats.md): the mean over the decisions in the baseline folder's
+    decisions.parquet of build_seconds + solve_seconds, since the rolling MILP samples its scenarios and
+    builds its model anew at every decision (solver_workers.rolling.decide); None without decisions.parquet."""
+    path = folder / "decisions.parquet"
+    if not path.is_file():
+        return None
+    table = pq.read_table(path, columns=["build_seconds", "solve_seconds"])
+    return float(np.mean(table.column("build_seconds").to_numpy() + table.column("solve_seconds").to_numpy()))
+
+
 def trial_done(folder: Path) -> bool:
     if not (folder / "training.json").is_file():
         return False
@@ -159,9 +170,8 @@ def write_tables(spec: SweepSpec, out: Path, errors: dict[str, str]) -> list[dic
             s = read_evaluation(folder)["summary"]
         except InputError:
             continue
-        decisions = s.get("decisions", {})
         baselines.append({"n": s["n"], "name": folder.name, "mean": s["mean"], "se": s["se"], "episodes": s["episodes"], "horizon": s["horizon"],
-                          "seconds_per_decision": decisions.get("solve_seconds_mean")})
+                          "seconds_per_decision": seconds_per_decision(folder)})
     write_parquet(pa.Table.from_pylist(baselines, schema=BASELINES_SCHEMA), out / "baselines.parquet")
     return rows
 

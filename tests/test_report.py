@@ -12,6 +12,7 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
 
@@ -21,10 +22,10 @@ from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import manifest, write_evaluation, write_parquet
-from solver_workers.runs import DECISION_COLUMNS
+from solver_workers.runs import DECISION_COLUMNS, decision_summary
 from sweeps import render as rn
 from sweeps import report as rp
-from sweeps.results_dir import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA, read_results
+from sweeps.results_dir import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA, read_results, write_tables
 from trainers.checkpoint import save_checkpoint
 from trainers.pathwise import build_network
 from trainers.registry import method_config
@@ -100,6 +101,7 @@ def write_results(root) -> None:
                               "build_seconds": BUILD_SECONDS[n], "objective": 0.0, "bound": 0.0, "gap": 0.0, "time_limited": False, "fallback": False,
                               "rows": 1, "columns": 1, "nonzeros": 1, "quantity": [1.0] * n} for e in range(len(offsets)) for t in range(horizon)]
                 tables = {"decisions.parquet": pa.Table.from_pylist(decisions).select([*DECISION_COLUMNS, "quantity"])}
+                extra = decision_summary(decisions)  # as solver_workers.runs.run_milp writes it
             elif name == "bound":
                 policy, extra = "perfect-information-bound", {"kind": "lower-bound"}
             elif name == "classical-best":
@@ -399,3 +401,16 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     timing = next(r for r in report.timings if r["column"] == "fake")
     assert 0 < timing["one_state"] < 1 and timing["batch_size"] == EPISODES
     assert [r[:2] for r in rn.decision_table(report).rows] == [["1", "HPO"], ["1", "Fake-Former"]]
+
+
+def test_milp_seconds_per_decision_is_build_plus_solve_in_the_table_and_the_report(results, report, tmp_path):
+    """The hand-made decision rows above: n = 1 solves in 2 s and builds in 0.5 s (2.5 s per decision); n = 4 solves in 3 s
+    and 5 s alternately and builds in 1 s (5 s). baselines.parquet, rebuilt by the sweep's writer, holds the same numbers
+    as the report's decision-time table; the baselines without decisions.parquet have none."""
+    copy = tmp_path / "results"
+    shutil.copytree(results, copy)
+    write_tables(read_results(copy).spec, copy, {})
+    table = {(r["n"], r["name"]): r["seconds_per_decision"] for r in pq.read_table(copy / "baselines.parquet").to_pylist()}
+    assert table == {(1, "classical-best"): None, (1, "milp-highs"): pytest.approx(2.5), (1, "dp-optimal"): None, (1, "bound"): None,
+                     (4, "classical-best"): None, (4, "milp-highs"): pytest.approx(5.0), (4, "milp-short"): pytest.approx(5.0), (4, "bound"): None}
+    assert {(n, m): t for n, times in report.milp_times.items() for m, t in times.items()} == {k: v for k, v in table.items() if v is not None}

@@ -115,7 +115,7 @@ def bench_build(sizes):
 def bench_highs(sizes, seconds):
     for n in sizes:
         inst = paper_instance(n, 0)
-        inventory = inst.lam * (inst.lead + 1)
+        inventory = inst.mu
         demand = sample_scenarios(inst, 0.0, 100, 50, np.random.default_rng(0))
         model = build_model(inst, inventory, np.zeros((n, 3)), demand)
         result = solve(model, SolverOptions(time_limit=seconds, gap=0.005, threads=1))
@@ -130,7 +130,7 @@ def bench_bound(sizes, seconds):
     for n in sizes:
         inst = paper_instance(n, 0)
         paths = sample_paths(inst, HELDOUT_SEED, 1, 50)
-        record = episode_bound(inst, paths.demand[0].double().numpy(), inst.lam * (inst.lead + 1), np.zeros((n, 3)), SolverOptions(time_limit=seconds, gap=0.0))
+        record = episode_bound(inst, paths.demand[0].double().numpy(), inst.mu, np.zeros((n, 3)), SolverOptions(time_limit=seconds, gap=0.0))
         emit(figure="perfect_information_bound", n=n, T=50, time_limit=seconds, seconds=round(record["seconds"], 1), status=record["status"],
              bound=record["bound"], source=record["source"], mip_bound=record["mip_bound"], uncapacitated_bound=record["uncapacitated_bound"],
              incumbent=record["incumbent"], gap_to_incumbent=None if not record["incumbent"] else round(record["incumbent"] / record["bound"] - 1, 5))

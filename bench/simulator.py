@@ -47,7 +47,7 @@ def numpy_loop(inst, quantity, opens, demand, episodes):
     slot = np.zeros((inst.n, LMAX - 1))
     slot[np.nonzero(lead >= 2)[0], lead[lead >= 2] - 2] = 1
     for e in range(episodes):
-        inv = inst.lam * (lead + 1.0)
+        inv = inst.mu
         pipe = np.zeros((inst.n, LMAX - 1))
         for t in range(T):
             o = opens[t, e] * quantity[t, e]

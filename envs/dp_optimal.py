@@ -76,6 +76,7 @@ from scipy.signal import fftconvolve
 
 from envs.dynamics import State
 from envs.errors import InputError
+from envs.exogenous import demand_rate, innovation_scale
 from envs.instance import Instance, TensorInstance
 
 NAME = "dp-optimal"
@@ -114,7 +115,7 @@ def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float =
         raise InputError(f"{NAME} factor_width: expected a number > 0, got {width}")
     f = np.linspace(-width, width, points)
     edges = np.concatenate([[-np.inf], 0.5 * (f[1:] + f[:-1]), [np.inf]])  # [M+1] cell boundaries
-    scale = math.sqrt(1.0 - rho * rho)
+    scale = innovation_scale(rho)
     if scale == 0.0:  # rho = 1 is not an admissible instance; kept for completeness
         raise InputError(f"{NAME}: rho must be < 1, got {rho}")
     cdf = stats.norm.cdf((edges[None, :] - rho * f[:, None]) / scale)  # [M, M+1]
@@ -237,9 +238,9 @@ def solve(
     start = time.perf_counter()
     h, b, lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "qbar"))
     lead, K, gamma = int(instance.lead[0]), instance.K, instance.gamma
-    x0 = lam * (lead + 1)
+    x0 = float(instance.mu[0])
     grid = tauchen_grid(instance.rho, factor_points, factor_width)
-    rates = lam * np.exp(beta * grid.points - 0.5 * beta * beta)
+    rates = demand_rate(lam, beta, grid.points)
     dmax = int(stats.poisson.isf(tail, rates.max())) + 1
     pmf = poisson_rows(rates, dmax)  # [M, dmax+1]
     sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}

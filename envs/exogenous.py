@@ -1,6 +1,7 @@
 """Exogenous factor and demand paths, eqs. (factor_process), (conditional_demand), (conditional_demand_rate).
 
-Two samplers share one formula (`demand_rate`):
+Every factor step is `factor_step` and every demand rate `demand_rate`, here and in the other
+simulators (envs.gym_env, envs.dp_optimal, solver_workers.model). Two samplers use them:
 
 * `sample_paths` draws fixed episode sets (evaluation, tuning) as common random numbers. Episode e
   uses its own NumPy stream keyed by (stream tag, seed, e), so its path depends only on
@@ -29,6 +30,17 @@ TUNING_SEED = 7
 """Seed of the training paths that classical policies are tuned on (disjoint from HELDOUT_SEED)."""
 
 _PATH_STREAM = 0x45584F  # tag mixed into every episode key, so other NumPy streams never coincide
+
+
+def innovation_scale(rho: float) -> float:
+    """sqrt(1 - rho^2): the s.d. of the factor's innovation, which keeps F_t ~ N(0, 1), eq. (factor_process)."""
+    return math.sqrt(1.0 - rho**2)
+
+
+def factor_step(rho: float, factor, noise):
+    """F_{t+1} = rho F_t + sqrt(1 - rho^2) eps_{t+1}, eq. (factor_process), for floats, arrays or tensors
+    `factor` and standard normal `noise` of the same shape."""
+    return rho * factor + innovation_scale(rho) * noise
 
 
 def demand_rate(lam, beta, factor):
@@ -78,7 +90,6 @@ def sample_paths(
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
     factor = np.empty((len(episode_ids), horizon + 1))
     demand = np.empty((len(episode_ids), horizon, instance.n))
-    innovation_scale = math.sqrt(1.0 - instance.rho**2)
     for row, e in enumerate(episode_ids):
         factor_rng, demand_rng = (np.random.default_rng(s) for s in np.random.SeedSequence([_PATH_STREAM, seed, e]).spawn(2))
         # Draws are consumed in time order, so a longer horizon extends the same path.
@@ -86,7 +97,7 @@ def sample_paths(
         f = np.empty(horizon + 1)
         f[0] = noise[0]
         for t in range(horizon):
-            f[t + 1] = instance.rho * f[t] + innovation_scale * noise[t + 1]
+            f[t + 1] = factor_step(instance.rho, f[t], noise[t + 1])
         factor[row] = f
         demand[row] = demand_rng.poisson(demand_rate(instance.lam, instance.beta, f[:horizon, None]))
     return ExogenousPaths(
@@ -111,16 +122,15 @@ class FactorDemandStream:
         self.generator = torch.Generator(device=instance.device)
         self.generator.manual_seed(int(seed))
         self.batch = batch
-        self._innovation_scale = math.sqrt(1.0 - instance.rho**2)
 
     def initial_factor(self) -> torch.Tensor:
         """F_0 ~ N(0, 1): [B]."""
         return torch.randn(self.batch, generator=self.generator, device=self.instance.device, dtype=self.instance.dtype)
 
     def next_factor(self, factor: torch.Tensor) -> torch.Tensor:
-        """F_{t+1} = rho F_t + sqrt(1 - rho^2) eps_{t+1}, eq. (factor_process): [B]."""
+        """F_{t+1} (factor_step): [B]."""
         eps = torch.randn(factor.shape, generator=self.generator, device=factor.device, dtype=factor.dtype)
-        return self.instance.rho * factor + self._innovation_scale * eps
+        return factor_step(self.instance.rho, factor, eps)
 
     def demand(self, factor: torch.Tensor) -> torch.Tensor:
         """D_{i,t} | F_t ~ Poisson(lam_{i,t}), eq. (conditional_demand): [B, n]."""

@@ -10,7 +10,6 @@ Episodes are truncated after `horizon` steps and start from the initial state of
 
 from __future__ import annotations
 
-import math
 from typing import Any, Optional
 
 import gymnasium as gym
@@ -20,7 +19,7 @@ from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
 from envs.dynamics import State, initial_state, step
-from envs.exogenous import demand_rate
+from envs.exogenous import demand_rate, factor_step
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.instance import Instance
 
@@ -59,7 +58,7 @@ class _BatchedJRP:
         inst, state = self.instance, self.state
         factor = state.factor.double().numpy()
         demand = self.rng.poisson(demand_rate(inst.lam, inst.beta, factor[:, None]))
-        factor_next = inst.rho * factor + math.sqrt(1 - inst.rho**2) * self.rng.standard_normal(self.batch)
+        factor_next = factor_step(inst.rho, factor, self.rng.standard_normal(self.batch))
         as_t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=self.tinst.dtype)  # noqa: E731
         quantity = as_t(np.clip(fraction, 0.0, 1.0)) * self.tinst.qbar
         self.state, cost = step(self.tinst, state, as_t(open_order), quantity, as_t(demand), as_t(factor_next))

@@ -129,6 +129,12 @@ class Instance:
     def n(self) -> int:
         return int(self.h.size)
 
+    @property
+    def mu(self) -> np.ndarray:
+        """mu_i = lam_i (L_i + 1), eq. (feature_scales): the feature scale, and the initial inventory I_0 of
+        every episode (envs.dynamics.initial_state)."""
+        return self.lam * (self.lead + 1.0)
+
     # ---- files ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
@@ -320,7 +326,7 @@ class TensorInstance:
         slots = np.zeros((inst.n, LMAX - 1))
         has_slot = lead_int >= 2
         slots[np.nonzero(has_slot)[0], lead_int[has_slot] - 2] = 1.0
-        mu = inst.lam * (inst.lead + 1.0)
+        mu = inst.mu
         sigma = np.sqrt(mu)
         return cls(
             h=t(inst.h), b=t(inst.b), lam=t(inst.lam), beta=t(inst.beta), lead=t(inst.lead), qbar=t(inst.qbar),

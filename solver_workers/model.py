@@ -19,13 +19,12 @@ with 0 <= O <= qbar as a bound.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from envs.exogenous import demand_rate
+from envs.exogenous import demand_rate, factor_step
 from envs.instance import LMAX, Instance
 
 
@@ -62,7 +61,7 @@ def sample_scenarios(instance: Instance, factor: float, scenarios: int, horizon:
     f[:, 0] = factor
     noise = rng.standard_normal((scenarios, horizon - 1))
     for u in range(horizon - 1):
-        f[:, u + 1] = instance.rho * f[:, u] + math.sqrt(1 - instance.rho**2) * noise[:, u]
+        f[:, u + 1] = factor_step(instance.rho, f[:, u], noise[:, u])
     return rng.poisson(demand_rate(instance.lam, instance.beta, f[..., None])).astype(np.float64)
 
 

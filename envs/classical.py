@@ -76,7 +76,9 @@ FAMILIES: dict[str, dict[str, Parameter]] = {
 MAX_COVER = int(max(UP_TO["cover"].high, FAMILIES["periodic"]["period"].high))
 REFINE_STARTS = 2
 """Pattern searches per variant, from the best grid points."""
-POLICY_NAMES = ("zero", *(f"{f}{s}" for f in FAMILIES for s in ("", "-factor")), "classical-best")
+VARIANTS = tuple(f"{f}{s}" for f in FAMILIES for s in ("", "-factor"))
+"""Every family, static and factor-aware: what classical-best chooses from."""
+POLICY_NAMES = ("zero", *VARIANTS, "classical-best")
 
 
 class DemandMoments:
@@ -333,9 +335,8 @@ def tune_family(
 
 
 def tune_all(instance: Instance, progress: bool = False, **kwargs) -> list[TunedPolicy]:
-    """Tune every family, static and factor-aware, in the order of POLICY_NAMES."""
-    names = [n for n in POLICY_NAMES if n not in ("zero", "classical-best")]
-    return [tune_family(instance, n, progress=progress, **kwargs) for n in tqdm(names, desc="tune classical", disable=not progress)]
+    """Tune every variant (VARIANTS), in that order."""
+    return [tune_family(instance, n, progress=progress, **kwargs) for n in tqdm(VARIANTS, desc="tune classical", disable=not progress)]
 
 
 def best_of(tuned: list[TunedPolicy]) -> TunedPolicy:
@@ -343,22 +344,29 @@ def best_of(tuned: list[TunedPolicy]) -> TunedPolicy:
     return min(tuned, key=lambda t: t.tuning_mean)
 
 
+def tuned_as_policy(instance: Instance, tuned: TunedPolicy, seconds: float, device="cpu"):
+    """(policy, parameters for the summary): the family, its tuned parameters, the tuning cost and `seconds`
+    spent tuning (policy_from_parameters reads them back)."""
+    parameters = {"family": tuned.name, **tuned.params, "tuning_mean": tuned.tuning_mean, "tuning_se": tuned.tuning_se,
+                  "tuning_seconds": round(seconds, 2)}
+    return make_policy(instance.to_torch(device), tuned.name, tuned.params), parameters
+
+
+def classical_best(instance: Instance, every: list[TunedPolicy], device="cpu"):
+    """classical-best as (policy, parameters) from every tuned variant: the best on the training paths
+    (best_of), with the seconds spent tuning all of them."""
+    return tuned_as_policy(instance, best_of(every), sum(t.seconds for t in every), device)
+
+
 def tuned_policy(instance: Instance, name: str, horizon: int, device="cpu", progress: bool = False, **tune_kwargs):
     """Resolve a policy name (see POLICY_NAMES) to (policy, parameters for the summary).
 
     Classical families are tuned first on training paths (TUNING_SEED) with the evaluation horizon;
-    `classical-best` tunes every family and keeps the best on those paths. The summary's parameters hold the
-    family, its tuned parameters, the tuning cost and the seconds spent tuning (every variant for classical-best).
+    `classical-best` tunes every variant and keeps the best on those paths (classical_best).
     """
-    tinst = instance.to_torch(device)
     if name == "zero":
         return zero_policy, {}
     if name == "classical-best":
-        every = tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs)
-        tuned, seconds = best_of(every), sum(t.seconds for t in every)
-    else:
-        tuned = tune_family(instance, name, horizon=horizon, device=device, progress=progress, **tune_kwargs)
-        seconds = tuned.seconds
-    parameters = {"family": tuned.name, **tuned.params, "tuning_mean": tuned.tuning_mean, "tuning_se": tuned.tuning_se,
-                  "tuning_seconds": round(seconds, 2)}
-    return make_policy(tinst, tuned.name, tuned.params), parameters
+        return classical_best(instance, tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs), device)
+    tuned = tune_family(instance, name, horizon=horizon, device=device, progress=progress, **tune_kwargs)
+    return tuned_as_policy(instance, tuned, tuned.seconds, device)

@@ -1,5 +1,8 @@
-"""The main job: tune every classical policy on a paper instance in parallel Ray tasks and print the
-held-out comparison table. Runs on an embedded local Ray, or on a cluster under `ray job submit`.
+"""Every classical policy on a paper instance: each variant tuned in its own Ray task, then evaluated with
+zero and classical-best on the held-out paths, and a comparison table printed. Each policy's folder is what
+`evaluate.py --policy NAME` writes for it (envs.classical.tuned_as_policy, classical_best), without tuning
+every variant again for classical-best. Runs on an embedded local Ray, or on a cluster under `ray job submit`
+(the first job of docs/cluster.md).
 
   python platform/main.py --n 16 --seed 0 --out runs/main
   ray job submit --working-dir . -- python platform/main.py --n 64 --out /mnt/shared/runs/main-n64
@@ -11,7 +14,7 @@ import os
 import ray
 import torch
 
-from envs.classical import POLICY_NAMES, best_of, make_policy, tune_family, zero_policy
+from envs.classical import VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
 from envs.cli import positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
@@ -40,32 +43,27 @@ def main() -> None:
     instance = paper_instance(args.n, args.seed)
     instance.save(out / "instance.json")
     init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray
-    names = [n for n in POLICY_NAMES if n not in ("zero", "classical-best")]
-    print(f"tuning {len(names)} classical policies on n={instance.n} (seed {args.seed}) in parallel Ray tasks ...", flush=True)
-    tuned = ray.get([tune_task.remote(instance, name, args.horizon) for name in names])
+    print(f"tuning {len(VARIANTS)} classical policies on n={instance.n} (seed {args.seed}) in parallel Ray tasks ...", flush=True)
+    tuned = ray.get([tune_task.remote(instance, name, args.horizon) for name in VARIANTS])
     ray.shutdown()
 
     tinst = instance.to_torch()
     paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon)
-    best = best_of(tuned)
-    entries = [("zero", zero_policy, {})] + [(t.name, make_policy(tinst, t.name, t.params), {**t.params, "tuning_seconds": round(t.seconds, 2)}) for t in tuned]
-    entries.append(("classical-best", make_policy(tinst, best.name, best.params),
-                    {"family": best.name, **best.params, "tuning_seconds": round(sum(t.seconds for t in tuned), 2)}))
+    best, best_parameters = classical_best(instance, tuned)
+    entries = {"zero": (zero_policy, {}), **{t.name: tuned_as_policy(instance, t, t.seconds) for t in tuned}, "classical-best": (best, best_parameters)}
     results = {}
-    for name, policy, params in entries:
+    for name, (policy, params) in entries.items():
         results[name] = evaluate(policy, tinst, paths)
         write_evaluation(out / name, name, results[name], HELDOUT_SEED, {**vars(args), "policy": name}, params, instance=instance)
 
     reference = results["classical-best"].discounted_cost
     print(f"\nheld-out: {args.episodes} episodes x {args.horizon} steps, seed {HELDOUT_SEED}; "
-          f"classical-best = {best.name}\n")
-    seconds = {t.name: t.seconds for t in tuned}
-    seconds["classical-best"] = sum(seconds.values())
+          f"classical-best = {best_parameters['family']}\n")
     print(f"{'policy':<26}{'mean':>12}{'s.e.':>10}{'vs classical-best (95% CI)':>40}{'tuning s':>10}")
     for name, result in results.items():
         cmp = paired_comparison(result.discounted_cost, reference)
         ci = "reference" if name == "classical-best" else f"{cmp.mean_difference:+.1f} [{cmp.ci_low:+.1f}, {cmp.ci_high:+.1f}]"
-        print(f"{name:<26}{result.mean:>12.1f}{result.se:>10.1f}{ci:>40}{seconds.get(name, 0.0):>10.1f}")
+        print(f"{name:<26}{result.mean:>12.1f}{result.se:>10.1f}{ci:>40}{entries[name][1].get('tuning_seconds', 0.0):>10.1f}")
     print(f"\nresults in {out}/<policy>/summary.json and costs.parquet")
 
 

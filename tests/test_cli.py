@@ -56,6 +56,24 @@ def test_evaluate_classical_best_records_tuned_parameters(tmp_path):
     assert not (tmp_path / "best" / "steps.parquet").exists()
 
 
+@pytest.mark.slow
+def test_main_job_writes_what_evaluate_writes_for_each_classical_policy(tmp_path):
+    """platform/main.py tunes each variant in its own Ray task; its classical-best and base-stock-factor folders hold
+    what evaluate.py --policy NAME writes on the same instance, episodes and horizon: the same tuned family and
+    parameters, tuning cost and held-out costs (up to the float sums of another torch thread count)."""
+    script("main.py", "--n", 2, "--episodes", 4, "--horizon", 5, "--out", tmp_path / "main")
+    for name in ("classical-best", "base-stock-factor"):
+        script("evaluate.py", "--instance", tmp_path / "main" / "instance.json", "--policy", name, "--episodes", 4, "--horizon", 5,
+               "--out", tmp_path / name)
+        main, alone = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path / "main" / name, tmp_path / name))
+        assert set(main["parameters"]) == set(alone["parameters"]) and main["parameters"]["family"] == alone["parameters"]["family"]
+        for key, value in alone["parameters"].items():
+            if key not in ("family", "tuning_seconds"):
+                assert main["parameters"][key] == pytest.approx(value, rel=1e-5), (name, key)
+        costs = [pq.read_table(folder / "costs.parquet").column("discounted_cost").to_numpy() for folder in (tmp_path / "main" / name, tmp_path / name)]
+        np.testing.assert_allclose(costs[0], costs[1], rtol=1e-5)
+
+
 def test_item_table_import(tmp_path):
     table = tmp_path / "items.csv"
     table.write_text("h,b,lam,beta,lead,qbar\n1.0,9.0,3.0,0.2,2,12\n0.5,7.0,5.0,0.4,1,20\n")

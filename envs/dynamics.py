@@ -45,7 +45,7 @@ class State:
 
 
 def initial_state(instance: TensorInstance, factor0: torch.Tensor) -> State:
-    """The initial state (the paper is silent; our choice, see README): I_0 = mu_i = lam_i (L_i + 1),
+    """The initial state (the paper is silent; our choice, docs/model.md): I_0 = mu_i = lam_i (L_i + 1),
     P_0 = 0, F_0 from the exogenous path. factor0: [B]."""
     batch = factor0.shape[0]
     inv = instance.mu.expand(batch, instance.n).clone()

@@ -23,7 +23,6 @@ Policy = Callable[[State, TensorInstance], "tuple[torch.Tensor, torch.Tensor]"]
 """A policy maps (state, instance) to (Y [B] in {0,1}, Q [B, n] in [0, qbar]); it sees only s_t."""
 
 EVAL_HORIZON = 50
-LONG_BUDGET_HORIZON = 8
 
 
 @dataclass

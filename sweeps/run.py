@@ -116,7 +116,7 @@ def run_trial(config: dict, trials: dict[str, dict]) -> None:
 def trial_resources(config: dict) -> dict[str, float]:
     """The trial process holds the CPUs/GPUs of its learner; with Ray Train it holds almost nothing, since the
     Train workers ask Ray for their own resources (a reservation in the trial's placement group would stay
-    unused by them and starve them: shared/notes on Ray 2.60)."""
+    unused by them: on a 2-CPU machine two trials holding a CPU each leave their Train workers none)."""
     if config["workers"]:
         return {"cpu": 0.01}
     return {"cpu": config["cpus_per_worker"], "gpu": config["gpus_per_worker"]}

@@ -61,7 +61,7 @@ def test_one_preset_table_for_both_families():
         for name in set(shared) - set(table["pathwise"]) - set(table["rllib"]):  # a family may set a shared field for itself
             assert len({getattr(c, name) for c in configs.values()}) == 1, (preset, name)
     cpu = {method: registry.method_config(method, "cpu") for method in METHODS}
-    # the cpu preset of the README: B 128, 1,280 updates, 2 blocks of width 64, 4 heads, feed-forward 256, hidden 256
+    # the cpu preset (trainers/registry.py, docs/methods.md): B 128, 1,280 updates, 2 blocks of width 64, 4 heads, feed-forward 256, hidden 256
     assert {(c.batch, c.updates, c.blocks, c.width, c.heads, c.feed_forward, c.hidden) for c in cpu.values()} == {(128, 1280, 2, 64, 4, 256, 256)}
     assert cpu["or-transformer"].checkpoint_every == cpu["hpo"].checkpoint_every == 250
     # the pathwise methods start by imitating classical-best (docs/experiments.md); the paper preset does not

@@ -107,7 +107,7 @@ def _train_rllib(config, instance: Instance, out_dir, mode: str, progress: bool,
     """RLlib's driver runs in this process, and its env runners and learners too unless the config asks for
     remote ones or `workers` is given: then, as a Ray Train worker holds a simulator shard and a learner
     replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`).
-    One torch thread makes the driver 5-12x faster on a small machine (shared/notes)."""
+    The driver runs with one torch thread, as `python bench/rllib.py` measures the throughputs above."""
     from solver_workers.ray_session import init_ray
     from trainers.rllib_ppo import train_ppo
 

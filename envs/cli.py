@@ -13,7 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from envs import validate
 from envs.errors import InputError
+from envs.validate import DECIMAL_INTEGER, NUMBER_LITERAL
 
 INTERRUPTED_EXIT = 130
 
@@ -22,34 +24,24 @@ class Interrupted(Exception):
     """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""
 
 
-def _integer(text: str, low: int, high: int | None = None) -> int:
-    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {allowed}, got '{text}'") from None
-    if value < low or (high is not None and value > high):
-        raise argparse.ArgumentTypeError(f"expected {allowed}, got {value}")
-    return value
+def _flag(check: Callable, **bounds) -> Callable[[str], object]:
+    """An argparse type: the flag's text checked by the validator `check` (envs.validate), as a number
+    when it is written as one; argparse prefixes the message with the flag's name."""
+
+    def parse(text: str):
+        value = int(text) if DECIMAL_INTEGER.fullmatch(text.strip()) else float(text) if NUMBER_LITERAL.fullmatch(text.strip()) else text
+        return check(value, "", **bounds, error=argparse.ArgumentTypeError)
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    return _integer(text, 1)
-
-
-def seed(text: str) -> int:
-    """A random seed: an integer in [0, 2^31 - 1] (NumPy, torch and the solvers all accept that range)."""
-    return _integer(text, 0, 2**31 - 1)
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got '{text}'") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
-    return value
+positive_int = _flag(validate.integer, low=1)
+seed = _flag(validate.seed)
+"""A random seed in [0, 2^31 - 1] (envs.validate.SEED_MAX)."""
+horizon = _flag(validate.horizon)
+time_limit = _flag(validate.time_limit)
+mip_gap = _flag(validate.mip_gap)
+scenarios = _flag(validate.scenarios)
 
 
 def device(text: str) -> str:
@@ -95,17 +87,15 @@ def read_text(path, what: str) -> str:
 
 
 def read_file(path, what: str):
-    """Parse a JSON (.json) or YAML (other suffixes, yaml.safe_load) input file; a missing, unreadable or
+    """Parse a JSON (.json) or YAML (other suffixes, envs.validate.load_yaml) input file; a missing, unreadable or
     malformed file is one InputError naming `what` ("state file", "config file") and the path."""
-    import yaml
-
     text = read_text(path, what)
-    json_file = Path(path).suffix.lower() == ".json"
+    if Path(path).suffix.lower() != ".json":
+        return validate.load_yaml(text, what, path)
     try:
-        return json.loads(text) if json_file else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{what} '{path}' is not valid {'JSON' if json_file else 'YAML'}: {first_line}") from None
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} '{path}' is not valid JSON: {str(exc).splitlines()[0]}") from None
 
 
 def output_dir(path, what: str = "--out") -> Path:

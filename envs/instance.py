@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from envs import validate
 from envs.cli import input_file, read_text
 from envs.errors import InputError
 
@@ -40,44 +41,40 @@ class InstanceError(InputError):
     """An instance field is missing, unknown or outside its allowed range."""
 
 
-def is_number(value) -> bool:
-    """A real number as a JSON or YAML file gives it (int or float); a boolean or a string is not one."""
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+VALUE_WHY = "larger values overflow the simulation's float32 costs within 10,000 steps; docs/formats.md"
+FIELD_RANGES = {
+    # name: (low, low_open, high, why): the upper bounds keep every simulated quantity finite (docs/formats.md)
+    "h": (0.0, True, 1e6, VALUE_WHY),
+    "b": (0.0, True, 1e6, VALUE_WHY),
+    "lam": (0.0, True, 1e6, VALUE_WHY),
+    "beta": (0.0, False, 2.0, "the demand rate's factor exp(beta F - beta^2 / 2) reaches e^18 at beta = 2 and F = 10; docs/formats.md"),
+    "qbar": (0.0, True, 1e8, VALUE_WHY),
+    "K": (0.0, False, 1e12, VALUE_WHY),
+}
+"""The range of every real instance field but gamma and rho (checked with their own rules)."""
 
 
-def describe_value(value) -> str:
-    """How a value read from a file looks to its author, for error messages: `a string "2"`, `a boolean true`."""
-    text = json.dumps(value, default=str)
-    text = text if len(text) <= 40 else text[:37] + "..."
-    if isinstance(value, (bool, np.bool_)):
-        return f"a boolean {text}"
-    if isinstance(value, str):
-        return f"a string {text}"
-    if isinstance(value, (list, tuple)):
-        return f"a list of {len(value)}: {text}"
-    if isinstance(value, dict):
-        return f"an object {text}"
-    return text
-
-
-def _check(ok: bool, field_name: str, allowed: str, got) -> None:
-    if not ok:
-        raise InstanceError(f"instance field '{field_name}': expected {allowed}, got {got}")
+def _refuse(field_name: str, allowed: str, got, why: str = ""):
+    return validate.refuse(f"instance field '{field_name}'", allowed, got, why, InstanceError)
 
 
 def _item_array(items: dict, name: str, n: int | None) -> np.ndarray:
     values = np.asarray(items[name], dtype=object)
     for i, value in enumerate(values.ravel()):
-        _check(is_number(value), name, "a list of numbers", describe_value(value) + (f" for item {i}" if values.ndim == 1 else ""))
+        if not validate.is_number(value):
+            raise _refuse(name, "a list of numbers", validate.describe(value) + (f" for item {i}" if values.ndim == 1 else ""))
     try:
         arr = np.asarray(items[name], dtype=np.float64)
     except OverflowError:
-        raise InstanceError(f"instance field '{name}': expected finite numbers, got an integer too large for a float") from None
-    _check(arr.ndim == 1, name, "a one-dimensional list", f"shape {arr.shape}")
-    _check(arr.size >= 1, name, "at least one item (n >= 1)", "an empty list")
-    _check(bool(np.all(np.isfinite(arr))), name, "finite numbers", "NaN or infinity")
-    if n is not None:
-        _check(arr.size == n, name, f"{n} values (one per item, like 'h')", f"{arr.size}")
+        raise _refuse(name, "finite numbers", "an integer too large for a float") from None
+    if arr.ndim != 1:
+        raise _refuse(name, "a one-dimensional list", f"shape {arr.shape}")
+    if arr.size < 1:
+        raise _refuse(name, "at least one item (n >= 1)", "an empty list")
+    if not np.all(np.isfinite(arr)):
+        raise _refuse(name, "finite numbers", "NaN or infinity")
+    if n is not None and arr.size != n:
+        raise _refuse(name, f"{n} values (one per item, like 'h')", f"{arr.size}")
     return arr
 
 
@@ -102,28 +99,22 @@ class Instance:
             arr = _item_array(items, name, n)
             n = arr.size
             object.__setattr__(self, name, arr)
-        for name, ok, allowed in (
-            ("h", self.h > 0, "values > 0"),
-            ("b", self.b > 0, "values > 0"),
-            ("lam", self.lam > 0, "values > 0"),
-            ("beta", self.beta >= 0, "values >= 0"),
-            ("lead", (self.lead == np.round(self.lead)) & (self.lead >= 1) & (self.lead <= LMAX), f"integers in 1..{LMAX}"),
-            ("qbar", self.qbar > 0, "values > 0"),
-        ):
-            bad = getattr(self, name)[~ok]
-            _check(bad.size == 0, name, allowed, f"{bad[0]:g} (item {int(np.argmin(ok))})" if bad.size else "")
-        for name in ("K", "gamma", "rho"):
-            value = getattr(self, name)
-            _check(is_number(value), name, "a number", describe_value(value))
-            try:
-                value = float(value)
-            except OverflowError:  # an integer beyond the float range
-                value = math.inf
-            _check(math.isfinite(value), name, "a finite number", value)
-            object.__setattr__(self, name, value)
-        _check(self.K >= 0, "K", "K >= 0", self.K)
-        _check(0 < self.gamma < 1, "gamma", "0 < gamma < 1", self.gamma)
-        _check(0 <= self.rho < 1, "rho", "0 <= rho < 1", self.rho)
+        for name in ITEM_COLUMNS:
+            values = getattr(self, name)
+            if name == "lead":
+                ok, allowed, why = (values == np.round(values)) & (values >= 1) & (values <= LMAX), f"integers in 1..{LMAX}", ""
+            else:
+                low, low_open, high, why = FIELD_RANGES[name]
+                ok = ((values > low) if low_open else (values >= low)) & (values <= high)
+                allowed = validate.real_range(low, high, low_open).replace("a number", "numbers", 1)
+            if not ok.all():
+                i = int(np.argmin(ok))
+                raise _refuse(name, allowed, f"{values[i]:g} (item {i})", why if name != "lead" and values[i] > FIELD_RANGES[name][2] else "")
+        low, low_open, high, why = FIELD_RANGES["K"]
+        where = "instance field '{}'"
+        object.__setattr__(self, "K", validate.real(self.K, where.format("K"), low, high, low_open=low_open, why=why, error=InstanceError))
+        object.__setattr__(self, "gamma", validate.real(self.gamma, where.format("gamma"), 0, 1, low_open=True, high_open=True, error=InstanceError))
+        object.__setattr__(self, "rho", validate.real(self.rho, where.format("rho"), 0, 1, high_open=True, error=InstanceError))
 
     @property
     def n(self) -> int:
@@ -224,15 +215,7 @@ def _first_text(values: list) -> str:
 
 def exact_keys(keys, expected: set, where: str) -> None:
     """Refuse, naming `where`, a mapping (instance, item table, decide.py's state) whose keys are not exactly `expected`."""
-    keys = set(keys)
-    missing, unknown = sorted(expected - keys), sorted(keys - expected)
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing}")
-        if unknown:
-            parts.append(f"unknown {unknown}")
-        raise InstanceError(f"{where}: {', '.join(parts)}; allowed keys are {sorted(expected)}")
+    validate.keys(keys, where, expected, expected, error=InstanceError)
 
 
 TEMPORARY = re.compile(r"\.(.+)\.tmp\d*")
@@ -262,6 +245,16 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
+def _paper_grids() -> list[np.ndarray]:
+    """The 0.1 grids of h, b and lam of the paper family."""
+    return [np.round(np.arange(lo, hi + 0.05, 0.1), 1) for lo, hi in (PAPER_H, PAPER_B, PAPER_LAM)]
+
+
+PAPER_MAX_N = int(np.prod([g.size for g in _paper_grids()]))
+"""The largest paper-family instance: 42,075 distinct (h, b, lam) grid triples."""
+PAPER_MAX_N_WHY = f"the paper family has {PAPER_MAX_N:,} distinct (h, b, lam) grid triples"
+
+
 def paper_instance(n: int, seed: int) -> Instance:
     """The paper's instance family (appendix table "baselines details").
 
@@ -270,23 +263,17 @@ def paper_instance(n: int, seed: int) -> Instance:
     lam in [2.0, 7.0]; beta ~ U[0.2, 0.6]; L ~ U{1,..,4}; qbar = 4 lam. The instance is the
     first n items of the pool, so for n <= 1024 smaller instances are prefixes of larger ones.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise InstanceError(f"paper instance field 'n': expected an integer >= 1, got {n!r}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise InstanceError(f"paper instance field 'seed': expected an integer >= 0, got {seed!r}")
-    grids = [np.round(np.arange(lo, hi + 0.05, 0.1), 1) for lo, hi in (PAPER_H, PAPER_B, PAPER_LAM)]
+    n = validate.integer(n, "paper instance field 'n'", 1, PAPER_MAX_N, why=PAPER_MAX_N_WHY, error=InstanceError)
+    seed = validate.seed(seed, "paper instance field 'seed'", error=InstanceError)
+    grids = _paper_grids()
     sizes = [g.size for g in grids]
-    n_triples = int(np.prod(sizes))
-    if n > n_triples:
-        raise InstanceError(f"paper instance field 'n': expected at most {n_triples} (distinct grid triples), got {n}")
     rng = np.random.default_rng([0x4A5250, seed])
-    pool = max(int(n), PAPER_POOL)
-    flat = rng.choice(n_triples, size=pool, replace=False)
+    pool = max(n, PAPER_POOL)
+    flat = rng.choice(PAPER_MAX_N, size=pool, replace=False)
     ih, ib, il = np.unravel_index(flat, sizes)
     beta = rng.uniform(*PAPER_BETA, size=pool)
     lead = rng.integers(1, LMAX + 1, size=pool)
     lam = grids[2][il]
-    n = int(n)
     return Instance(
         h=grids[0][ih][:n], b=grids[1][ib][:n], lam=lam[:n], beta=beta[:n], lead=lead[:n].astype(np.float64),
         qbar=4.0 * lam[:n], K=10.0 * n, gamma=0.95, rho=0.8,

@@ -17,7 +17,7 @@ into the same --out with other settings is refused. Ctrl-C or SIGTERM keeps the 
 
 import argparse
 
-from envs.cli import positive_float, positive_int, run_cli, seed
+from envs.cli import horizon, positive_int, run_cli, seed, time_limit
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
 from envs.instance import Instance
@@ -31,10 +31,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
-    parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="steps per episode (default 50)")
+    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--solver", default="highs", choices=SOLVERS, help="MILP solver (default highs)")
-    parser.add_argument("--time-limit", type=positive_float, default=300.0, help="seconds per episode (default 300)")
+    parser.add_argument("--time-limit", type=time_limit, default=300.0, help="seconds per episode (default 300)")
     parser.add_argument("--threads", type=positive_int, default=1, help="solver threads per worker (default 1)")
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")

@@ -25,7 +25,6 @@ finite (for example from a checkpoint with NaN weights) is an error too, never a
 
 import argparse
 import json
-import math
 import time
 
 import numpy as np
@@ -34,7 +33,8 @@ import torch
 from envs.cli import device, input_file, read_file, run_cli
 from envs.dynamics import State
 from envs.errors import InputError
-from envs.instance import LMAX, Instance, describe_value, exact_keys, is_number
+from envs import validate
+from envs.instance import LMAX, Instance, exact_keys
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -44,37 +44,24 @@ INVENTORY_PERIODS = 10_000
 QBAR_ROUNDING = 1e-6  # relative slack on in_transit <= qbar_i: states copied from float32 simulations
 
 
-def number(value, where: str) -> float:
-    """`value` as a finite float, or an InputError naming `where` (a string, boolean, NaN or infinity is refused)."""
-    if not is_number(value):
-        raise InputError(f"{where}: expected a number, got {describe_value(value)}")
-    try:
-        result = float(value)
-    except OverflowError:  # an integer beyond the float range
-        result = math.inf
-    if not math.isfinite(result):
-        raise InputError(f"{where}: expected a finite number, got {describe_value(value)}")
-    return result
-
-
 def numbers(value, length: int, where: str, what: str) -> np.ndarray:
     """`value` as a list of `length` finite numbers (float64 [length])."""
     if not isinstance(value, list) or len(value) != length:
-        raise InputError(f"{where}: expected {length} {what}, got {describe_value(value)}")
-    return np.array([number(x, f"{where}[{j}]") for j, x in enumerate(value)])
+        raise InputError(f"{where}: expected {length} {what}, got {validate.describe(value)}")
+    return np.array([validate.real(x, f"{where}[{j}]") for j, x in enumerate(value)])
 
 
 def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarray, float]:
     """One state object checked against the bounds of the module docstring: (inventory [n], in_transit [n, LMAX-1], factor)."""
     n, slots = instance.n, LMAX - 1
     if not isinstance(record, dict):
-        raise InputError(f"state {k}: expected an object with the keys {list(KEYS)}, got {describe_value(record)}")
+        raise InputError(f"state {k}: expected an object with the keys {list(KEYS)}, got {validate.describe(record)}")
     exact_keys(record, set(KEYS), f"state {k}")
     inv = numbers(record["inventory"], n, f"state {k} field 'inventory'", "numbers (one per item)")
     if not isinstance(record["in_transit"], list) or len(record["in_transit"]) != n:
-        raise InputError(f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got {describe_value(record['in_transit'])}")
+        raise InputError(f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got {validate.describe(record['in_transit'])}")
     pipe = np.stack([numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})") for i, row in enumerate(record["in_transit"])])
-    factor = number(record["factor"], f"state {k} field 'factor'")
+    factor = validate.real(record["factor"], f"state {k} field 'factor'")
 
     inv_bound = INVENTORY_PERIODS * (instance.qbar + instance.lam)
     if (bad := np.flatnonzero(np.abs(inv) > inv_bound)).size:
@@ -104,7 +91,7 @@ def read_states(path: str, instance: Instance) -> State:
     if isinstance(data, list) and not data:
         raise InputError(f"state file '{path}': an empty list; expected a state object or a non-empty list of them")
     if not isinstance(data, (list, dict)):
-        raise InputError(f"state file '{path}': expected a state object or a list of them, got {describe_value(data)}")
+        raise InputError(f"state file '{path}': expected a state object or a list of them, got {validate.describe(data)}")
     inv, pipe, factor = zip(*(read_state(rec, k, instance) for k, rec in enumerate(data if isinstance(data, list) else [data])))
     return State(*(torch.tensor(np.array(x), dtype=torch.float32) for x in (inv, pipe, factor)))
 

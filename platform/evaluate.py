@@ -12,7 +12,7 @@ the evaluation. --seed picks the exogenous paths; its default is the documented 
 import argparse
 
 from envs.classical import POLICY_NAMES, tuned_policy
-from envs.cli import device, positive_int, run_cli, seed
+from envs.cli import device, horizon, positive_int, run_cli, seed
 from envs.dp_optimal import dp_optimal_policy
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
-    parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="steps per episode (default 50)")
+    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")

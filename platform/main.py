@@ -15,7 +15,7 @@ import ray
 import torch
 
 from envs.classical import VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
-from envs.cli import positive_int, run_cli, seed
+from envs.cli import horizon, positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--n", type=positive_int, default=16, help="items of the paper instance (default 16)")
     parser.add_argument("--seed", type=seed, default=0, help="instance seed (default 0)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="held-out episodes (default 128)")
-    parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="steps per episode (default 50)")
+    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--out", default="runs/main", help="output directory (default runs/main)")
     args = parser.parse_args()
 

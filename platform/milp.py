@@ -18,12 +18,13 @@ same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
 import argparse
 import json
 
-from envs.cli import positive_float, positive_int, run_cli, seed
+from envs.cli import horizon, mip_gap, positive_int, run_cli, scenarios, seed, time_limit
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
 from envs.instance import Instance
 from envs.job_output import resolve_out
-from solver_workers.backends import GUROBI_SIZE_LIMIT, SOLVERS, SolverOptions
+from solver_workers.backends import SOLVERS, SolverOptions, licence_note
+from solver_workers.model import check_size, stock_columns
 from solver_workers.ray_session import init_ray
 from solver_workers.rolling import RollingOptions
 from solver_workers.runs import milp_journal, run_milp
@@ -33,31 +34,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--solver", default="highs", choices=SOLVERS, help="MILP solver (default highs)")
-    parser.add_argument("--scenarios", type=positive_int, default=100, help="demand scenarios S (default 100)")
-    parser.add_argument("--plan-horizon", type=positive_int, default=50, help="planning horizon H (default 50)")
-    parser.add_argument("--time-limit", type=positive_float, default=600.0, help="seconds per decision (default 600)")
-    parser.add_argument("--gap", type=float, default=0.005, help="relative MIP gap (default 0.005)")
+    parser.add_argument("--scenarios", type=scenarios, default=100, help="demand scenarios S (default 100)")
+    parser.add_argument("--plan-horizon", type=horizon, default=50, help="planning horizon H (default 50)")
+    parser.add_argument("--time-limit", type=time_limit, default=600.0, help="seconds per decision (default 600)")
+    parser.add_argument("--gap", type=mip_gap, default=0.005, help="relative MIP gap (default 0.005)")
     parser.add_argument("--threads", type=positive_int, default=1, help="solver threads per worker (default 1)")
     parser.add_argument("--no-warm-start", action="store_true", help="do not supply the all-zero plan as the initial incumbent")
     parser.add_argument("--solver-seed", type=seed, default=0, help="seed of the scenario sampling and the solver (default 0)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
-    parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="decisions per episode (default 50)")
+    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="decisions per episode (default 50)")
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     args = parser.parse_args()
-    if not 0 <= args.gap < 1:
-        parser.error(f"--gap: expected a relative gap in [0, 1), got {args.gap}")
     instance = Instance.load(args.instance)
     out = resolve_out(args.out)
     options = RollingOptions(args.scenarios, args.plan_horizon, SolverOptions(args.solver, args.time_limit, args.gap, args.threads,
                                                                              not args.no_warm_start, args.solver_seed))
+    check_size(instance.n, args.scenarios, args.plan_horizon, f"--instance '{args.instance}' with --scenarios and --plan-horizon")
     journal = milp_journal(out, instance, args.seed, options)
-    if args.solver == "gurobi":
-        print(f"note: the PyPI Gurobi licence is limited to {GUROBI_SIZE_LIMIT} variables and constraints; larger decisions are "
-              "recorded with status 'licence-limit' and execute the zero fallback", flush=True)
+    if note := licence_note(args.solver, stock_columns(instance.n, args.scenarios, args.plan_horizon)):
+        print(note, flush=True)
     init_ray(args.workers, args.address)
     summary = run_milp(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
     d = summary["decisions"]

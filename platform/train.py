@@ -25,7 +25,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from envs.cli import Interrupted, device, positive_int, read_file, run_cli
+from envs.cli import Interrupted, device, horizon, positive_int, read_file, run_cli, seed
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES
 from envs.instance import Instance
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--method", required=True, choices=list(METHODS))
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--preset", default="cpu", choices=list(PRESETS), help="training budget and network size (default cpu)")
-    parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="training seed (default 0)")
     parser.add_argument("--out", required=True, help="run directory")
     parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/train/); unknown keys are an error")
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
@@ -97,7 +97,7 @@ def main() -> None:
     existing.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint.pt")
     existing.add_argument("--overwrite", action="store_true", help="remove the run in --out (checkpoint, curve, TensorBoard, evaluations) and start anew")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="held-out episodes (default 128)")
-    parser.add_argument("--horizon", type=positive_int, default=EVAL_HORIZON, help="held-out horizon (default 50)")
+    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="held-out horizon (default 50)")
     parser.add_argument("--device", type=device, default="cpu", help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     run_mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"

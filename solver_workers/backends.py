@@ -17,12 +17,12 @@ from typing import Optional
 
 import numpy as np
 
+from envs import validate
 from solver_workers.model import MilpModel
 
 SOLVERS = ("highs", "gurobi")
 GUROBI_SIZE_LIMIT = 2000  # variables or constraints under the PyPI licence
 GUROBI_SIZE_LIMIT_ERROR = 10010
-MAX_SEED = 2**31 - 1  # the largest random seed HiGHS and Gurobi accept
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,21 @@ class SolverOptions:
     """Solver random seed."""
 
     def __post_init__(self):
-        if self.solver not in SOLVERS:
-            raise ValueError(f"solver: expected one of {list(SOLVERS)}, got '{self.solver}'")
-        if not 0 < self.time_limit < math.inf:
-            raise ValueError(f"time_limit: expected finite seconds > 0, got {self.time_limit}")
-        if not 0 <= self.gap < 1:
-            raise ValueError(f"gap: expected a relative gap in [0, 1), got {self.gap}")
-        if self.threads < 1:
-            raise ValueError(f"threads: expected an integer >= 1, got {self.threads}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed: expected an integer in [0, {MAX_SEED}], got {self.seed}")
+        validate.choice(self.solver, "solver", SOLVERS)
+        validate.time_limit(self.time_limit, "time_limit")
+        validate.mip_gap(self.gap, "gap")
+        validate.integer(self.threads, "threads", 1)
+        validate.seed(self.seed, "seed")
+
+
+def licence_note(solver: str, columns: int) -> Optional[str]:
+    """The note for a Gurobi run whose models hold at least `columns` variables, above the PyPI licence's
+    size limit (platform/milp.py and bound.py print it; a sweep's dry run and run print it for each baseline)."""
+    if solver != "gurobi" or columns <= GUROBI_SIZE_LIMIT:
+        return None
+    return (f"note: these Gurobi models hold at least {columns:,} variables, above the PyPI licence's limit of {GUROBI_SIZE_LIMIT:,} "
+            "variables and constraints: without your own licence every solve is recorded with status 'licence-limit' and "
+            "executes the zero fallback")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from envs.errors import InputError
 from envs.exogenous import demand_rate, factor_step
 from envs.instance import LMAX, Instance
 
@@ -53,6 +54,25 @@ class MilpModel:
         open_order = int(round(float(x[self.root_open])))
         quantity = np.where(self.root_quantity >= 0, x[np.maximum(self.root_quantity, 0)], 0.0)
         return open_order, np.clip(quantity, 0.0, qbar) * open_order
+
+
+INDEX_MAX = 2**31 - 1
+"""HiGHS indexes its matrix (columns, rows, non-zeros) with 32-bit integers."""
+
+
+def stock_columns(n: int, scenarios: int, horizon: int) -> int:
+    """2 S n H: the R+ and R- columns that every model of n items, S scenarios and H steps holds (a lower bound on its size)."""
+    return 2 * scenarios * n * horizon
+
+
+def check_size(n: int, scenarios: int, horizon: int, where: str) -> None:
+    """Refuse, naming `where`, a model too large to build: each stock column is a non-zero of its balance row and
+    (but in the last step) of the next, so the matrix holds at least 2 S n (2H - 1) non-zeros."""
+    nonzeros = 2 * scenarios * n * (2 * horizon - 1)
+    if nonzeros > INDEX_MAX:
+        raise InputError(f"{where}: the rolling-horizon MILP of n = {n:,} items, S = {scenarios:,} scenarios and H = {horizon:,} steps holds at "
+                         f"least {nonzeros:,} non-zeros, more than HiGHS's 32-bit indices address ({INDEX_MAX:,}; and about "
+                         f"{nonzeros * 12 / 2**30:,.0f} GiB of memory): lower S or H")
 
 
 def sample_scenarios(instance: Instance, factor: float, scenarios: int, horizon: int, rng: np.random.Generator) -> np.ndarray:

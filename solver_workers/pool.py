@@ -42,6 +42,7 @@ from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
 from envs.instance import Instance, atomic_write_text
+from envs.validate import differences
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
 from solver_workers.rolling import RollingOptions, decide
@@ -93,10 +94,8 @@ class Journal:
         if not (isinstance(header, dict) and isinstance(header.get("identity"), dict)):
             raise InputError(f"journal '{self.path}' has no run identity (it was written before identities were recorded, or it is not a journal), "
                              f"so it cannot be checked against this run's settings; {_start_anew(self.path)}")
-        differences = [f"{name} {_show(name, header['identity'].get(name))} there, {_show(name, self.identity.get(name))} here"
-                       for name in sorted(set(header["identity"]) | set(self.identity)) if header["identity"].get(name) != self.identity.get(name)]
-        if differences:
-            raise InputError(f"journal '{self.path}' belongs to a run with other settings ({'; '.join(differences)}); "
+        if changed := differences(header["identity"], self.identity):
+            raise InputError(f"journal '{self.path}' belongs to a run with other settings ({'; '.join(changed)}); "
                              f"re-run with its settings to resume it, or {_start_anew(self.path)}")
         for line in lines[1:]:
             record = _json_or_none(line)
@@ -133,12 +132,6 @@ def _json_or_none(line: str):
         return json.loads(line)
     except json.JSONDecodeError:
         return None
-
-
-def _show(name: str, value) -> str:
-    if value is None:
-        return "(absent)"
-    return f"{value[:16]}…" if name == "instance_hash" and isinstance(value, str) else json.dumps(value)
 
 
 def _start_anew(path: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from envs import validate
 from envs.dynamics import State
 from envs.instance import Instance, TensorInstance
 from solver_workers.backends import SolverOptions, solve
@@ -34,10 +35,8 @@ class RollingOptions:
     solver: SolverOptions = SolverOptions()
 
     def __post_init__(self):
-        if self.scenarios < 1:
-            raise ValueError(f"scenarios: expected an integer >= 1, got {self.scenarios}")
-        if self.plan_horizon < 1:
-            raise ValueError(f"plan_horizon: expected an integer >= 1, got {self.plan_horizon}")
+        validate.scenarios(self.scenarios, "scenarios")
+        validate.horizon(self.plan_horizon, "plan_horizon")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text, paper_instance
 from envs.results import read_evaluation, read_record, write_parquet
+from envs.validate import differences
 from sweeps.spec import SweepSpec, Trial
 
 SWEEP_FORMAT = "or-transformer-platform/sweep"
@@ -72,7 +73,8 @@ def open_results(out: Path, data: dict, resume: bool) -> dict:
     if path.exists():
         old = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "use another --out")
         if old.get("sweep") != data:
-            raise InputError(f"results directory '{out}' holds another sweep (its sweep file differs from this one): use another --out")
+            raise InputError(f"results directory '{out}' holds another sweep; its sweep file differs from this one in "
+                             f"{'; '.join(differences(old.get('sweep'), data))}: resume with that file, or use another --out")
         if not resume:
             raise InputError(f"results directory '{out}' already holds this sweep: continue it with --resume, or use another --out")
         return old

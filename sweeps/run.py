@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-import yaml
 
 from envs.cli import read_text
 from envs.errors import InputError
@@ -20,6 +19,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 from envs.results import manifest, write_evaluation
+from envs.validate import load_yaml
 from sweeps.results_dir import (FINISHED, baseline_done, instance_path, open_results, trial_done, trial_folder, write_instances, write_record,
                                 write_tables)
 from sweeps.spec import MilpBaseline, SweepSpec, Trial
@@ -27,11 +27,7 @@ from sweeps.spec import MilpBaseline, SweepSpec, Trial
 
 def read_spec(path) -> tuple[SweepSpec, dict]:
     """The validated spec and the file's content (kept in sweep.json)."""
-    text = read_text(path, "sweep file")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(f"sweep file '{path}' is not valid YAML: {str(exc).splitlines()[0]}") from None
+    data = load_yaml(read_text(path, "sweep file"), "sweep file", path)
     try:
         data = json.loads(json.dumps(data))  # as sweep.json will hold it (mapping keys become strings)
     except (TypeError, ValueError) as exc:
@@ -180,7 +176,11 @@ def run_sweep(spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=
 
 def dry_run(spec: SweepSpec, cluster: dict[str, float]) -> list[str]:
     """What the sweep would run, and the resources each trial asks for; refuses a trial that no node of
-    `cluster` (total CPUs and GPUs) could ever hold."""
+    `cluster` (total CPUs and GPUs) could ever hold, and notes a Gurobi baseline above the licence's size limit
+    (run_sweep prints these lines too, so a run refuses and warns exactly as its dry run)."""
+    from solver_workers.backends import licence_note
+    from solver_workers.model import stock_columns
+
     lines = [f"{len(spec.trials())} trials ({len(spec.methods)} methods x {len(spec.sizes)} sizes x {len(spec.seeds)} seeds), "
              f"{spec.concurrency} at a time, {spec.retries} retries each; preset '{spec.preset}' on {spec.device}"]
     for method in spec.methods:
@@ -199,9 +199,12 @@ def dry_run(spec: SweepSpec, cluster: dict[str, float]) -> list[str]:
     hours = sum(training_hours(spec, t) for t in spec.trials())
     lines.append(f"training: about {hours:,.1f} learner-hours on CPU cores "
                  "(each method's throughput in trainers/registry.py, measured on this project's 2-core machine; a GPU is far faster)")
-    milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600
-                     for m in b.milp for n in spec.sizes if m.sizes is None or n in m.sizes)
+    milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m in b.milp for n in spec.milp_sizes(m))
     lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
+    for m in b.milp:
+        for n in spec.milp_sizes(m):
+            if note := licence_note(m.solver, stock_columns(n, m.scenarios, m.plan_horizon)):
+                lines.append(f"{m.name} at n = {n}: {note}")
     return lines
 
 

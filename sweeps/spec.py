@@ -7,64 +7,69 @@ bad override fails now rather than in the middle of a sweep."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from envs import validate
 from envs.errors import InputError
+from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
+from solver_workers.backends import SOLVERS
+from solver_workers.model import check_size
 from trainers import registry
 
 METHOD_NAMES = tuple(registry.METHODS)
-SOLVERS = ("highs", "gurobi")
+SEED_COUNT_MAX = 1_000
 
 
 class SweepError(InputError):
     """A sweep file's key is unknown, missing or outside its allowed values."""
 
 
+def _where(name: str) -> str:
+    return f"sweep field '{name}'"
+
+
 def _mapping(value, where: str, allowed: dict[str, Any], required: tuple[str, ...] = ()) -> dict:
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        raise SweepError(f"sweep field '{where}': expected a mapping, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(allowed))
-    if unknown:
-        raise SweepError(f"sweep field '{where}': unknown keys {unknown}; allowed keys are {sorted(allowed)}")
-    missing = [k for k in required if k not in value]
-    if missing:
-        raise SweepError(f"sweep field '{where}': missing keys {missing}")
+        raise SweepError(f"{_where(where)}: expected a mapping, got {validate.describe(value)}")
+    validate.keys(value, _where(where), allowed, required, error=SweepError)
     return {**allowed, **value}
 
 
-def _int(value, where: str, low: int, high: Optional[int] = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise SweepError(f"sweep field '{where}': expected an integer {bounds}, got {value!r}")
-    return value
+def _int(value, where: str, low: int, high: Optional[int] = None, why: str = "") -> int:
+    return validate.integer(value, _where(where), low, high, why=why, error=SweepError)
 
 
 def _real(value, where: str, low: float, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low or (low_open and value == low):
-        raise SweepError(f"sweep field '{where}': expected a finite number {'>' if low_open else '>='} {low:g}, got {value!r}")
-    return float(value)
+    return validate.real(value, _where(where), low, low_open=low_open, error=SweepError)
 
 
 def _choice(value, where: str, allowed) -> str:
-    if value not in allowed:
-        raise SweepError(f"sweep field '{where}': expected one of {list(allowed)}, got {value!r}")
-    return value
+    return validate.choice(value, _where(where), allowed, error=SweepError)
 
 
 def _seeds(value, where: str) -> tuple[int, ...]:
     """A count k (the seeds 0..k-1) or a list of distinct seeds."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return tuple(range(_int(value, where, 1)))
+        return tuple(range(_int(value, where, 1, SEED_COUNT_MAX, "each seed is a training trial of every method and size")))
     if not isinstance(value, list) or not value:
-        raise SweepError(f"sweep field '{where}': expected a count >= 1 or a non-empty list of seeds, got {value!r}")
-    seeds = tuple(_int(s, where, 0, 2**31 - 1) for s in value)
+        raise SweepError(f"{_where(where)}: expected a count >= 1 or a non-empty list of seeds, got {validate.describe(value)}")
+    seeds = tuple(validate.seed(s, _where(where), error=SweepError) for s in value)
     if len(set(seeds)) != len(seeds):
-        raise SweepError(f"sweep field '{where}': each seed once, got {list(seeds)}")
+        raise SweepError(f"{_where(where)}: each seed once, got {list(seeds)}")
     return seeds
+
+
+def _sizes(value, where: str) -> tuple[int, ...]:
+    """A non-empty list of distinct paper-family sizes n."""
+    if not isinstance(value, list) or not value:
+        raise SweepError(f"{_where(where)}: expected a non-empty list of item counts >= 1, got {validate.describe(value)}")
+    sizes = tuple(_int(n, where, 1, PAPER_MAX_N, PAPER_MAX_N_WHY) for n in value)
+    if len(set(sizes)) != len(sizes):
+        raise SweepError(f"{_where(where)}: each entry once, got {list(sizes)}")
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -106,18 +111,15 @@ class MilpBaseline:
         d = _mapping(value, where, {f: v for f, v in asdict(cls("")).items()} | {"name": None})
         name = d["name"] or f"milp-{d['solver']}"
         if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-            raise SweepError(f"sweep field '{where}.name': expected letters, digits, '-' and '_', got {name!r}")
-        sizes = d["sizes"]
-        if sizes is not None:
-            if not isinstance(sizes, list) or not sizes:
-                raise SweepError(f"sweep field '{where}.sizes': expected a non-empty list of sizes, got {sizes!r}")
-            sizes = tuple(_int(s, f"{where}.sizes", 1) for s in sizes)
+            raise SweepError(f"{_where(where + '.name')}: expected letters, digits, '-' and '_', got {validate.describe(name)}")
         return cls(
-            name, _choice(d["solver"], f"{where}.solver", SOLVERS), _int(d["scenarios"], f"{where}.scenarios", 1),
-            _int(d["plan_horizon"], f"{where}.plan_horizon", 1), _real(d["time_limit"], f"{where}.time_limit", 0, low_open=True),
-            _real(d["gap"], f"{where}.gap", 0), _int(d["threads"], f"{where}.threads", 1), sizes,
+            name, _choice(d["solver"], f"{where}.solver", SOLVERS), validate.scenarios(d["scenarios"], _where(f"{where}.scenarios"), error=SweepError),
+            validate.horizon(d["plan_horizon"], _where(f"{where}.plan_horizon"), error=SweepError),
+            validate.time_limit(d["time_limit"], _where(f"{where}.time_limit"), error=SweepError),
+            validate.mip_gap(d["gap"], _where(f"{where}.gap"), error=SweepError), _int(d["threads"], f"{where}.threads", 1),
+            None if d["sizes"] is None else _sizes(d["sizes"], f"{where}.sizes"),
             None if d["episodes"] is None else _int(d["episodes"], f"{where}.episodes", 1),
-            None if d["horizon"] is None else _int(d["horizon"], f"{where}.horizon", 1),
+            None if d["horizon"] is None else validate.horizon(d["horizon"], _where(f"{where}.horizon"), error=SweepError),
         )
 
 
@@ -174,11 +176,10 @@ class SweepSpec:
     @classmethod
     def from_dict(cls, data) -> "SweepSpec":
         if not isinstance(data, dict):
-            raise SweepError(f"sweep file: expected a mapping of sweep fields, got {type(data).__name__}")
-        d = _mapping(data, "sweep file", {k: None for k in cls.KEYS}, required=("sizes", "seeds", "methods"))
-        if not isinstance(d["sizes"], list) or not d["sizes"]:
-            raise SweepError(f"sweep field 'sizes': expected a non-empty list of item counts >= 1, got {d['sizes']!r}")
-        sizes = tuple(_int(n, "sizes", 1) for n in d["sizes"])
+            raise SweepError(f"sweep file: expected a mapping of sweep fields, got {validate.describe(data)}")
+        validate.keys(data, "sweep file", cls.KEYS, ("sizes", "seeds", "methods"), error=SweepError)
+        d = {k: None for k in cls.KEYS} | data
+        sizes = _sizes(d["sizes"], "sizes")
         seeds = _seeds(d["seeds"], "seeds")
         per_size = d["seeds_per_size"]
         if isinstance(per_size, dict):  # keys are numbers in YAML, strings once stored in sweep.json
@@ -187,11 +188,10 @@ class SweepSpec:
         seeds_per_size = {n: _seeds(v, f"seeds_per_size.{n}") for n, v in per_size.items() if v is not None}
         methods = d["methods"] if d["methods"] is not None else []
         if not isinstance(methods, list):
-            raise SweepError(f"sweep field 'methods': expected a list of methods from {list(METHOD_NAMES)}, got {methods!r}")
+            raise SweepError(f"sweep field 'methods': expected a list of methods from {list(METHOD_NAMES)}, got {validate.describe(methods)}")
         methods = tuple(_choice(m, "methods", METHOD_NAMES) for m in methods)
-        for name, values in (("sizes", sizes), ("methods", methods)):
-            if len(set(values)) != len(values):
-                raise SweepError(f"sweep field '{name}': each entry once, got {list(values)}")
+        if len(set(methods)) != len(methods):
+            raise SweepError(f"sweep field 'methods': each entry once, got {list(methods)}")
         scoped = ("all", *METHOD_NAMES)
         overrides = _mapping(d["overrides"], "overrides", {k: {} for k in scoped})
         for key, value in overrides.items():
@@ -201,25 +201,24 @@ class SweepSpec:
         evaluation = _mapping(d["evaluation"], "evaluation", {"episodes": 128, "horizon": 50})
         b = _mapping(d["baselines"], "baselines", {"classical_best": True, "dp_optimal": True, "bound": None, "milp": [], "solver_workers": 2})
         for key in ("classical_best", "dp_optimal"):
-            if not isinstance(b[key], bool):
-                raise SweepError(f"sweep field 'baselines.{key}': expected true or false, got {b[key]!r}")
+            validate.boolean(b[key], _where(f"baselines.{key}"), error=SweepError)
         bound = None
         if b["bound"] is not None:
             bound = _mapping(b["bound"], "baselines.bound", {"solver": "highs", "time_limit": 300.0, "threads": 1})
             bound = {"solver": _choice(bound["solver"], "baselines.bound.solver", SOLVERS),
-                     "time_limit": _real(bound["time_limit"], "baselines.bound.time_limit", 0, low_open=True),
+                     "time_limit": validate.time_limit(bound["time_limit"], _where("baselines.bound.time_limit"), error=SweepError),
                      "threads": _int(bound["threads"], "baselines.bound.threads", 1)}
         if not isinstance(b["milp"], list):
-            raise SweepError(f"sweep field 'baselines.milp': expected a list of MILP settings, got {b['milp']!r}")
+            raise SweepError(f"sweep field 'baselines.milp': expected a list of MILP settings, got {validate.describe(b['milp'])}")
         milp = tuple(MilpBaseline.parse(m, f"baselines.milp[{k}]") for k, m in enumerate(b["milp"]))
         names = [m.name for m in milp]
         if len(set(names)) != len(names):
             raise SweepError(f"sweep field 'baselines.milp': names must differ (set 'name'), got {names}")
         baselines = Baselines(b["classical_best"], b["dp_optimal"], bound, milp, _int(b["solver_workers"], "baselines.solver_workers", 1))
         spec = cls(
-            sizes, seeds, methods, _int(d["instance_seed"] or 0, "instance_seed", 0), d["preset"] or "cpu",
+            sizes, seeds, methods, validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError), d["preset"] or "cpu",
             {k: dict(v or {}) for k, v in overrides.items() if v}, resources,
-            _int(evaluation["episodes"], "evaluation.episodes", 1), _int(evaluation["horizon"], "evaluation.horizon", 1), baselines,
+            _int(evaluation["episodes"], "evaluation.episodes", 1), validate.horizon(evaluation["horizon"], _where("evaluation.horizon"), error=SweepError), baselines,
             _int(d["concurrency"] if d["concurrency"] is not None else 1, "concurrency", 1),
             _int(d["retries"] if d["retries"] is not None else 2, "retries", 0),
             _choice(d["device"] or "cpu", "device", ("cpu", "cuda")), seeds_per_size,
@@ -228,12 +227,19 @@ class SweepSpec:
             raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
         for method in methods:  # every trial's config, once: a bad override or preset fails before anything starts
             registry.method_config(method, spec.preset, {**spec.overrides_of(method), "device": spec.device})
+        for k, m in enumerate(milp):  # a model too large to build fails now, in the dry run as in the run
+            for n in spec.milp_sizes(m):
+                check_size(n, m.scenarios, m.plan_horizon, _where(f"baselines.milp[{k}]"))
         if not spec.trials() and not spec.has_baselines():
             raise SweepError("sweep file: the grid is empty (no methods and no baselines): nothing to run")
         return spec
 
     def trials(self) -> list[Trial]:
         return [Trial(m, n, s) for n in self.sizes for m in self.methods for s in self.seeds_per_size.get(n, self.seeds)]
+
+    def milp_sizes(self, m: MilpBaseline) -> tuple[int, ...]:
+        """The sizes the MILP baseline `m` runs on."""
+        return tuple(n for n in self.sizes if m.sizes is None or n in m.sizes)
 
     def has_baselines(self) -> bool:
         b = self.baselines

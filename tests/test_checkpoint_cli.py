@@ -133,7 +133,7 @@ def test_yaml_config_files(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch: 16\nlearning_rte: 0.1\n")
     result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
-    assert result.returncode == 2 and "unknown fields ['learning_rte']" in result.stderr
+    assert result.returncode == 2 and "unknown keys ['learning_rte']" in result.stderr
     bad.write_text("batch: [16\n")
     result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
     assert result.returncode == 2 and "is not valid YAML" in result.stderr

@@ -1,15 +1,20 @@
 """Validation, the paper family, and file round trips."""
 
 import json
+import math
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
+import torch
 
+from envs.dynamics import initial_state, step
 from envs.errors import InputError
-from envs.instance import Instance, InstanceError, paper_instance
+from envs.instance import PAPER_MAX_N, Instance, InstanceError, paper_instance
+from envs.validate import HORIZON_MAX
 
 GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8)
 
@@ -17,21 +22,21 @@ GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("h", [1.0, 0.0], "'h': expected values > 0"),
-        ("b", [-1.0, 9.0], "'b': expected values > 0"),
+        ("h", [1.0, 0.0], "'h': expected numbers > 0 and <= 1e+06, got 0 (item 1)"),
+        ("b", [-1.0, 9.0], "'b': expected numbers > 0 and <= 1e+06, got -1 (item 0)"),
         ("lam", [3.0, float("nan")], "'lam': expected finite numbers"),
-        ("beta", [-0.1, 0.0], "'beta': expected values >= 0"),
+        ("beta", [-0.1, 0.0], "'beta': expected numbers >= 0 and <= 2, got -0.1 (item 0)"),
         ("lead", [0, 4], "'lead': expected integers in 1..4"),
         ("lead", [1, 5], "'lead': expected integers in 1..4"),
         ("lead", [1.5, 2], "'lead': expected integers in 1..4"),
         ("qbar", [12.0, float("inf")], "'qbar': expected finite numbers"),
         ("qbar", [12.0], "'qbar': expected 2 values"),
         ("h", [], "'h': expected at least one item"),
-        ("K", -1.0, "'K': expected K >= 0"),
-        ("gamma", 1.0, "'gamma': expected 0 < gamma < 1"),
-        ("gamma", 0.0, "'gamma': expected 0 < gamma < 1"),
-        ("rho", 1.0, "'rho': expected 0 <= rho < 1"),
-        ("rho", float("nan"), "'rho': expected a finite number"),
+        ("K", -1.0, "'K': expected a number >= 0 and <= 1e+12, got -1.0"),
+        ("gamma", 1.0, "'gamma': expected a number > 0 and < 1, got 1.0"),
+        ("gamma", 0.0, "'gamma': expected a number > 0 and < 1, got 0.0"),
+        ("rho", 1.0, "'rho': expected a number >= 0 and < 1, got 1.0"),
+        ("rho", float("nan"), "'rho': expected a number >= 0 and < 1, got NaN"),
         ("K", "ten", "'K': expected a number"),
         ("lead", ["2", 3], "'lead': expected a list of numbers, got a string \"2\" for item 0"),
         ("lead", "2", "'lead': expected a list of numbers, got a string \"2\""),
@@ -40,14 +45,20 @@ GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1
         ("qbar", [12.0, None], "'qbar': expected a list of numbers, got null for item 1"),
         ("b", [[7.0], [9.0]], "'b': expected a one-dimensional list"),
         ("lam", [3, 10**400], "'lam': expected finite numbers"),
-        ("gamma", "0.95", "'gamma': expected a number, got a string \"0.95\""),
-        ("K", True, "'K': expected a number, got a boolean true"),
-        ("rho", None, "'rho': expected a number, got null"),
-        ("K", 10**400, "'K': expected a finite number"),
+        ("gamma", "0.95", "'gamma': expected a number > 0 and < 1, got a string \"0.95\""),
+        ("K", True, "'K': expected a number >= 0 and <= 1e+12, got a boolean true"),
+        ("rho", None, "'rho': expected a number >= 0 and < 1, got null"),
+        ("K", 10**400, "'K': expected a number >= 0 and <= 1e+12, got 1000"),
+        # upper bounds (docs/formats.md): the simulation's float32 costs stay finite
+        ("h", [1.0, 1e308], "'h': expected numbers > 0 and <= 1e+06, got 1e+308 (item 1) (larger values overflow"),
+        ("lam", [1e308, 3.0], "'lam': expected numbers > 0 and <= 1e+06, got 1e+308 (item 0) (larger values overflow"),
+        ("qbar", [12.0, 1e9], "'qbar': expected numbers > 0 and <= 1e+08, got 1e+09 (item 1)"),
+        ("beta", [0.2, 1e300], "'beta': expected numbers >= 0 and <= 2, got 1e+300 (item 1) (the demand rate's factor"),
+        ("K", 1e13, "'K': expected a number >= 0 and <= 1e+12, got 10000000000000.0 (larger values overflow"),
     ],
 )
 def test_every_validation_error_names_the_field(field, value, message):
-    with pytest.raises(InstanceError, match=message.replace("(", r"\(")):
+    with pytest.raises(InstanceError, match=re.escape(message)):
         Instance(**{**GOOD, field: value})
 
 
@@ -68,9 +79,9 @@ def test_json_missing_and_unknown_keys():
     data = Instance(**GOOD).to_dict()
     del data["items"]["beta"]
     data["items"]["colour"] = [1, 2]
-    with pytest.raises(InstanceError, match=r"missing \['beta'\], unknown \['colour'\]"):
+    with pytest.raises(InstanceError, match=r"unknown keys \['colour'\]; missing keys \['beta'\]"):
         Instance.from_dict(data)
-    with pytest.raises(InstanceError, match=r"unknown \['Kappa'\]"):
+    with pytest.raises(InstanceError, match=r"unknown keys \['Kappa'\]"):
         Instance.from_dict({**Instance(**GOOD).to_dict(), "Kappa": 1})
 
 
@@ -106,7 +117,7 @@ def test_item_table_round_trip(tmp_path, suffix):
 def test_item_table_errors(tmp_path):
     path = tmp_path / "items.csv"
     path.write_text("h,b,lam,beta,lead\n1,7,3,0.2,1\n")
-    with pytest.raises(InstanceError, match=r"missing \['qbar'\]"):
+    with pytest.raises(InstanceError, match=r"missing keys \['qbar'\]"):
         Instance.from_table(path, K=1, gamma=0.9, rho=0.5)
     pq.write_table(pa.table({"h": [1.0, None], "b": [7.0, 8], "lam": [3.0, 3], "beta": [0.1, 0], "lead": [1, 2], "qbar": [9.0, 9]}), tmp_path / "t.parquet")
     with pytest.raises(InstanceError, match="'h': 1 missing values"):
@@ -141,7 +152,30 @@ def test_paper_family_ranges_and_nesting():
     np.testing.assert_array_equal(small.lam, big.lam[:16])
     assert small.K == 160
     assert not np.array_equal(paper_instance(16, 6).lam, small.lam)
-    with pytest.raises(InstanceError, match="'n': expected an integer >= 1"):
+    with pytest.raises(InstanceError, match=r"'n': expected an integer in \[1, 42075\], got 0"):
         paper_instance(0, 0)
-    with pytest.raises(InstanceError, match="'seed': expected an integer >= 0, got -1"):
+    with pytest.raises(InstanceError, match=r"'seed': expected an integer in \[0, 2147483647\], got -1"):
         paper_instance(4, -1)
+
+
+def test_the_paper_family_holds_15_x_55_x_51_items():
+    # h in 0.6..2.0, b in 6.0..11.4, lam in 2.0..7.0 on a 0.1 grid: 15, 55 and 51 values
+    assert PAPER_MAX_N == 15 * 55 * 51 == 42_075
+    with pytest.raises(InstanceError, match=r"got 42076 \(the paper family has 42,075 distinct"):
+        paper_instance(42_076, 0)
+
+
+def test_values_at_their_upper_bounds_keep_every_cost_finite_in_float32_over_the_longest_horizon():
+    """Every instance value at its bound, the factor held at 10 (|F| > 10 has probability below 2e-23) and
+    demand at its rate lam e^(10 beta - beta^2 / 2) = 1e6 e^18 every step, for HORIZON_MAX steps: ordering
+    nothing (the backlog grows) and ordering qbar every step (the stock grows)."""
+    inst = Instance(h=[1e6, 1e6], b=[1e6, 1e6], lam=[1e6, 1e6], beta=[2.0, 2.0], lead=[1, 4], qbar=[1e8, 1e8], K=1e12, gamma=0.999, rho=0.0)
+    tinst = inst.to_torch()
+    demand = torch.full((1, 2), 1e6 * math.exp(18.0))
+    factor = torch.full((1,), 10.0)
+    for open_order, quantity in ((torch.zeros(1), torch.zeros(1, 2)), (torch.ones(1), torch.full((1, 2), 1e8))):
+        state, total = initial_state(tinst, factor), torch.zeros(1)
+        for t in range(HORIZON_MAX):
+            state, cost = step(tinst, state, open_order, quantity, demand, factor)
+            total = total + inst.gamma**t * cost
+        assert torch.isfinite(total).all() and torch.isfinite(state.inv).all() and float(total) > 1e12

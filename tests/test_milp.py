@@ -11,7 +11,8 @@ from scipy.optimize import linprog
 
 from envs.dynamics import State, step
 from envs.instance import LMAX, Instance
-from solver_workers.backends import MAX_SEED, SolverOptions, solve
+from envs.validate import SEED_MAX
+from solver_workers.backends import SolverOptions, solve
 from solver_workers.model import build_model, sample_scenarios
 
 
@@ -150,6 +151,6 @@ def test_the_largest_seed_is_the_largest_highs_accepts():
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
-    assert h.setOptionValue("random_seed", MAX_SEED) == highspy.HighsStatus.kOk
-    assert h.setOptionValue("random_seed", MAX_SEED + 1) != highspy.HighsStatus.kOk  # HiGHS would silently keep its previous seed
-    assert h.getOptionValue("random_seed")[1] == MAX_SEED
+    assert h.setOptionValue("random_seed", SEED_MAX) == highspy.HighsStatus.kOk
+    assert h.setOptionValue("random_seed", SEED_MAX + 1) != highspy.HighsStatus.kOk  # HiGHS would silently keep its previous seed
+    assert h.getOptionValue("random_seed")[1] == SEED_MAX

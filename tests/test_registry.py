@@ -93,7 +93,7 @@ def test_every_method_has_its_config_class():
 @pytest.mark.parametrize("call, message", [
     (lambda: registry.method_config("dqn"), r"method: expected one of \['or-transformer', 'transformer-ppo', 'hpo', 'ppo'\], got 'dqn'"),
     (lambda: registry.method_config("hpo", "huge"), r"preset: expected one of \['paper', 'cpu'\], got 'huge'"),
-    (lambda: registry.method_config("ppo", "cpu", {"lr": 1}), r"unknown fields \['lr'\]; allowed fields are \["),
+    (lambda: registry.method_config("ppo", "cpu", {"lr": 1}), r"unknown keys \['lr'\]; allowed keys are \["),
     (lambda: registry.method_config("ppo", "cpu", {"method": "hpo"}), r"overrides: 'method' is not a field to override"),
     (lambda: registry.config_from_dict({"method": ["hpo"]}), r"method: expected one of .* got \['hpo'\]"),
     (lambda: registry.train(TrainConfig(), INSTANCE, "x", workers=0), r"workers: expected None .* or an integer >= 1, got 0"),
@@ -108,7 +108,7 @@ def test_experiment_arguments_are_checked_before_anything_is_written(tmp_path):
         run_experiment("sac", INSTANCE, tmp_path / "a")
     with pytest.raises(ConfigError, match=r"overrides: \['seed', 'device'\] are arguments of the experiment"):
         run_experiment("hpo", INSTANCE, tmp_path / "b", overrides={"seed": 1, "device": "cpu"})
-    with pytest.raises(ConfigError, match="config field 'width': expected an integer >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"config field 'width': expected an integer in \[1, 4096\], got 0"):
         run_experiment("hpo", INSTANCE, tmp_path / "c", overrides={"width": 0})
     with pytest.raises(InputError, match="has no checkpoint.pt to resume"):
         run_experiment("hpo", INSTANCE, tmp_path / "d", overrides=tiny("hpo"), mode="resume")

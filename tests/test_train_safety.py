@@ -22,6 +22,7 @@ from conftest import ROOT
 from envs.cli import _terminate
 from envs.errors import InputError
 from envs.instance import paper_instance
+from envs.validate import load_yaml
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseTrainer, TrainConfig
 from trainers.registry import load_checkpoint, method_config
@@ -227,30 +228,35 @@ def test_train_script_saves_on_ctrl_c_and_resumes_to_the_uninterrupted_curve(tmp
 @pytest.mark.parametrize("field, value, message", [
     ("checkpoint_every", -1, "an integer >= 0, got -1"),
     ("warmup", -3, "an integer >= 0, got -3"),
-    ("batch", True, "an integer >= 1, got True"),
-    ("width", 2.5, "an integer >= 1, got 2.5"),
+    ("batch", True, "an integer in [1, 65536], got a boolean true"),
+    ("batch", 100_000_000, "an integer in [1, 65536], got 100000000 (memory: a pathwise update keeps B x n x d activations"),
+    ("width", 2.5, "an integer in [1, 4096], got 2.5"),
+    ("width", 1_000_000, "an integer in [1, 4096], got 1000000 (memory: the weights grow as d^2"),
+    ("feed_forward", 16_385, "an integer in [1, 16384], got 16385 (memory: "),
+    ("hidden", 10**6, "an integer in [1, 16384], got 1000000 (memory: "),
     ("updates", 20.0, "an integer >= 1, got 20.0"),
-    ("rollout", "10", "an integer >= 1, got '10'"),
-    ("seed", -1, "an integer in [0, 4294967295], got -1"),
-    ("seed", 2**32, "an integer in [0, 4294967295], got 4294967296"),
-    ("learning_rate", "abc", "a number > 0, got 'abc'"),
-    ("learning_rate", True, "a number > 0, got True"),
-    ("learning_rate", 0, "a number > 0, got 0.0"),
-    ("learning_rate", "nan", "a number > 0, got 'nan'"),
-    ("learning_rate", math.inf, "a number > 0, got inf"),
-    ("learning_rate", "1e999", "a number > 0, got inf"),
+    ("rollout", "10", "an integer in [1, 10000], got a string \"10\""),
+    ("rollout", 10_001, "an integer in [1, 10000], got 10001 (the instance bounds keep costs finite in float32 over at most 10,000 steps)"),
+    ("seed", -1, "an integer in [0, 2147483647], got -1"),
+    ("seed", 2**31, "an integer in [0, 2147483647], got 2147483648 (the largest seed HiGHS and Gurobi accept)"),
+    ("learning_rate", "abc", "a number > 0, got a string \"abc\""),
+    ("learning_rate", True, "a number > 0, got a boolean true"),
+    ("learning_rate", 0, "a number > 0, got 0"),
+    ("learning_rate", "3e-4", "a number > 0, got a string \"3e-4\""),
+    ("learning_rate", math.inf, "a number > 0, got Infinity"),
+    ("learning_rate", 10**400, "a number > 0, got 1000"),
     ("gae_lambda", 1.5, "a number >= 0 and <= 1, got 1.5"),
-    ("gae_lambda", "0.9x", "a number >= 0 and <= 1, got '0.9x'"),
-    ("grad_clip", -5, "a number > 0, got -5.0"),
+    ("gae_lambda", "0.9x", "a number >= 0 and <= 1, got a string \"0.9x\""),
+    ("grad_clip", -5, "a number > 0, got -5"),
     ("divergence_cost", 0.0, "a number > 0, got 0.0"),
     ("entropy_start", -0.01, "a number >= 0, got -0.01"),
-    ("entropy_end", math.nan, "a number >= 0, got nan"),
-    ("pathwise_weight", -1, "a number >= 0, got -1.0"),
-    ("critic_weight", [0.1], "a number >= 0, got [0.1]"),
-    ("final_learning_rate", 0, "a number > 0, got 0.0"),
-    ("adam_eps", None, "a number > 0, got None"),
-    ("device", "gpu", "cpu, cuda or cuda:K, got 'gpu'"),
-    ("method", ["hpo"], "one of ['or-transformer', 'hpo'], got ['hpo']"),
+    ("entropy_end", math.nan, "a number >= 0, got NaN"),
+    ("pathwise_weight", -1, "a number >= 0, got -1"),
+    ("critic_weight", [0.1], "a number >= 0, got a list of 1: [0.1]"),
+    ("final_learning_rate", 0, "a number > 0, got 0"),
+    ("adam_eps", None, "a number > 0, got null"),
+    ("device", "gpu", "cpu, cuda or cuda:K, got a string \"gpu\""),
+    ("method", ["hpo"], "one of ['or-transformer', 'hpo'], got a list of 1: [\"hpo\"]"),
 ])
 def test_every_config_field_is_checked(field, value, message):
     with pytest.raises(ConfigError, match=re.escape(f"config field '{field}': expected {message}")):
@@ -258,7 +264,8 @@ def test_every_config_field_is_checked(field, value, message):
 
 
 def test_numbers_in_yaml_form_are_read_as_numbers():
-    cfg = TrainConfig.from_dict({"learning_rate": "3e-4", "final_learning_rate": "1E-5", "gae_lambda": 1, "adam_eps": " .5e-8", "entropy_end": "+0"})
+    text = "learning_rate: 3e-4\nfinal_learning_rate: 1E-5\ngae_lambda: 1\nadam_eps: .5e-8\nentropy_end: +0\n"
+    cfg = TrainConfig.from_dict(load_yaml(text, "config file", "c.yaml"))  # YAML 1.1 (yaml.safe_load) reads 3e-4 as a string
     assert (cfg.learning_rate, cfg.final_learning_rate, cfg.gae_lambda, cfg.adam_eps, cfg.entropy_end) == (3e-4, 1e-5, 1.0, 0.5e-8, 0.0)
     assert isinstance(cfg.gae_lambda, float) and TrainConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ConfigError, match=r"config: expected a mapping of config fields, got list"):

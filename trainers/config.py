@@ -1,10 +1,6 @@
 """What every training run's typed config shares: dict round trips with unknown keys refused, a check
-of every field's type and range with one clear error (`ConfigError`), and the divergence rule.
-
-Numbers: an integer field takes an int (not a bool, not a float); a real field takes an int or a float
-(not a bool), finite and in its range. A string is never a number, with one exception for YAML: YAML 1.1
-(yaml.safe_load) reads `3e-4`, without a dot, as the string "3e-4", so a real field also takes a string
-that is a plain decimal or scientific literal ("3e-4", "0.5", "1E3") and converts it."""
+of every field's type and range with one clear error (`ConfigError`, by the validators of envs.validate:
+a real field also takes YAML's string "3e-4"), and the divergence rule."""
 
 from __future__ import annotations
 
@@ -13,10 +9,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
 
+from envs import validate
 from envs.errors import InputError
-
-NUMBER_LITERAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-"""The strings a real field accepts (YAML 1.1 reads `3e-4` as a string); not 'nan', 'inf' or '1_000'."""
 
 
 class ConfigError(InputError):
@@ -30,43 +24,34 @@ class RunConfig:
     def from_dict(cls, data: dict[str, Any]):
         if not isinstance(data, dict):
             raise ConfigError(f"config: expected a mapping of config fields, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(map(str, data)) - known)
-        if unknown:
-            raise ConfigError(f"config: unknown fields {unknown}; allowed fields are {sorted(known)}")
+        validate.keys(data, "config", {f.name for f in fields(cls)}, error=ConfigError)
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def require_int(self, name: str, low: int, high: Optional[int] = None) -> None:
-        """Field `name` is an int in [low, high] (no upper limit without `high`)."""
-        value = getattr(self, name)
-        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-            raise ConfigError(f"config field '{name}': expected {allowed}, got {value!r}")
+    def require_int(self, name: str, low: int, high: Optional[int] = None, why: str = "") -> None:
+        """Field `name` is an int in [low, high] (no upper limit without `high`; `why` says why `high`)."""
+        validate.integer(getattr(self, name), f"config field '{name}'", low, high, why=why, error=ConfigError)
 
     def require_real(self, name: str, low: float, high: float = math.inf, low_open: bool = False) -> None:
         """Field `name` is a finite real number in [low, high] ((low, high] with `low_open`); stores it as a float."""
-        value = getattr(self, name)
-        allowed = f"a number {'>' if low_open else '>='} {low:g}" + ("" if high == math.inf else f" and <= {high:g}")
-        if isinstance(value, str) and NUMBER_LITERAL.fullmatch(value.strip()):
-            value = float(value)
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError(f"config field '{name}': expected {allowed}, got {value!r}")
-        value = float(value)
-        if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
-            raise ConfigError(f"config field '{name}': expected {allowed}, got {value!r}")
+        value = validate.real(getattr(self, name), f"config field '{name}'", low, high, low_open=low_open, error=ConfigError)
         object.__setattr__(self, name, value)
 
     def require_choice(self, name: str, allowed) -> None:
-        value = getattr(self, name)
-        if not isinstance(value, str) or value not in allowed:
-            raise ConfigError(f"config field '{name}': expected one of {list(allowed)}, got {value!r}")
+        validate.choice(getattr(self, name), f"config field '{name}'", allowed, error=ConfigError)
 
 
-SEED_LIMIT = 2**32 - 1
-"""Seeds are in [0, 2^32 - 1] (numpy's and gymnasium's range)."""
+BATCH_MAX = 65_536
+BATCH_WHY = ("memory: a pathwise update keeps B x n x d activations of every block and step for its backward pass, "
+             "at B = 65,536, n = 16, d = 128 already 0.5 GB each")
+WIDTH_MAX = 4_096
+WIDTH_WHY = ("memory: the weights grow as d^2; at d = 4,096 every block of the three networks holds 0.2 billion "
+             "(3.2 GB with gradients and Adam's moments)")
+LAYER_MAX = 16_384
+LAYER_WHY = ("memory: a layer of this width holds width^2 (perceptrons) or d x width (feed-forward) weights; at 16,384 the "
+             "three perceptrons hold 0.8 billion (13 GB with gradients and Adam's moments)")
 
 
 @dataclass(frozen=True)
@@ -101,21 +86,26 @@ class TrainerConfig(RunConfig):
     divergence_cost: float = 1e3
     """A run diverges when its mean normalised step cost exceeds this (> 0) or a loss is not finite."""
     seed: int = 0
-    """In [0, 2^32 - 1]."""
+    """In [0, 2^31 - 1] (envs.validate.SEED_MAX)."""
     device: str = "cpu"
     """cpu, cuda or cuda:K (whether it exists here is checked where the run starts, not in the config)."""
 
     def check_shared_fields(self) -> None:
-        for name in ("batch", "rollout", "updates", "blocks", "width", "heads", "feed_forward", "hidden"):
+        for name in ("updates", "blocks", "heads"):
             self.require_int(name, 1)
+        self.require_int("batch", 1, BATCH_MAX, BATCH_WHY)
+        self.require_int("rollout", 1, validate.HORIZON_MAX, validate.HORIZON_WHY)
+        self.require_int("width", 1, WIDTH_MAX, WIDTH_WHY)
+        for name in ("feed_forward", "hidden"):
+            self.require_int(name, 1, LAYER_MAX, LAYER_WHY)
         if self.width % self.heads:
             raise ConfigError(f"config field 'heads': must divide width {self.width}, got {self.heads}")
         self.require_real("gae_lambda", 0, 1)
         for name in ("learning_rate", "grad_clip", "divergence_cost"):
             self.require_real(name, 0, low_open=True)
-        self.require_int("seed", 0, SEED_LIMIT)
+        validate.seed(self.seed, "config field 'seed'", error=ConfigError)
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"config field 'device': expected cpu, cuda or cuda:K, got {self.device!r}")
+            raise validate.refuse("config field 'device'", "cpu, cuda or cuda:K", validate.describe(self.device), error=ConfigError)
 
 
 def divergence_reason(metrics: dict[str, float], c_ref: float, gamma: float, rollout: int, threshold: float) -> Optional[str]:

@@ -80,12 +80,13 @@ def integer_range(low: int, high: Optional[int] = None) -> str:
 
 
 def real_range(low: float = -math.inf, high: float = math.inf, low_open: bool = False, high_open: bool = False) -> str:
-    parts = []
+    if low > -math.inf and high < math.inf:
+        return f"a number in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if low > -math.inf:
-        parts.append(f"{'>' if low_open else '>='} {low:g}")
+        return f"a number {'>' if low_open else '>='} {low:g}"
     if high < math.inf:
-        parts.append(f"{'<' if high_open else '<='} {high:g}")
-    return "a number" + (" " + " and ".join(parts) if parts else "")
+        return f"a number {'<' if high_open else '<='} {high:g}"
+    return "a number"
 
 
 def integer(value, where: str, low: int, high: Optional[int] = None, *, why: str = "", error: type[Exception] = InputError) -> int:

@@ -103,7 +103,7 @@ def test_bad_instance_file_is_reported_and_nothing_written(tmp_path):
     bad.write_text(json.dumps({"K": 1, "gamma": 1.5, "rho": 0.5, "items": {"h": [1], "b": [1], "lam": [1], "beta": [0], "lead": [1], "qbar": [1]}}))
     result = script("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o", check=False)
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: instance field 'gamma': expected a number > 0 and < 1, got 1.5"
+    assert result.stderr.strip() == "error: instance field 'gamma': expected a number in (0, 1), got 1.5"
     assert not (tmp_path / "o").exists()
 
 

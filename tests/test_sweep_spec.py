@@ -7,6 +7,7 @@ import pytest
 import yaml
 from conftest import ROOT, run_script
 
+from envs.cli import read_file
 from envs.errors import InputError
 from sweeps.results_dir import open_results
 from sweeps.run import dry_run, read_spec
@@ -34,7 +35,7 @@ def test_the_shipped_sweep_files_are_valid_and_expand_as_documented():
 @pytest.mark.parametrize("path", sorted((ROOT / "tune_configs").glob("**/*.yaml")), ids=lambda path: path.name)
 def test_every_shipped_config_file_is_valid(path):
     if path.parent.name == "train":  # training config files: fields over a preset (platform/train.py --config)
-        method_config("or-transformer", "cpu", yaml.safe_load(path.read_text()))
+        method_config("or-transformer", "cpu", read_file(path, "config file"))  # the loader platform/train.py uses
     else:
         read_spec(path)
 
@@ -61,7 +62,7 @@ def test_trials_seeds_and_scoped_overrides():
     ({"resources": {"all": {"workers": -1}}}, "sweep field 'resources.all.workers': expected an integer >= 0"),
     ({"resources": {"all": {"gpus": 1}}}, "sweep field 'resources.all': unknown keys ['gpus']"),
     ({"evaluation": {"episodes": 0}}, "sweep field 'evaluation.episodes': expected an integer >= 1"),
-    ({"baselines": {"bound": {"time_limit": 0}}}, "sweep field 'baselines.bound.time_limit': expected a number > 0 and <= 604800, got 0"),
+    ({"baselines": {"bound": {"time_limit": 0}}}, "sweep field 'baselines.bound.time_limit': expected a number in (0, 604800], got 0"),
     ({"baselines": {"milp": [{"solver": "cplex"}]}}, "sweep field 'baselines.milp[0].solver': expected one of ['highs', 'gurobi']"),
     ({"baselines": {"milp": [{}, {}]}}, "names must differ"),
     ({"concurrency": 0}, "sweep field 'concurrency': expected an integer >= 1"),
@@ -110,3 +111,56 @@ def test_sweep_script_dry_run_and_a_bad_file(tmp_path):
     bad.write_text(yaml.safe_dump({**MINIMAL, "methods": ["dqn"]}))
     result = run_script("sweep.py", "--config", bad, "--out", tmp_path / "r")
     assert result.returncode == 2 and "sweep field 'methods'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"baselines": {"milp": [{"gap": 5}]}}, "sweep field 'baselines.milp[0].gap': expected a number in [0, 1), got 5 (a relative gap"),
+    ({"baselines": {"milp": [{"scenarios": 10**12}]}}, "sweep field 'baselines.milp[0].scenarios': expected an integer in [1, 10000], got 1000000000000 ("),
+    ({"baselines": {"milp": [{"plan_horizon": 10**9}]}}, "sweep field 'baselines.milp[0].plan_horizon': expected an integer in [1, 10000], got 1000000000 ("),
+    ({"baselines": {"milp": [{"time_limit": 1e300}]}}, "sweep field 'baselines.milp[0].time_limit': expected a number in (0, 604800], got 1e+300 (a week"),
+    ({"baselines": {"milp": [{"sizes": [100_000]}]}}, "sweep field 'baselines.milp[0].sizes': expected an integer in [1, 42075], got 100000"),
+    ({"sizes": [100_000]}, "sweep field 'sizes': expected an integer in [1, 42075], got 100000 (the paper family has 42,075 distinct"),
+    ({"seeds": [2**31]}, "sweep field 'seeds': expected an integer in [0, 2147483647], got 2147483648"),
+    ({"instance_seed": 2**32 - 1}, "sweep field 'instance_seed': expected an integer in [0, 2147483647], got 4294967295"),
+    ({"evaluation": {"horizon": 10**9}}, "sweep field 'evaluation.horizon': expected an integer in [1, 10000], got 1000000000"),
+    ({"overrides": {"all": {"batch": 10**8}}}, "config field 'batch': expected an integer in [1, 65536], got 100000000 (memory"),
+    ({"sizes": [4096], "baselines": {"milp": [{"scenarios": 10_000, "plan_horizon": 50}]}},
+     "sweep field 'baselines.milp[0]': the rolling-horizon MILP of n = 4,096 items, S = 10,000 scenarios and H = 50 steps holds at least 8,110,080,000 non-zeros"),
+])
+def test_every_sweep_value_is_bounded_with_its_reason(change, message):
+    with pytest.raises(InputError) as err:
+        SweepSpec.from_dict({**MINIMAL, **change})
+    assert message in str(err.value)
+
+
+def test_sweep_files_read_numbers_like_train_configs(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("sizes: [1]\nseeds: 1\nmethods: [hpo]\noverrides: {all: {learning_rate: 5e-3}}\nbaselines:\n  milp: [{gap: 5e-3, time_limit: 1e2}]\n")
+    spec, data = read_spec(path)
+    assert spec.overrides_of("hpo") == {"learning_rate": 0.005} and spec.baselines.milp[0].gap == 0.005 and spec.baselines.milp[0].time_limit == 100.0
+    assert method_config("hpo", "cpu", spec.overrides_of("hpo")).learning_rate == 0.005
+    path.write_text("sizes: [1]\nseeds: 1\nmethods: [hpo]\nseeds: 2\n")
+    with pytest.raises(InputError, match=r"sweep file '.*s.yaml': key 'seeds' is written twice \(lines 2 and 4\)"):
+        read_spec(path)
+
+
+def test_the_dry_run_notes_a_gurobi_baseline_above_the_licence_exactly_where_milp_py_would():
+    spec = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10},
+                                                                  {"name": "h", "solver": "highs", "scenarios": 10, "plan_horizon": 10}]}})
+    notes = [line for line in dry_run(spec, {"CPU": 8, "GPU": 0}) if "note:" in line]
+    # n = 1: 2 S n H = 200 stock columns, under 2,000; n = 4: 800, also under; highs never
+    assert notes == []
+    spec = SweepSpec.from_dict({**MINIMAL, "sizes": [4, 16], "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10}]}})
+    notes = [line for line in dry_run(spec, {"CPU": 8, "GPU": 0}) if "note:" in line]
+    assert notes == ["g at n = 16: note: these Gurobi models hold at least 3,200 variables, above the PyPI licence's limit of 2,000 variables "
+                     "and constraints: without your own licence every solve is recorded with status 'licence-limit' and executes the zero fallback"]
+
+
+def test_resuming_with_another_sweep_file_names_every_field_that_differs(tmp_path):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "sweep.json").write_text(__import__("json").dumps(open_results(out, MINIMAL, resume=False)))
+    other = {**MINIMAL, "seeds": 3, "baselines": {"milp": [{"gap": 0.01}]}}
+    with pytest.raises(InputError) as err:
+        open_results(out, other, resume=True)
+    assert "its sweep file differs from this one in baselines (absent) there, {\"milp\": [{\"gap\": 0.01}]} here; seeds 2 there, 3 here" in str(err.value)

@@ -94,6 +94,8 @@ def integer(value, where: str, low: int, high: Optional[int] = None, *, why: str
     import numpy as np
 
     ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if high is not None and is_number(value) and value > high:  # 1e12 for an integer field: say why it is too large
+        raise refuse(where, integer_range(low, high), describe(value), why, error)
     if not ok or value < low:
         raise refuse(where, integer_range(low, high), describe(value), error=error)
     if high is not None and value > high:

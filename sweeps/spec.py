@@ -226,7 +226,10 @@ class SweepSpec:
         if spec.device == "cpu" and any(r.gpus_per_worker > 0 for r in resources.values()):
             raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
         for method in methods:  # every trial's config, once: a bad override or preset fails before anything starts
-            registry.method_config(method, spec.preset, {**spec.overrides_of(method), "device": spec.device})
+            try:
+                registry.method_config(method, spec.preset, {**spec.overrides_of(method), "device": spec.device})
+            except InputError as exc:
+                raise SweepError(f"sweep field 'overrides' (preset '{spec.preset}', method {method}): {exc}") from None
         for k, m in enumerate(milp):  # a model too large to build fails now, in the dry run as in the run
             for n in spec.milp_sizes(m):
                 check_size(n, m.scenarios, m.plan_horizon, _where(f"baselines.milp[{k}]"))

@@ -74,6 +74,7 @@ import torch
 from scipy import stats
 from scipy.signal import fftconvolve
 
+from envs import validate
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.exogenous import demand_rate, innovation_scale
@@ -107,12 +108,10 @@ class FactorGrid:
 
 
 def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float = DEFAULT_FACTOR_WIDTH) -> FactorGrid:
-    if points < 1:
-        raise InputError(f"{NAME} factor_points: expected an integer >= 1, got {points}")
+    validate.integer(points, f"{NAME} factor_points", 1)
     if points == 1:
         return FactorGrid(np.zeros(1), np.ones((1, 1)), np.ones(1))
-    if not width > 0:
-        raise InputError(f"{NAME} factor_width: expected a number > 0, got {width}")
+    validate.real(width, f"{NAME} factor_width", 0, low_open=True)
     f = np.linspace(-width, width, points)
     edges = np.concatenate([[-np.inf], 0.5 * (f[1:] + f[:-1]), [np.inf]])  # [M+1] cell boundaries
     scale = innovation_scale(rho)
@@ -233,8 +232,7 @@ def solve(
     """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
     from the documented initial state I_0 = lam (L + 1), P_0 = 0."""
     check_single_item(instance.n)
-    if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
-        raise InputError(f"{NAME} horizon: expected an integer >= 1, got {horizon!r}")
+    validate.integer(horizon, f"{NAME} horizon", 1)
     start = time.perf_counter()
     h, b, lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "qbar"))
     lead, K, gamma = int(instance.lead[0]), instance.K, instance.gamma

@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from envs import validate
 from envs.instance import Instance, TensorInstance
 
 HELDOUT_SEED = 20_260_128
@@ -84,8 +85,7 @@ def sample_paths(
 ) -> ExogenousPaths:
     """Sample episodes (a count E meaning 0..E-1, or explicit indices) of `horizon` steps."""
     episode_ids = tuple(range(episodes)) if isinstance(episodes, (int, np.integer)) else tuple(int(e) for e in episodes)
-    if horizon < 1:
-        raise ValueError(f"horizon: expected an integer >= 1, got {horizon}")
+    validate.integer(horizon, "horizon", 1)
     if not episode_ids or min(episode_ids) < 0:
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
     factor = np.empty((len(episode_ids), horizon + 1))

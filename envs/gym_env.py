@@ -18,6 +18,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
+from envs import validate
 from envs.dynamics import State, initial_state, step
 from envs.exogenous import demand_rate, factor_step
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
@@ -34,8 +35,7 @@ class _BatchedJRP:
     """B episodes advanced together; NumPy in, NumPy out, torch (CPU) inside."""
 
     def __init__(self, instance: Instance, batch: int, horizon: int, reward_scale: float = 1.0):
-        if horizon < 1:
-            raise ValueError(f"horizon: expected an integer >= 1, got {horizon}")
+        validate.integer(horizon, "horizon", 1)
         self.instance = instance
         self.reward_scale = reward_scale
         self.tinst = instance.to_torch("cpu")

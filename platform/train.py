@@ -16,8 +16,8 @@ ended (diverged, or completed its --updates) trains nothing and evaluates it aga
 this also finishes an evaluation that was interrupted). Ctrl-C or SIGTERM stops after the current update
 and saves it (press again to stop at once, keeping the last checkpoint); the message gives the command
 that resumes. Config files: YAML fields of trainers/pathwise.py TrainConfig or trainers/rllib_ppo.py
-PPOTrainConfig over the preset (trainers/registry.py PRESETS), each checked for its type and range (a real
-number may be written as 3e-4, which YAML reads as a string).
+PPOTrainConfig over the preset (trainers/registry.py PRESETS), each checked for its type and range (the rules,
+3e-4 and 0x10 included: docs/formats.md, "Field rules").
 """
 
 import argparse
@@ -39,7 +39,7 @@ from trainers.run import check_run_dir
 
 
 def read_config(path) -> dict:
-    """Config fields from a YAML file (yaml.safe_load); an empty dict without a file or for an empty one."""
+    """Config fields from a YAML file (envs.validate.load_yaml); an empty dict without a file or for an empty one."""
     if path is None:
         return {}
     data = read_file(path, "config file")

@@ -42,6 +42,7 @@ from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
 from envs.instance import Instance, atomic_write_text
+from envs import validate
 from envs.validate import differences
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
@@ -159,8 +160,7 @@ class Pool:
     """`workers` SolverWorker actors; `run` keeps each busy and replaces the ones that stay dead."""
 
     def __init__(self, workers: int):
-        if workers < 1:
-            raise ValueError(f"workers: expected an integer >= 1, got {workers}")
+        validate.integer(workers, "workers", 1)
         self.actors = [SolverWorker.remote() for _ in range(workers)]
 
     def run(self, tasks: Iterable[tuple[str, tuple]], on_result: Callable[[dict], Iterable[tuple[str, tuple]]], total: int, done: int, desc: str) -> None:

@@ -22,6 +22,7 @@ import math
 import re
 from typing import Any, Iterable, Mapping, Optional
 
+import numpy as np
 import yaml
 
 from envs.errors import InputError
@@ -44,18 +45,17 @@ TIME_LIMIT_MAX = 7 * 24 * 3600.0
 """Most seconds a solver may take for one solve: a week."""
 TIME_LIMIT_WHY = "a week; a longer solver time limit is no limit on any machine's clock"
 
+SCENARIOS_MAX = 10_000
+"""Most demand scenarios S of a rolling-horizon MILP: 100 times the paper's S = 100 (its model holds 2 S n H stock columns)."""
+
 
 def is_number(value) -> bool:
     """An int or a float as a JSON or YAML file gives it (NumPy's too); a boolean or a string is not one."""
-    import numpy as np
-
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
 
 
 def describe(value) -> str:
     """A value as its file shows it, for error messages: `-1`, `a string "2"`, `a boolean true`, `a list of 2: [1, 2]`."""
-    import numpy as np
-
     text = json.dumps(value, default=str)
     text = text if len(text) <= 40 else text[:37] + "..."
     if isinstance(value, (bool, np.bool_)):
@@ -70,7 +70,7 @@ def describe(value) -> str:
 
 
 def refuse(where: str, allowed: str, got: str, why: str = "", error: type[Exception] = InputError):
-    """Raise `error` in the one message style (module docstring)."""
+    """The `error` to raise, in the one message style (module docstring)."""
     prefix = f"{where}: " if where else ""
     return error(f"{prefix}expected {allowed}, got {got}" + (f" ({why})" if why else ""))
 
@@ -91,15 +91,10 @@ def real_range(low: float = -math.inf, high: float = math.inf, low_open: bool = 
 
 def integer(value, where: str, low: int, high: Optional[int] = None, *, why: str = "", error: type[Exception] = InputError) -> int:
     """`value` as an int in [low, high] (no upper limit without `high`); `why` says why `high` is the limit."""
-    import numpy as np
-
-    ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-    if high is not None and is_number(value) and value > high:  # 1e12 for an integer field: say why it is too large
+    if high is not None and is_number(value) and value > high:  # also 1e12 for an integer field: say why it is too large
         raise refuse(where, integer_range(low, high), describe(value), why, error)
-    if not ok or value < low:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) or value < low:
         raise refuse(where, integer_range(low, high), describe(value), error=error)
-    if high is not None and value > high:
-        raise refuse(where, integer_range(low, high), describe(value), why, error)
     return int(value)
 
 
@@ -148,10 +143,6 @@ def horizon(value, where: str, *, error: type[Exception] = InputError) -> int:
 def time_limit(value, where: str, *, error: type[Exception] = InputError) -> float:
     """A solver's time limit in seconds, in (0, TIME_LIMIT_MAX]."""
     return real(value, where, 0, TIME_LIMIT_MAX, low_open=True, why=TIME_LIMIT_WHY, error=error)
-
-
-SCENARIOS_MAX = 10_000
-"""Most demand scenarios S of a rolling-horizon MILP: 100 times the paper's S = 100 (its model holds 2 S n H stock columns)."""
 
 
 def scenarios(value, where: str, *, error: type[Exception] = InputError) -> int:

@@ -1,4 +1,5 @@
-"""Exogenous factor and demand paths, eqs. (factor_process), (conditional_demand), (conditional_demand_rate).
+"""Exogenous factor and demand paths, eqs. (factor_process), (conditional_demand), (conditional_demand_rate), and
+the range of costs they can drive an instance to over a horizon (`check_cost_range`, run by `sample_paths`).
 
 Every factor step is `factor_step` and every demand rate `demand_rate`, here and in the other
 simulators (envs.gym_env, envs.dp_optimal, solver_workers.model). Two samplers use them:
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from envs import validate
-from envs.instance import Instance, TensorInstance
+from envs.instance import Instance, InstanceError, TensorInstance
 
 HELDOUT_SEED = 20_260_128
 """Seed of the held-out evaluation set (128 episodes). No training or tuning code may use it."""
@@ -31,6 +32,11 @@ TUNING_SEED = 7
 """Seed of the training paths that classical policies are tuned on (disjoint from HELDOUT_SEED)."""
 
 _PATH_STREAM = 0x45584F  # tag mixed into every episode key, so other NumPy streams never coincide
+FACTOR_BOUND = 10.0
+"""|F_t| stays within this: the factor is stationary N(0, 1), and |F| > 10 has probability below 2e-23."""
+COST_LIMIT = 1e30
+"""The largest one-step cost an instance may reach over the simulated horizon (`check_cost_range`): simulations
+run in float32, whose largest value is 3.4e38, and this leaves room for sums of 10^8 step costs."""
 
 
 def innovation_scale(rho: float) -> float:
@@ -51,6 +57,35 @@ def demand_rate(lam, beta, factor):
     """
     exp = torch.exp if isinstance(factor, torch.Tensor) else np.exp
     return lam * exp(beta * factor - 0.5 * beta * beta)
+
+
+def check_cost_range(instance: Instance, horizon: int) -> None:
+    """Refuse, naming the field, an instance whose one-step cost C_t, eq. (one_step_cost), can exceed COST_LIMIT
+    within `horizon` steps. In T steps |Z_{i,t}| <= mu_i + T (qbar_i + d_i): the initial inventory mu_i = lam_i (L_i + 1),
+    at most one order of qbar_i and one demand per step, with d_i the demand rate at the factor's bound (Poisson draws
+    stay within a small multiple of it; the limit leaves 10^8 of room). So C_t <= K + sum_i max(h_i, b_i) (mu_i + T (qbar_i + d_i))."""
+    with np.errstate(over="ignore"):
+        demand = demand_rate(instance.lam, instance.beta, FACTOR_BOUND)  # [n]
+        reach = instance.lam * (instance.lead + 1.0) + horizon * (instance.qbar + demand)  # [n] units of inventory or backlog
+        rate = np.maximum(instance.h, instance.b)  # [n] cost per unit and step
+        terms = rate * reach
+        bound = instance.K + terms.sum()
+    if bound <= COST_LIMIT:
+        return
+    why = f"the simulations run in float32 (largest value 3.4e+38) and hold one-step costs up to {COST_LIMIT:g}"
+    if not instance.K <= COST_LIMIT:
+        raise InstanceError(f"instance field 'K': {instance.K:g} is above {COST_LIMIT:g}; {why}")
+    i = int(np.argmax(terms))
+    if rate[i] >= reach[i] / horizon:
+        field = "h" if instance.h[i] >= instance.b[i] else "b"
+    elif instance.qbar[i] >= demand[i]:
+        field = "qbar"
+    else:
+        with np.errstate(over="ignore"):
+            field = "lam" if instance.lam[i] ** 2 >= demand[i] else "beta"  # lam_i against the factor's multiplier d_i / lam_i
+    raise InstanceError(f"instance field '{field}' (item {i}): a cost of max(h_{i}, b_{i}) = {rate[i]:g} per unit and step on the "
+                        f"{reach[i]:g} units of inventory or backlog that {horizon} steps can reach (mu_{i} + T (qbar_{i} + the demand "
+                        f"rate at factor {FACTOR_BOUND:g})) gives one-step costs up to {bound:g}; {why}")
 
 
 @dataclass(frozen=True)
@@ -88,6 +123,7 @@ def sample_paths(
     validate.integer(horizon, "horizon", 1)
     if not episode_ids or min(episode_ids) < 0:
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
+    check_cost_range(instance, horizon)
     factor = np.empty((len(episode_ids), horizon + 1))
     demand = np.empty((len(episode_ids), horizon, instance.n))
     for row, e in enumerate(episode_ids):

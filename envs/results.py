@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 import torch
 
 from envs.evaluation import Evaluation
+from envs.cli import NESTED_TOO_DEEPLY
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write, atomic_write_text, written_by_atomic_write
 
@@ -92,6 +94,17 @@ def remove_leftovers(folder: Path) -> None:
             stale.unlink()
 
 
+def check_finite(evaluation: Evaluation, policy: str) -> None:
+    """An InputError when an episode's discounted cost, the mean or its standard error is NaN or infinite."""
+    costs = np.asarray(evaluation.discounted_cost, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(costs))
+    if bad.size or not (math.isfinite(evaluation.mean) and math.isfinite(evaluation.se)):
+        where = f"{bad.size} of {costs.size} episodes (first: episode {evaluation.episodes[bad[0]]}, {costs[bad[0]]})" if bad.size else "its standard error"
+        raise InputError(f"the evaluation of {policy} has a non-finite discounted cost in {where}; no results are written. The "
+                         "instance's fields h, b, K, qbar, lam and beta must keep one-step costs finite in float32 "
+                         "(envs.exogenous.check_cost_range), and the policy's orders must be numbers")
+
+
 def write_evaluation(
     out_dir: str | os.PathLike,
     policy: str,
@@ -105,7 +118,9 @@ def write_evaluation(
     tables: Optional[dict[str, pa.Table]] = None,
 ) -> dict[str, Any]:
     """Write the evaluation of `policy` on `instance` to `out_dir`, whole or not at all (module docstring);
-    `tables` are further Parquet files by name. Returns the summary dict."""
+    `tables` are further Parquet files by name. Returns the summary dict. An evaluation with a non-finite cost is
+    refused before the folder is touched: no results folder holds a NaN or infinite mean."""
+    check_finite(evaluation, policy)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tables = dict(tables or {})
@@ -159,6 +174,8 @@ def read_record(path: Path, fmt: str, version: int, what: str, hint: str) -> dic
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"'{path}' is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"'{path}' {NESTED_TOO_DEEPLY}") from None
     if not isinstance(record, dict) or record.get("format") != fmt:
         raise InputError(f"'{path}': not a {what} of this platform (field 'format' should be '{fmt}')")
     if record.get("version") != version:

@@ -19,11 +19,11 @@ import argparse
 
 from envs.cli import horizon, positive_int, run_cli, seed, time_limit
 from envs.evaluation import EVAL_HORIZON
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range
 from envs.instance import Instance
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions
-from solver_workers.ray_session import init_ray
+from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.runs import bound_journal, run_bound
 
 
@@ -38,15 +38,17 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=1, help="solver threads per worker (default 1)")
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write the best anticipative plan's steps.parquet and items.parquet")
     args = parser.parse_args()
     instance = Instance.load(args.instance)
+    check_cost_range(instance, args.horizon)  # before Ray starts
     out = resolve_out(args.out)
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
     journal = bound_journal(out, instance, args.seed, args.horizon, options)
     init_ray(args.workers, args.address)
     summary = run_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
+    stop_ray()
     optimal = summary["episodes_solved_to_optimality"]
     print(f"perfect-information bound: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes "
           f"({optimal} solved to optimality; the rest report proven dual bounds)")

@@ -34,12 +34,12 @@ from envs.cli import device, input_file, read_file, run_cli
 from envs.dynamics import State
 from envs.errors import InputError
 from envs import validate
+from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
 KEYS = ("factor", "in_transit", "inventory")
-FACTOR_BOUND = 10.0
 INVENTORY_PERIODS = 10_000
 QBAR_ROUNDING = 1e-6  # relative slack on in_transit <= qbar_i: states copied from float32 simulations
 

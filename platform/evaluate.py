@@ -17,7 +17,7 @@ from envs.dp_optimal import dp_optimal_policy
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 from envs.results import write_evaluation
 from trainers.policy import MODES
 from trainers.registry import load_policy
@@ -41,12 +41,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     resolve_out(args.out)
     instance = Instance.load(args.instance)
+    paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range
     if args.policy.startswith(CHECKPOINT_PREFIX):
         path = args.policy[len(CHECKPOINT_PREFIX):]
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
@@ -58,7 +59,6 @@ def main() -> None:
     else:
         policy, parameters = tuned_policy(instance, args.policy, args.horizon, args.device, progress=True)
         label = args.policy
-    paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)

@@ -20,12 +20,12 @@ import json
 
 from envs.cli import horizon, mip_gap, positive_int, run_cli, scenarios, seed, time_limit
 from envs.evaluation import EVAL_HORIZON
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range
 from envs.instance import Instance
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions, licence_note
 from solver_workers.model import check_size, stock_columns
-from solver_workers.ray_session import init_ray
+from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.rolling import RollingOptions
 from solver_workers.runs import milp_journal, run_milp
 
@@ -46,10 +46,11 @@ def main() -> None:
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     args = parser.parse_args()
     instance = Instance.load(args.instance)
+    check_cost_range(instance, args.horizon)  # before Ray starts
     out = resolve_out(args.out)
     options = RollingOptions(args.scenarios, args.plan_horizon, SolverOptions(args.solver, args.time_limit, args.gap, args.threads,
                                                                              not args.no_warm_start, args.solver_seed))
@@ -59,6 +60,7 @@ def main() -> None:
         print(note, flush=True)
     init_ray(args.workers, args.address)
     summary = run_milp(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
+    stop_ray()
     d = summary["decisions"]
     print(f"milp-{args.solver}: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes; "
           f"{d['count']} decisions, {d['time_limited']} time-limited, {d['fallback']} fallbacks (zero order), statuses {json.dumps(d['statuses'])}")

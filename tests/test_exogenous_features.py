@@ -1,15 +1,17 @@
-"""Exogenous paths (statistics, common random numbers) and the feature tokens."""
+"""Exogenous paths (statistics, common random numbers, the cost range they allow) and the feature tokens."""
 
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import single_item
 
+from envs import exogenous
 from envs.dynamics import State, initial_state
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.features import flat_features, global_token, item_tokens
-from envs.instance import Instance, paper_instance
+from envs.instance import Instance, InstanceError, paper_instance
 
 
 def test_demand_mean_and_factor_autocorrelation():
@@ -81,3 +83,27 @@ def test_initial_state_is_mean_lead_time_demand():
     s0 = initial_state(ti, torch.tensor([0.3, -1.0], dtype=torch.float64))
     np.testing.assert_allclose(s0.inv.numpy(), np.tile(inst.lam * (inst.lead + 1), (2, 1)))
     assert torch.all(s0.pipe == 0) and s0.factor.tolist() == [0.3, -1.0]
+
+
+def test_the_cost_range_over_the_horizon_by_hand(monkeypatch):
+    # one item, beta = 0 (the demand rate is lam at any factor), L = 1: mu = 2 lam = 4 and within T steps
+    # |Z| <= 4 + T (qbar + lam) = 4 + 14 T, so C_t <= K + max(h, b) (4 + 14 T) = 5 + 10 (4 + 14 T) = 45 + 140 T
+    monkeypatch.setattr(exogenous, "COST_LIMIT", 45 + 140 * 10)
+    inst = single_item(lead=1, lam=2.0, h=1.0, b=10.0, K=5.0, qbar=12.0)
+    exogenous.check_cost_range(inst, 10)  # exactly at the limit
+    with pytest.raises(InstanceError, match=r"instance field 'qbar' \(item 0\).*that 11 steps can reach.*up to 1585"):
+        exogenous.check_cost_range(inst, 11)  # the 14 units a step (qbar 12 of them) outweigh the rate 10
+    with pytest.raises(InstanceError, match=r"instance field 'b' \(item 0\): a cost of max\(h_0, b_0\) = 100 "):
+        exogenous.check_cost_range(single_item(lead=1, lam=2.0, h=1.0, b=100.0, K=5.0, qbar=12.0), 10)
+    with pytest.raises(InstanceError, match="instance field 'K'"):
+        exogenous.check_cost_range(single_item(lead=1, K=2000.0), 1)
+
+
+def test_an_instance_whose_costs_overflow_float32_is_refused_before_any_path(monkeypatch):
+    """Issue 16: h = 1e308 evaluated to a NaN mean (inf * 0 in float32); every fixed-horizon simulation starts with
+    sample_paths, which refuses it naming the field."""
+    inst = Instance(h=[1e308, 1e308], b=[8.6, 6.5], lam=[6.2, 5.6], beta=[0.27, 0.45], lead=[2, 3], qbar=[24.8, 22.4], K=20.0, gamma=0.95, rho=0.8)
+    with pytest.raises(InstanceError, match="instance field 'h' \\(item 0\\).*float32"):
+        sample_paths(inst, 0, 4, 5)
+    paper = paper_instance(42_075, 0)  # the largest paper instance stays far inside the limit
+    exogenous.check_cost_range(paper, 1000)

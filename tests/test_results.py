@@ -107,3 +107,17 @@ def test_report_refuses_to_pair_evaluations_of_different_instances(tmp_path):
     assert same.returncode == 0, same.stderr
     mixed = run_script("report.py", tmp_path / "zero2", tmp_path / "zero4")
     assert mixed.returncode == 2 and "evaluate different instances" in mixed.stderr and "Traceback" not in mixed.stderr
+
+
+def test_a_non_finite_cost_is_refused_before_the_folder_is_touched(tmp_path):
+    folder = tmp_path / "ev"
+    before = write(folder, 4)
+    for bad in (np.nan, np.inf):
+        broken = evaluation(4)
+        broken.discounted_cost[2] = bad
+        with pytest.raises(InputError, match=f"non-finite discounted cost in 1 of 4 episodes \\(first: episode 2, {bad}\\)"):
+            results.write_evaluation(folder, "zero", broken, 11, {}, instance=INSTANCE)
+        assert results.read_evaluation(folder)["summary"] == before  # the earlier result is still whole
+        with pytest.raises(InputError, match="non-finite"):
+            results.write_evaluation(tmp_path / "new", "zero", broken, 11, {}, instance=INSTANCE)
+        assert not (tmp_path / "new").exists()

@@ -14,7 +14,7 @@ import os
 from typing import Any, Optional
 
 from envs.evaluation import EVAL_HORIZON, evaluate
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range, sample_paths
 from envs.instance import Instance
 from envs.results import write_evaluation
 from trainers import registry
@@ -33,12 +33,13 @@ def run_experiment(method: str, instance: Instance, out_dir: str | os.PathLike, 
     """Train `method` on `instance` in the run folder `out_dir` with the config `preset` + `overrides` (config
     fields) + `seed` and `device`, then evaluate it on `episodes` held-out episodes of `horizon` steps.
     `mode`: new, resume or overwrite (trainers.run); `workers`, `use_gpu`, `on_update`, `resources_per_worker`: registry.train.
-    The config and the run folder are checked before anything is written. Returns {training: training.json's
+    The config, the instance's cost range over `horizon` and the run folder are checked before anything is written. Returns {training: training.json's
     content, greedy: summary, sampled: summary} (the summaries as in OUT/greedy/summary.json, OUT/sampled/...)."""
     overrides = dict(overrides or {})
     if given := [k for k in ARGUMENT_FIELDS if k in overrides]:
         raise ConfigError(f"overrides: {given} are arguments of the experiment, not overrides")
     config = registry.method_config(method, preset, {**overrides, "seed": seed, "device": device})
+    check_cost_range(instance, horizon)
     out = check_run_dir(out_dir, mode)
     training = registry.train(config, instance, out, mode=mode, progress=progress, workers=workers, use_gpu=use_gpu, on_update=on_update,
                               resources_per_worker=resources_per_worker)

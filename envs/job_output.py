@@ -1,4 +1,6 @@
-"""Where a script's results land: `resolve_out` checks every --out before any work starts (docs/cluster.md).
+"""Where a script's results land: `out_argument` refuses a URI as every --out is parsed, before any path
+handling (a `Path` would collapse `s3://b/x` into `s3:/b/x`); `resolve_out` checks it before any work starts
+(docs/cluster.md).
 
 Results are written through the file system (atomic renames, envs/results.py), so --out is a path, never a
 URI. Under `ray job submit` the driver runs in Ray's temporary copy of --working-dir (inside the Ray session
@@ -8,6 +10,7 @@ must be absolute and outside that copy. Nothing here imports Ray: the scripts ch
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -25,6 +28,22 @@ SHARED = ("give an absolute path that you can read after the job ends, on a mult
           "that every node mounts (e.g. --out /mnt/shared/runs/x; docs/cluster.md)")
 
 
+def uri_refusal(text: str) -> str | None:
+    """Why `text` cannot be an output path, when it is a URI (scheme://...); else None."""
+    if not URI.match(text):
+        return None
+    return (f"'{text}' is a URI; the results are written through the file system, so give a path (on a cluster, on a file "
+            "system that every node mounts, e.g. an NFS/EFS volume or a Kubernetes ReadWriteMany volume) and copy the "
+            "results to object storage afterwards")
+
+
+def out_argument(text: str) -> str:
+    """The argparse type of every output flag (--out, --markdown): the text as given, refused when it is a URI."""
+    if (refusal := uri_refusal(text)) is not None:
+        raise argparse.ArgumentTypeError(refusal)
+    return text
+
+
 def job_runtime_env() -> dict | None:
     """The runtime environment of the Ray job this process is the driver of, or None outside a submitted job."""
     config = os.environ.get(JOB_CONFIG_ENV)
@@ -38,10 +57,8 @@ def resolve_out(path, what: str = "--out", *, is_file: bool = False) -> Path:
     URI; under `ray job submit` absolute and outside the job's copy of its working directory; then writable
     (envs.cli.output_dir, of the file's folder with is_file). Creates nothing."""
     text = str(path)
-    if URI.match(text):
-        raise InputError(f"{what} '{text}' is a URI; the results are written through the file system, so give a path (on "
-                         "a cluster, on a file system that every node mounts, e.g. an NFS/EFS volume or a Kubernetes "
-                         "ReadWriteMany volume) and copy the results to object storage afterwards")
+    if (refusal := uri_refusal(text)) is not None:
+        raise InputError(f"{what} {refusal}")
     runtime_env = job_runtime_env()
     if runtime_env is not None:
         cwd = Path.cwd()

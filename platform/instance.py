@@ -5,12 +5,11 @@
 """
 
 import argparse
-from pathlib import Path
 
 from envs.cli import positive_int, run_cli, seed
 from envs.errors import InputError
 from envs.instance import Instance, paper_instance
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 
 
 def main() -> None:
@@ -22,12 +21,11 @@ def main() -> None:
     parser.add_argument("--K", type=float, help="with --items: joint setup cost K >= 0")
     parser.add_argument("--gamma", type=float, help="with --items: discount factor in (0, 1)")
     parser.add_argument("--rho", type=float, help="with --items: factor autocorrelation in [0, 1)")
-    parser.add_argument("--out", required=True, help="output JSON file")
+    parser.add_argument("--out", type=out_argument, required=True, help="output JSON file")
     args = parser.parse_args()
-    out = Path(args.out)
+    out = resolve_out(args.out, is_file=True)
     if out.is_dir():
         raise InputError(f"--out '{out}' is a directory, expected the path of the instance file to write")
-    resolve_out(out, is_file=True)
     if args.items:
         missing = [f"--{k}" for k in ("K", "gamma", "rho") if getattr(args, k) is None]
         if missing:

@@ -19,7 +19,7 @@ from envs.cli import horizon, positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 from envs.results import write_evaluation
 from solver_workers.ray_session import init_ray
 
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--seed", type=seed, default=0, help="instance seed (default 0)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="held-out episodes (default 128)")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
-    parser.add_argument("--out", default="runs/main", help="output directory (default runs/main)")
+    parser.add_argument("--out", type=out_argument, default="runs/main", help="output directory (default runs/main)")
     args = parser.parse_args()
 
     out = resolve_out(args.out)

@@ -25,7 +25,7 @@ from envs.cli import device, run_cli
 from envs.errors import InputError
 from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 from envs.results import read_evaluation
 
 
@@ -74,11 +74,11 @@ def sweep_report(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="a sweep's results directory, or evaluation folders")
-    parser.add_argument("--out", help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); evaluation folders: "
-                                      "also write the table as Markdown to this file")
+    parser.add_argument("--out", type=out_argument, help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); "
+                        "evaluation folders: also write the table as Markdown to this file")
     sweep = parser.add_argument_group("a sweep's results directory")
     sweep.add_argument("--opening", choices=("greedy", "sampled"), help="the learned policies' evaluation to report (default greedy)")
-    sweep.add_argument("--markdown", help="also write the cost table and paired comparisons as Markdown (docs/results.md)")
+    sweep.add_argument("--markdown", type=out_argument, help="also write the cost table and paired comparisons as Markdown (docs/results.md)")
     sweep.add_argument("--device", type=device, help="device of the decision-time measurement (default cpu)")
     pairwise = parser.add_argument_group("evaluation folders")
     pairwise.add_argument("--reference", help="evaluation folder of the reference method (default: the first)")

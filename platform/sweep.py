@@ -13,18 +13,19 @@ Tune's experiment folders are under --out/tune (`tensorboard --logdir OUT/tune`)
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 
 from envs.cli import Interrupted, run_cli
-from envs.job_output import resolve_out
-from solver_workers.ray_session import init_ray
+from envs.job_output import out_argument, resolve_out
+from solver_workers.ray_session import init_ray, stop_ray
 from sweeps.run import cluster_resources, dry_run, read_spec, run_sweep
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", required=True, help="sweep file (YAML; see tune_configs/)")
-    parser.add_argument("--out", required=True, help="results directory")
+    parser.add_argument("--out", type=out_argument, required=True, help="results directory")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
@@ -39,8 +40,10 @@ def main() -> None:
     try:
         rows = run_sweep(spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=lambda: init_ray(1, args.address))
     except KeyboardInterrupt:
-        raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: python platform/sweep.py --config {args.config} "
-                          f"--out {out} --resume") from None
+        stop_ray()
+        resume = ["python", "platform/sweep.py", "--config", args.config, "--out", args.out, *(["--address", args.address] if args.address else []), "--resume"]
+        raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: {shlex.join(resume)}") from None
+    stop_ray()
     if rows is not None:
         done = sum(r["status"] in ("completed", "diverged") for r in rows)
         print(f"{done} of {len(rows)} trials finished; results in {out} (trials.parquet, curves.parquet, baselines.parquet)")

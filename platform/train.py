@@ -29,7 +29,7 @@ from envs.cli import Interrupted, device, horizon, positive_int, read_file, run_
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES
 from envs.instance import Instance
-from envs.job_output import resolve_out
+from envs.job_output import out_argument, resolve_out
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.experiment import run_experiment
@@ -86,7 +86,7 @@ def main() -> None:
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--preset", default="cpu", choices=list(PRESETS), help="training budget and network size (default cpu)")
     parser.add_argument("--seed", type=seed, default=0, help="training seed (default 0)")
-    parser.add_argument("--out", required=True, help="run directory")
+    parser.add_argument("--out", type=out_argument, required=True, help="run directory")
     parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/train/); unknown keys are an error")
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
     parser.add_argument("--batch", type=positive_int, help="override the preset's parallel rollouts per update")

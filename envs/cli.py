@@ -96,6 +96,8 @@ def read_file(path, what: str):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{what} '{path}' is not valid JSON: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise InputError(f"{what} '{path}' {validate.NESTED_TOO_DEEPLY}") from None
 
 
 def output_dir(path, what: str = "--out") -> Path:

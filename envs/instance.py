@@ -9,6 +9,7 @@ and the cost normaliser (eq. cost_normalization) need.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -163,24 +164,38 @@ class Instance:
             data = json.loads(read_text(path, "instance file"))
         except json.JSONDecodeError as exc:
             raise InstanceError(f"instance file '{path}' is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise InstanceError(f"instance file '{path}' {validate.NESTED_TOO_DEEPLY}") from None
         return cls.from_dict(data)
 
     @classmethod
     def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> "Instance":
-        """Import an item table (CSV or Parquet) with exactly the columns h, b, lam, beta, lead, qbar."""
+        """Import an item table (a UTF-8 CSV or a Parquet file) with exactly the columns h, b, lam, beta, lead, qbar
+        and one row per item."""
         import pyarrow as pa
         import pyarrow.csv
         import pyarrow.parquet
 
         path = input_file(path, "item table")
         suffix = path.suffix.lower()
-        if suffix == ".csv":
-            table = pyarrow.csv.read_csv(path)
-        elif suffix in (".parquet", ".pq"):
-            table = pyarrow.parquet.read_table(path)
-        else:
+        if suffix not in (".csv", ".parquet", ".pq"):
             raise InstanceError(f"item table '{path}': expected a .csv or .parquet file, got '{suffix}'")
+        header = f"a header line {','.join(ITEM_COLUMNS)} and one row per item"
+        csv = suffix == ".csv"
+        try:
+            if csv:
+                text = read_text(path, "item table")
+                if not text.strip():
+                    raise InstanceError(f"item table '{path}' is empty; expected {header}")
+                table = pyarrow.csv.read_csv(io.BytesIO(text.encode()))
+            else:
+                table = pyarrow.parquet.read_table(path)
+        except pa.ArrowException as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise InstanceError(f"item table '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line})") from None
         exact_keys(set(table.column_names), set(ITEM_COLUMNS), f"item table '{path}' columns")
+        if table.num_rows == 0:
+            raise InstanceError(f"item table '{path}' has no rows; expected {header} (n >= 1)")
         items = {}
         for name in ITEM_COLUMNS:
             column = table.column(name)

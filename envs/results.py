@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from envs.evaluation import Evaluation
-from envs.cli import NESTED_TOO_DEEPLY
+from envs import validate
 from envs.errors import InputError
+from envs.evaluation import Evaluation
 from envs.instance import Instance, atomic_write, atomic_write_text, written_by_atomic_write
 
 _PACKAGES = ("torch", "numpy", "pyarrow", "ray", "highspy", "gurobipy", "gymnasium")
@@ -175,7 +175,7 @@ def read_record(path: Path, fmt: str, version: int, what: str, hint: str) -> dic
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"'{path}' is not valid JSON ({exc})") from None
     except RecursionError:
-        raise InputError(f"'{path}' {NESTED_TOO_DEEPLY}") from None
+        raise InputError(f"'{path}' {validate.NESTED_TOO_DEEPLY}") from None
     if not isinstance(record, dict) or record.get("format") != fmt:
         raise InputError(f"'{path}': not a {what} of this platform (field 'format' should be '{fmt}')")
     if record.get("version") != version:

@@ -27,6 +27,8 @@ import yaml
 
 from envs.errors import InputError
 
+NESTED_TOO_DEEPLY = "nests lists or objects too deeply to be read (Python's parsers stop at about 1000 levels)"
+"""Why a JSON or YAML file that exhausts the parser's recursion is refused (every reader of such files says this)."""
 SEED_MAX = 2**31 - 1
 """The largest seed (module docstring)."""
 
@@ -252,3 +254,5 @@ def load_yaml(text: str, what: str, path) -> Any:
     except yaml.YAMLError as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(f"{what} '{path}' is not valid YAML: {first_line}") from None
+    except RecursionError:
+        raise InputError(f"{what} '{path}' {NESTED_TOO_DEEPLY}") from None

@@ -146,6 +146,9 @@ def run_trials(spec: SweepSpec, out: Path, log) -> dict[str, str]:
         run_config=tune.RunConfig(name=f"trials-{attempt}", storage_path=str(storage), failure_config=tune.FailureConfig(max_failures=spec.retries),
                                   verbose=1),
     )
+    # Tune's own SIGINT handler would end fit() normally, with its Tuner.restore hint; without it Ctrl-C raises
+    # KeyboardInterrupt here, and platform/sweep.py says how to go on with --resume (exit status 130).
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     results = tuner.fit()
     return {r.config["name"]: str(r.error).strip().splitlines()[-1] for r in results if r.error is not None}
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -41,8 +43,15 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+        with warnings.catch_warnings():  # torch's remarks on a foreign file's pickle protocol
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as exc:  # torch's message advises weights_only=False, which would run the file's code
+        named = re.search(r"GLOBAL (\S+)", str(exc))
+        holds = f"the Python object {named.group(1)}" if named else "data other than tensors and plain values"
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform: it holds {holds}, "
+                              "and it will not be unpickled (unpickling can run any code a file names)") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform ({first_line})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

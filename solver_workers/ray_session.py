@@ -71,11 +71,21 @@ def init_ray(workers: int, address: Optional[str] = None) -> None:
         raise InputError(f"{where}: no Ray cluster answers there ({e})") from e
 
 
+def stop_ray() -> None:
+    """Disconnect from Ray, stopping an embedded Ray, before the script's last line. Left to Ray's exit hook, the driver
+    first waits half a second relaying its workers' output: the log lines Ray holds back to deduplicate, and the
+    traceback of a worker that the raylet stopped with SIGTERM while it ran Python code (Ray's worker handler,
+    `sigterm_handler`, raises SystemExit there); they were printed after the script's last line."""
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def probe_address(address: str, where: str) -> None:
     """Refuse a malformed address, or one where nothing accepts a TCP connection within PROBE_SECONDS.
 
     Probes the GCS address that ray.init will dial: Ray's own resolution, which finds the cluster for `auto`
-    and replaces a loopback host by this machine's address.
+    and replaces a loopback host by this machine's address. The error names the address as given (and, for
+    `auto`, the one it found), never Ray's replacement of a loopback host.
     """
     malformed = f"{where}: expected HOST:PORT (the cluster's GCS address, e.g. 10.0.0.5:6379) or auto"
     try:
@@ -87,9 +97,10 @@ def probe_address(address: str, where: str) -> None:
     host, _, port = target.rpartition(":")
     if not (port.isdigit() and 0 < int(port) < 65536):
         raise InputError(malformed)
+    found = f"auto found {target}: " if address == "auto" else ""
     try:
         socket.create_connection((host.removeprefix("[").removesuffix("]"), int(port)), timeout=PROBE_SECONDS).close()
     except TimeoutError as e:
-        raise InputError(f"{where}: no Ray cluster answers there ({target}: no answer within {PROBE_SECONDS:g} s)") from e
+        raise InputError(f"{where}: no Ray cluster answers there ({found}no answer within {PROBE_SECONDS:g} s)") from e
     except OSError as e:
-        raise InputError(f"{where}: no Ray cluster answers there ({target}: {e.strerror or e})") from e
+        raise InputError(f"{where}: no Ray cluster answers there ({found}{e.strerror or e})") from e

@@ -138,7 +138,7 @@ def test_an_address_where_nothing_listens_is_refused_without_starting_ray(tmp_pa
     result = connect("", tmp_path, RAY_ADDRESS=address) if via_env else connect(address, tmp_path)
     where = f"RAY_ADDRESS={address}" if via_env else f"--address {address}"
     error = result.stderr.strip().splitlines()[-1]
-    assert error.startswith(f"envs.errors.InputError: {where}: no Ray cluster answers there (") and error.endswith(": Connection refused)"), result.stderr[-3000:]
+    assert error == f"envs.errors.InputError: {where}: no Ray cluster answers there (Connection refused)", result.stderr[-3000:]  # the address as given
     assert result.stdout.strip() == "ray not started"
 
 

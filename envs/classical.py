@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -76,6 +77,12 @@ FAMILIES: dict[str, dict[str, Parameter]] = {
 MAX_COVER = int(max(UP_TO["cover"].high, FAMILIES["periodic"]["period"].high))
 REFINE_STARTS = 2
 """Pattern searches per variant, from the best grid points."""
+REFINE_ROUNDS = 12
+"""Batches of moves one pattern search simulates at most."""
+TUNING_EPISODES = 64
+"""Training paths a variant is tuned on."""
+LONG_TUNING = 60.0
+"""Seconds of estimated tuning above which `tuned_policy` with progress prints its estimate."""
 VARIANTS = tuple(f"{f}{s}" for f in FAMILIES for s in ("", "-factor"))
 """Every family, static and factor-aware: what classical-best chooses from."""
 POLICY_NAMES = ("zero", *VARIANTS, "classical-best")
@@ -236,8 +243,10 @@ class _Simulator:
     """Mean discounted costs of candidate parameter sets of one variant on fixed training paths (common
     random numbers), simulated in batched chunks of at most `max_elements` item-rollouts."""
 
-    def __init__(self, instance: Instance, name: str, episodes: int, horizon: int, seed: int, device, max_elements: int):
+    def __init__(self, instance: Instance, name: str, episodes: int, horizon: int, seed: int, device, max_elements: int,
+                 clock: Optional["TuningClock"] = None):
         self.family, self.aware = parse_policy_name(name)
+        self.clock = clock
         self.names = list(FAMILIES[self.family])
         self.tinst = instance.to_torch(device)
         self.paths = sample_paths(instance, seed, episodes, horizon, device)
@@ -251,12 +260,15 @@ class _Simulator:
         """Per-episode discounted costs [C, episodes] of each candidate."""
         out = []
         for start in tqdm(range(0, len(candidates), self.chunk), desc=progress, disable=progress is None, leave=False):
+            started = time.perf_counter()
             block = candidates[start : start + self.chunk]
             values = torch.tensor(block, device=self.tinst.device, dtype=self.tinst.dtype)  # [C, P]
             params = {k: values[:, i].repeat_interleave(self.episodes) for i, k in enumerate(self.names)}
             policy = ClassicalPolicy(self.family, self.aware, params, self.moments)
             total = rollout_costs(policy, self.tinst, self.paths.factor, self.paths.demand, repeats=len(block))
             out.append(total.view(len(block), self.episodes).cpu().numpy())
+            if self.clock is not None:
+                self.clock.timed(len(block), time.perf_counter() - started)
         self.evaluated += len(candidates)
         return np.concatenate(out)
 
@@ -275,7 +287,7 @@ def _neighbours(point: tuple[float, ...], steps: list[float], spec: list[Paramet
     return moves
 
 
-def refine(simulate, start: tuple[float, ...], start_costs: np.ndarray, spec: list[Parameter], rounds: int = 12, halvings: int = 3):
+def refine(simulate, start: tuple[float, ...], start_costs: np.ndarray, spec: list[Parameter], rounds: int = REFINE_ROUNDS, halvings: int = 3):
     """Pattern search from the grid's best point: simulate every one-step move at once; move to the best if it
     is cheaper, else halve the steps (integer steps stay 1 and stop after their first failure) until each has
     been halved `halvings` times or `rounds` batches ran. Returns (point, its per-episode costs)."""
@@ -298,24 +310,58 @@ def refine(simulate, start: tuple[float, ...], start_costs: np.ndarray, spec: li
     return point, costs
 
 
+def tuning_candidates(name: str, refinement: bool = True) -> tuple[int, int]:
+    """(fewest, most) parameter sets `tune_family` simulates for the variant `name`: its coarse grid, and the grid
+    plus what REFINE_STARTS pattern searches can add (REFINE_ROUNDS batches of at most two moves per parameter)."""
+    spec = FAMILIES[parse_policy_name(name)[0]].values()
+    grid = math.prod(len(p.grid) for p in spec)
+    return grid, grid + (REFINE_STARTS * REFINE_ROUNDS * 2 * len(spec) if refinement else 0)
+
+
+class TuningClock:
+    """Times the first simulated chunk of a tuning and, when the tuning's most candidates at that pace would take more
+    than LONG_TUNING seconds, prints the estimate once (the progress bars then show each variant's progress)."""
+
+    def __init__(self, what: str, names: list[str], instance: Instance, episodes: int, horizon: int, refinement: bool = True):
+        counts = [tuning_candidates(name, refinement) for name in names]
+        self.fewest, self.most = sum(c[0] for c in counts), sum(c[1] for c in counts)
+        self.what = (f"tuning {what}: {self.fewest} to {self.most} candidate simulations of {episodes} episodes x {horizon} steps "
+                     f"x {instance.n} items")
+        self.message: Optional[str] = None
+
+    def timed(self, candidates: int, seconds: float) -> None:
+        if self.message is not None:
+            return
+        per = seconds / candidates
+        self.message = (f"{self.what}; the first took {per:.3g} s each, so about {_duration(self.fewest * per)} to "
+                        f"{_duration(self.most * per)} on this machine")
+        if self.most * per > LONG_TUNING:
+            tqdm.write(self.message, file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} hours" if seconds >= 3600 else f"{seconds / 60:.1f} minutes" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 def tune_family(
     instance: Instance,
     name: str,
-    episodes: int = 64,
+    episodes: int = TUNING_EPISODES,
     horizon: int = 50,
     seed: int = TUNING_SEED,
     device: str | torch.device = "cpu",
     max_elements: int = 1 << 23,
     progress: bool = False,
     refinement: bool = True,
+    clock: Optional[TuningClock] = None,
 ) -> TunedPolicy:
     """Tune one variant on `episodes` training paths: every parameter set of the family's coarse grid is
     simulated on the same paths (common random numbers) in batched chunks, then `refine` searches from
-    each of the REFINE_STARTS best; the lowest mean discounted cost wins."""
+    each of the REFINE_STARTS best; the lowest mean discounted cost wins. `clock` times the simulations."""
     if seed == HELDOUT_SEED:
         raise ValueError(f"tuning seed: must differ from the held-out seed {HELDOUT_SEED}")
     started = time.perf_counter()
-    sim = _Simulator(instance, name, episodes, horizon, seed, device, max_elements)
+    sim = _Simulator(instance, name, episodes, horizon, seed, device, max_elements, clock)
     spec = list(FAMILIES[sim.family].values())
     grid = [tuple(float(v) for v in c) for c in itertools.product(*(p.grid for p in spec))]
     grid_costs = sim.costs(grid, progress=f"tune {name}" if progress else None)  # [C, episodes]
@@ -362,10 +408,15 @@ def tuned_policy(instance: Instance, name: str, horizon: int, device="cpu", prog
     """Resolve a policy name (see POLICY_NAMES) to (policy, parameters for the summary).
 
     Classical families are tuned first on training paths (TUNING_SEED) with the evaluation horizon;
-    `classical-best` tunes every variant and keeps the best on those paths (classical_best).
+    `classical-best` tunes every variant and keeps the best on those paths (classical_best). With `progress`, a
+    tuning that may take longer than LONG_TUNING prints its estimate after its first simulations (TuningClock), then
+    shows progress bars.
     """
     if name == "zero":
         return zero_policy, {}
+    if progress:
+        tune_kwargs["clock"] = TuningClock(name, VARIANTS if name == "classical-best" else [name], instance,
+                                           tune_kwargs.get("episodes", TUNING_EPISODES), horizon, tune_kwargs.get("refinement", True))
     if name == "classical-best":
         return classical_best(instance, tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs), device)
     tuned = tune_family(instance, name, horizon=horizon, device=device, progress=progress, **tune_kwargs)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
+from envs import classical
 from envs.classical import FAMILIES, DemandMoments, Parameter, make_policy, refine, tune_family
 from envs.dynamics import State
 from envs.evaluation import evaluate, paired_comparison
@@ -169,3 +170,21 @@ def test_paired_comparison_by_hand():
     assert (result.mean_difference, result.se) == pytest.approx((2.5, se))
     assert (result.ci_low, result.ci_high) == pytest.approx((2.5 - half, 2.5 + half))
     assert result.significant
+
+
+def test_tuning_candidates_are_the_grid_and_at_most_the_refinement_moves(monkeypatch, capsys):
+    # by hand: base-stock's grid is 4 x 1 x 3 x 3 = 36 points; two pattern searches of 12 rounds of at most 2 moves
+    # for each of its 4 parameters add at most 192; classical-best tunes the 5 families twice (static, factor-aware):
+    # grids 2 (36 + 72 + 108 + 36 + 45) = 594, moves at most 2 (192 + 240 + 240 + 192 + 144) = 2016
+    assert classical.tuning_candidates("base-stock") == (36, 228)
+    assert classical.tuning_candidates("periodic-factor", refinement=False) == (45, 45)
+    inst = paper_instance(2, 0)
+    best = classical.TuningClock("classical-best", classical.VARIANTS, inst, 64, 50)
+    assert (best.fewest, best.most) == (594, 594 + 2016)
+    assert tune_family(inst, "base-stock", episodes=4, horizon=5, refinement=False).candidates == 36
+    assert 36 < tune_family(inst, "base-stock", episodes=4, horizon=5).candidates <= 228
+    # a tuning longer than LONG_TUNING prints its estimate once, after its first simulations
+    monkeypatch.setattr(classical, "LONG_TUNING", 0.0)
+    classical.tuned_policy(inst, "base-stock", 5, progress=True, episodes=4)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tuning base-stock")]
+    assert len(lines) == 1 and "36 to 228 candidate simulations of 4 episodes x 5 steps x 2 items; the first took" in lines[0], lines

@@ -1,6 +1,7 @@
 """Checkpoints (round trip, resume, rejection of bad files) and the train / evaluate / decide CLI."""
 
 import json
+import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -139,3 +140,21 @@ def test_yaml_config_files(tmp_path):
     assert result.returncode == 2 and "is not valid YAML" in result.stderr
     result = script("train.py", "--method", "hpo", "--instance", inst, "--config", tmp_path / "none.yaml", "--out", tmp_path / "x")
     assert result.returncode == 2 and "config file" in result.stderr and "does not exist" in result.stderr
+
+
+def test_a_checkpoint_naming_python_code_is_refused_without_running_it_or_echoing_torch(tmp_path, recwarn):
+    """torch's refusal advises re-running with weights_only=False (which would run the payload) after a warning about the
+    pickle protocol; the error says instead that the file is not a checkpoint of this platform and will not be unpickled."""
+    ran = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {ran}",))
+
+    torch.save({"format": Payload()}, tmp_path / "evil.pt")  # protocol 4 inside a zip: torch warns about it on load
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(tmp_path / "evil.pt")
+    message = str(refused.value)
+    assert "not a checkpoint of this platform" in message and "the Python object posix.system" in message and "will not be unpickled" in message
+    assert "weights_only" not in message and "will likely succeed" not in message
+    assert not ran.exists() and len(recwarn) == 0

@@ -130,3 +130,20 @@ def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
     curve = pq.read_table(results / "curves.parquet").to_pylist()
     assert [c["update"] for c in curve] == list(range(1, UPDATES + 1))
     assert pq.read_table(results / "trials.parquet").to_pylist()[0]["status"] == "completed"
+
+
+def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path):
+    """Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) reaches the script, not Tune's own handler
+    (which ended the run normally, with exit status 0 and a Tuner.restore hint): one `interrupted:` line with the
+    exact command that resumes, exit status 130."""
+    results = tmp_path / "results"
+    sweep = {**SWEEP, "methods": ["hpo"], "overrides": {**SWEEP["overrides"], "all": {**SWEEP["overrides"]["all"], "updates": 10_000}},
+             "baselines": {"classical_best": False, "dp_optimal": False}}
+    process = start(tmp_path, sweep)
+    wait_for(lambda: (results / "trials" / "hpo-n1-s0").exists() or process.poll() is not None)
+    os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output[-4000:]
+    resume = f"python platform/sweep.py --config {tmp_path / 'sweep.yaml'} --out {results} --resume"
+    assert output.strip().splitlines()[-1] == f"interrupted: finished trials and baselines are kept in '{results}'; continue with: {resume}"
+    assert "Tuner.restore" not in output and "Traceback" not in output and "trials finished" not in output, output[-4000:]

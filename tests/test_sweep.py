@@ -40,8 +40,12 @@ def start(tmp_path, sweep: dict, *flags) -> subprocess.Popen:
 
 
 def finish(process: subprocess.Popen, timeout: float = 400) -> str:
+    """Wait for a sweep that ends normally; nothing of Ray's workers (log lines Ray held back, a worker's SIGTERM
+    traceback) is printed after the script's last line."""
     output, _ = process.communicate(timeout=timeout)
     assert process.returncode == 0, output[-4000:]
+    last = output.strip().splitlines()[-1]
+    assert "trials finished; results in" in last or "is finished: nothing to do" in last, output[-4000:]
     return output
 
 

@@ -66,7 +66,7 @@ def check_cost_range(instance: Instance, horizon: int) -> None:
     stay within a small multiple of it; the limit leaves 10^8 of room). So C_t <= K + sum_i max(h_i, b_i) (mu_i + T (qbar_i + d_i))."""
     with np.errstate(over="ignore"):
         demand = demand_rate(instance.lam, instance.beta, FACTOR_BOUND)  # [n]
-        reach = instance.lam * (instance.lead + 1.0) + horizon * (instance.qbar + demand)  # [n] units of inventory or backlog
+        reach = instance.mu + horizon * (instance.qbar + demand)  # [n] units of inventory or backlog
         rate = np.maximum(instance.h, instance.b)  # [n] cost per unit and step
         terms = rate * reach
         bound = instance.K + terms.sum()

@@ -27,16 +27,19 @@ class CheckpointError(InputError):
     """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
 
 
-def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str, reason: Optional[str] = None) -> None:
+def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str, reason: Optional[str] = None,
+                    attempts: Optional[list[int]] = None) -> None:
     """Write atomically (temporary file, then rename). `status` is the run's (running, completed, diverged,
-    interrupted) at the checkpoint's update; `reason` says why it diverged."""
+    interrupted) at the checkpoint's update; `reason` says why it diverged; `attempts` the update each training
+    attempt of the run started from (trainers.run), [0] when not given."""
     payload = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "instance": instance.to_dict(), "status": status, "reason": reason,
-               "trainer": trainer_state}
+               "trainer": trainer_state, "attempts": list(attempts or [0])}
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
 def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate the file; returns {config: dict (with a text 'method'), instance: Instance, status, reason, trainer}."""
+    """Load and validate the file; returns {config: dict (with a text 'method'), instance: Instance, status, reason, trainer,
+    attempts} (attempts [0] in a checkpoint written before they were recorded)."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"checkpoint '{path}' is a directory, expected a file")
@@ -67,6 +70,10 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         trainer["model"]
         if not isinstance(trainer["update"], int) or trainer["update"] < 0:
             raise ValueError(f"field 'update' is {trainer['update']!r}")
+        attempts = payload.get("attempts", [0])
+        if not (isinstance(attempts, list) and attempts and all(isinstance(a, int) and 0 <= a <= trainer["update"] for a in attempts)):
+            raise ValueError(f"field 'attempts' is {attempts!r}")
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint '{path}': malformed content ({exc})") from None
-    return {"config": config, "instance": instance, "status": payload.get("status"), "reason": payload.get("reason"), "trainer": trainer}
+    return {"config": config, "instance": instance, "status": payload.get("status"), "reason": payload.get("reason"), "trainer": trainer,
+            "attempts": attempts}

@@ -40,10 +40,9 @@ from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 from envs.errors import InputError
 from envs.instance import Instance
 from solver_workers.ray_session import init_ray
-from trainers.checkpoint import save_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig, rank_and_world
-from trainers.run import RunRecorder, ended_summary, resume_point, start_run_dir, training_loop
+from trainers.pathwise import TrainConfig, rank_and_world
+from trainers.run import PathwiseRun, continue_run, open_run, run_start
 
 STORAGE = "ray_train"
 """Ray Train's storage inside the run folder (one of trainers.run.RUN_FILES)."""
@@ -69,11 +68,9 @@ def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: 
                           "use_gpu, so train on cuda with use_gpu and on cpu without")
     if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < -1:
         raise InputError(f"max_failures: expected an integer >= 0 (or -1: retry without limit), got {max_failures!r}")
-    out = start_run_dir(out_dir, mode).resolve()  # Ray's storage path and the workers (they change directory) need it absolute
-    if mode == "resume":
-        ckpt, rows = resume_point(out, config, instance)
-        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
-            return summary
+    out, start = open_run(out_dir, mode, config, instance, PathwiseRun(config, instance))
+    if start.ended is not None:
+        return start.ended
     init_ray(workers)
     trainer = TorchTrainer(
         worker_loop,
@@ -92,61 +89,47 @@ def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: 
     finally:  # in the main thread, fit installs that handler and leaves it
         if main_thread:
             signal.signal(signal.SIGINT, handler)
-    if (out / "checkpoint.pt").is_file():
-        ckpt, rows = resume_point(out, config, instance)
-        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
-            return summary
+    if (ended := run_start(out, config, instance).ended) is not None:
+        return ended
     raise KeyboardInterrupt  # fit also returns when Ray's SIGINT handler has aborted the run
 
 
 def worker_loop(loop_config: dict[str, Any]) -> None:
-    """One Ray Train worker: its shard of the run, from the run folder's checkpoint when there is one (module docstring)."""
+    """One Ray Train worker: its shard of the run, from the run folder's checkpoint when there is one (module
+    docstring); rank 0 reads the folder and sends its start to the other ranks."""
     config = TrainConfig.from_dict(loop_config["config"])
     instance = Instance.from_dict(loop_config["instance"])
     out = Path(loop_config["out"])
-    device = ray.train.torch.get_device() if config.device != "cpu" else torch.device("cpu")
-    trainer = PathwiseTrainer(config, instance.to_torch(device))
-    lead = ray.train.get_context().get_world_rank() == 0
-    start = [starting_point(out, config, instance) if lead else None]
+    method = WorkerRun(config, instance)
+    start = [run_start(out, config, instance) if method.lead else None]
     if rank_and_world()[1] > 1:
         dist.broadcast_object_list(start, src=0)
-    state, rows, ended = start[0]
-    if ended:
-        return
-    if state is not None:
-        trainer.load_state_dict(state)
-    warm_started = trainer.warm_start_due()
-    if warm_started:
-        trainer.warm_start(instance)  # every rank (collectives), before rank 0 writes any file (trainers.run)
-    recorder = RunRecorder(out, config, instance.n, rows, loop_config["progress"], trainer.warm_start_record) if lead else PeerRecorder(config)
-    report = UpdateReport(device)
+    continue_run(out, config, instance, start[0], method, loop_config["progress"], method.report.hold)
 
-    def save(status: str, reason: Optional[str]) -> None:
-        state = trainer.state_dict()  # on every rank: it gathers the whole batch's rollout state
+
+class WorkerRun(PathwiseRun):
+    """A Ray Train worker's part of the run (trainers.run.MethodRun): its shard on its device; rank 0 writes the
+    run folder, and every save goes to ray.train.report with a Train checkpoint (checkpoint.pt and the curve)."""
+
+    def __init__(self, config: TrainConfig, instance: Instance):
+        device = ray.train.torch.get_device() if config.device != "cpu" else torch.device("cpu")
+        super().__init__(config, instance, device)
+        self.lead = ray.train.get_context().get_world_rank() == 0
+        self.report = UpdateReport(device)
+
+    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+        self.out = out
+        super().build(out, checkpoint)
+
+    def save(self, write) -> None:
+        write(self.trainer.state_dict())  # on every rank: it gathers the whole batch's rollout state
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
-            if lead:
-                save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason)
+            if self.lead:
                 for name in ("checkpoint.pt", "curve.parquet"):
-                    shutil.copy2(out / name, tmp)
+                    shutil.copy2(self.out / name, tmp)
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
-            report.send(checkpoint)
-
-    if warm_started:  # the update-0 checkpoint: a restarted worker group continues after the warm start
-        recorder.write_curve()
-        save("running", None)
-    training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every, report.hold)
-
-
-def starting_point(out: Path, config: TrainConfig, instance: Instance) -> tuple[Optional[dict[str, Any]], list[dict[str, Any]], bool]:
-    """Rank 0's view of the run folder: (the checkpoint's trainer state, the curve rows of its updates, whether
-    the run has ended), or (None, [], False) to start anew. train_data_parallel has checked the folder for its
-    mode; a start of the workers after one that failed before its first checkpoint drops its TensorBoard events."""
-    if not (out / "checkpoint.pt").is_file():
-        shutil.rmtree(out / "tensorboard", ignore_errors=True)
-        return None, [], False
-    ckpt, rows = resume_point(out, config, instance)
-    return ckpt["trainer"], rows, ended_summary(out, ckpt, config, instance.n, rows) is not None
+            self.report.send(checkpoint)
 
 
 class UpdateReport:
@@ -175,22 +158,3 @@ class UpdateReport:
             ray.train.report(self.pending, checkpoint=checkpoint)
             self.pending = None
             self.last = time.monotonic()
-
-
-class PeerRecorder:
-    """The recorder of the ranks other than 0 (trainers.run.RunRecorder's methods): rank 0 alone writes the run folder."""
-
-    def __init__(self, config: TrainConfig):
-        self.config = config
-
-    def record(self, update: int, metrics: dict[str, float]) -> None:
-        pass
-
-    def write_curve(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def summary(self, status: str, reason: Optional[str], updates_done: int) -> None:
-        return None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import gymnasium as gym
@@ -42,7 +43,7 @@ from trainers.checkpoint import CheckpointError, save_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 from trainers.policy import Decision
-from trainers.run import RunRecorder, ended_summary, resume_point, start_run_dir, training_loop
+from trainers.run import MethodRun, train_run
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
 ENV_ID = "jrp-vector"
@@ -311,34 +312,38 @@ def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
     return JRPModule(observation_space=observation, action_space=action, model_config=config.model_config(n))
 
 
-def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "new", progress: bool = True,
-              on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
-    """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
-    own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
-    names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run
-    stopped at any point resumes from a matching pair."""
-    out = start_run_dir(out_dir, mode).resolve()  # RLlib's checkpointing reads a relative path as a URI
-    algorithms = out / "rllib"
-    rows, done = [], 0
-    if mode == "resume":
-        ckpt, rows = resume_point(out, config, instance)
-        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
-            return summary
-        done = int(ckpt["trainer"]["update"])
-        if not (algorithms / f"algorithm-{done}").is_dir():
-            raise CheckpointError(f"RLlib checkpoint '{algorithms / f'algorithm-{done}'}' of the checkpoint's update {done} is missing: start anew with --overwrite")
-    torch.manual_seed(config.seed)
-    algo = build_algorithm(config, instance, str(algorithms / "logs"))
-    written = set()  # updates whose algorithm-<k> this call wrote or restored (any other one there is a leftover)
-    if mode == "resume":
-        algo.restore_from_path(str(algorithms / f"algorithm-{done}"))
-        written.add(done)
-    c_ref = instance.to_torch().c_ref
-    state = {"update": done}
+class PPORun(MethodRun):
+    """A PPO run's parts (trainers.run.MethodRun): the RLlib algorithm, saved as rllib/algorithm-<k> beside
+    checkpoint.pt (`train_ppo`), with a checkpoint every updates / 5 updates."""
 
-    def step() -> dict[str, float]:
-        result = algo.train()
-        state["update"] += 1
+    def __init__(self, config: PPOTrainConfig, instance: Instance):
+        self.config, self.instance = config, instance
+        self.checkpoint_every = max(config.updates // 5, 1)
+        self.c_ref = instance.to_torch().c_ref
+        self.algo: Optional[PPO] = None
+        self.done = 0
+        self.written: set[int] = set()
+        """Updates whose algorithm-<k> this attempt wrote or restored (any other one there is a leftover)."""
+
+    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+        self.algorithms = out / "rllib"
+        self.done = 0 if checkpoint is None else int(checkpoint["trainer"]["update"])
+        restored = self.algorithms / f"algorithm-{self.done}"
+        if checkpoint is not None and not restored.is_dir():
+            raise CheckpointError(f"RLlib checkpoint '{restored}' of the checkpoint's update {self.done} is missing: start anew with --overwrite")
+        torch.manual_seed(self.config.seed)
+        self.algo = build_algorithm(self.config, self.instance, str(self.algorithms / "logs"))
+        if checkpoint is not None:
+            self.algo.restore_from_path(str(restored))
+            self.written.add(self.done)
+
+    @property
+    def update(self) -> int:
+        return self.done
+
+    def step(self) -> dict[str, float]:
+        result = self.algo.train()
+        self.done += 1
         learner = result.get("learners", {}).get("default_policy", {})
         metrics = {"cost10": float(result["env_runners"]["cost10"])}
         for key in ("total_loss", "policy_loss", "vf_loss", "entropy", "mean_kl_loss", "gradients_default_optimizer_global_norm"):
@@ -346,24 +351,29 @@ def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "
                 metrics[key] = float(learner[key])
         return metrics
 
-    def diverged(metrics: dict[str, float]) -> Optional[str]:
-        return divergence_reason(metrics, c_ref, instance.gamma, config.rollout, config.divergence_cost)
+    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+        return divergence_reason(metrics, self.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)
 
-    def save(status: str, reason: Optional[str]) -> None:
-        update = state["update"]
-        path = algorithms / f"algorithm-{update}"
-        if update not in written:
+    def save(self, write) -> None:
+        path = self.algorithms / f"algorithm-{self.done}"
+        if self.done not in self.written:
             shutil.rmtree(path, ignore_errors=True)
-            algo.save_to_path(str(path))
-            written.add(update)
-        weights = {k: v.detach().cpu() for k, v in algo.get_module().state_dict().items()}
-        save_checkpoint(out / "checkpoint.pt", config, instance, {"model": weights, "update": update}, status, reason)
-        for old in algorithms.glob("algorithm-*"):
+            self.algo.save_to_path(str(path))
+            self.written.add(self.done)
+        write({"model": {k: v.detach().cpu() for k, v in self.algo.get_module().state_dict().items()}, "update": self.done})
+        for old in self.algorithms.glob("algorithm-*"):
             if old != path:
                 shutil.rmtree(old)
 
-    try:
-        recorder = RunRecorder(out, config, instance.n, rows, progress)
-        return training_loop(recorder, done, step, diverged, save, checkpoint_every=max(config.updates // 5, 1), on_update=on_update)
-    finally:
-        algo.stop()
+    def close(self) -> None:
+        if self.algo is not None:
+            self.algo.stop()
+
+
+def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "new", progress: bool = True,
+              on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+    """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
+    own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
+    names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run
+    stopped at any point resumes from a matching pair."""
+    return train_run(out_dir, mode, config, instance, PPORun(config, instance), progress, on_update)

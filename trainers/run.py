@@ -7,8 +7,8 @@ Files in the run directory:
   curve.parquet   method, n, seed, update, cost10, wall_seconds: updates 1..k of the checkpoint's update k
                   (rewritten atomically before each checkpoint)
   tensorboard/    event files (every metric of every update)
-  training.json   config, status (completed | diverged | interrupted), reason, updates done, wall time, manifest,
-                  and the warm start's record when the run has one (trainers.pathwise)
+  training.json   config, status (completed | diverged | interrupted), reason, updates done, attempts, wall time,
+                  manifest, and the warm start's record when the run has one (trainers.pathwise)
   greedy/, sampled/, rllib/  the held-out evaluations (trainers.experiment) and RLlib's state (trainers.rllib_ppo)
   ray_train/      Ray Train's storage of a data-parallel run (trainers.ray_train)
 
@@ -27,6 +27,15 @@ A warm start (config imitation_updates > 0) runs before any file is written, so 
 leaves no run in the folder; then an update-0 checkpoint (status `running`, an empty curve) holds the
 warm-started model, so a resume neither repeats nor skips it. The curve's wall_seconds count from the start
 of the run, the warm start included.
+
+A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
+method's inputs, prepare the folder, read the resume point), then `continue_run` (return at once when the run
+has ended; build, warm start, update-0 checkpoint, `training_loop`); `train_run` is the two in one process.
+A method supplies its parts as a `MethodRun` (build, step, save, ...): `PathwiseRun` below,
+trainers.rllib_ppo's PPO run, and trainers.ray_train's worker, whose driver opens the run and whose every
+start of the workers continues it. Each call of `continue_run` that trains is an attempt: the checkpoint and
+training.json's `attempts` list the update each attempt started from ([0, 40]: the first attempt's updates
+1..40 were kept, a resume or a retry made the rest).
 """
 
 from __future__ import annotations
@@ -37,19 +46,22 @@ import shutil
 import signal
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 from tqdm.auto import tqdm
 
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text, written_by_atomic_write
+from envs.validate import differences
 from envs.results import manifest, write_parquet
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network, load_initial_weights
 
 MODES = ("new", "resume", "overwrite")
 RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train")
@@ -94,16 +106,21 @@ def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
 def check_resumable(ckpt: dict[str, Any], config, instance: Instance, path: Path) -> None:
     """Only `updates` may change between a checkpoint (its config as stored) and the run that resumes it, and
     not below the checkpoint's update. A field the stored config lacks (added to the config after the
-    checkpoint was written) counts as its default, the value that run had."""
+    checkpoint was written) counts as its default, the value that run had. A refusal names the fields that
+    differ with both values (envs.validate.differences, as the solver journals; of another method: the method alone,
+    the other fields being another config's)."""
     defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
-    config_dict = config.to_dict()
-    if defaults | ckpt["config"] | {"updates": 0} != config_dict | {"updates": 0}:
-        raise CheckpointError(f"checkpoint '{path}': its config differs from this run's (only 'updates' may change on resume)")
+    stored, wanted = defaults | ckpt["config"] | {"updates": 0}, config.to_dict() | {"updates": 0}
+    if stored["method"] != wanted["method"]:
+        stored, wanted = {"method": stored["method"]}, {"method": wanted["method"]}
+    if changed := differences(stored, wanted):
+        raise CheckpointError(f"checkpoint '{path}' belongs to a run with other settings ({'; '.join(changed)}): only 'updates' may change on resume; "
+                              "resume with its settings, or start anew with --overwrite")
     if ckpt["instance"].to_dict() != instance.to_dict():
         raise CheckpointError(f"checkpoint '{path}': it was trained on a different instance")
     done = int(ckpt["trainer"]["update"])
-    if done > config_dict["updates"]:
-        raise CheckpointError(f"checkpoint '{path}' holds update {done}, more than this run's {config_dict['updates']} updates: resume with at least {done}")
+    if done > config.updates:
+        raise CheckpointError(f"checkpoint '{path}' holds update {done}, more than this run's {config.updates} updates: resume with at least {done}")
 
 
 def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
@@ -123,24 +140,16 @@ def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
     return rows
 
 
-def resume_point(out: Path, config, instance: Instance, device: str = "cpu") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The checkpoint in `out`, checked against this run's config and instance, and its curve rows."""
-    path = out / "checkpoint.pt"
-    ckpt = read_checkpoint(path, device)
-    check_resumable(ckpt, config, instance, path)
-    return ckpt, read_curve(out / "curve.parquet", int(ckpt["trainer"]["update"]))
-
-
 def wall_seconds(rows: list[dict[str, Any]], warm_start: Optional[dict[str, Any]]) -> float:
     """The run's seconds so far: the last curve row's, or before update 1 the warm start's (0 without one)."""
     return rows[-1]["wall_seconds"] if rows else (warm_start or {}).get("seconds", 0.0)
 
 
 def write_summary(out: Path, config, n: int, status: str, reason: Optional[str], updates_done: int, rows: list[dict[str, Any]],
-                  warm_start: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+                  attempts: list[int], warm_start: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Write training.json (with the warm start's record when there is one); returns its content."""
     summary = {
-        "method": config.method, "n": n, "seed": config.seed, "status": status, "reason": reason, "updates_done": updates_done,
+        "method": config.method, "n": n, "seed": config.seed, "status": status, "reason": reason, "updates_done": updates_done, "attempts": attempts,
         "final_cost10": rows[-1]["cost10"] if rows else None,
         "wall_seconds": wall_seconds(rows, warm_start),
         **({"warm_start": warm_start} if warm_start else {}),
@@ -162,17 +171,19 @@ def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[di
         summary = None
     if isinstance(summary, dict) and summary.get("status") == status and summary.get("updates_done") == done:
         return summary
-    return write_summary(out, config, n, status, ckpt["reason"], done, rows, ckpt["trainer"].get("warm_start"))
+    return write_summary(out, config, n, status, ckpt["reason"], done, rows, ckpt["attempts"], ckpt["trainer"].get("warm_start"))
 
 
 class RunRecorder:
     """Curve rows, TensorBoard scalars and the progress bar of one run; `rows` are those of the updates already
-    done, `warm_start` the record of the run's warm start (its seconds start the wall clock)."""
+    done, `attempts` the run's attempts so far (this one last), `warm_start` the record of the run's warm start
+    (its seconds start the wall clock)."""
 
-    def __init__(self, out: Path, config, n: int, rows: list[dict[str, Any]], progress: bool, warm_start: Optional[dict[str, Any]] = None):
+    def __init__(self, out: Path, config, n: int, rows: list[dict[str, Any]], progress: bool, attempts: list[int],
+                 warm_start: Optional[dict[str, Any]] = None):
         from tensorboardX import SummaryWriter
 
-        self.out, self.config, self.n, self.warm_start = out, config, n, warm_start
+        self.out, self.config, self.n, self.attempts, self.warm_start = out, config, n, attempts, warm_start
         self.rows = list(rows)
         done = len(self.rows)
         self.wall_offset = wall_seconds(self.rows, warm_start)
@@ -206,7 +217,26 @@ class RunRecorder:
 
     def summary(self, status: str, reason: Optional[str], updates_done: int) -> dict[str, Any]:
         """Write training.json; returns its content."""
-        return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows, self.warm_start)
+        return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows, self.attempts, self.warm_start)
+
+
+class PeerRecorder:
+    """The recorder of a data-parallel run's ranks other than 0 (RunRecorder's methods): rank 0 alone writes the run folder."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def record(self, update: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def write_curve(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def summary(self, status: str, reason: Optional[str], updates_done: int) -> None:
+        return None
 
 
 class StopRequest:
@@ -275,29 +305,172 @@ def training_loop(recorder: RunRecorder, done: int, step: Callable[[], dict[str,
     return summary
 
 
-def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: str = "new", progress: bool = True,
-          on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
-    """Train a pathwise run (OR-Transformer or HPO) in `out_dir`: a new run, the resumption of the run there,
-    or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns training.json's content."""
-    out = start_run_dir(out_dir, mode)
-    rows: list[dict[str, Any]] = []
-    if mode == "resume":
-        ckpt, rows = resume_point(out, config, instance, config.device)
-        if (summary := ended_summary(out, ckpt, config, instance.n, rows)) is not None:
-            return summary
-    trainer = PathwiseTrainer(config, instance.to_torch(config.device))
-    if mode == "resume":
-        trainer.load_state_dict(ckpt["trainer"])
-    warm_started = trainer.warm_start_due()
-    if warm_started:
-        trainer.warm_start(instance)  # before any file: an interruption here leaves no run
-    recorder = RunRecorder(out, config, instance.n, rows, progress, trainer.warm_start_record)
+# ---- a run's life, for every method ----------------------------------------------------------------
+
+
+class RunStart(NamedTuple):
+    """Where a training attempt starts: the run folder's checkpoint (None: anew), the curve rows of its updates,
+    and training.json's content when the run has ended (nothing left to train)."""
+
+    checkpoint: Optional[dict[str, Any]]
+    rows: list[dict[str, Any]]
+    ended: Optional[dict[str, Any]]
+
+
+def run_start(out: Path, config, instance: Instance) -> RunStart:
+    """The start that the run folder `out` offers: its checkpoint.pt, checked against this run's config and
+    instance, with its curve (module docstring), or anew when it holds no checkpoint."""
+    path = out / "checkpoint.pt"
+    if not path.is_file():
+        return RunStart(None, [], None)
+    ckpt = read_checkpoint(path)
+    check_resumable(ckpt, config, instance, path)
+    rows = read_curve(out / "curve.parquet", int(ckpt["trainer"]["update"]))
+    return RunStart(ckpt, rows, ended_summary(out, ckpt, config, instance.n, rows))
+
+
+class MethodRun(ABC):
+    """The method-specific parts of a run's life (`train_run`): what is checked before the folder is made, how
+    the trainer is built (anew or from a checkpoint), warm-started, updated and saved."""
+
+    checkpoint_every: int
+    """Updates between periodic checkpoints (0: only at the end)."""
+    lead: bool = True
+    """Whether this process writes the run folder (rank 0 of a data-parallel run)."""
+    warm_start_record: Optional[dict[str, Any]] = None
+    """The record of the run's warm start once there is one (training.json and the checkpoint hold it)."""
+
+    def check(self) -> None:
+        """Check the inputs the config names (files) before a run that starts anew makes its folder."""
+
+    @abstractmethod
+    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+        """Make the trainer in the run folder `out`: anew, or continuing `checkpoint` (trainers.checkpoint)."""
+
+    @property
+    @abstractmethod
+    def update(self) -> int:
+        """Updates done (the next one is update + 1)."""
+
+    def warm_start(self) -> bool:
+        """Make the warm start when one is due (before the run's first update); returns whether it did."""
+        return False
+
+    @abstractmethod
+    def step(self) -> dict[str, float]:
+        """One update; its metrics (with cost10)."""
+
+    @abstractmethod
+    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+        """Why the run has diverged after an update with these metrics, or None."""
+
+    @abstractmethod
+    def save(self, write: Callable[[dict[str, Any]], None]) -> None:
+        """Save the run at its update: call `write(trainer state)`, which writes checkpoint.pt (on the lead
+        process), with whatever the method keeps beside it."""
+
+    def close(self) -> None:
+        """Release what `build` holds."""
+
+
+def open_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun) -> tuple[Path, RunStart]:
+    """Check the run folder for `mode` and, for a run that starts anew, the method's inputs, before anything is
+    written; then prepare the folder (`start_run_dir`) and read where training starts. The folder is absolute:
+    Ray's storage, RLlib's checkpoints and Ray Train workers (they change directory) need it so."""
+    check_run_dir(out_dir, mode)
+    if mode != "resume":
+        method.check()
+    out = start_run_dir(out_dir, mode).resolve()
+    return out, run_start(out, config, instance)
+
+
+def continue_run(out: Path, config, instance: Instance, start: RunStart, method: MethodRun, progress: bool = True,
+                 on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> Optional[dict[str, Any]]:
+    """One training attempt from `start` (module docstring): training.json's content at once when the run has
+    ended; else build the trainer, warm-start it when due (before any file is written), save the update-0
+    checkpoint after a warm start, and run `training_loop`. The attempt is recorded in the checkpoint and in
+    training.json's `attempts`: the update each attempt started from. Returns training.json's content (None on
+    the processes other than the lead)."""
+    if start.ended is not None:
+        return start.ended
+    method.build(out, start.checkpoint)
+    warm_started = method.warm_start()  # before any file: an interruption here leaves the folder as the last attempt left it
+    attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]
+    if method.lead:
+        if start.checkpoint is None:
+            shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the events of an attempt that stopped before its first checkpoint
+        recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method.warm_start_record)
+    else:
+        recorder = PeerRecorder(config)
 
     def save(status: str, reason: Optional[str]) -> None:
-        save_checkpoint(out / "checkpoint.pt", config, instance, trainer.state_dict(), status, reason)
+        def write(state: dict[str, Any]) -> None:
+            if method.lead:
+                save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason, attempts)
 
-    if warm_started:  # the update-0 checkpoint: a resume continues after the warm start
+        method.save(write)
+
+    if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
         recorder.write_curve()
         save("running", None)
+    return training_loop(recorder, method.update, method.step, method.diverged, save, method.checkpoint_every, on_update)
 
-    return training_loop(recorder, trainer.update, trainer.step, trainer.diverged, save, config.checkpoint_every, on_update)
+
+def train_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun, progress: bool = True,
+              on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+    """A run's life in this process: `open_run`, then `continue_run`; returns training.json's content."""
+    out, start = open_run(out_dir, mode, config, instance, method)
+    try:
+        return continue_run(out, config, instance, start, method, progress, on_update)
+    finally:
+        method.close()
+
+
+class PathwiseRun(MethodRun):
+    """OR-Transformer and HPO (trainers.pathwise) on `device` (default: the config's)."""
+
+    def __init__(self, config: TrainConfig, instance: Instance, device: Optional[str | torch.device] = None):
+        self.config, self.instance = config, instance
+        self.device = config.device if device is None else device
+        self.checkpoint_every = config.checkpoint_every
+        self.trainer: Optional[PathwiseTrainer] = None
+
+    def check(self) -> None:
+        if self.config.initial_weights:
+            load_initial_weights(build_network(self.config, self.instance.n), self.config)
+
+    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+        self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device))
+        if checkpoint is not None:
+            self.trainer.load_state_dict(checkpoint["trainer"])
+
+    @property
+    def update(self) -> int:
+        return self.trainer.update
+
+    @property
+    def warm_start_record(self) -> Optional[dict[str, Any]]:
+        return self.trainer.warm_start_record
+
+    def warm_start(self) -> bool:
+        if not self.trainer.warm_start_due():
+            return False
+        self.trainer.warm_start(self.instance)
+        return True
+
+    def step(self) -> dict[str, float]:
+        return self.trainer.step()
+
+    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+        return self.trainer.diverged(metrics)
+
+    def save(self, write: Callable[[dict[str, Any]], None]) -> None:
+        write(self.trainer.state_dict())
+
+
+def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: str = "new", progress: bool = True,
+          on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+    """Train a pathwise run (OR-Transformer or HPO) in this process in `out_dir`: a new run, the resumption of
+    the run there, or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns
+    training.json's content."""
+    return train_run(out_dir, mode, config, instance, PathwiseRun(config, instance), progress, on_update)

@@ -97,3 +97,27 @@ def test_two_worker_checkpoint_holds_the_whole_batch_and_resumes_on_one_worker(t
     assert_same_curve(curve(trainer, CONFIG.updates - CHECKPOINT_AT), one_worker[CHECKPOINT_AT:])
     with pytest.raises(InputError, match="rollout state holds 8 rollouts, this run's config field 'batch' is 4"):
         PathwiseTrainer(replace(CONFIG, batch=4), INSTANCE.to_torch()).load_state_dict(ckpt)
+
+
+def test_a_worker_keeps_its_rows_of_the_whole_batchs_exogenous_draws():
+    """exogenous_step for the rows of rank 0 and rank 1 (two streams of one seed, as two workers hold) gives
+    the draws of one process holding all 8 rows; drawing only a worker's own rows' demands would not, since
+    torch.poisson's use of the generator depends on every rate."""
+    from envs.exogenous import FactorDemandStream, demand_rate
+    from trainers.streams import exogenous_step
+
+    inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
+    streams = [FactorDemandStream(inst, 8, seed=5) for _ in range(3)]  # one process, rank 0, rank 1
+    factors = [s.initial_factor() for s in streams]
+    for _ in range(4):
+        whole = exogenous_step(streams[0], factors[0], slice(0, 8))
+        halves = [exogenous_step(streams[k], factors[k], slice(4 * (k - 1), 4 * k)) for k in (1, 2)]
+        torch.testing.assert_close(torch.cat([halves[0][0], halves[1][0]]), whole[0], rtol=0, atol=0)
+        for k in (1, 2):
+            torch.testing.assert_close(halves[k - 1][1], whole[1], rtol=0, atol=0)  # F_{t+1} of the whole batch on every rank
+        factors = [whole[1], halves[0][1], halves[1][1]]
+    own_rows, reference = FactorDemandStream(inst, 8, seed=5), FactorDemandStream(inst, 8, seed=5)
+    factor = own_rows.initial_factor()
+    reference.initial_factor()
+    lone = torch.poisson(demand_rate(inst.lam, inst.beta, factor[4:, None]), generator=own_rows.generator)  # rank 1's rows alone
+    assert not torch.equal(lone, reference.demand(factor)[4:])

@@ -11,9 +11,8 @@ them, and the three networks are fitted on those B T_roll states by
             the last state of the update and truncated there (gamma^k <= TAIL: at most 1% of the tail's value).
 The three networks have disjoint parameters, so the sum of the three losses trains each on its own loss.
 
-The teacher's rollouts use the common-stream scheme of trainers.pathwise: every rank draws the whole batch's
-exogenous steps from one `FactorDemandStream` and keeps its rows, so the phase does not depend on the number
-of workers (to float reduction).
+The teacher's rollouts draw their exogenous steps for the whole batch (trainers.streams), so the phase does
+not depend on the number of workers (to float reduction).
 """
 
 from __future__ import annotations
@@ -32,14 +31,12 @@ from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import TensorInstance
 from trainers.networks import ThreeNetworks
+from trainers.streams import exogenous_step
 
 TEACHERS = tuple(name for name in POLICY_NAMES if name != "zero")
 """The classical policies a run may imitate (envs.classical.tuned_policy resolves each name)."""
 TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
-STREAM_OFFSET = 104_729
-"""The teacher's stream has seed config.seed * 1_000_003 + STREAM_OFFSET: disjoint from the paper phase's
-streams (trainers.pathwise), which therefore draw the same steps with or without a warm start."""
 
 
 def lookahead(gamma: float) -> int:
@@ -77,8 +74,7 @@ def teacher_rollout(teacher: Policy, instance: TensorInstance, state: State, fac
                 globs.append(global_token(instance, state))
                 opens.append(open_order)
                 fractions.append(quantity / instance.qbar)
-            demand = stream.demand(factor)[rows]  # the whole batch's draws (trainers.pathwise.rollout)
-            factor = stream.next_factor(factor)
+            demand, factor = exogenous_step(stream, factor, rows)
             state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
             costs.append(cost / instance.c_ref)
         cost_to_go, running = [], torch.zeros_like(costs[0])

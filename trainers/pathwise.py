@@ -11,8 +11,8 @@ The update is written for data-parallel use: when torch.distributed is initialis
 worker), rank k simulates rollouts k B/W .. (k+1) B/W - 1 of the B, the advantage statistics, the
 gradients and the metrics are averaged across ranks, and the single-process run is the one-worker case.
 Rollout b's randomness depends on (seed, b), not on the world size W: every rank draws the whole batch's
-exogenous steps and open-decision uniforms from the common streams and keeps its rows, and a checkpoint
-holds the whole batch's rollout state. So 1 and W workers give the same curve (to float reduction), and a
+exogenous steps and open-decision uniforms from the common streams and keeps its rows (trainers.streams),
+and a checkpoint holds the whole batch's rollout state. So 1 and W workers give the same curve (to float reduction), and a
 checkpoint resumes on any W that divides B.
 
 Optional warm start (not the paper's; `imitation_updates` > 0): before update 1, `warm_start` makes that
@@ -43,8 +43,9 @@ from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
-from trainers.imitation import STREAM_OFFSET, TEACHERS, imitation_losses, teacher_rollout
+from trainers.imitation import TEACHERS, imitation_losses, teacher_rollout
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
+from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
 
 METHODS = ("or-transformer", "hpo")
 
@@ -163,7 +164,7 @@ def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, stream
         items, glob = tokens(instance, state)
         items_sg, glob_sg = items.detach(), glob.detach()
         logit = model.open_logit(items_sg, glob_sg)
-        uniform = torch.rand(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)  # [B]
+        uniform = torch.rand(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)  # [B]: the whole batch's (trainers.streams)
         open_order = (uniform[rows] < torch.sigmoid(logit).detach()).to(logit.dtype)
         distribution = torch.distributions.Bernoulli(logits=logit)
         opens.append(open_order)
@@ -171,8 +172,7 @@ def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, stream
         entropies.append(distribution.entropy())
         values.append(model.value(items_sg, glob_sg))
         quantity = instance.qbar * model.quantity_fraction(items, glob)
-        demand = stream.demand(factor)[rows]  # drawn with the whole batch's rates: the generator's use depends on them
-        factor = stream.next_factor(factor)
+        demand, factor = exogenous_step(stream, factor, rows)
         state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
         costs.append(cost / instance.c_ref)
     items, glob = tokens(instance, state)
@@ -285,9 +285,9 @@ class PathwiseTrainer:
             load_initial_weights(self.model, config)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
         # the same streams on every rank, drawn for the whole batch (module docstring)
-        self.stream = FactorDemandStream(instance, config.batch, seed=config.seed * 1_000_003)
+        self.stream = FactorDemandStream(instance, config.batch, seed=stream_seed(config.seed, PAPER_STREAM))
         self.generator = torch.Generator(device=instance.device)
-        self.generator.manual_seed(config.seed * 1_000_003 + 7919)
+        self.generator.manual_seed(stream_seed(config.seed, OPEN_UNIFORMS))
         self.state = initial_state(instance, self.stream.initial_factor()[self.rows])
         self.update = 0
         self.warm_start_record: Optional[dict[str, Any]] = None
@@ -306,7 +306,7 @@ class PathwiseTrainer:
         started = time.perf_counter()
         teacher, parameters = tuned_policy(source, config.imitation_teacher, EVAL_HORIZON, device=instance.device)
         tuning_seconds = time.perf_counter() - started
-        stream = FactorDemandStream(instance, config.batch, seed=config.seed * 1_000_003 + STREAM_OFFSET)
+        stream = FactorDemandStream(instance, config.batch, seed=stream_seed(config.seed, TEACHER_STREAM))
         factor = stream.initial_factor()
         state = initial_state(instance, factor[self.rows])
         optimizer = torch.optim.Adam(self.model.parameters(), lr=config.imitation_learning_rate, eps=config.adam_eps)

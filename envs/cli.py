@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -123,8 +124,21 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt
 
 
+def _stop_starting(signum, frame):
+    os.write(2, b"interrupted: stopped while starting, before any work; nothing was written\n")
+    os._exit(INTERRUPTED_EXIT)
+
+
+def interrupt_start_up() -> None:
+    """Call first in a script whose imports take seconds (torch, Ray): until `run_cli` takes over, Ctrl-C or
+    SIGTERM ends it at once with one line `interrupted: ...` and exit status 130 (nothing has been written)."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_starting)
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's main. SIGTERM is treated like Ctrl-C, so a script can save its work either way."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)
     try:
         sys.exit(main() or 0)

@@ -20,6 +20,10 @@ PPOTrainConfig over the preset (trainers/registry.py PRESETS), each checked for 
 3e-4 and 0x10 included: docs/formats.md, "Field rules").
 """
 
+from envs.cli import interrupt_start_up
+
+interrupt_start_up()  # the imports below take seconds: an interruption there ends the script at once, with its message
+
 import argparse
 import shlex
 import sys
@@ -56,12 +60,20 @@ def read_config(path) -> dict:
     return data
 
 
-def command(args, flag: str) -> str:
-    """The command line of this run with `flag` (--resume or --overwrite), to copy and paste."""
+MODE_FLAGS = ("resume", "overwrite")
+
+
+def command(args: argparse.Namespace, flag: str) -> str:
+    """The command line of this run with `flag` (--resume or --overwrite) instead of its own mode flag, to copy
+    and paste: every parsed flag (each flag of the parser is --NAME for its attribute NAME, `-` for `_`), so
+    each setting that reaches the config or the evaluation is the same."""
     argv = [sys.executable, sys.argv[0]]
-    for name in ("method", "instance", "preset", "seed", "config", "updates", "batch", "episodes", "horizon", "device", "out"):
-        if getattr(args, name) is not None:
-            argv += [f"--{name}", str(getattr(args, name))]
+    for name, value in vars(args).items():
+        if name in MODE_FLAGS or value is None or value is False:
+            continue
+        argv.append(f"--{name.replace('_', '-')}")
+        if value is not True:
+            argv.append(str(value))
     return shlex.join([*argv, flag])
 
 

@@ -63,3 +63,17 @@ def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained, tmp_pa
     run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
                "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft2", check=True)
     assert json.loads((tmp_path / "ft2" / "training.json").read_text())["warm_start"]["updates"] == 2
+
+
+def test_a_refused_initial_weights_leaves_no_run_folder(trained, tmp_path):
+    """The checkpoint is checked before the run folder is made (the script and the library alike)."""
+    inst = tmp_path / "i4.json"
+    paper_instance(4, 0).save(inst)
+    result = run_script("train.py", "--method", "hpo", "--instance", inst, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
+                        "--out", tmp_path / "ft")
+    assert result.returncode == 2 and "holds another network: method 'or-transformer' (this run: 'hpo')" in result.stderr, result.stderr[-2000:]
+    assert not (tmp_path / "ft").exists()
+    with pytest.raises(ConfigError, match="does not fit this network"):
+        train(method_config("hpo", "cpu", {**TINY, "initial_weights": str(trained / "hpo" / "checkpoint.pt")}), paper_instance(6, 0), tmp_path / "lib",
+              progress=False)
+    assert not (tmp_path / "lib").exists()

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 from envs.cli import _terminate
 from envs.errors import InputError
@@ -183,17 +183,22 @@ def test_a_second_interrupt_stops_at_once_and_keeps_the_last_checkpoint(tmp_path
     assert curve(tmp_path / "run")["cost10"] == curve(tmp_path / "straight")["cost10"]
 
 
-def test_train_script_saves_on_ctrl_c_and_resumes_to_the_uninterrupted_curve(tmp_path):
+def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uninterrupted_curve(tmp_path):
+    """An interrupted fine-tune given every flag that reaches the config (and the evaluation's): the command that
+    train.py prints resumes it (a command that left one out would be refused: its config would differ)."""
     inst = tmp_path / "inst.json"
     instance = paper_instance(2, 0)
     instance.save(inst)
+    source = tmp_path / "source"
+    train(TrainConfig(**TINY, updates=2, seed=9), instance, source, progress=False)
     config = tmp_path / "tiny.yaml"
-    fields = {**TINY, "checkpoint_every": 10, "updates": 200, "learning_rate": "3e-4", "imitation_updates": 0}  # no warm start: update 0 saves no checkpoint
+    fields = {**TINY, "checkpoint_every": 10, "learning_rate": "3e-4"}
     config.write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if k != "method"))
     assert yaml.safe_load(config.read_text())["learning_rate"] == "3e-4"  # YAML 1.1 reads it as a string; train.py takes the number
     run, log = tmp_path / "run", tmp_path / "stderr.txt"
-    argv = [sys.executable, str(ROOT / "platform" / "train.py"), "--method", "hpo", "--instance", str(inst), "--config", str(config),
-            "--episodes", "2", "--horizon", "3", "--out", str(run)]
+    flags = {"--method": "hpo", "--instance": str(inst), "--preset": "paper", "--seed": "3", "--config": str(config), "--updates": "200",
+             "--batch": "4", "--initial-weights": str(source / "checkpoint.pt"), "--episodes": "2", "--horizon": "3", "--device": "cpu", "--out": str(run)}
+    argv = [sys.executable, str(ROOT / "platform" / "train.py"), *[part for flag in flags.items() for part in flag]]
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny tensors: the same numbers, and no thread contention on a busy machine
     with open(log, "w") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=one_thread)
@@ -208,11 +213,13 @@ def test_train_script_saves_on_ctrl_c_and_resumes_to_the_uninterrupted_curve(tmp
     lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
     ckpt = load_checkpoint(run / "checkpoint.pt")
     done = ckpt["trainer"]["update"]
-    assert ckpt["status"] == "interrupted" and 10 <= done < 200 and ckpt["config"].learning_rate == 3e-4
+    assert ckpt["status"] == "interrupted" and 10 <= done < 200
+    assert (ckpt["config"].learning_rate, ckpt["config"].seed, ckpt["config"].batch) == (3e-4, 3, 4)
+    assert ckpt["config"].initial_weights == str(source / "checkpoint.pt") and ckpt["config"].imitation_updates == 0
     assert len(lines) == 1 and f"training stopped after update {done} of 200, saved in '{run / 'checkpoint.pt'}'; resume with: " in lines[0]
     assert curve(run)["update"] == list(range(1, done + 1)) and not (run / "greedy").exists()
     resume = shlex.split(lines[0].split("resume with: ")[1])
-    assert resume[-1] == "--resume"
+    assert resume[-1] == "--resume" and all(part in resume for flag in flags.items() for part in flag)
     finished = subprocess.run(resume, capture_output=True, text=True, timeout=300, env=one_thread)
     assert finished.returncode == 0, finished.stderr[-3000:]
     threads = torch.get_num_threads()
@@ -223,6 +230,42 @@ def test_train_script_saves_on_ctrl_c_and_resumes_to_the_uninterrupted_curve(tmp
         torch.set_num_threads(threads)
     assert curve(run)["update"] == list(range(1, 201)) and curve(run)["cost10"] == curve(tmp_path / "straight")["cost10"]
     assert json.loads((run / "greedy" / "summary.json").read_text())["training"]["updates_done"] == straight["updates_done"] == 200
+    assert json.loads((run / "training.json").read_text())["attempts"] == [0, done]
+
+
+def test_a_refused_resume_names_the_fields_that_differ_and_both_values(tmp_path):
+    inst = tmp_path / "inst.json"
+    paper_instance(2, 0).save(inst)
+    train(TrainConfig(**TINY, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    common = ["--instance", inst, "--preset", "paper", "--updates", 3, "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run", "--resume"]
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "method"}))
+    for flags, differs in ((["--method", "hpo", "--config", config, "--batch", 4, "--seed", 1], "batch 8 there, 4 here; seed 0 there, 1 here"),
+                           (["--method", "ppo", "--batch", 8], 'method "hpo" there, "ppo" here)')):
+        result = run_script("train.py", *flags, *common)
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert f"belongs to a run with other settings ({differs}" in errors[0] and "only 'updates' may change on resume" in errors[0]
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+def test_sigterm_while_train_py_starts_says_so_and_leaves_nothing(tmp_path):
+    """SIGTERM while the script imports its libraries, as soon as it catches the signal (/proc's SigCgt mask)."""
+    inst = tmp_path / "inst.json"
+    paper_instance(2, 0).save(inst)
+    process = subprocess.Popen([sys.executable, str(ROOT / "platform" / "train.py"), "--method", "hpo", "--instance", str(inst), "--out", str(tmp_path / "run")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        caught = [line for line in open(f"/proc/{process.pid}/status") if line.startswith("SigCgt:")]
+        if caught and int(caught[0].split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            break
+        time.sleep(0.001)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and stderr.splitlines() == ["interrupted: stopped while starting, before any work; nothing was written"], stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("field, value, message", [

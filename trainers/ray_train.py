@@ -68,9 +68,18 @@ def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: 
                           "use_gpu, so train on cuda with use_gpu and on cpu without")
     if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < -1:
         raise InputError(f"max_failures: expected an integer >= 0 (or -1: retry without limit), got {max_failures!r}")
-    out, start = open_run(out_dir, mode, config, instance, PathwiseRun(config, instance))
-    if start.ended is not None:
-        return start.ended
+    with open_run(out_dir, mode, config, instance, PathwiseRun(config, instance)) as (out, start):
+        if start.ended is not None:
+            return start.ended
+        fit(config, instance, out, workers, use_gpu, resources_per_worker, progress, max_failures)
+        if (ended := run_start(out, config, instance).ended) is not None:
+            return ended
+    raise KeyboardInterrupt  # fit also returns when Ray's SIGINT handler has aborted the run
+
+
+def fit(config: TrainConfig, instance: Instance, out: Path, workers: int, use_gpu: bool, resources_per_worker: Optional[dict[str, float]],
+        progress: bool, max_failures: int) -> None:
+    """Run `worker_loop` on a TorchTrainer of `workers` workers until the run ends, fails or Ctrl-C aborts it."""
     init_ray(workers)
     trainer = TorchTrainer(
         worker_loop,
@@ -89,9 +98,6 @@ def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: 
     finally:  # in the main thread, fit installs that handler and leaves it
         if main_thread:
             signal.signal(signal.SIGINT, handler)
-    if (ended := run_start(out, config, instance).ended) is not None:
-        return ended
-    raise KeyboardInterrupt  # fit also returns when Ray's SIGINT handler has aborted the run
 
 
 def worker_loop(loop_config: dict[str, Any]) -> None:

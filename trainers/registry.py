@@ -108,7 +108,6 @@ def _train_rllib(config, instance: Instance, out_dir, mode: str, progress: bool,
     remote ones or `workers` is given: then, as a Ray Train worker holds a simulator shard and a learner
     replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`).
     The driver runs with one torch thread, as `python bench/rllib.py` measures the throughputs above."""
-    from solver_workers.ray_session import init_ray
     from trainers.rllib_ppo import train_ppo
 
     if workers is not None:
@@ -117,7 +116,6 @@ def _train_rllib(config, instance: Instance, out_dir, mode: str, progress: bool,
         if any(getattr(config, k) != getattr(defaults, k) for k in scaling):
             raise ConfigError(f"config fields {list(scaling)}: set by workers = {workers}; leave them at their defaults or give no workers")
         config = replace(config, **scaling)
-    init_ray(1)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

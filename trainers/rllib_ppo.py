@@ -39,6 +39,7 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
+from solver_workers.ray_session import init_ray
 from trainers.checkpoint import CheckpointError, save_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
@@ -331,6 +332,7 @@ class PPORun(MethodRun):
         restored = self.algorithms / f"algorithm-{self.done}"
         if checkpoint is not None and not restored.is_dir():
             raise CheckpointError(f"RLlib checkpoint '{restored}' of the checkpoint's update {self.done} is missing: start anew with --overwrite")
+        init_ray(1)
         torch.manual_seed(self.config.seed)
         self.algo = build_algorithm(self.config, self.instance, str(self.algorithms / "logs"))
         if checkpoint is not None:

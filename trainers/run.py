@@ -29,7 +29,7 @@ warm-started model, so a resume neither repeats nor skips it. The curve's wall_s
 of the run, the warm start included.
 
 A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
-method's inputs, prepare the folder, read the resume point), then `continue_run` (return at once when the run
+method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then `continue_run` (return at once when the run
 has ended; build, warm start, update-0 checkpoint, `training_loop`); `train_run` is the two in one process.
 A method supplies its parts as a `MethodRun` (build, step, save, ...): `PathwiseRun` below,
 trainers.rllib_ppo's PPO run, and trainers.ray_train's worker, whose driver opens the run and whose every
@@ -47,9 +47,10 @@ import signal
 import threading
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -373,15 +374,23 @@ class MethodRun(ABC):
         """Release what `build` holds."""
 
 
-def open_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun) -> tuple[Path, RunStart]:
-    """Check the run folder for `mode` and, for a run that starts anew, the method's inputs, before anything is
-    written; then prepare the folder (`start_run_dir`) and read where training starts. The folder is absolute:
-    Ray's storage, RLlib's checkpoints and Ray Train workers (they change directory) need it so."""
+@contextmanager
+def open_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun) -> Iterator[tuple[Path, RunStart]]:
+    """`with open_run(...) as (out, start):` check the run folder for `mode` and, for a run that starts anew, the
+    method's inputs, before anything is written; then prepare the folder (`start_run_dir`) and read where
+    training starts. A folder that this made and the block leaves empty (it stopped before its first file) is
+    removed. The folder is absolute: Ray's storage, RLlib's checkpoints and Ray Train workers (they change
+    directory) need it so."""
     check_run_dir(out_dir, mode)
     if mode != "resume":
         method.check()
+    made = not Path(out_dir).exists()
     out = start_run_dir(out_dir, mode).resolve()
-    return out, run_start(out, config, instance)
+    try:
+        yield out, run_start(out, config, instance)
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 def continue_run(out: Path, config, instance: Instance, start: RunStart, method: MethodRun, progress: bool = True,
@@ -419,11 +428,11 @@ def continue_run(out: Path, config, instance: Instance, start: RunStart, method:
 def train_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun, progress: bool = True,
               on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
     """A run's life in this process: `open_run`, then `continue_run`; returns training.json's content."""
-    out, start = open_run(out_dir, mode, config, instance, method)
-    try:
-        return continue_run(out, config, instance, start, method, progress, on_update)
-    finally:
-        method.close()
+    with open_run(out_dir, mode, config, instance, method) as (out, start):
+        try:
+            return continue_run(out, config, instance, start, method, progress, on_update)
+        finally:
+            method.close()
 
 
 class PathwiseRun(MethodRun):

@@ -107,7 +107,7 @@ def test_a_killed_worker_is_replaced_and_the_run_continues_from_its_checkpoint(r
     summary = ray_train.train_data_parallel(CONFIG, INSTANCE, tmp_path / "run", workers=2, progress=False, max_failures=1)
     assert (tmp_path / "killed").exists()
     assert (tmp_path / "killed.starts").read_text().split() == ["1", "6"]  # the second worker group started after the checkpoint of update 5
-    assert (summary["status"], summary["updates_done"]) == ("completed", CONFIG.updates)
+    assert (summary["status"], summary["updates_done"], summary["attempts"]) == ("completed", CONFIG.updates, [0, 5])
     updates, cost10 = curve_of(tmp_path / "run")
     assert updates == list(range(1, CONFIG.updates + 1))
     assert_same_curve(cost10, plain_curve(CONFIG))
@@ -122,7 +122,7 @@ def test_a_failed_two_worker_run_resumes_to_the_uninterrupted_curve(ray_session,
     with pytest.raises(ValueError, match="already holds a run"):
         ray_train.train_data_parallel(CONFIG, INSTANCE, tmp_path / "run", workers=2, progress=False)
     summary = ray_train.train_data_parallel(CONFIG, INSTANCE, tmp_path / "run", mode="resume", workers=2, progress=False)
-    assert summary["updates_done"] == CONFIG.updates
+    assert summary["updates_done"] == CONFIG.updates and summary["attempts"] == [0, 5]
     updates, cost10 = curve_of(tmp_path / "run")
     assert updates == list(range(1, CONFIG.updates + 1))
     assert_same_curve(cost10, plain_curve(CONFIG))

@@ -142,7 +142,8 @@ def test_an_interrupt_saves_the_update_under_way_and_the_run_resumes(tmp_path, m
     assert sorted(p.name for p in (tmp_path / "rllib").iterdir()) == ["algorithm-2", "logs"]
     assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2]
     monkeypatch.undo()
-    assert train_ppo(config, inst, tmp_path, mode="resume", progress=False)["updates_done"] == 4
+    resumed = train_ppo(config, inst, tmp_path, mode="resume", progress=False)
+    assert (resumed["updates_done"], resumed["attempts"]) == (4, [0, 2])
     assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2, 3, 4]
     assert sorted(p.name for p in (tmp_path / "rllib").iterdir()) == ["algorithm-4", "logs"]
 

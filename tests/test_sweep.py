@@ -122,18 +122,28 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_anything(tmp_path):
 
 
 def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
-    results = tmp_path / "results"
-    sweep = {**SWEEP, "methods": ["hpo"], "baselines": {"classical_best": False, "dp_optimal": False}}
+    """The trial's process is killed just after its first checkpoint (update 50 of 600); the retry's attempt
+    starts from a checkpoint's update (training.json's attempts), so it makes the remaining updates only."""
+    results, updates, every = tmp_path / "results", 600, 50
+    sweep = {**SWEEP, "methods": ["hpo"], "baselines": {"classical_best": False, "dp_optimal": False},
+             "overrides": {"all": {**SWEEP["overrides"]["all"], "updates": updates}, "hpo": {"checkpoint_every": every, "imitation_updates": 0}}}
     process = start(tmp_path, sweep)
-    checkpoint = results / "trials" / "hpo-n1-s0" / "checkpoint.pt"
-    wait_for(lambda: checkpoint.exists() or process.poll() is not None)
+    folder = results / "trials" / "hpo-n1-s0"
+    end = time.time() + 300
+    while not (folder / "checkpoint.pt").exists() and process.poll() is None:
+        assert time.time() < end, "timed out"
+        time.sleep(0.02)
     trial = [pid for pid, command in descendants(process.pid).items() if command.startswith("ray::ImplicitFunc")]  # Tune's trial actor
     assert len(trial) == 1, descendants(process.pid)
     os.kill(trial[0], signal.SIGKILL)
+    assert not (folder / "training.json").exists(), "the kill came after the first attempt's training had ended"
     finish(process)
     curve = pq.read_table(results / "curves.parquet").to_pylist()
-    assert [c["update"] for c in curve] == list(range(1, UPDATES + 1))
+    assert [c["update"] for c in curve] == list(range(1, updates + 1))
     assert pq.read_table(results / "trials.parquet").to_pylist()[0]["status"] == "completed"
+    training = json.loads((folder / "training.json").read_text())
+    first, second = training["attempts"]  # a retry from scratch would give [0]: one attempt of all 600 updates
+    assert first == 0 and 0 < second < updates and second % every == 0, training["attempts"]  # the second made updates second+1..600 only
 
 
 def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path):

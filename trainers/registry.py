@@ -4,9 +4,9 @@ here; nothing else branches on a method's name.
 
 This module imports no RLlib: the RLlib family (trainers.rllib_ppo) is imported when one of its methods
 is used. Layers, each importing only those below it (tests/test_registry.py checks there is no circle):
-trainers.checkpoint (the file format) and trainers.pathwise (the pathwise update) <- trainers.run (run
-folders, pathwise training in this process) <- trainers.rllib_ppo, trainers.ray_train <- this registry <-
-trainers.experiment, the scripts and the sweep.
+trainers.checkpoint (the file format) and trainers.pathwise (the pathwise update, over trainers.streams) <-
+trainers.run (run folders and a run's life, pathwise training in this process) <- trainers.rllib_ppo,
+trainers.ray_train <- this registry <- trainers.experiment, the scripts and the sweep.
 
   method_config("ppo", "cpu", {"updates": 40})              typed config: the preset, then the overrides
   train(config, instance, out_dir, mode="new")               a run folder, by the config's method

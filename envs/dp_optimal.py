@@ -152,7 +152,7 @@ def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float) ->
     return law @ loss.T
 
 
-# ---- lattice -------------------------------------------------------------------------------------
+# ---- lattice ----------------------------------------------------------------------------------------
 
 
 def lattice_denominator(x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR) -> Optional[int]:
@@ -163,34 +163,90 @@ def lattice_denominator(x0: float, qbar: float, max_denominator: int = DEFAULT_M
     return None
 
 
+def _fraction(x: float) -> float:
+    """x mod 1, with values within 1e-9 of an integer taken as 0."""
+    f = x - math.floor(x)
+    return 0.0 if min(f, 1.0 - f) <= 1e-9 * max(1.0, abs(x)) else f
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """The positions the DP works on: u + offsets[j] for integer units u (offsets sorted in [0, 1)), and
+    the largest order in lattice steps. `cap` is the order cap this lattice implements; `exact` says
+    whether its optimum is the optimum over real quantities with that cap (module docstring)."""
+
+    offsets: np.ndarray  # [c]
+    window: int
+    cap: float
+    exact: bool
+
+    @property
+    def classes(self) -> int:
+        return int(self.offsets.size)
+
+    def positions(self, low_unit: int, high_unit: int) -> np.ndarray:
+        """Every lattice position of the units low_unit..high_unit, increasing: [(high - low + 1) c]."""
+        return (np.arange(low_unit, high_unit + 1)[:, None] + self.offsets[None, :]).ravel()
+
+
+def make_lattice(x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR, integer_cap: bool = False) -> Lattice:
+    """The 1/m lattice of the module docstring, or with `integer_cap` the two classes Z and x0 + Z with
+    the cap raised to ceil(qbar) (a relaxation: its optimum is at most the item's optimum)."""
+    if integer_cap:
+        offsets = np.unique([0.0, _fraction(x0)])
+        cap = float(math.ceil(qbar - 1e-9 * max(1.0, qbar)))
+        return Lattice(offsets, int(cap) * offsets.size, cap, True)
+    m = lattice_denominator(x0, qbar, max_denominator)
+    if m is not None:
+        return Lattice(np.arange(m) / m, int(round(qbar * m)), qbar, True)
+    m = max_denominator
+    offsets = np.sort(np.mod(_fraction(x0) + np.arange(m) / m, 1.0))
+    window = int(math.floor(qbar * m + 1e-9))
+    return Lattice(offsets, window, window / m, False)
+
+
 # ---- the solution --------------------------------------------------------------------------------
 
 
 @dataclass
 class DPSolution:
-    """The solved DP for one item over `horizon` evaluation steps.
+    """The solved DP for one item over `horizon` evaluation steps, with setup cost `setup` (the
+    instance's K unless solved for other setup costs).
 
-    positions: [N] the lattice x_lo + k delta; action_value: [T_dec, M, N] W_t (t < T_dec = max(T - L, 0));
-    value: [T_dec + 1, M, N] V_t (V_{T_dec} = 0); order_up_to: [T_dec, M, N] the optimal position after
-    ordering (equal to the position where no order is placed); sunk: [M] expected discounted cost of
-    the steps s < L from the initial state, by F_0 grid point."""
+    positions: [N] the lattice (`Lattice.positions`); action_value: [T_dec, M, N] W_t (t < T_dec =
+    max(T - L, 0)); initial_value: [M, N] V_0; sunk: [M] expected discounted cost of the steps s < L
+    from the initial state, by F_0 grid point."""
 
     instance: Instance
+    setup: float
     horizon: int
     lead: int
     grid: FactorGrid
-    delta: float
-    denominator: int
-    exact_lattice: bool
-    window: int  # largest order in lattice steps: floor(qbar / delta)
+    lattice: Lattice
     positions: np.ndarray
     action_value: np.ndarray
-    value: np.ndarray
-    order_up_to: np.ndarray
+    initial_value: np.ndarray
     sunk: np.ndarray
-    initial_position: float
     initial_index: int
     solve_seconds: float
+
+    @property
+    def exact_lattice(self) -> bool:
+        return self.lattice.exact
+
+    @property
+    def delta(self) -> float:
+        """1 / (positions per unit): the lattice step when the classes are evenly spaced (the 1/m lattices)."""
+        return 1.0 / self.lattice.classes
+
+    @property
+    def window(self) -> int:
+        """The largest order in lattice steps."""
+        return self.lattice.window
+
+    @property
+    def initial_position(self) -> float:
+        return float(self.positions[self.initial_index])
 
     @property
     def decision_steps(self) -> int:
@@ -200,7 +256,7 @@ class DPSolution:
     @property
     def cost_by_factor(self) -> np.ndarray:
         """Expected discounted cost over the T steps from the initial state, given F_0 = f_i: [M]."""
-        return self.sunk + self.value[0][:, self.initial_index]
+        return self.sunk + self.initial_value[:, self.initial_index]
 
     @property
     def expected_cost(self) -> float:
@@ -221,6 +277,62 @@ class DPSolution:
         }
 
 
+@dataclass
+class _Problem:
+    """What the backward pass needs for one item, whatever the setup cost (module docstring)."""
+
+    instance: Instance
+    horizon: int
+    lead: int
+    grid: FactorGrid
+    lattice: Lattice
+    pmf: np.ndarray  # [M, dmax+1] one period's demand
+    sums: list  # H_1..H_{L+1}
+    x0: float
+    low_unit: int
+    upper: float  # the top of the domain (grows when an optimal target reaches it)
+
+
+def _prepare(instance: Instance, horizon: int, factor_points: int, factor_width: float, max_denominator: int, tail: float,
+             integer_cap: bool, floor_periods: Optional[int]) -> _Problem:
+    check_single_item(instance.n)
+    validate.integer(horizon, f"{NAME} horizon", 1)
+    lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))
+    lead = int(instance.lead[0])
+    x0 = float(instance.mu[0])
+    grid = tauchen_grid(instance.rho, factor_points, factor_width)
+    rates = demand_rate(lam, beta, grid.points)
+    dmax = int(stats.poisson.isf(tail, rates.max())) + 1
+    pmf = poisson_rows(rates, dmax)  # [M, dmax+1]
+    sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
+    lattice = make_lattice(x0, qbar, max_denominator, integer_cap)
+    q_top = float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
+    low_unit = math.floor(min(x0, 0.0) - (lead + 1 if floor_periods is None else floor_periods) * dmax)
+    return _Problem(instance, int(horizon), lead, grid, lattice, pmf, sums, x0, low_unit, max(x0, q_top) + lattice.cap)
+
+
+def _solve(problem: _Problem, setups: np.ndarray, tables: bool):
+    """The backward pass for every setup cost at once, widening the domain until no optimal target
+    touches its top. Returns (positions [N], V_0 [G, M, N], W [T_dec, G, M, N] or None, sunk [M], index of x_0)."""
+    p = problem
+    h, b = float(p.instance.h[0]), float(p.instance.b[0])
+    for _ in range(32):
+        positions = p.lattice.positions(p.low_unit, math.ceil(p.upper))
+        result = _backward(positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead,
+                           max(p.horizon - p.lead, 0), tables)
+        if not result[2]:
+            break
+        p.upper += p.lattice.cap  # an optimal target touched the top of the domain: widen it and solve again
+    else:
+        raise InputError(f"{NAME}: optimal order-up-to positions exceed {p.upper:g}; the instance has no finite optimal policy on this domain")
+    initial_value, action_value, _ = result
+    k0 = int(np.argmin(np.abs(positions - p.x0)))
+    sunk = np.zeros(p.grid.points.size)
+    for s in range(min(p.lead, p.horizon)):
+        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0:k0 + 1], h, b)[:, 0]
+    return positions, initial_value, action_value, sunk, k0
+
+
 def solve(
     instance: Instance,
     horizon: int,
@@ -228,114 +340,93 @@ def solve(
     factor_width: float = DEFAULT_FACTOR_WIDTH,
     max_denominator: int = DEFAULT_MAX_DENOMINATOR,
     tail: float = DEFAULT_TAIL,
-) -> DPSolution:
+    setups=None,
+    integer_cap: bool = False,
+    floor_periods: Optional[int] = None,
+):
     """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
-    from the documented initial state I_0 = lam (L + 1), P_0 = 0."""
-    check_single_item(instance.n)
-    validate.integer(horizon, f"{NAME} horizon", 1)
+    from the documented initial state I_0 = lam (L + 1), P_0 = 0, with setup cost K. With `setups`
+    (a sequence of setup costs) one backward pass solves the item for all of them at once and a list
+    of solutions comes back; `integer_cap` solves the relaxation with the cap ceil(qbar) (`make_lattice`);
+    `floor_periods` sets the bottom of the position domain to min(x_0, 0) - floor_periods dmax (default L + 1)."""
     start = time.perf_counter()
-    h, b, lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "qbar"))
-    lead, K, gamma = int(instance.lead[0]), instance.K, instance.gamma
-    x0 = float(instance.mu[0])
-    grid = tauchen_grid(instance.rho, factor_points, factor_width)
-    rates = demand_rate(lam, beta, grid.points)
-    dmax = int(stats.poisson.isf(tail, rates.max())) + 1
-    pmf = poisson_rows(rates, dmax)  # [M, dmax+1]
-    sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
-
-    m = lattice_denominator(x0, qbar, max_denominator)
-    exact = m is not None
-    m = m if exact else max_denominator
-    delta = 1.0 / m
-    offset = 0.0 if exact else x0 - math.floor(x0 * m) * delta
-    window = int(math.floor(qbar * m + 1e-9))
-    top_law = sums[-1][-1]
-    q_top = float(np.searchsorted(np.cumsum(top_law), 1.0 - 1e-9))
-    lo = math.floor((min(x0, 0.0) - (lead + 1) * dmax - offset) * m)
-    upper = max(x0, q_top) + qbar
-    decision_steps = max(horizon - lead, 0)
-    for _ in range(32):
-        hi = math.ceil((upper - offset) * m)
-        positions = offset + np.arange(lo, hi + 1) * delta  # [N]
-        result = _backward(positions, m, window, grid, pmf, sums[-1], h, b, K, gamma, lead, decision_steps)
-        action_value, value, order_up_to, hit_top = result
-        if not hit_top:
-            break
-        upper += qbar  # an optimal target touched the top of the domain: widen it and solve again
-    else:
-        raise InputError(f"{NAME}: optimal order-up-to positions exceed {upper:g}; the instance has no finite optimal policy on this domain")
-    k0 = int(np.rint((x0 - positions[0]) / delta))
-    sunk = np.zeros(grid.points.size)
-    for s in range(min(lead, horizon)):
-        sunk += gamma**s * expected_loss(sums[s], np.array([positions[k0]]), h, b)[:, 0]
-    return DPSolution(
-        instance=instance, horizon=int(horizon), lead=lead, grid=grid, delta=delta, denominator=m,
-        exact_lattice=exact, window=window, positions=positions, action_value=action_value, value=value,
-        order_up_to=order_up_to, sunk=sunk, initial_position=float(positions[k0]), initial_index=k0,
-        solve_seconds=time.perf_counter() - start,
-    )
+    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods)
+    costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
+    positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, tables=True)
+    seconds = (time.perf_counter() - start) / costs.size
+    solutions = [DPSolution(instance, float(k), problem.horizon, problem.lead, problem.grid, problem.lattice, positions,
+                            action_value[:, g], initial_value[g], sunk, k0, seconds) for g, k in enumerate(costs)]
+    return solutions[0] if setups is None else solutions
 
 
-def _running_argmin(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Running minimum along the last axis and where it is attained (the latest position among ties)."""
-    running = np.minimum.accumulate(blocks, axis=-1)
-    j = np.arange(blocks.shape[-1])
-    return running, np.maximum.accumulate(np.where(blocks == running, j, -1), axis=-1)
+def expected_costs(
+    instance: Instance,
+    horizon: int,
+    setups,
+    factor_points: int = DEFAULT_FACTOR_POINTS,
+    factor_width: float = DEFAULT_FACTOR_WIDTH,
+    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
+    tail: float = DEFAULT_TAIL,
+    integer_cap: bool = False,
+    floor_periods: Optional[int] = None,
+) -> np.ndarray:
+    """The optimal expected cost for every setup cost in `setups` ([G]), from one backward pass that
+    keeps no policy tables (the fast path of `solve`, with its options)."""
+    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods)
+    costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))
+    _, initial_value, _, sunk, k0 = _solve(problem, costs, tables=False)
+    return (sunk[None, :] + initial_value[:, :, k0]) @ problem.grid.initial
 
 
-def window_argmin(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """min and argmin of values[..., y] over y in [x, x + window] (clipped at the end) for every x:
-    the van Herk / Gil-Werman scheme (block prefix and suffix minima), O(N) per row. values: [M, N]."""
+def window_min(values: np.ndarray, window: int) -> np.ndarray:
+    """min of values[..., y] over y in [x, x + window] (clipped at the end) for every x: the van Herk /
+    Gil-Werman scheme (block prefix and suffix minima), O(N) per row. values: [R, N]."""
     rows, N = values.shape
     k = window + 1
     blocks = -(-(N + window) // k)
     padded = np.full((rows, blocks * k), np.inf)
     padded[:, :N] = values
     shaped = padded.reshape(rows, blocks, k)
-    start = np.arange(blocks)[:, None] * k  # [blocks, 1]
-    prefix, prefix_at = _running_argmin(shaped)  # min over [block start, j]
-    suffix, suffix_at = _running_argmin(shaped[..., ::-1])  # min over [j, block end], reversed
-    suffix, suffix_at = suffix[..., ::-1].reshape(rows, -1), (k - 1 - suffix_at[..., ::-1] + start).reshape(rows, -1)
-    prefix, prefix_at = prefix.reshape(rows, -1), (prefix_at + start).reshape(rows, -1)
-    left, left_at = suffix[:, :N], suffix_at[:, :N]  # [x, end of the block of x]
-    right, right_at = prefix[:, window : window + N], prefix_at[:, window : window + N]  # [block start, x + window]
-    take_left = left <= right
-    return np.where(take_left, left, right), np.where(take_left, left_at, right_at)
+    prefix = np.minimum.accumulate(shaped, axis=-1).reshape(rows, -1)  # min over [block start, j]
+    suffix = np.minimum.accumulate(shaped[..., ::-1], axis=-1)[..., ::-1].reshape(rows, -1)  # min over [j, block end]
+    return np.minimum(suffix[:, :N], prefix[:, window:window + N])
 
 
-def _backward(positions, m, window, grid, pmf, lead_law, h, b, K, gamma, lead, decision_steps):
-    """The backward recursion on the lattice (NumPy, single-threaded apart from one small matmul).
-    Returns W [T_dec, M, N], V [T_dec+1, M, N], targets, and whether an optimal target reached the
-    top of the domain."""
-    M, N = grid.points.size, positions.size
+def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, tables):
+    """The backward recursion on the lattice for every setup cost in `setups` [G] at once (NumPy).
+    Returns V_0 [G, M, N], W [T_dec, G, M, N] (None without `tables`), and whether an optimal target
+    reached the top of the domain."""
+    G, M, N, c = setups.size, grid.points.size, positions.size, lattice.classes
+    window = lattice.window
     dmax = pmf.shape[1] - 1
-    pad = dmax * m  # lattice points below the domain that y - d can reach
+    pad = dmax * c  # lattice points below the domain that y - d can reach
     charge = gamma**lead * expected_loss(lead_law, positions, h, b)  # gamma^L G(y, f): [M, N]
-    below = np.arange(-pad, 0)[None, :] / m  # [1, pad] in units of position
-    # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each residue class mod m of the lattice:
-    # index pad + k = q m + r, and a demand d moves q by d. `classes` pads the length to a multiple of m.
-    length = -(-(pad + N) // m) * m
-    kernel = pmf[:, :, None]  # [M, dmax+1, 1]
-    action_value = np.empty((decision_steps, M, N))
-    value = np.zeros((decision_steps + 1, M, N))
-    order_up_to = np.empty((decision_steps, M, N))
+    below = np.arange(-pad, 0)
+    below = (below // c + lattice.offsets[below % c] - lattice.offsets[0])[None, None, :]  # [1, 1, pad] in units of position
+    # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k =
+    # q c + r, and a demand d moves q by d. `length` pads to a multiple of c.
+    length = -(-(pad + N) // c) * c
+    kernel = pmf[None, :, :, None]  # [1, M, dmax+1, 1]
+    cost = setups[:, None, None]  # [G, 1, 1]
+    top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
+    action_value = np.empty((decision_steps, G, M, N)) if tables else None
+    value = np.zeros((G, M, N))
     hit_top = False
     for t in range(decision_steps - 1, -1, -1):
-        mixed = grid.transition @ value[t + 1]  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [M, N]
-        slope = mixed[:, m : m + 1] - mixed[:, :1]  # per unit of position, at the bottom
-        padded = np.zeros((M, length))
-        padded[:, :pad] = mixed[:, :1] + slope * below  # linear extrapolation below x_lo
-        padded[:, pad : pad + N] = mixed
-        full = fftconvolve(padded.reshape(M, length // m, m), kernel, axes=1)  # [M, Q + dmax, m]
-        expected_next = full[:, : length // m].reshape(M, length)[:, pad : pad + N]
-        w = charge + gamma * expected_next
-        best, where = window_argmin(w, window)
-        opens = K + best < w
-        value[t] = np.where(opens, K + best, w)
-        action_value[t] = w
-        order_up_to[t] = positions[np.where(opens, where, np.arange(N)[None, :])]
-        hit_top = hit_top or bool((opens & (where >= N - 1)).any())
-    return action_value, value, order_up_to, hit_top
+        mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
+        slope = mixed[..., c:c + 1] - mixed[..., :1]  # per unit of position, at the bottom
+        padded = np.zeros((G, M, length))
+        padded[..., :pad] = mixed[..., :1] + slope * below  # linear extrapolation below the domain
+        padded[..., pad:pad + N] = mixed
+        full = fftconvolve(padded.reshape(G, M, length // c, c), kernel, axes=2)  # [G, M, Q + dmax, c]
+        w = charge + gamma * full[:, :, :length // c].reshape(G, M, length)[..., pad:pad + N]
+        best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
+        opens = cost + best < w
+        value = np.where(opens, cost + best, w)
+        if tables:
+            action_value[t] = w
+        hit_top = hit_top or bool((opens & top & (best == w[..., -1:])).any())
+    return value, action_value, hit_top
 
 
 # ---- the policy ----------------------------------------------------------------------------------
@@ -362,7 +453,7 @@ class DPOptimalPolicy:
     def _check(self, instance: TensorInstance) -> None:
         check_single_item(instance.n)
         inst = self.solution.instance
-        ours = [float(getattr(inst, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")] + [inst.K, inst.gamma, inst.rho]
+        ours = [float(getattr(inst, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")] + [self.solution.setup, inst.gamma, inst.rho]
         theirs = [float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")]
         theirs += [instance.K, instance.gamma, instance.rho]
         if not np.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
@@ -374,6 +465,7 @@ class DPOptimalPolicy:
             self._tables[device] = (
                 torch.as_tensor(sol.action_value, device=device),  # [T_dec, M, N] float64
                 torch.as_tensor(sol.grid.points, device=device),
+                torch.as_tensor(sol.positions, device=device),
             )
         return self._tables[device]
 
@@ -390,12 +482,12 @@ class DPOptimalPolicy:
         batch = state.batch
         if t >= sol.decision_steps:  # an order placed now arrives after the last counted step
             return torch.zeros(batch, device=device, dtype=dtype), torch.zeros(batch, 1, device=device, dtype=dtype)
-        table, points = self._table(device)
+        table, points, positions = self._table(device)
         W = table[t]  # [M, N]
         M, N = W.shape
         flat = W.reshape(-1)
         position = state.inventory_position()[:, 0].double()  # [B]
-        k = torch.round((position - sol.positions[0]) / sol.delta).clamp(0, N - 1).long()  # [B] nearest lattice point
+        k = _nearest(positions, position)  # [B] nearest lattice point
         idx = k[:, None] + torch.arange(sol.window + 1, device=device)[None, :]  # the window [x, x + qbar]: [B, w+1]
         inside = idx < N
         idx = torch.cat([k[:, None], idx.clamp_max(N - 1)], dim=1)  # column 0: no order
@@ -412,10 +504,17 @@ class DPOptimalPolicy:
         stay = values[:, 0]
         best, offset = values[:, 1:].masked_fill(~inside, math.inf).min(1)
         opens = instance.K + best < stay
-        target = sol.positions[0] + (k + offset).double() * sol.delta
+        target = positions[(k + offset).clamp_max(N - 1)]
         quantity = torch.where(opens, target - position, torch.zeros_like(position))
         quantity = quantity.clamp(0.0, float(sol.instance.qbar[0]))
         return opens.to(dtype), quantity.to(dtype)[:, None]
+
+
+def _nearest(positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Index of the lattice position nearest to each x (clamped to the domain): [B]."""
+    upper = torch.searchsorted(positions, x).clamp(1, positions.numel() - 1)
+    take_lower = (x - positions[upper - 1]) <= (positions[upper] - x)
+    return torch.where(take_lower, upper - 1, upper)
 
 
 def dp_optimal_policy(instance: Instance, horizon: int, device="cpu", **solve_kwargs) -> tuple[DPOptimalPolicy, dict]:

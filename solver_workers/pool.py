@@ -21,7 +21,10 @@ with an InputError naming every field that differs. What is in an identity, and 
   one with fewer or a shorter one reuses part of it.
 * Bounds (`bound_identity`): instance, path seed, the evaluation horizon (an episode's bound solves
   the whole episode) and every solver option; not the number of episodes.
-* Neither holds the worker count or the Ray address (a record does not depend on where it ran). A
+* The decomposition bound (`decomposition_identity`): instance, path seed, evaluation horizon, the
+  number of episodes (an item's record holds its simulated cost on every episode) and every
+  DecompositionOptions field.
+* None holds the worker count or the Ray address (a record does not depend on where it ran). A
   time-limited solve also depends on the machine's speed, which no identity can hold.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -46,6 +50,7 @@ from envs import validate
 from envs.validate import differences
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
+from solver_workers.decomposition import DecompositionOptions, item_figures, item_values, search_split
 from solver_workers.rolling import RollingOptions, decide
 
 ACTOR_RESTARTS = 3
@@ -67,12 +72,23 @@ def bound_identity(instance: Instance, seed: int, horizon: int, options: SolverO
     return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "horizon": int(horizon), **solver_identity(options)}
 
 
+def decomposition_identity(instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions) -> dict[str, Any]:
+    """What the decomposition bound's records depend on (module docstring)."""
+    return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "horizon": int(horizon), "episodes": int(episodes),
+            **options.to_dict()}
+
+
 def decision_key(record: dict) -> tuple[int, int]:
     return record["episode"], record["decision"]
 
 
 def episode_key(record: dict) -> int:
     return record["episode"]
+
+
+def split_key(record: dict) -> tuple[str, int, int]:
+    """A decomposition record: ('grid', round, item) for an item's values on a round's shares, ('item', -1, item) for its figures."""
+    return record["phase"], record["round"], record["item"]
 
 
 class Journal:
@@ -154,6 +170,16 @@ class SolverWorker:
 
     def bound(self, instance: Instance, demand, inventory, in_transit, episode: int, options: SolverOptions) -> dict:
         return {"episode": int(episode), **episode_bound(instance, demand, inventory, in_transit, options)}
+
+    def split_values(self, instance: Instance, item: int, setups: list, horizon: int, round_: int, options: DecompositionOptions) -> dict:
+        start, cpu = time.perf_counter(), time.process_time()
+        values = item_values(instance, item, setups, horizon, options.coarse_points, options)
+        return {"phase": "grid", "round": round_, "item": item, "setups": setups, "values": values.tolist(),
+                "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu}
+
+    def split_item(self, instance: Instance, item: int, shares: dict, horizon: int, paths: ExogenousPaths, options: DecompositionOptions,
+                   known: dict) -> dict:
+        return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known)}
 
 
 class Pool:
@@ -247,3 +273,30 @@ def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions
 
     pool.run(tasks, on_result, paths.num_episodes, paths.num_episodes - len(tasks), "bounds")
     return [journal.records[e] for e in paths.episodes]
+
+
+def run_decomposition(instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal) -> tuple[list[dict], dict]:
+    """The decomposition bound (solver_workers/decomposition.py) on the pool, one task per item and
+    round, resuming from `journal`: the split search's rounds on the coarse factor grid, then every
+    item's figures at the best split and at equal shares. Returns the items' figure records and the
+    search's summary."""
+    journal.check(decomposition_identity(instance, paths.seed, paths.horizon, paths.num_episodes, options))
+    n, horizon = instance.n, paths.horizon
+    ref = ray.put(instance)
+
+    def store(record: dict):
+        journal.add(record)
+        return []
+
+    def values_of(round_: int, grids: list) -> list:
+        tasks = [("split_values", (ref, i, grids[i], horizon, round_, options)) for i in range(n) if grids[i] and ("grid", round_, i) not in journal]
+        pool.run(tasks, store, n, n - len(tasks), f"split round {round_ + 1}")
+        return [journal.records[("grid", round_, i)]["values"] if grids[i] else [] for i in range(n)]
+
+    search = search_split(instance, options, values_of)
+    paths_ref = ray.put(paths)
+    tasks = [("split_item", (ref, i, {"best": float(search.split.shares[i]), "equal": instance.K / n}, horizon, paths_ref, options,
+                             dict(zip(search.setups[i], search.values[i]))))
+             for i in range(n) if ("item", -1, i) not in journal]
+    pool.run(tasks, store, n, n - len(tasks), "items")
+    return [journal.records[("item", -1, i)] for i in range(n)], search.summary(options.tolerance)

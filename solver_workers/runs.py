@@ -18,7 +18,9 @@ from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.results import write_evaluation
 from solver_workers.backends import SolverOptions
-from solver_workers.pool import Journal, Pool, bound_identity, decision_key, episode_key, rolling_identity, run_bounds, run_rolling
+from solver_workers.decomposition import NAME as DECOMPOSITION, DecompositionOptions, combine
+from solver_workers.pool import (Journal, Pool, bound_identity, decision_key, decomposition_identity, episode_key, rolling_identity, run_bounds,
+                                 run_decomposition, run_rolling, split_key)
 from solver_workers.rolling import ReplayPolicy, RollingOptions
 
 DECISION_COLUMNS = ["episode", "decision", "open", "status", "solve_seconds", "build_seconds", "objective", "bound", "gap", "time_limited",
@@ -32,6 +34,14 @@ def milp_journal(out: Path, instance: Instance, seed: int, options: RollingOptio
 
 def bound_journal(out: Path, instance: Instance, seed: int, horizon: int, options: SolverOptions) -> Journal:
     return Journal(Path(out) / "bounds.jsonl", episode_key, bound_identity(instance, seed, horizon, options))
+
+
+def decomposition_journal(out: Path, instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions) -> Journal:
+    return Journal(Path(out) / "split.jsonl", split_key, decomposition_identity(instance, seed, horizon, episodes, options))
+
+
+EQUAL_SHARES = "equal-shares"
+"""The subfolder of a decomposition run with the bound at equal shares K/n, in the evaluation format."""
 
 
 def decision_summary(records: list[dict]) -> dict:
@@ -89,3 +99,40 @@ def run_bound(out: Path, instance: Instance, journal: Journal, options: SolverOp
         done = sum(e in journal for e in paths.episodes)
         raise Interrupted(f"no results written; journal '{journal.path}' keeps {done} of {episodes} episodes; "
                           "re-run the same command to resume") from None
+
+
+def run_decomposition_bound(out: Path, instance: Instance, journal: Journal, options: DecompositionOptions, seed: int, episodes: int, horizon: int,
+                            workers: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The decomposition bound (solver_workers/decomposition.py) at the best split in `out` and at equal
+    shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
+    'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
+    DP figures), with split.parquet: every item's share, values and order counts. Returns summary.json's
+    content. Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
+    paths = sample_paths(instance, seed, episodes, horizon)
+    try:
+        records, split = run_decomposition(instance, paths, options, Pool(workers), journal)
+    except KeyboardInterrupt:
+        raise Interrupted(f"no results written; journal '{journal.path}' keeps {len(journal.records)} of the bound's item records; "
+                          "re-run the same command to resume") from None
+    figures = {name: combine(records, name, options) for name in ("best", "equal")}
+    columns = {"item": [r["item"] for r in records]}
+    for name in ("best", "equal"):
+        for field in ("share", "value", "coarse_value", "orders", "discounted_orders"):
+            columns[f"{name}_{field}"] = [r[name][field] for r in records]
+    table = pa.table(columns)
+    config = {**(config or {}), "n": instance.n}
+    parameters = options.to_dict()
+    seconds = float(sum(r["seconds"] for r in records))
+
+    def extra(name: str) -> dict[str, Any]:
+        f = figures[name]
+        return {"kind": "lower-bound", "split": "best" if name == "best" else "equal shares", "dp_value": f["value"],
+                "coarse_value": f["coarse_value"], "extrapolated_value": f["extrapolated"], "conservative_value": f["conservative"],
+                "item_seconds": seconds}
+
+    equal = Evaluation(figures["equal"]["costs"], paths.episodes, horizon)
+    write_evaluation(Path(out) / EQUAL_SHARES, f"{DECOMPOSITION}-{EQUAL_SHARES}", equal, seed, config, parameters, extra("equal"), instance=instance)
+    best = Evaluation(figures["best"]["costs"], paths.episodes, horizon)
+    return write_evaluation(out, DECOMPOSITION, best, seed, config, parameters,
+                            {**extra("best"), "search": split, "equal_shares": {k: figures["equal"][k] for k in ("value", "extrapolated", "conservative")}},
+                            instance=instance, tables={"split.parquet": table})

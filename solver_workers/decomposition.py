@@ -1,0 +1,286 @@
+"""The decomposition lower bound: the joint setup cost K split into per-item shares k_i >= 0 with
+sum_i k_i <= K, each item solved exactly by the n = 1 dynamic program (envs/dp_optimal.py).
+
+Why it is a bound. For every action K 1{some item orders} >= sum_i k_i 1{item i orders}, so the
+relaxed problem costs no more than the JRP for every policy. Given the factor path the items' demands
+are independent and the factor is observed, so the relaxed problem separates by item with the factor
+in each item's state: its optimum is sum_i V_i(k_i), V_i(k) the optimal expected cost of item i alone
+with setup cost k. Every split gives a lower bound on the optimal expected cost of the JRP.
+
+The best split. V_i is concave and nondecreasing in k (a minimum over policies of functions affine in
+k, with slope the policy's expected discounted number of orders), so max sum_i V_i(k_i) subject to
+sum_i k_i <= K is a separable concave programme. From the values of V_i on a grid of shares
+(`split_grid`), the chords of V_i lie below it: the greedy allocation over the chords in order of
+slope (`best_split`) gives a split whose value is at least the chords' value, a lower bound. The
+extended chords lie above V_i (concavity), which bounds the best split's value from above by Lagrange
+duality (`split_upper_bound`). Rounds add grid points next to each item's share (`refine`) until the
+two are within the tolerance.
+
+Reported figures (`combine`): the split is searched on the coarse factor grid (any split is a
+bound); the values at the chosen split and at equal shares K/n come from the fine grid, and the
+coarse grid's values at the same shares give the convergence check in the grid step: Tauchen's error
+is O(step^2) (measured), so the fine grid's remaining error is estimated as |coarse - fine| / (r^2 - 1)
+with r the ratio of the grid steps (Richardson), and the conservative figure subtracts twice that.
+The per-item cap is raised to ceil(qbar) (envs.dp_optimal.make_lattice, a relaxation) and the
+position domain reaches dmax below min(x_0, 0) (both only lower the values).
+
+Per episode: each item's relaxed-optimal policy (the fine grid's DP policy) is simulated on that
+episode's factor path and the item's demands, the held-out paths every method is evaluated on, and
+the per-episode costs are summed over items. Their mean estimates the relaxed policies' expected
+cost, which is at least the relaxed optimum; they serve the paired comparisons.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from envs import dp_optimal
+from envs.errors import InputError
+from envs.evaluation import evaluate
+from envs.exogenous import ExogenousPaths
+from envs.instance import ITEM_COLUMNS, Instance
+
+NAME = "decomposition-bound"
+
+
+@dataclass(frozen=True)
+class DecompositionOptions:
+    """Settings that change the bound's figures (all in the run identity)."""
+
+    factor_points: int = 41
+    """Tauchen points of the reported values and of the simulated policies."""
+    coarse_points: int = 21
+    """Tauchen points of the split search and of the convergence check (fewer than factor_points)."""
+    factor_width: float = dp_optimal.DEFAULT_FACTOR_WIDTH
+    """The grids span +-factor_width stationary standard deviations."""
+    multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+    """The first round's shares, as multiples of each item's guess (`guess_shares`)."""
+    rounds: int = 4
+    """Grid rounds at most (the first included)."""
+    tolerance: float = 1e-4
+    """Stop when the best split's value is certified within this fraction of the found split's value."""
+
+    def __post_init__(self):
+        if not 2 <= self.coarse_points < self.factor_points:
+            raise InputError(f"{NAME} coarse_points: expected an integer in [2, factor_points - 1 = {self.factor_points - 1}], got {self.coarse_points}")
+        for name, ok, allowed in (("factor_width", self.factor_width > 0, "a number > 0"), ("rounds", self.rounds >= 1, "an integer >= 1"),
+                                  ("tolerance", self.tolerance >= 0, "a number >= 0"),
+                                  ("multiples", len(self.multiples) >= 3 and min(self.multiples) > 0, "at least 3 numbers > 0")):
+            if not ok:
+                raise InputError(f"{NAME} {name}: expected {allowed}, got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "multiples": list(self.multiples)}
+
+    @property
+    def step_ratio(self) -> float:
+        """r = coarse grid step / fine grid step."""
+        return (self.factor_points - 1) / (self.coarse_points - 1)
+
+
+def item_instance(instance: Instance, item: int, setup: float) -> Instance:
+    """Item `item` of `instance` alone, with setup cost `setup` (gamma and rho of the instance)."""
+    return Instance(*(getattr(instance, name)[item:item + 1] for name in ITEM_COLUMNS), K=float(setup), gamma=instance.gamma, rho=instance.rho)
+
+
+def guess_shares(instance: Instance) -> np.ndarray:
+    """A first guess of the best split: shares in proportion to h_i lam_i, which equalises the order
+    frequencies sqrt(h_i lam_i / (2 k_i)) of the economic order quantity: [n], summing to K."""
+    weight = instance.h * instance.lam
+    return instance.K * weight / weight.sum()
+
+
+def item_values(instance: Instance, item: int, setups, horizon: int, points: int, options: DecompositionOptions) -> np.ndarray:
+    """V_item(k) for every k in `setups` on a grid of `points` factor points: [G]."""
+    return dp_optimal.expected_costs(item_instance(instance, item, 0.0), horizon, setups, factor_points=points,
+                                     factor_width=options.factor_width, integer_cap=True, floor_periods=1)
+
+
+# ---- the split ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """A feasible split (sum <= K) and the chords' value there (a lower bound on sum_i V_i(shares_i))."""
+
+    shares: np.ndarray  # [n]
+    value: float
+    slope: float  # the slope of the last chord taken (the common derivative, to the grid's resolution)
+
+
+def _sorted_points(setups: list, values: list) -> list[tuple[np.ndarray, np.ndarray]]:
+    points = []
+    for k, v in zip(setups, values):
+        k, v = np.asarray(k, np.float64), np.asarray(v, np.float64)
+        order = np.argsort(k)
+        k, keep = np.unique(k[order], return_index=True)
+        points.append((k, v[order][keep]))
+    return points
+
+
+def best_split(setups: list, values: list, K: float) -> Split:
+    """The best split of K over the chords of each item's values (setups[i], values[i]: item i's grid,
+    G_i >= 2 points): every item starts at its smallest grid share, then the chords are taken in order
+    of decreasing slope while the budget lasts, the last one in part. Exact for the piecewise-linear
+    functions through the points (they are concave when the V_i are)."""
+    points = _sorted_points(setups, values)
+    shares = np.array([k[0] for k, _ in points])
+    value = float(sum(v[0] for _, v in points))
+    budget = K - shares.sum()
+    if budget < -1e-9 * max(1.0, K):
+        raise ValueError(f"the smallest grid shares sum to {shares.sum():g} > K = {K:g}")
+    chords = [(float((v[g + 1] - v[g]) / (k[g + 1] - k[g])), i, float(k[g + 1])) for i, (k, v) in enumerate(points) for g in range(k.size - 1)]
+    chords.sort(key=lambda c: -c[0])
+    slope = 0.0
+    for s, i, end in chords:
+        if budget <= 0 or s <= 0:
+            break
+        step = min(end - shares[i], budget)
+        shares[i] = end if step == end - shares[i] else shares[i] + step  # a whole chord ends on its grid share exactly
+        value += s * step
+        budget -= step
+        slope = s
+    return Split(shares, value, slope)
+
+
+def _upper_envelope(k: np.ndarray, v: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """An upper bound on a concave function through the points (k, v) at x [P]: on each segment the
+    lower of the neighbouring chords extended (beyond the ends, the end chord extended)."""
+    slopes = np.diff(v) / np.diff(k)  # [G-1]
+    g = np.clip(np.searchsorted(k, x, side="right") - 1, 0, k.size - 2)  # the segment of x (end segments beyond the ends)
+    inside = (x >= k[0]) & (x <= k[-1])
+    bound = np.full(x.shape, np.inf)
+    for neighbour in (g - 1, g + 1):
+        ok = (neighbour >= 0) & (neighbour < slopes.size)
+        j = np.clip(neighbour, 0, slopes.size - 1)
+        bound = np.where(ok & inside, np.minimum(bound, v[j] + slopes[j] * (x - k[j])), bound)
+    outside = v[g] + slopes[g] * (x - k[g])  # beyond an end: the end chord extended
+    return np.where(inside, bound, outside)
+
+
+def split_upper_bound(setups: list, values: list, K: float) -> float:
+    """An upper bound on max sum_i V_i(k_i) over k >= 0, sum k <= K, for concave nondecreasing V_i known
+    at the points (each item needs G_i >= 3 points): min over mu >= 0 of
+    mu K + sum_i max_{0 <= k <= K} (U_i(k) - mu k), with U_i >= V_i (`_upper_envelope`); the inner maximum
+    of a piecewise-linear function sits at a kink or an end, and the outer function is convex in mu."""
+    candidates = []
+    for k, v in _sorted_points(setups, values):
+        if k.size < 3:
+            raise ValueError("the upper bound needs at least 3 grid points per item")
+        slopes = np.diff(v) / np.diff(k)
+        # kinks: the grid points and, inside each segment, where its two neighbouring chords cross
+        cross = [(v[g + 1] - slopes[g + 1] * k[g + 1] - v[g - 1] + slopes[g - 1] * k[g - 1]) / (slopes[g - 1] - slopes[g + 1])
+                 for g in range(1, slopes.size - 1) if slopes[g - 1] != slopes[g + 1]]
+        x = np.clip(np.concatenate([[0.0, K], k, cross]), 0.0, K)
+        candidates.append((x, _upper_envelope(k, v, x)))
+
+    def dual(mu: float) -> float:
+        return mu * K + sum(float(np.max(u - mu * x)) for x, u in candidates)
+
+    mus = np.unique(np.concatenate([[0.0], *[np.maximum(np.diff(v) / np.diff(k), 0.0) for k, v in _sorted_points(setups, values)]]))
+    lo, hi = 0, mus.size - 1
+    while hi - lo > 2:  # ternary search over the sorted candidates of a convex function
+        a, b = lo + (hi - lo) // 3, hi - (hi - lo) // 3
+        if dual(mus[a]) <= dual(mus[b]):
+            hi = b
+        else:
+            lo = a
+    return min(dual(mus[j]) for j in range(lo, hi + 1))
+
+
+def refine(setups, share: float, K: float) -> list[float]:
+    """New grid shares around an item's `share`: at a grid point, the midpoints of the segments on either
+    side (beyond an end of the grid, half the share or 1.5 times it, at most K); inside a segment, the
+    share itself and the midpoints of its two parts."""
+    k = np.unique(np.asarray(setups, np.float64))
+    j = int(np.argmin(np.abs(k - share)))
+    if np.isclose(k[j], share, rtol=1e-9, atol=1e-12):
+        new = [0.5 * (k[j - 1] + share) if j > 0 else 0.5 * share, 0.5 * (share + k[j + 1]) if j + 1 < k.size else min(1.5 * share, K)]
+    else:
+        below, above = k[k < share].max(initial=0.0), k[k > share].min(initial=K)
+        new = [share, 0.5 * (below + share), 0.5 * (share + above)]
+    return [float(s) for s in new if 0 <= s <= K and not np.any(np.isclose(k, s, rtol=1e-9, atol=1e-12))]
+
+
+@dataclass(frozen=True)
+class Search:
+    """The outcome of `search_split`."""
+
+    split: Split
+    upper: float  # the certified upper bound on the best split's value (same grid)
+    rounds: int
+    setups: list  # every item's grid shares and its values there
+    values: list
+
+    def summary(self, tolerance: float) -> dict:
+        gap = (self.upper - self.split.value) / abs(self.split.value)
+        return {"rounds": self.rounds, "chord_value": self.split.value, "upper_bound": self.upper, "relative_gap": gap,
+                "certified": bool(gap <= tolerance), "common_slope": self.split.slope, "grid_points": sum(len(s) for s in self.setups)}
+
+
+def search_split(instance: Instance, options: DecompositionOptions, values_of: Callable[[int, list], list]) -> Search:
+    """The best split of K to the tolerance: round 0 evaluates each item on its guess times the
+    multiples and on K/n; each further round on `refine`'s shares, until the split is certified or the
+    rounds run out. values_of(round, grids) returns item i's values at grids[i] (empty lists included)."""
+    n, K = instance.n, instance.K
+    guess = guess_shares(instance)
+    grids = [sorted(set(float(s) for s in guess[i] * np.array(options.multiples)) | {K / n}) for i in range(n)]
+    setups: list[list[float]] = [[] for _ in range(n)]
+    values: list[list[float]] = [[] for _ in range(n)]
+    for round_ in range(options.rounds):
+        for i, v in enumerate(values_of(round_, grids)):
+            setups[i] += grids[i]
+            values[i] += list(v)
+        split = best_split(setups, values, K)
+        upper = split_upper_bound(setups, values, K)
+        if upper - split.value <= options.tolerance * abs(split.value) or round_ + 1 == options.rounds:
+            break
+        grids = [refine(setups[i], split.shares[i], K) for i in range(n)]
+    return Search(split, upper, round_ + 1, setups, values)
+
+
+# ---- one item's figures at the chosen shares --------------------------------------------------------
+
+
+def item_figures(instance: Instance, item: int, shares: dict[str, float], horizon: int, paths: ExogenousPaths,
+                 options: DecompositionOptions, known: dict[float, float] | None = None) -> dict:
+    """For each named share (best split, equal shares): V_item on the fine and the coarse grid (coarse
+    values in `known`, by share, are not computed again), and the fine-grid policy simulated on `paths`
+    (this item's demands): per-episode discounted cost, mean number of orders per episode and mean
+    discounted number of orders; the task's wall-clock and CPU seconds."""
+    start, cpu = time.perf_counter(), time.process_time()
+    names, setups = list(shares), [float(s) for s in shares.values()]
+    one = item_instance(instance, item, 0.0)
+    solutions = dp_optimal.solve(one, horizon, factor_points=options.factor_points, factor_width=options.factor_width,
+                                 setups=setups, integer_cap=True, floor_periods=1)
+    known = known or {}
+    missing = [s for s in setups if s not in known]
+    known = {**known, **dict(zip(missing, item_values(instance, item, missing, horizon, options.coarse_points, options) if missing else []))}
+    coarse = [known[s] for s in setups]
+    item_paths = ExogenousPaths(paths.factor, paths.demand[:, :, item:item + 1], paths.seed, paths.episodes)
+    discount = instance.gamma ** np.arange(horizon)
+    record = {"item": int(item)}
+    for name, setup, solution, value in zip(names, setups, solutions, coarse):
+        result = evaluate(dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64),
+                          item_paths, trace=True)
+        orders = result.trace.open * (result.trace.quantity[..., 0] > 0)  # [E, T]
+        record[name] = {"share": setup, "value": solution.expected_cost, "coarse_value": float(value),
+                        "costs": result.discounted_cost.tolist(), "orders": float(orders.sum(1).mean()),
+                        "discounted_orders": float((orders @ discount).mean())}
+    record["seconds"], record["cpu_seconds"] = time.perf_counter() - start, time.process_time() - cpu
+    return record
+
+
+def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:
+    """The bound's figures for one split from the items' records: the fine-grid value, the Richardson
+    estimate of the limit and the conservative figure (module docstring), and the per-episode costs [E]."""
+    fine = sum(r[name]["value"] for r in records)
+    coarse = sum(r[name]["coarse_value"] for r in records)
+    remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
+    return {"value": fine, "coarse_value": coarse, "extrapolated": fine - (coarse - fine) / (options.step_ratio**2 - 1),
+            "conservative": fine - 2 * remaining, "costs": np.sum([r[name]["costs"] for r in records], axis=0)}

@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/milp.py
 	$(BIN)/python bench/rllib.py
 	$(BIN)/python bench/scaling.py
+	$(BIN)/python bench/decomposition.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -50,11 +50,22 @@ optimal target is an integer, reached by a fractional quantity. If no m <= max_d
 the lattice is x_0 + delta Z with delta = 1/max_denominator and quantities <= floor(qbar/delta)
 delta: a feasible restriction (an upper bound), flagged by `exact_lattice = False`.
 
-Position domain: [x_lo, x_hi] with x_lo = min(x_0, 0) - (L + 1) dmax and x_hi = max(x_0, q) + qbar
-(dmax the one-period truncation point, q the upper 1e-9 quantile of S at the top factor); positions
-below x_lo that the expectation needs are extrapolated linearly (slope over the lowest unit), which
-only touches states ~(L + 1) dmax below anything a sensible policy visits. If an optimal target
-reaches the top of the domain, x_hi grows by qbar and the DP is solved again.
+Integer-cap lattice (`integer_cap`, for lower bounds). The same argument works with cells between
+consecutive points of Z u (x_0 + Z) when the cap is an integer: G is linear on them (its breakpoints,
+the integers, are cell ends), integer shifts map cells to cells and [x, x + cap] is a union of whole
+cells. So raising the cap to ceil(qbar), a relaxation (its optimum is at most the item's), makes the
+two classes Z and x_0 + Z exact: two positions per unit instead of up to max_denominator.
+
+Position domain: [x_lo, x_hi] with x_lo = min(x_0, 0) - (L + 1) dmax (`floor_periods` replaces L + 1)
+and x_hi = max(x_0, q) + qbar (dmax the one-period truncation point, q the upper 1e-9 quantile of S at
+the top factor); positions below x_lo that the expectation needs are extrapolated linearly (slope over
+the lowest unit), which only touches states ~(L + 1) dmax below anything a sensible policy visits.
+With floor_periods = 1 the values move down by at most 0.001 (about 1e-6 relative) on the paper
+items measured. If an optimal target reaches the top of the domain, x_hi grows by the cap and the DP
+is solved again.
+
+Several setup costs at once (`setups`, `expected_costs`): everything but the value functions is shared
+(factor grid, demand laws, lattice, G), and the backward pass runs on [setups, M, N] arrays.
 
 The policy looks up the action values W_t at the current step (it counts calls; `reset()` restarts
 the clock, as the evaluator does per rollout), interpolated linearly in F between the neighbouring

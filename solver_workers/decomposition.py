@@ -251,8 +251,9 @@ def item_figures(instance: Instance, item: int, shares: dict[str, float], horizo
                  options: DecompositionOptions, known: dict[float, float] | None = None) -> dict:
     """For each named share (best split, equal shares): V_item on the fine and the coarse grid (coarse
     values in `known`, by share, are not computed again), and the fine-grid policy simulated on `paths`
-    (this item's demands): per-episode discounted cost, mean number of orders per episode and mean
-    discounted number of orders; the task's wall-clock and CPU seconds."""
+    (this item's demands): per-episode discounted cost, mean number of orders per episode, mean
+    discounted number of orders and the mean of sum_{s<=t} gamma^s C_s for every step t; the task's
+    wall-clock and CPU seconds."""
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
@@ -271,16 +272,19 @@ def item_figures(instance: Instance, item: int, shares: dict[str, float], horizo
         orders = result.trace.open * (result.trace.quantity[..., 0] > 0)  # [E, T]
         record[name] = {"share": setup, "value": solution.expected_cost, "coarse_value": float(value),
                         "costs": result.discounted_cost.tolist(), "orders": float(orders.sum(1).mean()),
-                        "discounted_orders": float((orders @ discount).mean())}
+                        "discounted_orders": float((orders @ discount).mean()),
+                        "cumulative": np.cumsum(result.trace.cost * discount, axis=1).mean(0).tolist()}
     record["seconds"], record["cpu_seconds"] = time.perf_counter() - start, time.process_time() - cpu
     return record
 
 
 def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:
     """The bound's figures for one split from the items' records: the fine-grid value, the Richardson
-    estimate of the limit and the conservative figure (module docstring), and the per-episode costs [E]."""
+    estimate of the limit and the conservative figure (module docstring), the per-episode costs [E] and the
+    mean cumulative discounted cost by step [T] of the relaxed policies."""
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
     remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
     return {"value": fine, "coarse_value": coarse, "extrapolated": fine - (coarse - fine) / (options.step_ratio**2 - 1),
-            "conservative": fine - 2 * remaining, "costs": np.sum([r[name]["costs"] for r in records], axis=0)}
+            "conservative": fine - 2 * remaining, "costs": np.sum([r[name]["costs"] for r in records], axis=0),
+            "cumulative": np.sum([r[name]["cumulative"] for r in records], axis=0)}

@@ -122,13 +122,13 @@ def run_decomposition_bound(out: Path, instance: Instance, journal: Journal, opt
     table = pa.table(columns)
     config = {**(config or {}), "n": instance.n}
     parameters = options.to_dict()
-    seconds = float(sum(r["seconds"] for r in records))
+    cpu_seconds = float(sum(r["cpu_seconds"] for r in records) + sum(r["cpu_seconds"] for key, r in journal.records.items() if key[0] == "grid"))
 
     def extra(name: str) -> dict[str, Any]:
         f = figures[name]
         return {"kind": "lower-bound", "split": "best" if name == "best" else "equal shares", "dp_value": f["value"],
                 "coarse_value": f["coarse_value"], "extrapolated_value": f["extrapolated"], "conservative_value": f["conservative"],
-                "item_seconds": seconds}
+                "cumulative_cost": f["cumulative"].tolist(), "task_cpu_seconds": cpu_seconds}
 
     equal = Evaluation(figures["equal"]["costs"], paths.episodes, horizon)
     write_evaluation(Path(out) / EQUAL_SHARES, f"{DECOMPOSITION}-{EQUAL_SHARES}", equal, seed, config, parameters, extra("equal"), instance=instance)

@@ -185,11 +185,12 @@ def test_refine_adds_points_beside_the_share():
 
 def test_conservative_figure_subtracts_twice_the_estimated_grid_error():
     """Grid steps in the ratio r = 2: the remaining error is |coarse - fine| / 3 (Richardson, O(step^2))."""
-    records = [{"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "costs": [1.0, 2.0]}},
-               {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "costs": [3.0, 5.0]}}]
+    records = [{"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]}},
+               {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}}]
     figures = combine(records, "best", DecompositionOptions(factor_points=41, coarse_points=21))
     assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["conservative"] == pytest.approx(148.0)
     np.testing.assert_array_equal(figures["costs"], [4.0, 7.0])
+    np.testing.assert_array_equal(figures["cumulative"], [3.0, 5.5])
 
 
 # ---- on the solver pool ------------------------------------------------------------------------------
@@ -215,6 +216,7 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     split = pq.read_table(out / "split.parquet").to_pydict()
     alone = sum(np.array(item_figures(inst, i, {"k": split["best_share"][i]}, 8, paths, options)["k"]["costs"]) for i in range(2))
     np.testing.assert_allclose(best["cost"], alone, rtol=1e-12)
+    assert summary["cumulative_cost"][-1] == pytest.approx(best["cost"].mean(), rel=1e-12) and len(summary["cumulative_cost"]) == 8
     lines = (out / "split.jsonl").read_text().splitlines()
     again = run_decomposition_bound(out, inst, decomposition_journal(out, inst, 3, 8, 5, options), options, 3, 5, 8, 2)
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]

@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from envs.instance import atomic_write, atomic_write_text
-from sweeps.report import REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
+from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
 from trainers.registry import METHODS
 
@@ -107,6 +107,13 @@ def cost_table(report: Report) -> Table:
                                      for e in own))
     if any(e.absent == "—" for e in cells):
         table.notes.append("— not part of the sweep at this size (dp-optimal exists at n = 1 only; a MILP may be limited to some sizes).")
+    for n in spec.sizes:
+        bound = report.entries.get((n, DECOMPOSITION))
+        if bound is not None and bound.runs:
+            s = bound.runs[0].summary
+            table.notes.append(f"decomposition-bound at n = {n}: its cell is its relaxed policies' simulated cost on these episodes; its DP value "
+                               f"is {s['dp_value']:,.1f} at the best split, conservatively {s['conservative_value']:,.1f} (equal shares: "
+                               f"{s['equal_shares']['value']:,.1f}, conservatively {s['equal_shares']['conservative']:,.1f}).")
     table.notes += report.notes
     return table
 
@@ -168,7 +175,28 @@ def paired_table(report: Report) -> Table:
     table.intro = ("cost - classical-best's cost on the same held-out episodes (envs.evaluation.paired_comparison: the 95% t-interval "
                    "over episodes); a negative difference is cheaper than classical-best. Learned methods: one interval per finished "
                    "seed and the share of seeds whose interval lies below (above) zero.")
-    for row in report.paired:
+    _paired_rows(table, report.paired)
+    if not any(kind == "baseline" and c == "classical-best" for c, kind in report.columns):
+        table.notes.append("The sweep has no classical-best baseline: nothing to pair against.")
+    return table
+
+
+def bound_gap_table(report: Report) -> Optional[Table]:
+    """Every policy's paired gap to the decomposition bound, with its share of the bound's mean."""
+    if report.results.spec.baselines.decomposition is None:
+        return None
+    table = Table("Gap to the decomposition bound (paired)", ["n", "method", "seeds paired", "mean gap", "95% CI of each seed",
+                                                              "CI below zero", "CI above zero"], [])
+    table.intro = ("cost - the decomposition bound's per-episode cost (its relaxed policies simulated on the same held-out episodes), "
+                   "95% t-interval over episodes, and in % of the bound's mean: how much any policy could still gain, at most, by this "
+                   "bound. The bound's DP value and conservative figure are under the cost table.")
+    _paired_rows(table, report.bound_gaps, {n: report.entries[(n, DECOMPOSITION)].mean for n in report.results.spec.sizes})
+    return table
+
+
+def _paired_rows(table: Table, paired: list, relative_to: Optional[dict] = None) -> None:
+    """One row per (n, method) of report.paired-style rows; `relative_to` (by n) adds the mean in % of it."""
+    for row in paired:
         k = len(row["paired"])
         if not k:
             table.rows.append([str(row["n"]), label(row["column"]), "0", "n/a", row["not_paired"] or "n/a", "n/a", "n/a"])
@@ -177,12 +205,11 @@ def paired_table(report: Report) -> Table:
         d = decimals(float(np.mean([(c.ci_high - c.ci_low) / 2 for c in diffs])))
         seeds = "; ".join(("" if seed is None else f"s{seed}: ") + f"{c.mean_difference:+,.{d}f} [{c.ci_low:+,.{d}f}, {c.ci_high:+,.{d}f}]"
                           for seed, c in row["paired"])
-        table.rows.append([str(row["n"]), label(row["column"]), str(k), f"{np.mean([c.mean_difference for c in diffs]):+,.{d}f}", seeds,
+        mean = float(np.mean([c.mean_difference for c in diffs]))
+        share = f" ({percent(mean / relative_to[row['n']])})" if relative_to and relative_to.get(row["n"]) else ""
+        table.rows.append([str(row["n"]), label(row["column"]), str(k), f"{mean:+,.{d}f}{share}", seeds,
                            f"{sum(c.ci_high < 0 for c in diffs)} of {k}", f"{sum(c.ci_low > 0 for c in diffs)} of {k}"])
-    if not any(kind == "baseline" and c == "classical-best" for c, kind in report.columns):
-        table.notes.append("The sweep has no classical-best baseline: nothing to pair against.")
-    table.notes += sorted({r["not_paired"] for r in report.paired if r["paired"] and r["not_paired"]})
-    return table
+    table.notes += sorted({r["not_paired"] for r in paired if r["paired"] and r["not_paired"]})
 
 
 def seconds(value: float) -> str:
@@ -214,7 +241,7 @@ def decision_table(report: Report) -> Table:
 
 def tables(report: Report) -> list[Table]:
     return [t for t in (cost_table(report), per_item_table(report), reduction_table(report), gap_table(report), diverged_table(report),
-                        paired_table(report), decision_table(report)) if t is not None]
+                        paired_table(report), bound_gap_table(report), decision_table(report)) if t is not None]
 
 
 # ---- rendering ------------------------------------------------------------------------------------
@@ -267,7 +294,8 @@ def csv_text(report: Report) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["n", "column", "kind", "opening", "cell", "mean", "se", "se_over", "per_item_mean", "seeds", "finished_seeds", "diverged_seeds",
-                     "not_finished", "episodes", "horizon", "rank", "reduction_by_or_transformer", "gap_to_bound"])
+                     "not_finished", "episodes", "horizon", "rank", "reduction_by_or_transformer", "gap_to_bound", "gap_to_decomposition_bound"])
+    paired_gap = {(r["n"], r["column"]): float(np.mean([c.mean_difference for _, c in r["paired"]])) for r in report.bound_gaps if r["paired"]}
     for n in spec.sizes:
         ranked = [e.column for e in report.ranked(n)]
         ours, bound = report.entries.get((n, "or-transformer")), report.entries.get((n, "bound"))
@@ -282,7 +310,8 @@ def csv_text(report: Report) -> str:
                              e.diverged if kind == "learned" else "",
                              "; ".join(f"{c} {s}" for s, c in e.unfinished.items()),
                              e.runs[0].summary["episodes"] if e.runs else None, e.horizon,
-                             ranked.index(column) + 1 if column in ranked else None, reduction, gap])
+                             ranked.index(column) + 1 if column in ranked else None, reduction, gap,
+                             paired_gap[(n, column)] / report.entries[(n, DECOMPOSITION)].mean if (n, column) in paired_gap else None])
     return out.getvalue()
 
 

@@ -25,6 +25,11 @@ The paper's conventions, and the choices where it is silent (how cells are shown
   only, so the report recomputes it: classical-best from its stored tuned parameters on 10 steps of the
   same held-out paths (a path's prefix does not depend on its length), a MILP by replaying the first 10
   decisions recorded in its decisions.parquet on those paths (a MILP run of fewer decisions gets no line).
+* The decomposition bound (solver_workers/decomposition.py) is a bound column: its cell is its relaxed
+  policies' simulated cost on the held-out episodes, and every policy's gap to it is paired on those
+  episodes (cost - bound, 95% t-interval, and in % of the bound's mean); its DP value and conservative
+  figure are noted under the cost table. Its Figure 1 line is its relaxed policies' mean cost over the
+  first 10 decisions (summary.json's cumulative_cost).
 * Decision time: the policy of the first finished seed on `device`, the median of REPEATS timed calls
   after a warm-up, on one state (the first held-out episode's initial state) and on the batch of every
   held-out episode's initial state; a MILP's time is its seconds per decision
@@ -49,6 +54,7 @@ from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
 from envs.results import read_evaluation
+from solver_workers.decomposition import NAME as DECOMPOSITION
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial
 from trainers.registry import METHODS
@@ -135,13 +141,14 @@ class Entry:
 
 def columns(spec: SweepSpec) -> list[tuple[str, str]]:
     """(column, kind) in the paper's order: learned methods (in the registry's order), classical-best, each MILP,
-    dp-optimal, the bound."""
+    dp-optimal, the bounds."""
     b = spec.baselines
     result = [(m, "learned") for m in METHODS if m in spec.methods]
     result += [("classical-best", "baseline")] if b.classical_best else []
     result += [(m.name, "baseline") for m in b.milp]
     result += [("dp-optimal", "baseline")] if b.dp_optimal and 1 in spec.sizes else []
     result += [("bound", "bound")] if b.bound is not None else []
+    result += [(DECOMPOSITION, "bound")] if b.decomposition is not None else []
     return result
 
 
@@ -203,6 +210,8 @@ class Report:
     notes: list[str]
     """Failed trials' reasons and missing baselines."""
     paired: list[dict[str, Any]]
+    bound_gaps: list[dict[str, Any]]
+    """paired_rows against the decomposition bound (empty without it)."""
     references: dict[int, dict[str, float]]
     reference_notes: list[str]
     timings: list[dict[str, Any]]
@@ -222,25 +231,25 @@ class Report:
 # ---- paired comparisons ---------------------------------------------------------------------------
 
 
-def paired_rows(results: Results, entries: dict[tuple[int, str], Entry]) -> list[dict[str, Any]]:
-    """Every policy against classical-best at each size: per seed the 95% t-interval of the paired
-    difference, and the share of seeds whose interval lies below zero."""
+def paired_rows(results: Results, entries: dict[tuple[int, str], Entry], reference_column: str = "classical-best") -> list[dict[str, Any]]:
+    """Every policy against the reference (classical-best, or the decomposition bound) at each size: per seed
+    the 95% t-interval of the paired difference cost - the reference's cost."""
     rows = []
     for n in results.spec.sizes:
-        reference = entries.get((n, "classical-best"))
+        reference = entries.get((n, reference_column))
         for column, kind in columns(results.spec):
             entry = entries[(n, column)]
-            if column == "classical-best" or kind == "bound" or reference is None or entry.absent == "—":
+            if column == reference_column or kind == "bound" or reference is None or entry.absent == "—":
                 continue
             row: dict[str, Any] = {"n": n, "column": column, "paired": [], "not_paired": None}
             if not reference.runs:
-                row["not_paired"] = "classical-best is missing"
+                row["not_paired"] = f"{reference_column} is missing"
             elif not entry.runs:
                 row["not_paired"] = entry.without_runs
             for run in entry.runs if reference.runs else []:
                 ref = reference.runs[0]
                 if run.summary["horizon"] != ref.summary["horizon"] or not np.array_equal(run.evaluation["episodes"], ref.evaluation["episodes"]):
-                    row["not_paired"] = (f"not paired: {run.summary['episodes']} episodes x {run.summary['horizon']} decisions, classical-best "
+                    row["not_paired"] = (f"not paired: {run.summary['episodes']} episodes x {run.summary['horizon']} decisions, {reference_column} "
                                          f"{ref.summary['episodes']} x {ref.summary['horizon']}")
                     continue
                 row["paired"].append((run.seed, paired_comparison(run.evaluation["cost"], ref.evaluation["cost"])))
@@ -325,6 +334,9 @@ def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> 
     for n in results.spec.sizes:
         references[n] = {}
         inst = None
+        bound = entries.get((n, DECOMPOSITION))
+        if bound is not None and bound.runs and bound.horizon >= REFERENCE_DECISIONS:  # its relaxed policies' mean cumulative cost by step
+            references[n][DECOMPOSITION] = float(bound.runs[0].summary["cumulative_cost"][REFERENCE_DECISIONS - 1])
         for column in ["classical-best", *milps]:
             entry = entries.get((n, column))
             if entry is None or not entry.runs:
@@ -425,6 +437,7 @@ def build_report(root, opening: str = "greedy", device: str = "cpu") -> Report:
             entries[(n, column)] = (learned_entry(results, column, n, opening, notes) if kind == "learned"
                                     else baseline_entry(results, column, kind, n, notes))
     references, reference_notes = reference_costs(results, entries)
-    return Report(results, opening, device, entries, notes, paired_rows(results, entries), references, reference_notes,
+    gaps = paired_rows(results, entries, DECOMPOSITION) if results.spec.baselines.decomposition is not None else []
+    return Report(results, opening, device, entries, notes, paired_rows(results, entries), gaps, references, reference_notes,
                   decision_times(results, entries, opening, device), milp_times(results, entries))
 

@@ -43,7 +43,8 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from envs.classical import tuned_policy
     from envs.dp_optimal import dp_optimal_policy
     from solver_workers.backends import SolverOptions
-    from solver_workers.runs import bound_journal, milp_journal, run_bound, run_milp
+    from solver_workers.decomposition import NAME as DECOMPOSITION, DecompositionOptions
+    from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
     for n, inst in insts.items():
@@ -65,6 +66,11 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
             options = SolverOptions(b.bound["solver"], b.bound["time_limit"], 0.0, b.bound["threads"])
             journal = bound_journal(base / "bound", inst, HELDOUT_SEED, horizon, options)
             run_bound(base / "bound", inst, journal, options, HELDOUT_SEED, episodes, horizon, b.solver_workers)
+        if b.decomposition is not None and not baseline_done(base / DECOMPOSITION, inst, episodes, horizon):
+            log(f"baseline n={n} decomposition bound")
+            options = DecompositionOptions(**b.decomposition)
+            journal = decomposition_journal(base / DECOMPOSITION, inst, HELDOUT_SEED, horizon, episodes, options)
+            run_decomposition_bound(base / DECOMPOSITION, inst, journal, options, HELDOUT_SEED, episodes, horizon, b.solver_workers)
         for m in b.milp:
             if m.sizes is not None and n not in m.sizes:
                 continue
@@ -197,7 +203,7 @@ def dry_run(spec: SweepSpec, cluster: dict[str, float]) -> list[str]:
         lines.append(f"  {method}: {cpus:g} CPU, {gpus:g} GPU per trial ({where})")
     b = spec.baselines
     names = (["classical-best"] if b.classical_best else []) + (["dp-optimal (n = 1)"] if b.dp_optimal and 1 in spec.sizes else []) \
-        + (["perfect-information bound"] if b.bound else []) + [m.name for m in b.milp]
+        + (["perfect-information bound"] if b.bound else []) + (["decomposition bound"] if b.decomposition else []) + [m.name for m in b.milp]
     lines.append(f"baselines per size: {', '.join(names) or 'none'}; solver pool of {b.solver_workers} workers")
     hours = sum(training_hours(spec, t) for t in spec.trials())
     lines.append(f"training: about {hours:,.1f} learner-hours on CPU cores "

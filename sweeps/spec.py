@@ -14,6 +14,7 @@ from envs import validate
 from envs.errors import InputError
 from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
 from solver_workers.backends import SOLVERS
+from solver_workers.decomposition import DecompositionOptions
 from solver_workers.model import check_size
 from trainers import registry
 
@@ -123,6 +124,22 @@ class MilpBaseline:
         )
 
 
+def _decomposition(value) -> Optional[dict[str, Any]]:
+    """baselines.decomposition: null, or a mapping of DecompositionOptions' grid and tolerance fields."""
+    if value is None:
+        return None
+    defaults = DecompositionOptions()
+    d = _mapping(value, "baselines.decomposition", {"factor_points": defaults.factor_points, "coarse_points": defaults.coarse_points,
+                                                    "tolerance": defaults.tolerance})
+    where = "baselines.decomposition"
+    d = {"factor_points": _int(d["factor_points"], f"{where}.factor_points", 3), "coarse_points": _int(d["coarse_points"], f"{where}.coarse_points", 2),
+         "tolerance": _real(d["tolerance"], f"{where}.tolerance", 0)}
+    if d["coarse_points"] >= d["factor_points"]:
+        raise SweepError(f"sweep field '{where}.coarse_points': expected an integer in [2, factor_points - 1 = {d['factor_points'] - 1}], "
+                         f"got {d['coarse_points']}")
+    return d
+
+
 @dataclass(frozen=True)
 class Baselines:
     classical_best: bool = True
@@ -133,6 +150,9 @@ class Baselines:
     """The perfect-information bound: {solver, time_limit (seconds per episode), threads}; null to skip."""
     milp: tuple[MilpBaseline, ...] = ()
     solver_workers: int = 2
+    decomposition: Optional[dict[str, Any]] = None
+    """The decomposition lower bound: {factor_points, coarse_points, tolerance}
+    (solver_workers.decomposition.DecompositionOptions); null to skip."""
     """Actors of the Ray solver pool."""
 
 
@@ -199,7 +219,8 @@ class SweepSpec:
         resources = _mapping(d["resources"], "resources", {k: None for k in scoped})
         resources = {k: Resources.parse(v, f"resources.{k}") for k, v in resources.items() if v is not None}
         evaluation = _mapping(d["evaluation"], "evaluation", {"episodes": 128, "horizon": 50})
-        b = _mapping(d["baselines"], "baselines", {"classical_best": True, "dp_optimal": True, "bound": None, "milp": [], "solver_workers": 2})
+        b = _mapping(d["baselines"], "baselines", {"classical_best": True, "dp_optimal": True, "bound": None, "milp": [], "solver_workers": 2,
+                                                   "decomposition": None})
         for key in ("classical_best", "dp_optimal"):
             validate.boolean(b[key], _where(f"baselines.{key}"), error=SweepError)
         bound = None
@@ -214,7 +235,8 @@ class SweepSpec:
         names = [m.name for m in milp]
         if len(set(names)) != len(names):
             raise SweepError(f"sweep field 'baselines.milp': names must differ (set 'name'), got {names}")
-        baselines = Baselines(b["classical_best"], b["dp_optimal"], bound, milp, _int(b["solver_workers"], "baselines.solver_workers", 1))
+        baselines = Baselines(b["classical_best"], b["dp_optimal"], bound, milp, _int(b["solver_workers"], "baselines.solver_workers", 1),
+                              _decomposition(b["decomposition"]))
         spec = cls(
             sizes, seeds, methods, validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError), d["preset"] or "cpu",
             {k: dict(v or {}) for k, v in overrides.items() if v}, resources,
@@ -246,7 +268,7 @@ class SweepSpec:
 
     def has_baselines(self) -> bool:
         b = self.baselines
-        return b.classical_best or (b.dp_optimal and 1 in self.sizes) or b.bound is not None or bool(b.milp)
+        return b.classical_best or (b.dp_optimal and 1 in self.sizes) or b.bound is not None or bool(b.milp) or b.decomposition is not None
 
     def overrides_of(self, method: str) -> dict[str, Any]:
         return {**self.overrides.get("all", {}), **self.overrides.get(method, {})}

@@ -222,3 +222,42 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]
     with pytest.raises(InputError, match="coarse_points 4 there, 5 here"):
         decomposition_journal(out, inst, 3, 8, 5, DecompositionOptions(factor_points=7, coarse_points=5))
+
+
+# ---- in the sweep's report ----------------------------------------------------------------------------
+
+
+def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkeypatch):
+    """On test_report's synthetic results directory with a decomposition bound of hand-chosen per-episode
+    costs 95 + D at n = 1: classical-best (110 + E) is 15 above it, E - D = [1, 0, 0, -1, 1, 0, 0, -1], so
+    the 95% half-width is t(0.975, 7) sqrt(4 / 7) / sqrt(8) = 0.63197 (test_report's numbers); 15 / 95 =
+    15.8%. The Figure 1 line is the bound's mean cumulative cost at the 10th decision."""
+    import csv
+
+    import test_report as tr
+
+    from envs.exogenous import HELDOUT_SEED
+    from envs.results import write_evaluation
+    from sweeps import render as rn
+    from sweeps import report as rp
+
+    monkeypatch.setitem(tr.SWEEP, "baselines", {**tr.SWEEP["baselines"], "decomposition": {"factor_points": 41, "coarse_points": 21}})
+    root = tmp_path / "results"
+    tr.write_results(root)
+    figures = {"dp_value": 96.0, "conservative_value": 94.5, "equal_shares": {"value": 93.0, "conservative": 91.0},
+               "cumulative_cost": [float(10 * (t + 1)) for t in range(tr.HORIZON)]}
+    for n, mean in ((1, 95.0), (4, 390.0)):
+        write_evaluation(root / "baselines" / f"n{n}" / "decomposition-bound", "decomposition-bound", tr.evaluation(mean, tr.D), HELDOUT_SEED, {},
+                         None, {"kind": "lower-bound", **figures}, instance=tr.paper_instance(n, 0))
+    report = rp.build_report(root)
+    assert ("decomposition-bound", "bound") in report.columns and all(e.column != "decomposition-bound" for e in report.ranked(1))
+    gaps = {(r["n"], r["column"]): r for r in report.bound_gaps}
+    (_, classical), = gaps[(1, "classical-best")]["paired"]
+    assert classical.mean_difference == pytest.approx(15.0) and classical.ci_high - 15.0 == pytest.approx(0.63197, abs=1e-5)
+    table = rn.bound_gap_table(report)
+    row = next(r for r in table.rows if r[0] == "1" and r[1] == "classical-best")
+    assert row[3] == "+15.00 (15.8%)" and row[4] == "+15.00 [+14.37, +15.63]"
+    assert report.references[1]["decomposition-bound"] == 100.0
+    assert any("its DP value is 96.0 at the best split, conservatively 94.5" in note for note in rn.cost_table(report).notes)
+    rows = {(r["n"], r["column"]): r for r in csv.DictReader(rn.csv_text(report).splitlines())}
+    assert float(rows[("1", "classical-best")]["gap_to_decomposition_bound"]) == pytest.approx(15.0 / 95.0)

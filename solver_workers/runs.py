@@ -112,7 +112,7 @@ def run_decomposition_bound(out: Path, instance: Instance, journal: Journal, opt
     try:
         records, split = run_decomposition(instance, paths, options, Pool(workers), journal)
     except KeyboardInterrupt:
-        raise Interrupted(f"no results written; journal '{journal.path}' keeps {len(journal.records)} of the bound's item records; "
+        raise Interrupted(f"no results written; journal '{journal.path}' keeps {len(journal.records)} records (split-search values and items' figures); "
                           "re-run the same command to resume") from None
     figures = {name: combine(records, name, options) for name in ("best", "equal")}
     columns = {"item": [r["item"] for r in records]}

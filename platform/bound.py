@@ -25,7 +25,7 @@ re-run into the same --out with other settings is refused. Ctrl-C or SIGTERM kee
 
 import argparse
 
-from envs.cli import horizon, positive_int, run_cli, seed, time_limit
+from envs.cli import horizon, positive_int, positive_real, run_cli, seed, time_limit
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range
 from envs.instance import Instance
@@ -54,7 +54,7 @@ def main() -> None:
                         help=f"decomposition: factor grid points of the reported values (default {DEFAULTS.factor_points})")
     parser.add_argument("--coarse-points", type=positive_int, default=DEFAULTS.coarse_points,
                         help=f"decomposition: factor grid points of the split search and the convergence check (default {DEFAULTS.coarse_points})")
-    parser.add_argument("--tolerance", type=positive_float, default=DEFAULTS.tolerance,
+    parser.add_argument("--tolerance", type=positive_real, default=DEFAULTS.tolerance,
                         help=f"decomposition: relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})")
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
@@ -68,6 +68,7 @@ def main() -> None:
         journal = decomposition_journal(out, instance, args.seed, args.horizon, args.episodes, options)
         init_ray(args.workers, args.address)
         s = run_decomposition_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, vars(args))
+        stop_ray()
         print(f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
               f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
               f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes")

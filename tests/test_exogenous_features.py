@@ -100,10 +100,13 @@ def test_the_cost_range_over_the_horizon_by_hand(monkeypatch):
 
 
 def test_an_instance_whose_costs_overflow_float32_is_refused_before_any_path(monkeypatch):
-    """Issue 16: h = 1e308 evaluated to a NaN mean (inf * 0 in float32); every fixed-horizon simulation starts with
-    sample_paths, which refuses it naming the field."""
-    inst = Instance(h=[1e308, 1e308], b=[8.6, 6.5], lam=[6.2, 5.6], beta=[0.27, 0.45], lead=[2, 3], qbar=[24.8, 22.4], K=20.0, gamma=0.95, rho=0.8)
-    with pytest.raises(InstanceError, match="instance field 'h' \\(item 0\\).*float32"):
-        sample_paths(inst, 0, 4, 5)
-    paper = paper_instance(42_075, 0)  # the largest paper instance stays far inside the limit
-    exogenous.check_cost_range(paper, 1000)
+    """Issue 16: h = 1e308 evaluated to a NaN mean (inf * 0 in float32). The field bounds refuse it now, and every
+    fixed-horizon simulation starts with check_cost_range (sample_paths), the backstop over the horizon."""
+    with pytest.raises(InstanceError, match="instance field 'h'"):
+        Instance(h=[1e308, 1e308], b=[8.6, 6.5], lam=[6.2, 5.6], beta=[0.27, 0.45], lead=[2, 3], qbar=[24.8, 22.4], K=20.0, gamma=0.95, rho=0.8)
+    paper = paper_instance(2, 0)
+    with monkeypatch.context() as patch:
+        patch.setattr(exogenous, "COST_LIMIT", 100.0)
+        with pytest.raises(InstanceError, match="that 5 steps can reach"):
+            sample_paths(paper, 0, 4, 5)
+    exogenous.check_cost_range(paper_instance(42_075, 0), 1000)  # the largest paper instance stays far inside the limit

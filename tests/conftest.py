@@ -1,11 +1,18 @@
+import copy
+import hashlib
+import multiprocessing
+import os
+import runpy
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from envs.instance import Instance
+from envs.instance import Instance, paper_instance
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,13 +34,55 @@ def run_script(name: str, *args, check: bool = False) -> subprocess.CompletedPro
     return result
 
 
+SCRIPT_IMPORTS = ["torch", "pyarrow.parquet", "envs.cli", "envs.evaluation", "envs.results", "trainers.registry", "trainers.experiment",
+                  "trainers.rllib_ppo", "solver_workers.runs", "sweeps.run"]
+"""What the scripts import, loaded once by the fork server of `script_runner`."""
+
+
+def script_as_main(path: str, args: list[str], stdout: str, stderr: str) -> None:
+    """In a child of the fork server: the script as `python path args` runs it (its folder first on sys.path, its
+    argv, run as __main__), with stdout and stderr in the two files. The exit status is the process's (SystemExit's
+    code; an uncaught exception prints its traceback and gives 1)."""
+    for fd, name in ((1, stdout), (2, stderr)):
+        target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    sys.argv = [path, *args]
+    sys.path.insert(0, os.path.dirname(path))
+    runpy.run_path(path, run_name="__main__")
+
+
+@pytest.fixture(scope="session")
+def script_runner(tmp_path_factory):
+    """run_script for many short runs: each one a fresh process forked from a server that has imported
+    SCRIPT_IMPORTS once (a new interpreter spends 2-4 s importing them), running the real script as __main__."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(SCRIPT_IMPORTS)
+    logs = tmp_path_factory.mktemp("script-output")
+    counter = iter(range(1 << 30))
+
+    def run(name: str, *args) -> subprocess.CompletedProcess:
+        path, argv, k = str(ROOT / "platform" / name), [str(a) for a in args], next(counter)
+        stdout, stderr = logs / f"{k}.out", logs / f"{k}.err"
+        process = context.Process(target=script_as_main, args=(path, argv, str(stdout), str(stderr)))
+        process.start()
+        process.join(timeout=300)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+        return subprocess.CompletedProcess([name, *argv], process.exitcode, stdout.read_text(), stderr.read_text())
+
+    return run
+
+
 def single_item(lead: int, lam: float = 2.0, h: float = 1.0, b: float = 10.0, K: float = 5.0, qbar: float = 12.0) -> Instance:
     return Instance(h=[h], b=[b], lam=[lam], beta=[0.0], lead=[lead], qbar=[qbar], K=K, gamma=0.9, rho=0.5)
 
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One embedded Ray for the whole test session, started and bound as the scripts start theirs."""
+    """One embedded Ray for the whole test session, started and bound as the scripts start theirs. Every test
+    that uses Ray in the test process asks for it (tests without it must not start Ray: `no_stray_ray`)."""
     import ray
 
     from solver_workers.ray_session import start_local_ray
@@ -41,3 +90,91 @@ def ray_session():
     start_local_ray(2, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_stray_ray(request):
+    """A test that does not ask for `ray_session` must not start a Ray of its own in the test process."""
+    ray = sys.modules.get("ray")
+    before = ray is not None and ray.is_initialized()
+    yield
+    ray = sys.modules.get("ray")
+    if "ray_session" not in request.fixturenames and not before and ray is not None and ray.is_initialized():
+        pytest.fail("this test started Ray in the test process: ask for the ray_session fixture instead")
+
+
+@pytest.fixture(scope="session")
+def tuned():
+    """envs.classical.tuned_policy, tuned once per session for each instance, name, horizon and options (tuning is
+    deterministic and takes seconds); each call gets a copy of the policy (a tuned policy may hold a clock)."""
+    from envs.classical import tuned_policy
+
+    cache = {}
+
+    def tuned_once(instance, name, horizon, **options):
+        key = (instance.content_hash(), name, horizon, tuple(sorted((k, str(v)) for k, v in options.items())))
+        if key not in cache:
+            cache[key] = tuned_policy(instance, name, horizon, **options)
+        policy, parameters = cache[key]
+        return copy.copy(policy), dict(parameters)
+
+    return tuned_once
+
+
+# ---- the tiny trained runs that the tests share -------------------------------------------------------
+
+METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
+INSTANCE = paper_instance(2, 0)
+"""The instance of the shared runs (lead times [3, 3], qbar [24.8, 22.4])."""
+TINY = dict(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16)
+"""The one tiny config of the tests (over the cpu preset): 8 rollouts of 3 steps per update, a one-block network
+of width 16. A test that needs another size says which fields differ ({**TINY, ...})."""
+UPDATES = 2
+"""The shared runs' updates."""
+WARM_START = {"or-transformer": {"imitation_updates": 3, "imitation_teacher": "base-stock"}, "hpo": {"imitation_updates": 0}}
+"""The cpu preset's warm start (300 updates imitating classical-best) cut to 3 updates imitating base-stock (one
+family to tune instead of every family) for OR-Transformer, and skipped for HPO."""
+EPISODES, HORIZON = 4, 5
+"""The shared runs' held-out evaluation."""
+
+
+def tiny(method: str) -> dict:
+    """The shared runs' overrides of the cpu preset for `method`: TINY, UPDATES updates, and a pathwise method's
+    warm start shortened (WARM_START; an RLlib method has none)."""
+    return {**TINY, "updates": UPDATES, **WARM_START.get(method, {})}
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    folder: Path
+    result: dict[str, Any]
+    """run_experiment's answer: training.json's content and the greedy and sampled summaries."""
+    calls: list
+    """(update, metrics) of every on_update call."""
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.folder / "checkpoint.pt"
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, ray_session) -> dict[str, TrainedRun]:
+    """Every method trained once per session by trainers.experiment.run_experiment on INSTANCE with tiny(method)
+    (preset cpu, seed 0), evaluated on EPISODES x HORIZON held-out steps. Read-only: a test that changes a run
+    copies its folder first (checked when the session ends)."""
+    from trainers.experiment import run_experiment
+
+    folder = tmp_path_factory.mktemp("trained")
+    runs = {}
+    for method in METHODS:
+        calls = []
+        result = run_experiment(method, INSTANCE, folder / method, overrides=tiny(method), episodes=EPISODES, horizon=HORIZON, progress=False,
+                                on_update=lambda update, metrics, calls=calls: calls.append((update, metrics)))
+        runs[method] = TrainedRun(folder / method, result, calls)
+    written = digests(folder)
+    yield runs
+    assert digests(folder) == written, "a test changed a shared trained run: copy its folder first"

@@ -5,7 +5,7 @@ never a traceback, and leaves nothing in its output folder.
 A row: id, script (in platform/), args, optional files (text written under {tmp}) and binary (hex bytes),
 expect (substrings of the error line), optional exit. Placeholders: {tmp} (an empty folder per row),
 {out} (= {tmp}/out), {instance} / {instance4} (paper instances, n = 2 / 4) and {<method>_checkpoint}
-(a tiny trained run of that method on {instance}, made once per session when a row uses it)."""
+(the session's tiny trained run of that method on {instance}: conftest.trained)."""
 
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, run_script
+from conftest import INSTANCE, ROOT
 
-from trainers.registry import METHODS
+from envs.instance import paper_instance
 
 TABLES = sorted((Path(__file__).parent / "bad_inputs").glob("*.yaml"))
 ROWS = [row for table in TABLES for row in yaml.safe_load(table.read_text())]
@@ -34,11 +34,7 @@ def fill(text: str, values: dict) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], text)
 
 
-def placeholders(row) -> set[str]:
-    return set(re.findall(r"\{(\w+)\}", " ".join(map(str, row["args"]))))
-
-
-def run_row(row, folder: Path, common: dict):
+def run_row(row, folder: Path, common: dict, run_script):
     """Write the row's files into its own folder and run its script."""
     values = {**common, "tmp": str(folder), "out": str(folder / "out")}
     for name, text in row.get("files", {}).items():
@@ -50,26 +46,19 @@ def run_row(row, folder: Path, common: dict):
 
 
 @pytest.fixture(scope="session")
-def outcomes(tmp_path_factory):
-    """Every row's (folder, result): the shared inputs first (checkpoints only of the methods some row
-    uses), then the rows three at a time, since each is mostly the start-up of a Python process."""
+def outcomes(tmp_path_factory, trained, script_runner):
+    """Every row's (folder, result): the shared inputs first, then the rows two at a time, each a process
+    forked from conftest's script server."""
     folder = tmp_path_factory.mktemp("bad-inputs")
-    for key, n in (("instance", 2), ("instance4", 4)):
-        run_script("instance.py", "--n", n, "--out", folder / f"{key}.json", check=True)
+    INSTANCE.save(folder / "instance.json")  # paper_instance(2, 0): the instance of the trained runs
+    paper_instance(4, 0).save(folder / "instance4.json")
     common = {"instance": str(folder / "instance.json"), "instance4": str(folder / "instance4.json")}
-    quick = yaml.safe_load((ROOT / "tune_configs" / "train" / "quick.yaml").read_text())
-    (folder / "pathwise.yaml").write_text(yaml.safe_dump({**quick, "imitation_updates": 0}))  # without the cpu preset's warm start
-    for key in sorted(set().union(*map(placeholders, ROWS)) & {f"{k}_checkpoint" for k in CHECKPOINT_METHODS}):
-        method = CHECKPOINT_METHODS[key.removesuffix("_checkpoint")]
-        config = folder / "pathwise.yaml" if METHODS[method].family == "pathwise" else ROOT / "tune_configs" / "train" / "quick.yaml"
-        run_script("train.py", "--method", method, "--instance", common["instance"], "--config", config,
-                   "--updates", 2, "--batch", 4, "--episodes", 2, "--horizon", 3, "--out", folder / method, check=True)
-        common[key] = str(folder / method / "checkpoint.pt")
+    common |= {f"{key}_checkpoint": str(trained[method].checkpoint) for key, method in CHECKPOINT_METHODS.items()}
     folders = {row["id"]: folder / "rows" / row["id"] for row in ROWS}
     for path in folders.values():
         path.mkdir(parents=True)
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(zip(folders, pool.map(lambda row: run_row(row, folders[row["id"]], common), ROWS)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(folders, pool.map(lambda row: run_row(row, folders[row["id"]], common, script_runner), ROWS)))
     return {key: (folders[key], results[key]) for key in folders}
 
 

@@ -8,19 +8,15 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, run_script
+from conftest import INSTANCE, METHODS, ROOT
 
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.features import flat_features, global_token, item_tokens
-from envs.instance import Instance, paper_instance
-from trainers.pathwise import TrainConfig
+from envs.instance import Instance
 from trainers.registry import load_policy
-from trainers.run import train
 
-METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
-INSTANCE = paper_instance(2, 0)  # lead times [3, 3]: in_transit[i][2] is always 0
-TINY = dict(batch=8, rollout=3, updates=2, blocks=1, width=16, heads=2, feed_forward=32, hidden=16)
+# INSTANCE (conftest): paper_instance(2, 0), lead times [3, 3]: in_transit[i][2] is always 0
 QBAR, BOUND = INSTANCE.qbar.tolist(), (10_000 * (INSTANCE.qbar + INSTANCE.lam)).tolist()  # decide.py's bound on |inventory|
 STATES = [
     {"inventory": [1, 2], "in_transit": [[0, 0, 0], [3, 1, 0]], "factor": 0.5},
@@ -39,16 +35,9 @@ def load_decide():
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, ray_session):
-    """A tiny two-update run of every method on INSTANCE."""
-    from trainers.rllib_ppo import PPOTrainConfig, train_ppo
-
-    folder = tmp_path_factory.mktemp("decide")
-    for method in ("or-transformer", "hpo"):
-        train(TrainConfig(method=method, warmup=1, **TINY), INSTANCE, folder / method, progress=False)
-    for method in ("ppo", "transformer-ppo"):
-        train_ppo(PPOTrainConfig(method=method, epochs=1, minibatches=2, **TINY), INSTANCE, folder / method, progress=False)
-    return {method: folder / method / "checkpoint.pt" for method in METHODS}
+def checkpoints(trained):
+    """The session's tiny two-update run of every method on INSTANCE (conftest.trained)."""
+    return {method: run.checkpoint for method, run in trained.items()}
 
 
 def network_decision(policy, state: State):
@@ -66,9 +55,9 @@ def network_decision(policy, state: State):
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 @pytest.mark.parametrize("method", METHODS)
-def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path):
+def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path, script_runner):
     (tmp_path / "state.json").write_text(json.dumps(STATES))
-    result = run_script("decide.py", "--checkpoint", checkpoints[method], "--state", tmp_path / "state.json", "--mode", mode)
+    result = script_runner("decide.py", "--checkpoint", checkpoints[method], "--state", tmp_path / "state.json", "--mode", mode)
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout)
     open_order, p, quantity = (np.array(answer[key]) for key in ("open", "open_probability", "quantity"))
@@ -89,12 +78,12 @@ def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path)
         np.testing.assert_allclose(quantity, sampled.quantity.numpy(), rtol=1e-5)
 
 
-def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path):
+def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path, script_runner):
     payload = torch.load(checkpoints["hpo"], weights_only=True)
     payload["trainer"]["model"] = {k: torch.full_like(v, float("nan")) for k, v in payload["trainer"]["model"].items()}
     torch.save(payload, tmp_path / "nan.pt")
     (tmp_path / "state.json").write_text(json.dumps(STATES[0]))
-    result = run_script("decide.py", "--checkpoint", tmp_path / "nan.pt", "--state", tmp_path / "state.json")
+    result = script_runner("decide.py", "--checkpoint", tmp_path / "nan.pt", "--state", tmp_path / "state.json")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stdout == "" and "gives a non-finite open probability or quantity for state 0" in result.stderr
 

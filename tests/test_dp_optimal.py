@@ -13,7 +13,6 @@ import pytest
 import torch
 from scipy import stats
 
-from envs.classical import tuned_policy
 from envs.dp_optimal import DPOptimalPolicy, solve
 from envs.dynamics import initial_state
 from envs.errors import InputError
@@ -189,7 +188,7 @@ def test_horizon_handling_and_sunk_costs():
 # ---- 3. against the tuned classical policies, and n > 1 -------------------------------------------
 
 
-def test_no_worse_than_classical_best_on_common_paths():
+def test_no_worse_than_classical_best_on_common_paths(tuned):
     """At n = 1 the DP is the optimum: on common paths (not the held-out seed) it is not worse than the
     tuned classical-best (paired 95% CI), and its mean is below (measured: -2.55 +- 0.11 on 20,000
     episodes at T = 50)."""
@@ -197,7 +196,7 @@ def test_no_worse_than_classical_best_on_common_paths():
     tinst = inst.to_torch()
     paths = sample_paths(inst, 41, 2000, 50)
     dp = evaluate(DPOptimalPolicy(solve(inst, 50, factor_points=61)), tinst, paths)
-    classical, _ = tuned_policy(inst, "classical-best", 50)
+    classical, _ = tuned(inst, "classical-best", 50)
     reference = evaluate(classical, tinst, paths)
     comparison = paired_comparison(dp.discounted_cost, reference.discounted_cost)
     assert comparison.ci_low < 0

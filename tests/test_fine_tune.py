@@ -5,62 +5,61 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import run_script
+from conftest import TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseTrainer
-from trainers.registry import load_checkpoint, method_config, train
+from trainers.registry import load_checkpoint, method_config
 
-TINY = {"batch": 8, "rollout": 3, "updates": 2, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 16, "warmup": 1,
-        "imitation_updates": 0}
+NETWORK = {**TINY, "updates": 2}
+"""The network of the session's trained runs (conftest.trained, n = 2), for 2 updates."""
+FINE_TUNE = {**NETWORK, "imitation_updates": 0}
+"""... trained at once (no warm start)."""
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """Two tiny runs at n = 4: OR-Transformer and HPO."""
-    out = tmp_path_factory.mktemp("source")
-    for method in ("or-transformer", "hpo"):
-        train(method_config(method, "cpu", {**TINY, "seed": 3}), paper_instance(4, 0), out / method, progress=False)
-    return out
+def trained_paths(trained):
+    """The session's OR-Transformer and HPO checkpoints (n = 2, seed 0)."""
+    return {method: str(trained[method].checkpoint) for method in ("or-transformer", "hpo")}
 
 
 def weights(model):
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def test_an_or_transformer_starts_from_a_run_at_another_size(trained):
-    fresh = PathwiseTrainer(method_config("or-transformer", "cpu", {**TINY, "seed": 5}), paper_instance(6, 0).to_torch())
-    tuned = PathwiseTrainer(method_config("or-transformer", "cpu", {**TINY, "seed": 5, "initial_weights": str(trained / "or-transformer" / "checkpoint.pt")}),
+def test_an_or_transformer_starts_from_a_run_at_another_size(trained_paths):
+    fresh = PathwiseTrainer(method_config("or-transformer", "cpu", {**FINE_TUNE, "seed": 5}), paper_instance(6, 0).to_torch())
+    tuned = PathwiseTrainer(method_config("or-transformer", "cpu", {**FINE_TUNE, "seed": 5, "initial_weights": trained_paths["or-transformer"]}),
                             paper_instance(6, 0).to_torch())
-    saved = load_checkpoint(trained / "or-transformer" / "checkpoint.pt")["trainer"]["model"]
+    saved = load_checkpoint(trained_paths["or-transformer"])["trainer"]["model"]
     got = weights(tuned.model)
     assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
     assert not all(torch.equal(got[k], v) for k, v in weights(fresh.model).items())  # not the seed's fresh network
     tuned.step()  # and it trains at the new size
 
 
-def test_another_network_is_refused_naming_the_field(trained):
-    path = str(trained / "or-transformer" / "checkpoint.pt")
+def test_another_network_is_refused_naming_the_field(trained_paths):
+    path = trained_paths["or-transformer"]
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*width 16 \(this run: 32\)"):
-        PathwiseTrainer(method_config("or-transformer", "cpu", {**TINY, "width": 32, "initial_weights": path}), paper_instance(4, 0).to_torch())
+        PathwiseTrainer(method_config("or-transformer", "cpu", {**FINE_TUNE, "width": 32, "initial_weights": path}), paper_instance(2, 0).to_torch())
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*method 'or-transformer' \(this run: 'hpo'\)"):
-        PathwiseTrainer(method_config("hpo", "cpu", {**TINY, "initial_weights": path}), paper_instance(4, 0).to_torch())
+        PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": path}), paper_instance(2, 0).to_torch())
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*does not fit this network"):  # HPO's input is 11 n + 4
-        PathwiseTrainer(method_config("hpo", "cpu", {**TINY, "initial_weights": str(trained / "hpo" / "checkpoint.pt")}), paper_instance(6, 0).to_torch())
+        PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0).to_torch())
 
 
-def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained, tmp_path):
+def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, tmp_path):
     """train.py --initial-weights: the cpu preset imitates classical-best first, which would overwrite the network."""
     inst, config = tmp_path / "i6.json", tmp_path / "network.yaml"
     paper_instance(6, 0).save(inst)
-    config.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "imitation_updates"}))
-    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
+    config.write_text(yaml.safe_dump(NETWORK))
+    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained_paths["or-transformer"],
                "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft", check=True)
     assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["config"].imitation_updates == 0
     assert "warm_start" not in json.loads((tmp_path / "ft" / "training.json").read_text())
-    config.write_text(yaml.safe_dump({**TINY, "imitation_updates": 2}))  # unless the config asks for one
-    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
+    config.write_text(yaml.safe_dump({**NETWORK, "imitation_updates": 2}))  # unless the config asks for one
+    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained_paths["or-transformer"],
                "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft2", check=True)
     assert json.loads((tmp_path / "ft2" / "training.json").read_text())["warm_start"]["updates"] == 2
 

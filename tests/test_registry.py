@@ -1,6 +1,6 @@
 """The method registry and the experiment API: one preset table for both trainer families, no import
-circle among the trainers, and every method trained and evaluated by trainers.experiment.run_experiment,
-its checkpoint evaluated again by `evaluate.py --policy checkpoint:` (decide.py on every method's
+circle among the trainers, and every method trained and evaluated by trainers.experiment.run_experiment
+(once per session: conftest.trained), its checkpoint evaluated again by `evaluate.py --policy checkpoint:` (decide.py on every method's
 checkpoint: tests/test_decide.py)."""
 
 import ast
@@ -13,7 +13,7 @@ from dataclasses import fields
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, run_script
+from conftest import EPISODES, HORIZON, INSTANCE, METHODS, ROOT, TINY, tiny
 
 from envs.errors import InputError
 from envs.evaluation import evaluate
@@ -25,30 +25,6 @@ from trainers.checkpoint import CheckpointError
 from trainers.config import ConfigError, TrainerConfig
 from trainers.experiment import run_experiment
 from trainers.pathwise import TrainConfig
-
-METHODS = ("or-transformer", "hpo", "ppo", "transformer-ppo")
-INSTANCE = paper_instance(2, 0)
-TINY = dict(batch=4, updates=2, rollout=10, blocks=1, width=32, heads=2, feed_forward=64, hidden=64)  # tune_configs/train/quick.yaml, 2 updates of 4
-EPISODES, HORIZON = 4, 5
-WARM_START = {"or-transformer": 3, "hpo": 0}  # the cpu preset's 300 imitation updates, cut to 3 here and skipped for HPO
-
-
-def tiny(method: str) -> dict:
-    """TINY for `method`: a pathwise method's warm start shortened (WARM_START), an RLlib method has none."""
-    return {**TINY, "imitation_updates": WARM_START[method]} if method in WARM_START else TINY
-
-
-@pytest.fixture(scope="module")
-def experiments(tmp_path_factory, ray_session):
-    """run_experiment of every method on INSTANCE: {method: (run folder, result, on_update calls)}."""
-    folder = tmp_path_factory.mktemp("experiments")
-    done = {}
-    for method in METHODS:
-        calls = []
-        result = run_experiment(method, INSTANCE, folder / method, overrides=tiny(method), episodes=EPISODES, horizon=HORIZON, progress=False,
-                                on_update=lambda update, metrics, calls=calls: calls.append((update, metrics)))
-        done[method] = (folder / method, result, calls)
-    return done
 
 
 # ---- the registry ---------------------------------------------------------------------------------
@@ -175,8 +151,8 @@ def rebuilt_policy(method: str, weights, config, mode: str):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_run_experiment_trains_and_evaluates_every_method(experiments, method):
-    out, result, calls = experiments[method]
+def test_run_experiment_trains_and_evaluates_every_method(trained, method):
+    out, result, calls = trained[method].folder, trained[method].result, trained[method].calls
     assert set(result) == {"training", "greedy", "sampled"}
     assert result["training"] == json.loads((out / "training.json").read_text())
     assert (result["training"]["status"], result["training"]["updates_done"]) == ("completed", 2)
@@ -197,8 +173,8 @@ def test_run_experiment_trains_and_evaluates_every_method(experiments, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_a_policy_of_fixed_input_size_refuses_another_n(experiments, method):
-    path = experiments[method][0] / "checkpoint.pt"
+def test_a_policy_of_fixed_input_size_refuses_another_n(trained, method):
+    path = trained[method].checkpoint
     other = paper_instance(3, 0)
     if method == "or-transformer":  # attention over items: any n
         policy, _ = registry.load_policy(path, instance=other)
@@ -216,12 +192,12 @@ def policy_input(instance):
     return initial_state(tinst, FactorDemandStream(tinst, 1, 0).initial_factor()), tinst
 
 
-def test_evaluate_script_on_every_methods_checkpoint(experiments, tmp_path):
+def test_evaluate_script_on_every_methods_checkpoint(trained, tmp_path, script_runner):
     (tmp_path / "inst.json").write_text(json.dumps(INSTANCE.to_dict()))
     runs = [(method, mode) for method in METHODS for mode in ("greedy", "sampled")]
 
     def evaluate_script(method, mode):
-        return run_script("evaluate.py", "--instance", tmp_path / "inst.json", "--policy", f"checkpoint:{experiments[method][0] / 'checkpoint.pt'}",
+        return script_runner("evaluate.py", "--instance", tmp_path / "inst.json", "--policy", f"checkpoint:{trained[method].checkpoint}",
                           "--mode", mode, "--episodes", EPISODES, "--horizon", HORIZON, "--out", tmp_path / f"{method}-{mode}")
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -230,14 +206,14 @@ def test_evaluate_script_on_every_methods_checkpoint(experiments, tmp_path):
         assert result.returncode == 0, result.stderr[-2000:]
         summary = read_evaluation(tmp_path / f"{method}-{mode}")["summary"]
         assert summary["policy"] == f"{method}-{mode}" and summary["parameters"]["method"] == method
-        assert summary["mean"] == pytest.approx(experiments[method][1][mode]["mean"], rel=1e-9)  # the same held-out episodes
+        assert summary["mean"] == pytest.approx(trained[method].result[mode]["mean"], rel=1e-9)  # the same held-out episodes
 
 
-def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(experiments, tmp_path):
+def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(trained, tmp_path):
     import shutil
 
     out = tmp_path / "hpo"
-    shutil.copytree(experiments["hpo"][0], out)
+    shutil.copytree(trained["hpo"].folder, out)
     before = {name: (out / name).read_bytes() for name in ("checkpoint.pt", "curve.parquet", "training.json")}
     shutil.rmtree(out / "sampled")  # killed during its evaluation
     (out / "greedy" / "summary.json").unlink()
@@ -248,7 +224,7 @@ def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(experi
                            on_update=lambda *a: calls.append(a))
     assert calls == [] and {name: (out / name).read_bytes() for name in before} == before
     for mode in ("greedy", "sampled"):
-        assert read_evaluation(out / mode)["summary"]["mean"] == experiments["hpo"][1][mode]["mean"] == again[mode]["mean"]
+        assert read_evaluation(out / mode)["summary"]["mean"] == trained["hpo"].result[mode]["mean"] == again[mode]["mean"]
 
 
 def test_workers_train_a_pathwise_method_with_ray_train(monkeypatch, tmp_path):
@@ -288,9 +264,9 @@ def test_workers_scale_an_rllib_method_with_env_runners_and_learners(monkeypatch
 
 
 @pytest.mark.slow
-def test_run_experiment_on_one_ray_train_worker_gives_the_in_process_curve(experiments, tmp_path):
+def test_run_experiment_on_one_ray_train_worker_gives_the_in_process_curve(trained, ray_session, tmp_path):
     result = run_experiment("hpo", INSTANCE, tmp_path, overrides=tiny("hpo"), episodes=EPISODES, horizon=HORIZON, progress=False, workers=1)
-    in_process = experiments["hpo"][0]
+    in_process = trained["hpo"].folder
     assert result["training"]["updates_done"] == 2 and read_evaluation(tmp_path / "sampled")["summary"] == result["sampled"]
     curve = pq.read_table(tmp_path / "curve.parquet").to_pydict()["cost10"]
     assert curve == pytest.approx(pq.read_table(in_process / "curve.parquet").to_pydict()["cost10"], rel=1e-6)

@@ -3,7 +3,6 @@ against a slow reference loop, the fit (loss falls, greedy agreement with the te
 seed's rollouts), the run folder (update-0 checkpoint, resume without repeating it, an interruption during it
 writes nothing), the paper's path unchanged when it is off, world-size invariance, and bad config values."""
 
-import copy
 import json
 
 import pyarrow.parquet as pq
@@ -11,9 +10,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import TINY
 
 import trainers.pathwise as pathwise
-from envs.classical import tuned_policy
 from envs.dynamics import initial_state, step
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import FactorDemandStream
@@ -34,26 +33,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-TUNED = {}
-
-
 @pytest.fixture(scope="module", autouse=True)
-def tune_once():
-    """Tune each teacher once in this module (tuning is deterministic and takes seconds; a copy each time, as
-    a tuned policy may hold a clock)."""
-    def tuned(instance, name, horizon, **kwargs):
-        key = (instance.content_hash(), name, horizon)
-        if key not in TUNED:
-            TUNED[key] = tuned_policy(instance, name, horizon, **kwargs)
-        policy, parameters = TUNED[key]
-        return copy.copy(policy), dict(parameters)
-
+def tune_once(tuned):
+    """The teachers tuned once per session (conftest.tuned)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(pathwise, "tuned_policy", tuned)
         yield
 
 
-TINY = dict(batch=16, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, hidden=32, warmup=2)
+RUN = {**TINY, "batch": 16, "rollout": 5, "hidden": 32, "warmup": 2}
 N4 = paper_instance(4, 0)
 
 
@@ -118,8 +106,8 @@ def test_teacher_targets_match_a_slow_reference_loop():
 @pytest.fixture(scope="module")
 def warm_trainer():
     """A tiny network warm-started by 200 imitation updates on the paper instance n = 4, seed 0."""
-    trainer = PathwiseTrainer(TrainConfig(**TINY, updates=3, imitation_updates=200), N4.to_torch())
-    untrained = PathwiseTrainer(TrainConfig(**TINY, updates=3), N4.to_torch())  # the same initial weights (seed 0)
+    trainer = PathwiseTrainer(TrainConfig(**RUN, updates=3, imitation_updates=200), N4.to_torch())
+    untrained = PathwiseTrainer(TrainConfig(**RUN, updates=3), N4.to_torch())  # the same initial weights (seed 0)
     trainer.warm_start(N4)
     return trainer, untrained
 
@@ -170,7 +158,7 @@ def test_record_and_the_first_update_after_it(warm_trainer):
 
 
 def test_warm_start_is_deterministic_from_the_seed():
-    config = TrainConfig(**TINY, updates=1, imitation_updates=3)
+    config = TrainConfig(**RUN, updates=1, imitation_updates=3)
     a, b = (PathwiseTrainer(config, N4.to_torch()) for _ in range(2))
     a.warm_start(N4), b.warm_start(N4)
     for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()):
@@ -184,7 +172,7 @@ def model_weights(path):
 def test_resume_after_the_warm_start_does_not_repeat_it(tmp_path, monkeypatch):
     """A run stopped at once in update 1 keeps the update-0 checkpoint; resumed without calling the warm start
     again, it ends with the uninterrupted run's model and curve."""
-    config = TrainConfig(**TINY, updates=3, imitation_updates=5, imitation_teacher="base-stock-factor", checkpoint_every=0)
+    config = TrainConfig(**RUN, updates=3, imitation_updates=5, imitation_teacher="base-stock-factor", checkpoint_every=0)
     inst = paper_instance(3, 0)
     straight = train(config, inst, tmp_path / "a", progress=False)
 
@@ -216,7 +204,7 @@ def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypat
 
     monkeypatch.setattr(pathwise, "imitation_losses", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train(TrainConfig(**TINY, updates=2, imitation_updates=3, imitation_teacher="base-stock"), paper_instance(2, 0), tmp_path / "run", progress=False)
+        train(TrainConfig(**RUN, updates=2, imitation_updates=3, imitation_teacher="base-stock"), paper_instance(2, 0), tmp_path / "run", progress=False)
     assert run_files(tmp_path / "run") == []
 
 
@@ -224,27 +212,27 @@ def test_without_imitation_updates_training_is_as_before(tmp_path):
     """The 3-update curve with the field absent and at 0 (with another imitation learning rate), and the curve
     that the same calls gave before the warm start existed (commit bbb6c6b, this machine)."""
     inst = paper_instance(2, 0).to_torch()
-    absent = PathwiseTrainer(TrainConfig(**TINY, updates=3), inst)
-    zero = PathwiseTrainer(TrainConfig(**TINY, updates=3, imitation_updates=0, imitation_learning_rate=0.5), inst)
+    absent = PathwiseTrainer(TrainConfig(**RUN, updates=3), inst)
+    zero = PathwiseTrainer(TrainConfig(**RUN, updates=3, imitation_updates=0, imitation_learning_rate=0.5), inst)
     curve_absent = [absent.step()["cost10"] for _ in range(3)]
     assert [zero.step()["cost10"] for _ in range(3)] == curve_absent
     assert curve_absent == pytest.approx([298.6874198993595, 647.2065015891793, 928.6405972458219], rel=1e-5)
-    summary = train(TrainConfig(**TINY, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
+    summary = train(TrainConfig(**RUN, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
     assert "warm_start" not in summary and read_checkpoint(tmp_path / "run" / "checkpoint.pt")["trainer"]["warm_start"] is None
 
 
 def test_a_checkpoint_written_before_the_warm_start_existed_still_resumes(tmp_path):
     """Its stored config lacks the imitation fields (their defaults: no warm start) and its state the record."""
     inst = paper_instance(2, 0)
-    train(TrainConfig(**TINY, updates=1), inst, tmp_path / "run", progress=False)
+    train(TrainConfig(**RUN, updates=1), inst, tmp_path / "run", progress=False)
     path = tmp_path / "run" / "checkpoint.pt"
     payload = torch.load(path, weights_only=True)
     payload["config"] = {k: v for k, v in payload["config"].items() if not k.startswith("imitation_")}
     del payload["trainer"]["warm_start"]
     torch.save(payload, path)
-    assert train(TrainConfig(**TINY, updates=2), inst, tmp_path / "run", mode="resume", progress=False)["updates_done"] == 2
+    assert train(TrainConfig(**RUN, updates=2), inst, tmp_path / "run", mode="resume", progress=False)["updates_done"] == 2
     with pytest.raises(CheckpointError, match="imitation_updates 0 there, 2 here"):
-        train(TrainConfig(**TINY, updates=3, imitation_updates=2), inst, tmp_path / "run", mode="resume", progress=False)
+        train(TrainConfig(**RUN, updates=3, imitation_updates=2), inst, tmp_path / "run", mode="resume", progress=False)
 
 
 @pytest.mark.parametrize("field, value, allowed", [

@@ -6,7 +6,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import ROOT, run_script
+from conftest import ROOT, TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.checkpoint import CheckpointError, save_checkpoint
@@ -14,12 +14,12 @@ from trainers.pathwise import PathwiseTrainer, TrainConfig
 from trainers.registry import load_checkpoint, load_policy
 from trainers.run import train
 
-TINY = dict(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
+RUN = {**TINY, "warmup": 2, "checkpoint_every": 2}
 
 
 def test_round_trip_gives_identical_decisions(tmp_path):
     instance = paper_instance(3, 0)
-    cfg = TrainConfig(**TINY, updates=2)
+    cfg = TrainConfig(**RUN, updates=2)
     trainer = PathwiseTrainer(cfg, instance.to_torch())
     trainer.step()
     save_checkpoint(tmp_path / "c.pt", cfg, instance, trainer.state_dict(), "completed")
@@ -31,9 +31,9 @@ def test_round_trip_gives_identical_decisions(tmp_path):
 
 def test_resume_continues_the_same_curve(tmp_path):
     instance = paper_instance(2, 0)
-    straight = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "a", progress=False)
-    train(TrainConfig(**TINY, updates=2), instance, tmp_path / "b", progress=False)
-    resumed = train(TrainConfig(**TINY, updates=4), instance, tmp_path / "b", mode="resume", progress=False)
+    straight = train(TrainConfig(**RUN, updates=4), instance, tmp_path / "a", progress=False)
+    train(TrainConfig(**RUN, updates=2), instance, tmp_path / "b", progress=False)
+    resumed = train(TrainConfig(**RUN, updates=4), instance, tmp_path / "b", mode="resume", progress=False)
     curve_a = pq.read_table(tmp_path / "a" / "curve.parquet").to_pydict()
     curve_b = pq.read_table(tmp_path / "b" / "curve.parquet").to_pydict()
     assert curve_a["update"] == curve_b["update"] == [1, 2, 3, 4]
@@ -45,13 +45,13 @@ def test_resume_continues_the_same_curve(tmp_path):
 
 def test_resume_refuses_a_different_config(tmp_path):
     instance = paper_instance(2, 0)
-    train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
+    train(TrainConfig(**RUN, updates=2), instance, tmp_path, progress=False)
     with pytest.raises(CheckpointError, match=r"other settings \(width 16 there, 32 here\): only .updates. may change on resume"):
-        train(TrainConfig(**{**TINY, "width": 32}, updates=4), instance, tmp_path, mode="resume", progress=False)
+        train(TrainConfig(**{**RUN, "width": 32}, updates=4), instance, tmp_path, mode="resume", progress=False)
 
 
 def test_diverged_run_is_a_result(tmp_path):
-    summary = train(TrainConfig(**TINY, updates=5, divergence_cost=1e-6), paper_instance(2, 0), tmp_path, progress=False)
+    summary = train(TrainConfig(**RUN, updates=5, divergence_cost=1e-6), paper_instance(2, 0), tmp_path, progress=False)
     assert summary["status"] == "diverged" and summary["updates_done"] == 1
     assert json.loads((tmp_path / "training.json").read_text())["status"] == "diverged"
     assert load_checkpoint(tmp_path / "checkpoint.pt")["status"] == "diverged"
@@ -59,7 +59,7 @@ def test_diverged_run_is_a_result(tmp_path):
 
 def test_bad_checkpoint_files_are_rejected(tmp_path):
     instance = paper_instance(2, 0)
-    cfg = TrainConfig(**TINY, updates=1)
+    cfg = TrainConfig(**RUN, updates=1)
     trainer = PathwiseTrainer(cfg, instance.to_torch())
     good = tmp_path / "good.pt"
     save_checkpoint(good, cfg, instance, trainer.state_dict(), "completed")
@@ -75,7 +75,7 @@ def test_bad_checkpoint_files_are_rejected(tmp_path):
     torch.save(payload, tmp_path / "mismatch.pt")
     with pytest.raises(CheckpointError, match="weights do not match"):
         load_policy(tmp_path / "mismatch.pt")
-    hpo = TrainConfig(**TINY, updates=1, method="hpo")
+    hpo = TrainConfig(**RUN, updates=1, method="hpo")
     save_checkpoint(tmp_path / "hpo.pt", hpo, instance, PathwiseTrainer(hpo, instance.to_torch()).state_dict(), "completed")
     with pytest.raises(CheckpointError, match="n = 2 items cannot act on an instance with n = 3"):
         load_policy(tmp_path / "hpo.pt", instance=paper_instance(3, 0))
@@ -84,11 +84,11 @@ def test_bad_checkpoint_files_are_rejected(tmp_path):
 script = run_script
 
 
-def test_train_evaluate_decide_end_to_end(tmp_path):
+def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
     inst = tmp_path / "inst.json"
     paper_instance(3, 0).save(inst)
     short = tmp_path / "short-warm-start.yaml"
-    short.write_text("imitation_updates: 20\n")  # the cpu preset's warm start, shortened from 300
+    short.write_text("imitation_updates: 20\nimitation_teacher: base-stock\n")  # the cpu preset's warm start, shortened from 300 (one family to tune)
     run = script("train.py", "--method", "or-transformer", "--instance", inst, "--config", short, "--updates", 3, "--batch", 8, "--episodes", 4,
                  "--horizon", 5, "--out", tmp_path / "run")
     assert run.returncode == 0, run.stderr
@@ -112,16 +112,16 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
     qbar = paper_instance(3, 0).qbar
     assert all(0 <= q <= cap for q, cap in zip(answer["quantity"][0], qbar))
     state.write_text(json.dumps({"inventory": [1, 2], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}))
-    bad = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    bad = script_runner("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert bad.returncode == 2 and "field 'inventory': expected 3 numbers" in bad.stderr
     state.write_text('{"inventory": [1, 2,')
-    bad = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    bad = script_runner("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert bad.returncode == 2 and f"state file '{state}' is not valid JSON" in bad.stderr
-    bad = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
+    bad = script_runner("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
-def test_yaml_config_files(tmp_path):
+def test_yaml_config_files(tmp_path, script_runner):
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
     quick = tmp_path / "quick.yaml"  # tune_configs/train/quick.yaml without the cpu preset's warm start
@@ -133,12 +133,12 @@ def test_yaml_config_files(tmp_path):
     assert (config.hidden, config.batch, config.updates, config.imitation_updates) == (64, 16, 2, 0)  # file over preset, flag over file
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch: 16\nlearning_rte: 0.1\n")
-    result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
+    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
     assert result.returncode == 2 and "unknown keys ['learning_rte']" in result.stderr
     bad.write_text("batch: [16\n")
-    result = script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
+    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
     assert result.returncode == 2 and "is not valid YAML" in result.stderr
-    result = script("train.py", "--method", "hpo", "--instance", inst, "--config", tmp_path / "none.yaml", "--out", tmp_path / "x")
+    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", tmp_path / "none.yaml", "--out", tmp_path / "x")
     assert result.returncode == 2 and "config file" in result.stderr and "does not exist" in result.stderr
 
 

@@ -9,7 +9,7 @@ from conftest import run_script
 
 from envs.classical import FAMILIES, POLICY_NAMES
 from envs.exogenous import HELDOUT_SEED, sample_paths
-from envs.instance import Instance
+from envs.instance import Instance, paper_instance
 
 
 def script(name, *args, check=True):
@@ -46,7 +46,7 @@ def test_instance_and_evaluate_zero_policy_with_trace(tmp_path):
 
 def test_evaluate_classical_best_records_tuned_parameters(tmp_path):
     inst_path = tmp_path / "inst.json"
-    script("instance.py", "--n", 4, "--out", inst_path)
+    paper_instance(4, 0).save(inst_path)
     script("evaluate.py", "--instance", inst_path, "--policy", "classical-best", "--episodes", 8, "--horizon", 10, "--seed", 3, "--out", tmp_path / "best")
     summary = json.loads((tmp_path / "best" / "summary.json").read_text())
     variants = set(POLICY_NAMES) - {"zero", "classical-best"}
@@ -90,18 +90,18 @@ def test_item_table_import(tmp_path):
         (["--policy", "zero", "--instance-missing"], "unrecognized arguments"),
     ],
 )
-def test_bad_flags_give_one_clear_error(tmp_path, args, message):
+def test_bad_flags_give_one_clear_error(tmp_path, args, message, script_runner):
     inst_path = tmp_path / "inst.json"
-    script("instance.py", "--n", 2, "--out", inst_path)
-    result = script("evaluate.py", "--instance", inst_path, "--out", tmp_path / "o", *args, check=False)
+    paper_instance(2, 0).save(inst_path)  # as `instance.py --n 2` writes it (test_instance_and_evaluate_zero_policy_with_trace)
+    result = script_runner("evaluate.py", "--instance", inst_path, "--out", tmp_path / "o", *args)
     assert result.returncode == 2 and message in result.stderr
     assert not (tmp_path / "o").exists()
 
 
-def test_bad_instance_file_is_reported_and_nothing_written(tmp_path):
+def test_bad_instance_file_is_reported_and_nothing_written(tmp_path, script_runner):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"K": 1, "gamma": 1.5, "rho": 0.5, "items": {"h": [1], "b": [1], "lam": [1], "beta": [0], "lead": [1], "qbar": [1]}}))
-    result = script("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o", check=False)
+    result = script_runner("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: instance field 'gamma': expected a number in (0, 1), got 1.5"
     assert not (tmp_path / "o").exists()
@@ -110,7 +110,7 @@ def test_bad_instance_file_is_reported_and_nothing_written(tmp_path):
 def test_evaluate_dp_optimal_on_one_item_matches_its_own_value(tmp_path):
     """evaluate.py --policy dp-optimal: the simulated cost agrees with the DP's expected value (the DP's own
     accuracy is tested in test_dp_optimal.py; this checks the wiring, horizon included)."""
-    script("instance.py", "--n", 1, "--out", tmp_path / "i.json")
+    paper_instance(1, 0).save(tmp_path / "i.json")
     script("evaluate.py", "--instance", tmp_path / "i.json", "--policy", "dp-optimal", "--episodes", 400, "--horizon", 20, "--seed", 5, "--out", tmp_path / "dp")
     summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
     assert summary["policy"] == "dp-optimal" and summary["horizon"] == 20

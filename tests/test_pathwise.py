@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import TINY
 
-from envs.classical import zero_policy
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
@@ -14,7 +14,7 @@ from trainers.pathwise import PathwiseTrainer, TrainConfig, entropy_weight, gae,
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config
 
-TINY = dict(batch=16, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, hidden=32, warmup=2, updates=10)
+RUN = {**TINY, "batch": 16, "rollout": 5, "hidden": 32, "warmup": 2, "updates": 10}
 
 
 def test_learning_rate_and_entropy_schedules():
@@ -43,7 +43,7 @@ def test_gae_matches_a_slow_loop():
 def test_pathwise_gradient_matches_finite_differences(method):
     """d L_PW / d c_Q (the quantity head's bias) through every step, feature and the frozen terminal value."""
     torch.manual_seed(0)
-    cfg = TrainConfig(method=method, **TINY)
+    cfg = TrainConfig(method=method, **RUN)
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
     trainer = PathwiseTrainer(cfg, inst)
     trainer.model.double()
@@ -73,7 +73,7 @@ def test_pathwise_gradient_matches_finite_differences(method):
 
 def test_one_update_lowers_the_loss_on_a_fixed_batch():
     torch.manual_seed(0)
-    cfg = TrainConfig(**{**TINY, "warmup": 1, "learning_rate": 1e-3})
+    cfg = TrainConfig(**{**RUN, "warmup": 1, "learning_rate": 1e-3})
     inst = paper_instance(2, 0).to_torch()
     trainer = PathwiseTrainer(cfg, inst)
     streams = (trainer.stream.generator.get_state(), trainer.generator.get_state())
@@ -90,13 +90,22 @@ def test_one_update_lowers_the_loss_on_a_fixed_batch():
 
 def test_same_seed_gives_the_same_curve_and_other_seeds_differ():
     inst = paper_instance(2, 0).to_torch()
-    trainers = [PathwiseTrainer(TrainConfig(**TINY, seed=s), inst) for s in (3, 3, 4)]
+    trainers = [PathwiseTrainer(TrainConfig(**RUN, seed=s), inst) for s in (3, 3, 4)]
     costs = [[t.step()["cost10"] for _ in range(3)] for t in trainers]
     assert costs[0] == costs[1] and costs[0] != costs[2]
 
 
+CLOSE_TO_CLASSICAL_BEST = {"or-transformer": 1.03, "hpo": 1.15}
+"""How far above tuned classical-best's cost the tiny training ends at most, per method (see the test)."""
+
+
 @pytest.mark.parametrize("method", ["or-transformer", "hpo"])
-def test_tiny_training_beats_the_zero_policy_by_far(method):
+def test_tiny_training_comes_close_to_classical_best(method, tuned):
+    """120 updates at n = 1 bring the greedy policy close to tuned classical-best on the same 32 held-out paths:
+    measured here 1.004 x classical-best's cost for OR-Transformer, 1.102 x for HPO. A broken gradient misses the
+    margin: OR-Transformer with the quantity head's output detached ends at 1.061 x; HPO with the opening head's
+    output detached at 23 x. (HPO learns mostly the opening in 120 updates: with its quantity head detached it
+    ends at 1.099 x, inside its margin; the pathwise gradient itself is checked by finite differences above.)"""
     torch.manual_seed(0)
     instance = paper_instance(1, 0)
     inst = instance.to_torch()
@@ -107,13 +116,13 @@ def test_tiny_training_beats_the_zero_policy_by_far(method):
         trainer.step()
     paths = sample_paths(instance, 99, 32, 50)
     learned = evaluate(LearnedPolicy(trainer.model, "greedy"), inst, paths).mean
-    zero = evaluate(zero_policy, inst, paths).mean
-    assert learned < 0.2 * zero
+    classical_best = evaluate(tuned(instance, "classical-best", 50)[0], inst, paths).mean
+    assert learned < CLOSE_TO_CLASSICAL_BEST[method] * classical_best, learned / classical_best
 
 
 def test_divergence_is_detected():
     inst = paper_instance(2, 0).to_torch()
-    trainer = PathwiseTrainer(TrainConfig(**TINY, divergence_cost=1e-6), inst)
+    trainer = PathwiseTrainer(TrainConfig(**RUN, divergence_cost=1e-6), inst)
     assert "exceeds" in trainer.diverged(trainer.step())
     metrics = trainer.step() | {"loss": float("nan")}
     assert trainer.diverged(metrics) == "non-finite loss or cost"

@@ -1,8 +1,9 @@
 """init_ray: the embedded Ray listens on loopback only and leaves no token in ~/.ray; an address where no Ray
-cluster answers is refused within seconds as bad input, without starting Ray. Each case runs in its own
-interpreter: the session's Ray (`ray_session`) must neither collide with it nor satisfy it."""
+cluster answers is refused within seconds as bad input, without starting Ray. The cases run in interpreters of
+their own: the session's Ray (`ray_session`) must neither collide with them nor satisfy them."""
 
 import ipaddress
+import json
 import os
 import socket
 import subprocess
@@ -34,13 +35,19 @@ ray.shutdown()
 """
 
 CONNECT = """
-import sys, ray
+import json, os, sys, ray
 from solver_workers.ray_session import init_ray
 
-try:
-    init_ray(1, sys.argv[1] or None)
-finally:
-    print("ray started" if ray.is_initialized() else "ray not started", flush=True)
+for address, ray_address in json.loads(sys.argv[1]):
+    os.environ.pop("RAY_ADDRESS", None)
+    if ray_address:
+        os.environ["RAY_ADDRESS"] = ray_address
+    try:
+        init_ray(1, address or None)
+        error = None
+    except Exception as exc:
+        error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"
+    print(json.dumps({"error": error, "started": ray.is_initialized()}), flush=True)
 """
 
 RAY_ENV = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # what the session's Ray may have set
@@ -126,28 +133,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def connect(address: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """init_ray(1, address or None) in a fresh interpreter; its stdout says whether Ray was started."""
-    return subprocess.run([sys.executable, "-c", CONNECT, address], cwd=ROOT, env=clean_env(tmp_path, **env),
-                          capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize("via_env", [False, True], ids=["flag", "RAY_ADDRESS"])
-def test_an_address_where_nothing_listens_is_refused_without_starting_ray(tmp_path, via_env):
-    address = f"127.0.0.1:{free_port()}"
-    result = connect("", tmp_path, RAY_ADDRESS=address) if via_env else connect(address, tmp_path)
-    where = f"RAY_ADDRESS={address}" if via_env else f"--address {address}"
-    error = result.stderr.strip().splitlines()[-1]
-    assert error == f"envs.errors.InputError: {where}: no Ray cluster answers there (Connection refused)", result.stderr[-3000:]  # the address as given
-    assert result.stdout.strip() == "ray not started"
-
-
-@pytest.mark.parametrize("address, message", [
+NOTHING_LISTENS = {"flag": f"127.0.0.1:{free_port()}", "RAY_ADDRESS": f"127.0.0.1:{free_port()}"}
+NO_GCS_ADDRESS = [
     ("ray://127.0.0.1:10001", "Ray Client and URL addresses are not supported"),
     ("headnode", "expected HOST:PORT"),
     ("127.0.0.1:99999", "expected HOST:PORT"),
-])
-def test_an_address_that_is_no_gcs_address_is_refused(tmp_path, address, message):
-    result = connect(address, tmp_path)
-    assert f"envs.errors.InputError: --address {address}: {message}" in result.stderr, result.stderr[-3000:]
-    assert result.stdout.strip() == "ray not started"
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """init_ray(1, address or None) for every case below, one after the other in one fresh interpreter (none
+    starts Ray, so each meets the state the one before it found): {(address, RAY_ADDRESS): {error, started}}."""
+    cases = [("", NOTHING_LISTENS["RAY_ADDRESS"]), (NOTHING_LISTENS["flag"], ""), *((address, "") for address, _ in NO_GCS_ADDRESS)]
+    result = subprocess.run([sys.executable, "-c", CONNECT, json.dumps(cases)], cwd=ROOT, env=clean_env(tmp_path_factory.mktemp("home")),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return dict(zip(cases, map(json.loads, result.stdout.splitlines())))
+
+
+@pytest.mark.parametrize("via_env", [False, True], ids=["flag", "RAY_ADDRESS"])
+def test_an_address_where_nothing_listens_is_refused_without_starting_ray(refusals, via_env):
+    address = NOTHING_LISTENS["RAY_ADDRESS" if via_env else "flag"]
+    result = refusals[("", address) if via_env else (address, "")]
+    where = f"RAY_ADDRESS={address}" if via_env else f"--address {address}"
+    assert result["error"] == f"envs.errors.InputError: {where}: no Ray cluster answers there (Connection refused)", result  # the address as given
+    assert not result["started"]
+
+
+@pytest.mark.parametrize("address, message", NO_GCS_ADDRESS)
+def test_an_address_that_is_no_gcs_address_is_refused(refusals, address, message):
+    result = refusals[(address, "")]
+    assert result["error"].startswith(f"envs.errors.InputError: --address {address}: {message}"), result
+    assert not result["started"]

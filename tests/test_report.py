@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_script
+from conftest import TINY, run_script
 
 from envs.classical import make_policy, zero_policy
 from envs.errors import InputError
@@ -31,12 +31,12 @@ from trainers.pathwise import build_network
 from trainers.registry import method_config
 
 EPISODES, HORIZON = 8, 10
-TINY = {"batch": 8, "updates": 40, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32}
+RUN = {**TINY, "updates": 40}
 SWEEP = {
     "sizes": [1, 4],
     "seeds": 3,
     "methods": ["hpo", "or-transformer"],
-    "overrides": {"all": TINY},
+    "overrides": {"all": RUN},
     "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
     "baselines": {"classical_best": True, "dp_optimal": True, "bound": {"time_limit": 10},
                   "milp": [{"name": "milp-highs", "scenarios": 3, "plan_horizon": 5, "time_limit": 2},
@@ -83,7 +83,7 @@ def write_results(root) -> None:
                 write_evaluation(folder / opening, f"{method}-{opening}", evaluation(mean + shift, D), HELDOUT_SEED, {}, instance=insts[n])
             row |= {"greedy_mean": mean, "sampled_mean": mean + 1, "checkpoint": str(folder.relative_to(root) / "checkpoint.pt")}
             if seed == 0:  # the decision time loads the first finished seed's policy
-                config = method_config(method, "cpu", {**TINY, "seed": seed})
+                config = method_config(method, "cpu", {**RUN, "seed": seed})
                 save_checkpoint(folder / "checkpoint.pt", config, insts[n], {"model": build_network(config, n).state_dict(), "update": 40}, status)
         rows.append(row)
         cost10 = 300.0 + 10 * seed if (method, n) == ("or-transformer", 1) else 1000.0 / (1 + seed)

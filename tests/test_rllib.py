@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from ray.train.constants import DEFAULT_STORAGE_PATH
+from conftest import TINY
 from scipy import stats
 
-from envs.classical import zero_policy
 from envs.dynamics import State
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
@@ -25,7 +25,9 @@ from trainers.config import ConfigError
 from trainers.registry import load_checkpoint, load_policy, method_config
 from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, train_ppo
 
-TINY = dict(batch=16, rollout=5, epochs=1, minibatches=2, hidden=16, blocks=1, width=16, heads=2, feed_forward=32)
+RUN = {**TINY, "epochs": 1, "minibatches": 2}
+PPO_MARGIN = 4.0
+"""How far above tuned classical-best's cost the tiny PPO run ends at most (see its test)."""
 
 
 def test_distribution_log_probability_by_hand():
@@ -46,7 +48,7 @@ def test_distribution_log_probability_by_hand():
 def test_sampled_actions_have_the_action_space_shape_and_bounds(method):
     torch.manual_seed(0)
     inst = paper_instance(5, 0)
-    module = build_module(PPOTrainConfig(method=method, **TINY), inst.n)
+    module = build_module(PPOTrainConfig(method=method, **RUN), inst.n)
     env = JRPVectorEnv(inst, num_envs=7)
     obs, _ = env.reset(seed=0)
     inputs = module.forward_exploration({"obs": torch.as_tensor(obs)})["action_dist_inputs"]
@@ -64,7 +66,7 @@ def test_transformer_ppo_module_is_permutation_equivariant():
     inst = paper_instance(6, 0)
     perm = np.random.default_rng(0).permutation(6)
     permuted = Instance(**{k: getattr(inst, k)[perm] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho)
-    module = build_module(PPOTrainConfig(method="transformer-ppo", **TINY), 6)
+    module = build_module(PPOTrainConfig(method="transformer-ppo", **RUN), 6)
     g = torch.Generator().manual_seed(0)
     state = State(torch.randn(3, 6, generator=g) * 4, torch.rand(3, 6, 3, generator=g) * 3, torch.randn(3, generator=g))
     state_p = State(state.inv[:, perm], state.pipe[:, perm], state.factor)
@@ -90,7 +92,11 @@ def tiny_run(tmp_path_factory, ray_session):
     return inst, config, out, summary, initial, after - before
 
 
-def test_tiny_ppo_run_improves_clearly_on_its_initial_policy(tiny_run):
+def test_tiny_ppo_run_improves_clearly_on_its_initial_policy(tiny_run, tuned):
+    """60 updates at n = 1 take the greedy policy from 19.4 x tuned classical-best's cost on the same 32 held-out
+    paths (its initial network, measured here) to below PPO_MARGIN x. With a broken gradient (the log-probability
+    detached in the loss, so only the entropy and value terms train) the same run ends at 6.1 x: below half its
+    initial cost, which the first check alone would accept, but outside the margin."""
     inst, config, out, summary, initial, _ = tiny_run
     assert summary["status"] == "completed" and summary["updates_done"] == 60
     paths = sample_paths(inst, 123, 32, 50)
@@ -99,7 +105,8 @@ def test_tiny_ppo_run_improves_clearly_on_its_initial_policy(tiny_run):
     trained, _ = load_policy(out / "checkpoint.pt", "greedy")
     after = evaluate(trained, tinst, paths).mean
     assert after < 0.5 * before
-    assert after < 0.2 * evaluate(zero_policy, tinst, paths).mean
+    classical_best = evaluate(tuned(inst, "classical-best", 50)[0], tinst, paths).mean
+    assert after < PPO_MARGIN * classical_best, after / classical_best
 
 
 def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path, monkeypatch):
@@ -109,10 +116,10 @@ def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path, monkeypatch):
     paths = sample_paths(inst, 5, 4, 6)
     first, second = (evaluate(policy, inst.to_torch(), paths).discounted_cost for _ in range(2))
     np.testing.assert_array_equal(first, second)  # the sampled mode replays its seeded stream
-    small = PPOTrainConfig(method="transformer-ppo", **TINY, updates=2)
+    small = PPOTrainConfig(method="transformer-ppo", **RUN, updates=2)
     monkeypatch.chdir(tmp_path.parent)  # a relative run directory, as from the command line
     train_ppo(small, paper_instance(2, 0), tmp_path.name, progress=False)
-    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **TINY, updates=3), paper_instance(2, 0), tmp_path.name, mode="resume", progress=False)
+    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **RUN, updates=3), paper_instance(2, 0), tmp_path.name, mode="resume", progress=False)
     assert resumed["updates_done"] == 3
     assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2, 3]
     assert (tmp_path / "tensorboard").exists() and (tmp_path / "rllib" / "algorithm-3").is_dir() and not (tmp_path / "rllib" / "algorithm-2").exists()
@@ -134,7 +141,7 @@ def test_an_interrupt_saves_the_update_under_way_and_the_run_resumes(tmp_path, m
         return on_sample_end(self, **kwargs)
 
     monkeypatch.setattr(RolloutCost, "on_sample_end", interrupted)
-    config, inst = PPOTrainConfig(method="ppo", **TINY, updates=4), paper_instance(2, 0)
+    config, inst = PPOTrainConfig(method="ppo", **RUN, updates=4), paper_instance(2, 0)
     with pytest.raises(KeyboardInterrupt):
         train_ppo(config, inst, tmp_path, progress=False)
     ckpt = load_checkpoint(tmp_path / "checkpoint.pt")
@@ -151,7 +158,7 @@ def test_an_interrupt_saves_the_update_under_way_and_the_run_resumes(tmp_path, m
 @pytest.mark.parametrize("field, value, message", [
     ("epochs", True, "an integer >= 1, got a boolean true"),
     ("minibatches", 0, "an integer >= 1, got 0"),
-    ("minibatches", 3, "must divide batch x rollout = 80, got 3"),
+    ("minibatches", 5, "must divide batch x rollout = 24, got 5"),
     ("clip", 0, "a number > 0, got 0"),
     ("value_weight", -0.1, "a number >= 0, got -0.1"),
     ("entropy", "lots", "a number >= 0, got a string \"lots\""),
@@ -159,7 +166,7 @@ def test_an_interrupt_saves_the_update_under_way_and_the_run_resumes(tmp_path, m
 ])
 def test_every_ppo_config_field_is_checked(field, value, message):
     with pytest.raises(ConfigError, match=re.escape(f"config field '{field}': ") + "(expected )?" + re.escape(message)):
-        PPOTrainConfig.from_dict({**TINY, field: value})
-    assert PPOTrainConfig.from_dict({**TINY, **load_yaml("clip: 2e-1", "config file", "c.yaml")}).clip == 0.2  # YAML 1.1 would read a string
+        PPOTrainConfig.from_dict({**RUN, field: value})
+    assert PPOTrainConfig.from_dict({**RUN, **load_yaml("clip: 2e-1", "config file", "c.yaml")}).clip == 0.2  # YAML 1.1 would read a string
     with pytest.raises(ConfigError, match=r"preset: expected one of \['paper', 'cpu'\], got 'huge'"):
         method_config("ppo", "huge")

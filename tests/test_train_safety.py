@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
-from conftest import ROOT, run_script
+from conftest import ROOT, TINY, run_script
 
 from envs.cli import _terminate
 from envs.errors import InputError
@@ -28,7 +28,7 @@ from trainers.pathwise import PathwiseTrainer, TrainConfig
 from trainers.registry import load_checkpoint, method_config
 from trainers.run import train
 
-TINY = dict(method="hpo", batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hidden=16, warmup=2, checkpoint_every=2)
+RUN = {**TINY, "method": "hpo", "warmup": 2, "checkpoint_every": 2}
 
 
 def curve(folder) -> dict:
@@ -41,31 +41,31 @@ def event_files(folder) -> list:
 
 def test_a_new_run_refuses_a_folder_that_holds_a_run(tmp_path):
     instance = paper_instance(2, 0)
-    train(TrainConfig(**TINY, updates=2), instance, tmp_path / "run", progress=False)
+    train(TrainConfig(**RUN, updates=2), instance, tmp_path / "run", progress=False)
     before = (tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")
     with pytest.raises(InputError, match=r"run folder '.*run' already holds a run \(checkpoint.pt, curve.parquet, tensorboard, training.json\): "
                                          r"continue it with --resume or replace it with --overwrite"):
-        train(TrainConfig(**TINY, updates=3, seed=1), instance, tmp_path / "run", progress=False)
+        train(TrainConfig(**RUN, updates=3, seed=1), instance, tmp_path / "run", progress=False)
     assert ((tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")) == before
     for name in ("greedy", "tensorboard"):  # any one of a run's files is enough
         (tmp_path / name / name).mkdir(parents=True)
         with pytest.raises(InputError, match=f"already holds a run \\({name}\\)"):
-            train(TrainConfig(**TINY, updates=2), instance, tmp_path / name, progress=False)
+            train(TrainConfig(**RUN, updates=2), instance, tmp_path / name, progress=False)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("a user's file")
-    assert train(TrainConfig(**TINY, updates=1), instance, tmp_path / "mine", progress=False)["status"] == "completed"
+    assert train(TrainConfig(**RUN, updates=1), instance, tmp_path / "mine", progress=False)["status"] == "completed"
 
 
 def test_overwrite_replaces_the_previous_run_and_nothing_else(tmp_path):
     instance = paper_instance(2, 0)
     run = tmp_path / "run"
-    train(TrainConfig(**TINY, updates=4), instance, run, progress=False)
+    train(TrainConfig(**RUN, updates=4), instance, run, progress=False)
     for name in ("greedy", "sampled", "rllib/algorithm-4"):
         (run / name).mkdir(parents=True)
         (run / name / "summary.json").write_text("{}")
     (run / ".checkpoint.pt.tmp123").write_bytes(b"left by a killed writer")
     (run / "notes.txt").write_text("a user's file")
-    summary = train(TrainConfig(**TINY, updates=2, seed=5), instance, run, mode="overwrite", progress=False)
+    summary = train(TrainConfig(**RUN, updates=2, seed=5), instance, run, mode="overwrite", progress=False)
     assert summary["updates_done"] == 2 and summary["seed"] == 5
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "curve.parquet", "notes.txt", "tensorboard", "training.json"]
     assert len(event_files(run)) == 1  # TensorBoard holds the new run only
@@ -74,7 +74,7 @@ def test_overwrite_replaces_the_previous_run_and_nothing_else(tmp_path):
 
 
 def test_resume_needs_a_checkpoint(tmp_path):
-    cfg = TrainConfig(**TINY, updates=2)
+    cfg = TrainConfig(**RUN, updates=2)
     with pytest.raises(InputError, match=r"run folder '.*empty' has no checkpoint.pt to resume: run without --resume to start it"):
         train(cfg, paper_instance(2, 0), tmp_path / "empty", mode="resume", progress=False)
     assert not (tmp_path / "empty").exists()
@@ -85,8 +85,8 @@ def test_resume_needs_a_checkpoint(tmp_path):
 
 def test_resume_refuses_a_curve_that_lacks_updates_of_the_checkpoint(tmp_path):
     instance = paper_instance(2, 0)
-    cfg = TrainConfig(**TINY, updates=4)
-    train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
+    cfg = TrainConfig(**RUN, updates=4)
+    train(TrainConfig(**RUN, updates=2), instance, tmp_path, progress=False)
     rows = pq.read_table(tmp_path / "curve.parquet")
     checkpoint = (tmp_path / "checkpoint.pt").read_bytes()
     (tmp_path / "curve.parquet").unlink()
@@ -107,18 +107,18 @@ def test_resume_refuses_a_curve_that_lacks_updates_of_the_checkpoint(tmp_path):
 def test_resume_of_a_run_that_ended_trains_nothing(tmp_path):
     instance = paper_instance(2, 0)
     done = tmp_path / "done"
-    summary = train(TrainConfig(**TINY, updates=2), instance, done, progress=False)
+    summary = train(TrainConfig(**RUN, updates=2), instance, done, progress=False)
     files = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
-    assert train(TrainConfig(**TINY, updates=2), instance, done, mode="resume", progress=False) == summary
+    assert train(TrainConfig(**RUN, updates=2), instance, done, mode="resume", progress=False) == summary
     assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == files  # nothing written, TensorBoard included
     with pytest.raises(InputError, match="holds update 2, more than this run's 1 updates: resume with at least 2"):
-        train(TrainConfig(**TINY, updates=1), instance, done, mode="resume", progress=False)
+        train(TrainConfig(**RUN, updates=1), instance, done, mode="resume", progress=False)
     (done / "training.json").unlink()  # a run killed between its last checkpoint and training.json
-    rebuilt = train(TrainConfig(**TINY, updates=2), instance, done, mode="resume", progress=False)
+    rebuilt = train(TrainConfig(**RUN, updates=2), instance, done, mode="resume", progress=False)
     assert {k: rebuilt[k] for k in ("status", "updates_done", "final_cost10")} == {k: summary[k] for k in ("status", "updates_done", "final_cost10")}
     diverged = tmp_path / "diverged"
-    first = train(TrainConfig(**TINY, updates=5, divergence_cost=1e-6), instance, diverged, progress=False)
-    again = train(TrainConfig(**TINY, updates=9, divergence_cost=1e-6), instance, diverged, mode="resume", progress=False)
+    first = train(TrainConfig(**RUN, updates=5, divergence_cost=1e-6), instance, diverged, progress=False)
+    again = train(TrainConfig(**RUN, updates=9, divergence_cost=1e-6), instance, diverged, mode="resume", progress=False)
     assert again == first and again["status"] == "diverged" and curve(diverged)["update"] == [1]
     assert load_checkpoint(diverged / "checkpoint.pt")["reason"] == first["reason"] and "exceeds" in first["reason"]
 
@@ -147,7 +147,7 @@ def interrupt_at(monkeypatch, update: int, signals: int, signum=signal.SIGINT):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupt_finishes_the_update_saves_it_and_the_resume_matches(tmp_path, monkeypatch, sigterm_is_ctrl_c, signum):
     instance = paper_instance(2, 0)
-    cfg = TrainConfig(**{**TINY, "checkpoint_every": 0}, updates=6)
+    cfg = TrainConfig(**{**RUN, "checkpoint_every": 0}, updates=6)
     straight = train(cfg, instance, tmp_path / "straight", progress=False)
     interrupt_at(monkeypatch, 2, signals=1, signum=signum)
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
@@ -167,7 +167,7 @@ def test_an_interrupt_finishes_the_update_saves_it_and_the_resume_matches(tmp_pa
 
 def test_a_second_interrupt_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     instance = paper_instance(2, 0)
-    cfg = TrainConfig(**TINY, updates=6)  # checkpoints at updates 2, 4 and 6
+    cfg = TrainConfig(**RUN, updates=6)  # checkpoints at updates 2, 4 and 6
     train(cfg, instance, tmp_path / "straight", progress=False)
     interrupt_at(monkeypatch, 2, signals=1)
     with pytest.raises(KeyboardInterrupt):
@@ -190,9 +190,9 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
     instance = paper_instance(2, 0)
     instance.save(inst)
     source = tmp_path / "source"
-    train(TrainConfig(**TINY, updates=2, seed=9), instance, source, progress=False)
+    train(TrainConfig(**RUN, updates=2, seed=9), instance, source, progress=False)
     config = tmp_path / "tiny.yaml"
-    fields = {**TINY, "checkpoint_every": 10, "learning_rate": "3e-4"}
+    fields = {**RUN, "checkpoint_every": 10, "learning_rate": "3e-4"}
     config.write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if k != "method"))
     assert yaml.safe_load(config.read_text())["learning_rate"] == "3e-4"  # YAML 1.1 reads it as a string; train.py takes the number
     run, log = tmp_path / "run", tmp_path / "stderr.txt"
@@ -236,11 +236,11 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
 def test_a_refused_resume_names_the_fields_that_differ_and_both_values(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
-    train(TrainConfig(**TINY, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
+    train(TrainConfig(**RUN, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     common = ["--instance", inst, "--preset", "paper", "--updates", 3, "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run", "--resume"]
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "method"}))
+    config.write_text(yaml.safe_dump({k: v for k, v in RUN.items() if k != "method"}))
     for flags, differs in ((["--method", "hpo", "--config", config, "--batch", 4, "--seed", 1], "batch 8 there, 4 here; seed 0 there, 1 here"),
                            (["--method", "ppo", "--batch", 8], 'method "hpo" there, "ppo" here)')):
         result = run_script("train.py", *flags, *common)
@@ -320,7 +320,7 @@ def test_numbers_in_yaml_form_are_read_as_numbers():
 
 def test_curve_columns_are_checked(tmp_path):
     instance = paper_instance(2, 0)
-    train(TrainConfig(**TINY, updates=2), instance, tmp_path, progress=False)
+    train(TrainConfig(**RUN, updates=2), instance, tmp_path, progress=False)
     pq.write_table(pa.table({"update": [1, 2]}), tmp_path / "curve.parquet")
     with pytest.raises(InputError, match=r"expected the columns \['method', 'n', 'seed', 'update', 'cost10', 'wall_seconds'\]"):
-        train(TrainConfig(**TINY, updates=3), instance, tmp_path, mode="resume", progress=False)
+        train(TrainConfig(**RUN, updates=3), instance, tmp_path, mode="resume", progress=False)

@@ -378,13 +378,13 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     lines = dry_run(spec, {"CPU": 2.0, "GPU": 0.0})
     assert "  fake: 1 CPU, 0 GPU per trial (1 Ray Train workers)" in lines and any("about 0.5 learner-hours" in line for line in lines)
     # the report: HPO's only seed failed, the fake method's finished with the costs 50 + D
-    sweep = {"sizes": [1], "seeds": 1, "methods": ["fake", "hpo"], "overrides": {"all": TINY}, "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
+    sweep = {"sizes": [1], "seeds": 1, "methods": ["fake", "hpo"], "overrides": {"all": RUN}, "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
              "baselines": {"classical_best": False, "dp_optimal": False}}
     root, inst = tmp_path / "results", paper_instance(1, 0)
     folder = root / "trials" / "fake-n1-s0"
     for opening in ("greedy", "sampled"):
         write_evaluation(folder / opening, f"fake-{opening}", evaluation(50.0, D), HELDOUT_SEED, {}, instance=inst)
-    config = method_config("fake", "cpu", {**TINY, "seed": 0})
+    config = method_config("fake", "cpu", {**RUN, "seed": 0})
     save_checkpoint(folder / "checkpoint.pt", config, inst, {"model": build_network(config, 1).state_dict(), "update": 40}, "completed")
     rows = [{"method": "fake", "n": 1, "seed": 0, "status": "completed", "updates": 40, "greedy_mean": 50.0},
             {"method": "hpo", "n": 1, "seed": 0, "status": "failed", "reason": "ValueError: a", "updates": 3}]

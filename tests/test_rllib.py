@@ -26,7 +26,7 @@ from trainers.registry import load_checkpoint, load_policy, method_config
 from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, train_ppo
 
 RUN = {**TINY, "epochs": 1, "minibatches": 2}
-PPO_MARGIN = 4.0
+PPO_MARGIN = 1.5
 """How far above tuned classical-best's cost the tiny PPO run ends at most (see its test)."""
 
 
@@ -94,9 +94,9 @@ def tiny_run(tmp_path_factory, ray_session):
 
 def test_tiny_ppo_run_improves_clearly_on_its_initial_policy(tiny_run, tuned):
     """60 updates at n = 1 take the greedy policy from 19.4 x tuned classical-best's cost on the same 32 held-out
-    paths (its initial network, measured here) to below PPO_MARGIN x. With a broken gradient (the log-probability
-    detached in the loss, so only the entropy and value terms train) the same run ends at 6.1 x: below half its
-    initial cost, which the first check alone would accept, but outside the margin."""
+    paths (its initial network) to 1.08 x (measured here). With a broken gradient (the log-probability detached in
+    the loss, so only the entropy and value terms train) the same run ends at 6.1 x: below half its initial cost,
+    which the first check alone would accept, but far outside the margin."""
     inst, config, out, summary, initial, _ = tiny_run
     assert summary["status"] == "completed" and summary["updates_done"] == 60
     paths = sample_paths(inst, 123, 32, 50)

@@ -108,8 +108,8 @@ VALID = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [16, 16, 16]], "factor":
         ({"in_transit": "[[0, 0, 0], [0, 0, 0]]"}, r"'in_transit': expected 2 lists .* got a string"),
         ({"inventory": [1, "2"]}, r"'inventory'\[1\]: expected a number, got a string \"2\""),
         ({"inventory": [1, None]}, r"'inventory'\[1\]: expected a number, got null"),
-        ({"factor": float("inf")}, r"'factor': expected a finite number, got Infinity"),
-        ({"factor": 10**400}, r"'factor': expected a finite number"),
+        ({"factor": float("inf")}, r"'factor': expected a number, got Infinity"),
+        ({"factor": 10**400}, r"'factor': expected a number, got 1000000000"),
         ({"factor": True}, r"'factor': expected a number, got a boolean true"),
         ({"factor": [0.5]}, r"'factor': expected a number, got a list of 1"),
     ],
@@ -131,7 +131,7 @@ def test_states_outside_the_instance_are_refused(change, message, tmp_path):
         ("[]", "an empty list"),
         ('"state"', 'expected a state object or a list of them, got a string "state"'),
         ("[[1, 2]]", "state 0: expected an object"),
-        ('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "time": 3}', r"state 0: unknown \['time'\]"),
+        ('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "time": 3}', r"state 0: unknown keys \['time'\]"),
     ],
 )
 def test_state_files_that_are_not_a_batch_of_states_are_refused(text, message, tmp_path):

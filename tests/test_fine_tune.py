@@ -10,7 +10,7 @@ from conftest import TINY, run_script
 from envs.instance import paper_instance
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseTrainer
-from trainers.registry import load_checkpoint, method_config
+from trainers.registry import load_checkpoint, method_config, train
 
 NETWORK = {**TINY, "updates": 2}
 """The network of the session's trained runs (conftest.trained, n = 2), for 2 updates."""
@@ -64,15 +64,15 @@ def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, 
     assert json.loads((tmp_path / "ft2" / "training.json").read_text())["warm_start"]["updates"] == 2
 
 
-def test_a_refused_initial_weights_leaves_no_run_folder(trained, tmp_path):
+def test_a_refused_initial_weights_leaves_no_run_folder(trained_paths, tmp_path, script_runner):
     """The checkpoint is checked before the run folder is made (the script and the library alike)."""
     inst = tmp_path / "i4.json"
     paper_instance(4, 0).save(inst)
-    result = run_script("train.py", "--method", "hpo", "--instance", inst, "--initial-weights", trained / "or-transformer" / "checkpoint.pt",
+    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--initial-weights", trained_paths["or-transformer"],
                         "--out", tmp_path / "ft")
     assert result.returncode == 2 and "holds another network: method 'or-transformer' (this run: 'hpo')" in result.stderr, result.stderr[-2000:]
     assert not (tmp_path / "ft").exists()
     with pytest.raises(ConfigError, match="does not fit this network"):
-        train(method_config("hpo", "cpu", {**TINY, "initial_weights": str(trained / "hpo" / "checkpoint.pt")}), paper_instance(6, 0), tmp_path / "lib",
+        train(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0), tmp_path / "lib",
               progress=False)
     assert not (tmp_path / "lib").exists()

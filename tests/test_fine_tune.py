@@ -49,6 +49,7 @@ def test_another_network_is_refused_naming_the_field(trained_paths):
         PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0).to_torch())
 
 
+@pytest.mark.slow
 def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, tmp_path):
     """train.py --initial-weights: the cpu preset imitates classical-best first, which would overwrite the network."""
     inst, config = tmp_path / "i6.json", tmp_path / "network.yaml"

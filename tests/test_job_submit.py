@@ -84,6 +84,7 @@ def test_a_job_without_working_dir_takes_any_absolute_out(tmp_path, monkeypatch)
     assert resolve_out(str(tmp_path / "runs/x")) == tmp_path / "runs/x"
 
 
+@pytest.mark.slow
 def test_every_script_that_writes_results_refuses_a_relative_out_under_a_job(tmp_path):
     """Run concurrently (each imports torch); RAY_ADDRESS names a dead cluster, so a script that gets past --out
     fails fast with another error instead of starting work."""

@@ -52,6 +52,7 @@ def test_bad_arguments_are_refused_before_ray_starts(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+@pytest.mark.slow
 def test_one_worker_gives_the_plain_process_curve_and_run_folder(ray_session, tmp_path):
     plain = train(CONFIG, INSTANCE, tmp_path / "plain", progress=False)
     summary = ray_train.train_data_parallel(CONFIG, INSTANCE, tmp_path / "ray", workers=1, progress=False)

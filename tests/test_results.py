@@ -98,6 +98,7 @@ def test_a_summary_missing_a_field_is_named(tmp_path):
         results.read_evaluation(tmp_path / "ev")
 
 
+@pytest.mark.slow
 def test_report_refuses_to_pair_evaluations_of_different_instances(tmp_path):
     for n in (2, 4):
         run_script("instance.py", "--n", n, "--out", tmp_path / f"i{n}.json", check=True)

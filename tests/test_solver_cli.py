@@ -39,6 +39,7 @@ def test_milp_cli_writes_the_evaluation_format_and_decisions(solved):
     assert "12 decisions" in milp.stdout
 
 
+@pytest.mark.slow
 def test_rerun_resumes_from_the_journal(solved):
     tmp, _, _ = solved
     before = (tmp / "milp" / "decisions.jsonl").read_text()
@@ -48,6 +49,7 @@ def test_rerun_resumes_from_the_journal(solved):
     assert (tmp / "milp" / "decisions.jsonl").read_text() == before  # nothing solved again
 
 
+@pytest.mark.slow
 def test_bound_cli_and_report_gap(solved):
     tmp, _, bound = solved
     summary = json.loads((tmp / "bound" / "summary.json").read_text())

@@ -139,6 +139,7 @@ def test_more_episodes_and_a_longer_horizon_extend_the_milp_journal(runs):
     assert summary["episodes"] == 2 and summary["decisions"]["count"] == 6
 
 
+@pytest.mark.slow
 def test_more_episodes_extend_the_bound_journal(runs):
     before = lines(runs / "bound" / "bounds.jsonl")
     main_of("bound.py", "--instance", runs / "inst.json", "--episodes", 3, *flags(BOUND), "--out", runs / "bound")
@@ -159,7 +160,7 @@ def run_until_first_decision(command: list, journal) -> subprocess.Popen:
     return process
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [pytest.param(signal.SIGINT, marks=pytest.mark.slow), signal.SIGTERM])  # one handler serves both
 def test_interrupted_milp_keeps_the_journal_and_resumes(tmp_path, signum, ray_session):
     """Two decisions of an n = 4 model (S = H = 30, exact gap) that run into their 1 s time limit: the
     signal comes while the second is being solved."""

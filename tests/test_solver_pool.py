@@ -45,6 +45,7 @@ def test_results_of_another_identity_are_not_stored(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_an_uninterrupted_one(tmp_path, ray_session):
     inst = paper_instance(2, 0)
     pool = Pool(2)
@@ -61,6 +62,7 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path, ray_session):
     assert len(lines) == 1 + 12  # the identity, then nothing computed twice, nothing lost
 
 
+@pytest.mark.slow
 def test_killing_a_worker_mid_solve_loses_and_duplicates_nothing(tmp_path, ray_session):
     inst = paper_instance(4, 0)
     slow = RollingOptions(scenarios=30, plan_horizon=30, solver=SolverOptions(time_limit=3.0, gap=0.0))

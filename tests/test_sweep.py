@@ -121,6 +121,7 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_anything(tmp_path):
     assert "is finished: nothing to do" in again
 
 
+@pytest.mark.slow
 def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
     """The trial's process is killed just after its first checkpoint (update 50 of 600); the retry's attempt
     starts from a checkpoint's update (training.json's attempts), so it makes the remaining updates only."""
@@ -146,6 +147,7 @@ def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
     assert first == 0 and 0 < second < updates and second % every == 0, training["attempts"]  # the second made updates second+1..600 only
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path):
     """Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) reaches the script, not Tune's own handler
     (which ended the run normally, with exit status 0 and a Tuner.restore hint): one `interrupted:` line with the

@@ -268,6 +268,7 @@ def rank_worker(rank, world, init_file, results):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path):
     results = mp.Manager().dict()
     mp.spawn(rank_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, join=True)

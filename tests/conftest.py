@@ -39,17 +39,26 @@ SCRIPT_IMPORTS = ["torch", "pyarrow.parquet", "envs.cli", "envs.evaluation", "en
 """What the scripts import, loaded once by the fork server of `script_runner`."""
 
 
-def script_as_main(path: str, args: list[str], stdout: str, stderr: str) -> None:
+def script_as_main(path: str, args: list[str], stdout: str, stderr: str, status: str) -> None:
     """In a child of the fork server: the script as `python path args` runs it (its folder first on sys.path, its
-    argv, run as __main__), with stdout and stderr in the two files. The exit status is the process's (SystemExit's
-    code; an uncaught exception prints its traceback and gives 1)."""
+    argv, run as __main__), with stdout and stderr in the two files. The exit status (SystemExit's code; an uncaught
+    exception prints its traceback and gives 1) is also written to `status`: the fork server's own report of it
+    can be lost (multiprocessing then gives 255)."""
     for fd, name in ((1, stdout), (2, stderr)):
         target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(path))
-    runpy.run_path(path, run_name="__main__")
+    code = 1
+    try:
+        runpy.run_path(path, run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
+        raise
+    finally:
+        Path(status).write_text(str(code))
 
 
 @pytest.fixture(scope="session")
@@ -63,14 +72,15 @@ def script_runner(tmp_path_factory):
 
     def run(name: str, *args) -> subprocess.CompletedProcess:
         path, argv, k = str(ROOT / "platform" / name), [str(a) for a in args], next(counter)
-        stdout, stderr = logs / f"{k}.out", logs / f"{k}.err"
-        process = context.Process(target=script_as_main, args=(path, argv, str(stdout), str(stderr)))
+        stdout, stderr, status = logs / f"{k}.out", logs / f"{k}.err", logs / f"{k}.status"
+        process = context.Process(target=script_as_main, args=(path, argv, str(stdout), str(stderr), str(status)))
         process.start()
         process.join(timeout=300)
         if process.exitcode is None:
             process.kill()
             process.join()
-        return subprocess.CompletedProcess([name, *argv], process.exitcode, stdout.read_text(), stderr.read_text())
+        code = int(status.read_text()) if status.is_file() else process.exitcode
+        return subprocess.CompletedProcess([name, *argv], code, stdout.read_text(), stderr.read_text())
 
     return run
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field

@@ -40,7 +40,7 @@ from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
 from solver_workers.ray_session import init_ray
-from trainers.checkpoint import CheckpointError, save_checkpoint
+from trainers.checkpoint import CheckpointError
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 from trainers.policy import Decision

@@ -19,6 +19,7 @@ from pathlib import Path
 from envs.cli import Interrupted, run_cli
 from envs.job_output import out_argument, resolve_out
 from solver_workers.ray_session import init_ray, stop_ray
+from sweeps.results_dir import FINISHED
 from sweeps.run import cluster_resources, dry_run, read_spec, run_sweep
 
 
@@ -45,7 +46,7 @@ def main() -> None:
         raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: {shlex.join(resume)}") from None
     stop_ray()
     if rows is not None:
-        done = sum(r["status"] in ("completed", "diverged") for r in rows)
+        done = sum(r["status"] in FINISHED for r in rows)
         print(f"{done} of {len(rows)} trials finished; results in {out} (trials.parquet, curves.parquet, baselines.parquet)")
 
 

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-all bench clean
+.PHONY: setup run test test-all bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,11 @@ bench: $(STAMP)
 	$(BIN)/python bench/rllib.py
 	$(BIN)/python bench/scaling.py
 	$(BIN)/python bench/decomposition.py
+
+# On a CUDA machine: the gpu tests, CPU/GPU cost agreement, paper-preset updates at n = 1,024, decision times and
+# Ray Train with use_gpu, as JSON lines (docs/benchmarks.md#gpu). Without CUDA it says so in one line.
+gpu-check: $(STAMP)
+	$(BIN)/python bench/gpu.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

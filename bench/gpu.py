@@ -1,0 +1,188 @@
+"""GPU readiness in one run: the gpu-marked tests, the simulator's costs on the GPU against the CPU, a few
+updates of the paper preset at n = 1,024 (transitions/s, peak memory), the paper network's decision time at
+batch 1 and 128, and a Ray Train run with use_gpu on one GPU. Prints one JSON line per check; the last line
+says which checks failed. Exit status 0 when every check passed, 1 when one failed, and 0 with a single
+"no CUDA" line on a machine without CUDA (nothing to check there).
+
+  python bench/gpu.py                      # on a CUDA machine: every check (a few minutes)
+  python bench/gpu.py --device cpu --n 8 --preset cpu --updates 2    # the same code path on a CPU, small
+
+`make gpu-check` runs the first line.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from envs.dynamics import initial_state, step
+from envs.exogenous import FactorDemandStream, sample_paths
+from envs.instance import paper_instance
+
+AGREEMENT_RTOL = 1e-5
+"""Largest relative difference of an episode's discounted cost between the device and the CPU (float32 both)."""
+AGREEMENT_EPISODES, AGREEMENT_HORIZON = 64, 50
+DECISION_REPEATS = 20
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def emit(record: dict) -> dict:
+    print(json.dumps(record), flush=True)
+    return record
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def device_facts(device: str) -> dict:
+    facts = {"figure": "device", "device": device, "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(device)
+        facts.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1), capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+    return facts
+
+
+def gpu_tests(device: str) -> dict:
+    """tests/test_gpu.py and every other gpu-marked test, in a pytest of their own."""
+    if not device.startswith("cuda"):
+        return {"figure": "gpu_tests", "skipped": "the gpu-marked tests need CUDA"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    return {"figure": "gpu_tests", "exit_status": done.returncode, "summary": lines[-1] if lines else done.stderr.strip()[-300:],
+            "passed": done.returncode == 0}
+
+
+def fixed_action_costs(instance, device: str, dtype: torch.dtype = torch.float32, episodes: int = AGREEMENT_EPISODES,
+                       horizon: int = AGREEMENT_HORIZON) -> np.ndarray:
+    """Per-episode discounted cost [E] of one fixed sequence of orders (drawn on the CPU, seed 0) on the held-out-style
+    paths of seed 1, stepped on `device`: the simulator alone, so no decision can flip between devices."""
+    g = torch.Generator().manual_seed(0)
+    opens = (torch.rand(horizon, episodes, generator=g) < 0.4).to(dtype)
+    fractions = torch.rand(horizon, episodes, instance.n, generator=g).to(dtype)
+    paths = sample_paths(instance, 1, episodes, horizon)
+    tinst = instance.to_torch(device, dtype)
+    factor, demand = paths.factor.to(device, dtype), paths.demand.to(device, dtype)
+    state, total = initial_state(tinst, factor[:, 0]), torch.zeros(episodes, device=device, dtype=torch.float64)
+    for t in range(horizon):
+        state, cost = step(tinst, state, opens[t].to(device), fractions[t].to(device) * tinst.qbar, demand[:, t], factor[:, t + 1])
+        total += instance.gamma**t * cost.double()
+    return total.cpu().numpy()
+
+
+def cost_agreement(device: str, n: int, reference: str = "cpu", reference_dtype: torch.dtype = torch.float32) -> dict:
+    """The simulator's per-episode costs on `device` against `reference` (the check passes within AGREEMENT_RTOL)."""
+    instance = paper_instance(n, 0)
+    ours, theirs = fixed_action_costs(instance, device), fixed_action_costs(instance, reference, reference_dtype)
+    relative = float(np.max(np.abs(ours - theirs) / np.abs(theirs)))
+    return {"figure": "cost_agreement", "device": device, "reference": f"{reference}/{str(reference_dtype).removeprefix('torch.')}", "n": n,
+            "episodes": AGREEMENT_EPISODES, "horizon": AGREEMENT_HORIZON, "max_relative_difference": relative, "rtol": AGREEMENT_RTOL,
+            "passed": relative <= AGREEMENT_RTOL}
+
+
+def peak_memory_gib(device: str):
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.startswith("cuda") else None
+
+
+def paper_updates(device: str, n: int, preset: str, updates: int) -> dict:
+    """`updates` timed updates of OR-Transformer's `preset` (after one untimed), without the warm start."""
+    from trainers.pathwise import PathwiseTrainer
+    from trainers.registry import method_config
+
+    config = method_config("or-transformer", preset, {"device": device, "imitation_updates": 0})
+    record = {"figure": "paper_updates", "preset": preset, "n": n, "batch": config.batch, "rollout": config.rollout, "device": device}
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        trainer = PathwiseTrainer(config, paper_instance(n, 0).to_torch(device))
+        trainer.step()
+        synchronize(device)
+        start = time.perf_counter()
+        losses = [trainer.step()["loss"] for _ in range(updates)]
+        synchronize(device)
+    except torch.OutOfMemoryError as e:
+        return {**record, "error": f"out of memory: {str(e).splitlines()[0]}", "peak_memory_gib": peak_memory_gib(device), "passed": False}
+    seconds = (time.perf_counter() - start) / updates
+    return {**record, "updates": updates, "seconds_per_update": round(seconds, 4), "transitions_per_s": round(config.batch * config.rollout / seconds),
+            "peak_memory_gib": peak_memory_gib(device), "passed": bool(np.all(np.isfinite(losses)))}
+
+
+def decision_time(device: str, n: int, preset: str) -> list[dict]:
+    """The greedy decision of an (untrained) OR-Transformer network of `preset`, median of DECISION_REPEATS calls."""
+    from trainers.pathwise import build_network
+    from trainers.policy import LearnedPolicy
+    from trainers.registry import method_config
+
+    torch.manual_seed(0)
+    tinst = paper_instance(n, 0).to_torch(device)
+    policy = LearnedPolicy(build_network(method_config("or-transformer", preset), n).to(device), "greedy")
+    records = []
+    for batch in (1, 128):
+        state = initial_state(tinst, FactorDemandStream(tinst, batch, 0).initial_factor())
+        policy.decide(state, tinst)
+        seconds = []
+        for _ in range(DECISION_REPEATS):
+            synchronize(device)
+            start = time.perf_counter()
+            policy.decide(state, tinst)
+            synchronize(device)
+            seconds.append(time.perf_counter() - start)
+        ms = np.asarray(seconds) * 1e3
+        records.append({"figure": "decision_ms", "network": f"or-transformer/{preset}", "n": n, "batch": batch, "device": device,
+                        "ms": round(float(np.median(ms)), 3), "p90_ms": round(float(np.percentile(ms, 90)), 3)})
+    return records
+
+
+def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
+    """A Ray Train run of one worker (use_gpu on CUDA) on an embedded Ray, in a temporary run folder."""
+    from solver_workers.ray_session import init_ray, stop_ray
+    from trainers.ray_train import train_data_parallel
+    from trainers.registry import method_config
+
+    use_gpu = device.startswith("cuda")
+    config = method_config("or-transformer", preset, {"device": "cuda" if use_gpu else "cpu", "imitation_updates": 0, "updates": updates,
+                                                      "checkpoint_every": 0})
+    init_ray(1)
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            summary = train_data_parallel(config, paper_instance(n, 0), Path(folder) / "run", workers=1, use_gpu=use_gpu, progress=False)
+    finally:
+        stop_ray()
+    return {"figure": "ray_train", "use_gpu": use_gpu, "n": n, "preset": preset, "updates_done": summary["updates_done"],
+            "status": summary["status"], "seconds": round(time.perf_counter() - start, 1),
+            "passed": summary["status"] == "completed" and summary["updates_done"] == updates}
+
+
+def main() -> int:
+    from envs.cli import device, positive_int
+    from trainers.registry import PRESETS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", type=device, help="cuda or cuda:K (default: cuda; without CUDA the script prints one line and exits 0) or cpu")
+    parser.add_argument("--n", type=positive_int, default=1024, help="items of the paper instance (default 1024)")
+    parser.add_argument("--preset", choices=list(PRESETS), default="paper", help="OR-Transformer preset of the updates and decisions (default paper)")
+    parser.add_argument("--updates", type=positive_int, default=3, help="timed updates (default 3); the Ray Train run makes as many")
+    args = parser.parse_args()
+    if args.device is None and not torch.cuda.is_available():
+        emit({"figure": "device", "cuda_available": False, "torch": torch.__version__,
+              "message": "no CUDA on this machine (torch.cuda.is_available() is False): nothing to check; run it on a GPU machine"})
+        return 0
+    dev = args.device or "cuda"
+    emit(device_facts(dev))
+    checks = [lambda: [gpu_tests(dev)], lambda: [cost_agreement(dev, args.n)], lambda: [paper_updates(dev, args.n, args.preset, args.updates)],
+              lambda: decision_time(dev, args.n, args.preset), lambda: [ray_train(dev, args.n, args.preset, args.updates)]]
+    failed = [record["figure"] for check in checks for record in map(emit, check()) if record.get("passed") is False]
+    emit({"figure": "summary", "device": dev, "failed": failed})
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,7 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/decomposition.py
 
 # On a CUDA machine: the gpu tests, CPU/GPU cost agreement, paper-preset updates at n = 1,024, decision times and
-# Ray Train with use_gpu, as JSON lines (docs/benchmarks.md#gpu). Without CUDA it says so in one line.
+# Ray Train with use_gpu, as JSON lines (docs/benchmarks.md, GPU readiness). Without CUDA it says so in one line.
 gpu-check: $(STAMP)
 	$(BIN)/python bench/gpu.py
 

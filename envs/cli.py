@@ -6,7 +6,6 @@ with exit status 130. Any other exception is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -89,17 +88,12 @@ def read_text(path, what: str) -> str:
 
 
 def read_file(path, what: str):
-    """Parse a JSON (.json) or YAML (other suffixes, envs.validate.load_yaml) input file; a missing, unreadable or
-    malformed file is one InputError naming `what` ("state file", "config file") and the path."""
+    """Parse a JSON (.json, envs.validate.load_json) or YAML (other suffixes, envs.validate.load_yaml) input file; a
+    missing, unreadable or malformed file is one InputError naming `what` ("state file", "config file") and the path."""
     text = read_text(path, what)
     if Path(path).suffix.lower() != ".json":
         return validate.load_yaml(text, what, path)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{what} '{path}' is not valid JSON: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise InputError(f"{what} '{path}' {validate.NESTED_TOO_DEEPLY}") from None
+    return validate.load_json(text, what, path)
 
 
 def output_dir(path, what: str = "--out") -> Path:

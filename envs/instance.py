@@ -159,12 +159,7 @@ class Instance:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Instance":
         path = Path(path)
-        try:
-            data = json.loads(read_text(path, "instance file"))
-        except json.JSONDecodeError as exc:
-            raise InstanceError(f"instance file '{path}' is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise InstanceError(f"instance file '{path}' {validate.NESTED_TOO_DEEPLY}") from None
+        data = validate.load_json(read_text(path, "instance file"), "instance file", path, InstanceError)
         return cls.from_dict(data)
 
     @classmethod

@@ -10,7 +10,8 @@ One rule for numbers: a number is what the file's format writes as one, a string
 field takes an integer (not a boolean, not a float); a real field an integer or a float (not a boolean).
 The project's YAML loader (`load_yaml`) reads numbers as YAML 1.2 and JSON do: `5e-3` is the number
 0.005 (YAML 1.1, and so yaml.safe_load, reads it as a string), and what YAML 1.1 reads as a number the
-user did not write as one (`0x10`, `017`, `0b11`, `1:30`, `1_000`) is refused, as is a key written twice.
+user did not write as one (`0x10`, `017`, `0b11`, `1:30`, `1_000`) is refused, as is a key written twice
+(in YAML and in JSON, `load_json`: a parser would keep the last one silently).
 
 One seed range, [0, 2^31 - 1]: the largest seed HiGHS and Gurobi accept. NumPy and torch take more, but a
 seed is a seed wherever it goes (a sweep's seed may become a solver's), so every seed has this range."""
@@ -256,3 +257,32 @@ def load_yaml(text: str, what: str, path) -> Any:
         raise InputError(f"{what} '{path}' is not valid YAML: {first_line}") from None
     except RecursionError:
         raise InputError(f"{what} '{path}' {NESTED_TOO_DEEPLY}") from None
+
+
+# ---- JSON -----------------------------------------------------------------------------------------
+
+
+class JsonKeyError(ValueError):
+    """A JSON object writes a key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise JsonKeyError(f"key '{key}' is written twice in one object; write each key once")
+        data[key] = value
+    return data
+
+
+def load_json(text: str, what: str, path, error: type[Exception] = InputError) -> Any:
+    """Parse the JSON `text` of the input file `path`; one `error` naming `what` and the path for malformed JSON
+    or a key written twice in one object."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except JsonKeyError as exc:
+        raise error(f"{what} '{path}': {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise error(f"{what} '{path}' is not valid JSON: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise error(f"{what} '{path}' {NESTED_TOO_DEEPLY}") from None

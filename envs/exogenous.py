@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from envs import validate
+from envs.errors import InputError
 from envs.instance import Instance, InstanceError, TensorInstance
 
 HELDOUT_SEED = 20_260_128
@@ -110,6 +111,20 @@ class ExogenousPaths:
         return int(self.demand.shape[0])
 
 
+PATH_VALUES_MAX = 2**28
+"""Most demand values (episodes x steps x items) one set of exogenous paths may hold: they take 12 bytes each while
+drawn (float64, then float32), 3 GiB at this limit (5,242 episodes of 50 steps at n = 1,024; the paper holds out 128)."""
+
+
+def check_path_size(n: int, episodes: int, horizon: int, where: str = "episodes", error: type[Exception] = InputError) -> None:
+    """Refuse paths of more than PATH_VALUES_MAX demand values before anything is drawn or trained."""
+    values = episodes * horizon * n
+    if values > PATH_VALUES_MAX:
+        raise error(f"{where}: {episodes:,} episodes x {horizon:,} steps x {n:,} items = {values:,} demand values, above {PATH_VALUES_MAX:,} "
+                    f"(the paths take 12 bytes per value while drawn, {12 * values / 2**30:.1f} GiB); use at most "
+                    f"{PATH_VALUES_MAX // (horizon * n):,} episodes of {horizon:,} steps, or evaluate in parts")
+
+
 def sample_paths(
     instance: Instance,
     seed: int,
@@ -123,6 +138,7 @@ def sample_paths(
     validate.integer(horizon, "horizon", 1)
     if not episode_ids or min(episode_ids) < 0:
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
+    check_path_size(instance.n, len(episode_ids), horizon)
     check_cost_range(instance, horizon)
     factor = np.empty((len(episode_ids), horizon + 1))
     demand = np.empty((len(episode_ids), horizon, instance.n))

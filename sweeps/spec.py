@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from envs import validate
 from envs.errors import InputError
+from envs.exogenous import check_path_size
 from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
 from solver_workers.backends import SOLVERS
 from solver_workers.decomposition import DecompositionOptions
@@ -255,6 +256,9 @@ class SweepSpec:
         for k, m in enumerate(milp):  # a model too large to build fails now, in the dry run as in the run
             for n in spec.milp_sizes(m):
                 check_size(n, m.scenarios, m.plan_horizon, _where(f"baselines.milp[{k}]"))
+        check_path_size(max(sizes), spec.episodes, spec.horizon, _where("evaluation.episodes"), SweepError)
+        for k, m in enumerate(milp):
+            check_path_size(max(spec.milp_sizes(m), default=1), m.episodes or spec.episodes, m.horizon or spec.horizon, _where(f"baselines.milp[{k}].episodes"), SweepError)
         if not spec.trials() and not spec.has_baselines():
             raise SweepError("sweep file: the grid is empty (no methods and no baselines): nothing to run")
         return spec

@@ -14,7 +14,7 @@ import os
 from typing import Any, Optional
 
 from envs.evaluation import EVAL_HORIZON, evaluate
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range, sample_paths
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range, check_path_size, sample_paths
 from envs.instance import Instance
 from envs.results import write_evaluation
 from trainers import registry
@@ -40,6 +40,7 @@ def run_experiment(method: str, instance: Instance, out_dir: str | os.PathLike, 
         raise ConfigError(f"overrides: {given} are arguments of the experiment, not overrides")
     config = registry.method_config(method, preset, {**overrides, "seed": seed, "device": device})
     check_cost_range(instance, horizon)
+    check_path_size(instance.n, episodes, horizon)
     out = check_run_dir(out_dir, mode)
     training = registry.train(config, instance, out, mode=mode, progress=progress, workers=workers, use_gpu=use_gpu, on_update=on_update,
                               resources_per_worker=resources_per_worker)

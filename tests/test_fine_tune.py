@@ -49,6 +49,18 @@ def test_another_network_is_refused_naming_the_field(trained_paths):
         PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0).to_torch())
 
 
+def test_a_fine_tune_resumes_without_its_initial_weights_file(trained_paths, tmp_path):
+    """The resumed run's weights come from its own checkpoint: the file it started from may be gone (or changed)."""
+    source = tmp_path / "source.pt"
+    source.write_bytes(open(trained_paths["or-transformer"], "rb").read())
+    config = method_config("or-transformer", "cpu", {**FINE_TUNE, "updates": 1, "initial_weights": str(source)})
+    train(config, paper_instance(4, 0), tmp_path / "ft", progress=False)
+    source.unlink()
+    resumed = train(method_config("or-transformer", "cpu", {**FINE_TUNE, "updates": 2, "initial_weights": str(source)}), paper_instance(4, 0),
+                    tmp_path / "ft", mode="resume", progress=False)
+    assert resumed["status"] == "completed" and resumed["updates_done"] == 2 and resumed["attempts"] == [0, 1]
+
+
 @pytest.mark.slow
 def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, tmp_path):
     """train.py --initial-weights: the cpu preset imitates classical-best first, which would overwrite the network."""

@@ -271,7 +271,9 @@ def losses(ro: Rollout, gamma: float, config: TrainConfig, alpha_entropy: float)
 class PathwiseTrainer:
     """Holds the model, optimiser, the continuing rollout state (this rank's rows) and the random streams of one run."""
 
-    def __init__(self, config: TrainConfig, instance: TensorInstance):
+    def __init__(self, config: TrainConfig, instance: TensorInstance, fresh: bool = True):
+        """`fresh`: a run's start, from config.initial_weights when it names a checkpoint; False when a checkpoint of
+        this run replaces the weights at once (load_state_dict), so a resumed fine-tune needs no initial_weights file."""
         self.config = config
         self.instance = instance
         _, world = rank_and_world()
@@ -281,7 +283,7 @@ class PathwiseTrainer:
         self.rows = shard_rows(self.shard)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model = build_network(config, instance.n).to(device=instance.device, dtype=instance.dtype)
-        if config.initial_weights:  # every rank loads the same file
+        if fresh and config.initial_weights:  # every rank loads the same file
             load_initial_weights(self.model, config)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learning_rate, eps=config.adam_eps)
         # the same streams on every rank, drawn for the whole batch (module docstring)

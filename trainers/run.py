@@ -449,7 +449,7 @@ class PathwiseRun(MethodRun):
             load_initial_weights(build_network(self.config, self.instance.n), self.config)
 
     def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
-        self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device))
+        self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device), fresh=checkpoint is None)
         if checkpoint is not None:
             self.trainer.load_state_dict(checkpoint["trainer"])
 

@@ -11,26 +11,15 @@ the evaluation. --seed picks the exogenous paths; its default is the documented 
 
 import argparse
 
-from envs.classical import POLICY_NAMES, tuned_policy
 from envs.cli import device, horizon, positive_int, run_cli, seed
-from envs.dp_optimal import dp_optimal_policy
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 from envs.job_output import out_argument, resolve_out
 from envs.results import write_evaluation
+from serving.decisions import CHECKPOINT_PREFIX, named_policy, policy_name
 from trainers.policy import MODES
 from trainers.registry import load_policy
-
-CHECKPOINT_PREFIX = "checkpoint:"
-DP_OPTIMAL = "dp-optimal"
-NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL)
-
-
-def policy_name(text: str) -> str:
-    if text in NAMED_POLICIES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)):
-        return text
-    raise argparse.ArgumentTypeError(f"expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got '{text}'")
 
 
 def main() -> None:
@@ -53,11 +42,8 @@ def main() -> None:
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
-    elif args.policy == DP_OPTIMAL:
-        policy, parameters = dp_optimal_policy(instance, args.horizon, args.device)
-        label = DP_OPTIMAL
     else:
-        policy, parameters = tuned_policy(instance, args.policy, args.horizon, args.device, progress=True)
+        policy, parameters = named_policy(instance, args.policy, args.horizon, args.device, progress=True)
         label = args.policy
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}

@@ -35,7 +35,7 @@ def run_script(name: str, *args, check: bool = False) -> subprocess.CompletedPro
 
 
 SCRIPT_IMPORTS = ["torch", "pyarrow.parquet", "envs.cli", "envs.evaluation", "envs.results", "trainers.registry", "trainers.experiment",
-                  "trainers.rllib_ppo", "solver_workers.runs", "sweeps.run"]
+                  "trainers.rllib_ppo", "solver_workers.runs", "sweeps.run", "serving.decisions"]
 """What the scripts import, loaded once by the fork server of `script_runner`."""
 
 

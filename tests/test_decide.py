@@ -1,19 +1,19 @@
 """platform/decide.py on checkpoints of all four methods: its answer is the policy's decision, recomputed here
 from the networks' outputs; states the instance cannot produce and non-finite decisions are refused."""
 
-import importlib.util
 import json
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import INSTANCE, METHODS, ROOT
+from conftest import INSTANCE, METHODS
 
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.features import flat_features, global_token, item_tokens
 from envs.instance import Instance
+from serving.decisions import read_states
 from trainers.registry import load_policy
 
 # INSTANCE (conftest): paper_instance(2, 0), lead times [3, 3]: in_transit[i][2] is always 0
@@ -24,14 +24,6 @@ STATES = [
     {"inventory": [BOUND[0], -BOUND[1]], "in_transit": [[QBAR[0], QBAR[0], 0], [QBAR[1], QBAR[1], 0]], "factor": 10},  # the edges of the bounds
     {"inventory": [-BOUND[0], BOUND[1]], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": -10.0},
 ]
-
-
-def load_decide():
-    """platform/decide.py as a module (scripts are not a package), for its state reader."""
-    spec = importlib.util.spec_from_file_location("decide", ROOT / "platform" / "decide.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +56,7 @@ def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path,
     assert answer["batch"] == 4 and open_order.shape == p.shape == (4,) and quantity.shape == (4, 2)
     assert set(open_order.tolist()) <= {0, 1} and np.all((0 <= p) & (p <= 1))
     assert np.all((0 <= quantity) & (quantity <= INSTANCE.qbar * (1 + 1e-6)))
+    np.testing.assert_array_equal(np.array(answer["order"]), open_order[:, None] * quantity)  # O = Y Q
 
     policy, _ = load_policy(checkpoints[method], mode)
     state = State(*(torch.tensor([s[key] for s in STATES], dtype=torch.float32) for key in ("inventory", "in_transit", "factor")))
@@ -114,15 +107,13 @@ VALID = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [16, 16, 16]], "factor":
         ({"factor": [0.5]}, r"'factor': expected a number, got a list of 1"),
     ],
 )
-def test_states_outside_the_instance_are_refused(change, message, tmp_path):
-    decide = load_decide()
-    path = tmp_path / "state.json"
-    path.write_text(json.dumps([VALID, {**VALID, **change}]))
+def test_states_outside_the_instance_are_refused(change, message):
+    states = json.loads(json.dumps([VALID, {**VALID, **change}]))  # as a file or a request body reads them
     if message is None:
-        assert decide.read_states(path, LEAD_ONE).batch == 2
+        assert read_states(states, LEAD_ONE, "state file").batch == 2
     else:
         with pytest.raises(InputError, match="state 1 field " + message):
-            decide.read_states(path, LEAD_ONE)
+            read_states(states, LEAD_ONE, "state file")
 
 
 @pytest.mark.parametrize(
@@ -134,7 +125,6 @@ def test_states_outside_the_instance_are_refused(change, message, tmp_path):
         ('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "time": 3}', r"state 0: unknown keys \['time'\]"),
     ],
 )
-def test_state_files_that_are_not_a_batch_of_states_are_refused(text, message, tmp_path):
-    (tmp_path / "state.json").write_text(text)
+def test_state_files_that_are_not_a_batch_of_states_are_refused(text, message):
     with pytest.raises(InputError, match=message):
-        load_decide().read_states(tmp_path / "state.json", LEAD_ONE)
+        read_states(json.loads(text), LEAD_ONE, "state file")

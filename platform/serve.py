@@ -1,0 +1,111 @@
+"""Serve one policy's replenishment decisions over HTTP (Ray Serve), until Ctrl-C.
+
+  python platform/serve.py --checkpoint runs/ot16/checkpoint.pt
+  python platform/serve.py --policy classical-best --instance inst.json --replicas 2 --port 8000
+
+Then POST a state (decide.py's format) or a list of states to http://HOST:PORT/decide; GET /healthz and /info.
+The API is in docs/formats.md: each answer is what platform/decide.py answers for the same checkpoint and state.
+
+The policy: --checkpoint (any learned method), or --policy NAME (a classical family, classical-best or
+dp-optimal, tuned or solved once at start-up on --instance; checkpoint:PATH is --checkpoint). Ray: an embedded
+local Ray by default, a cluster with --address or RAY_ADDRESS (as under `ray job submit`). The service binds
+127.0.0.1 unless --host says otherwise (docs/cluster.md: exposing it safely). Concurrent requests share one
+policy call (--max-batch-size, --batch-wait-ms; --max-batch-size 1 turns batching off). A Serve config file
+for `serve run` / `serve deploy` is platform/serve.yaml.
+"""
+
+import argparse
+import os
+import socket
+import time
+
+from envs.cli import input_file, positive_int, positive_real, run_cli
+from envs.errors import InputError
+from serving.decisions import CHECKPOINT_PREFIX, policy_name
+from trainers.policy import MODES
+
+APP_NAME = "decisions"
+
+
+def port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [1, 65535], got '{text}'")
+    return int(text)
+
+
+def non_negative_real(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got '{text}'")
+    return value
+
+
+def check_free(host: str, number: int) -> None:
+    """Refuse a --host this machine cannot bind or a --port in use, before Ray starts (an embedded Ray's proxy binds here)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.bind((host, number))
+    except OSError as exc:
+        raise InputError(f"--host {host} --port {number}: cannot listen there ({exc.strerror or exc})") from None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", help="a checkpoint.pt of any learned method")
+    which.add_argument("--policy", type=policy_name, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
+    parser.add_argument("--instance", help="instance JSON: required with --policy NAME; with a checkpoint, another instance than its own")
+    parser.add_argument("--mode", default="greedy", choices=MODES, help="a learned policy's opening (default greedy)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=port, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--replicas", type=positive_int, default=1, help="Serve replicas (default 1)")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (and Ray CPUs) per replica (default 1)")
+    parser.add_argument("--max-batch-size", type=positive_int, default=32, help="most requests per policy call; 1: no batching (default 32)")
+    parser.add_argument("--batch-wait-ms", type=non_negative_real, default=2.0, help="wait for more requests before a partial batch (default 2)")
+    parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20, help="largest request body (default 8 MiB)")
+    parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
+    args = parser.parse_args()
+    policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint else args.policy
+    if policy.startswith(CHECKPOINT_PREFIX):
+        input_file(policy[len(CHECKPOINT_PREFIX):], "checkpoint")
+    elif not args.instance:
+        raise InputError(f"--policy {policy}: needs --instance (the instance to tune or solve it on)")
+    if args.instance:
+        input_file(args.instance, "instance file")
+
+    embedded = not (args.address or os.environ.get("RAY_ADDRESS"))
+    if embedded:
+        check_free(args.host, args.port)
+
+    from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application  # imports Ray Serve
+    from solver_workers.ray_session import init_ray, stop_ray
+
+    config = ServiceConfig(policy=policy, instance=args.instance or "", mode=args.mode, replicas=args.replicas, threads=args.threads,
+                           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, max_body_bytes=args.max_body_bytes)
+    print(f"loading {policy}" + (" (tuning it on the instance first)" if not policy.startswith(CHECKPOINT_PREFIX) else ""), flush=True)
+    decider = config.decider(progress=True)
+    init_ray(args.replicas * args.threads, args.address)
+    from ray import serve
+
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": REQUEST_TIMEOUT_S})
+        serve.run(application(config, decider), name=APP_NAME, route_prefix="/", blocking=False)
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        print(f"serving {decider.info['method']} (n = {decider.instance.n}) at http://{host}:{args.port}/decide; Ctrl-C stops", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping the service", flush=True)
+    finally:  # on a cluster, only this application goes: Serve and other applications stay
+        serve.delete(APP_NAME)
+        if embedded:
+            serve.shutdown()
+        stop_ray()
+    print("stopped", flush=True)
+
+
+if __name__ == "__main__":
+    run_cli(main)

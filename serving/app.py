@@ -1,0 +1,202 @@
+"""The decision service: one policy (a serving.decisions.Decider) behind HTTP on Ray Serve, with dynamic batching.
+
+  POST /decide   a state, or a list of states (decide.py's format) -> an answer, or a list of answers
+  GET  /healthz  200 {"status": "ready"} once a replica answers
+  GET  /info     method, mode, n, instance_hash, checkpoint_sha256, the batching settings and this replica's counters
+
+The API, its status codes and its limits are in docs/formats.md. Bad input is a 4xx with one message naming the
+field ({"error": "..."}); a 5xx is a bug, or a checkpoint whose weights give a non-finite decision, and its
+traceback goes to the replica's log only.
+
+platform/serve.py builds the application from its flags; a Serve config file (platform/serve.yaml) names
+`serving.app:build_app`, whose args are ServiceConfig's fields. The policy is loaded (or tuned) once, where the
+application is built, and travels to every replica with the deployment's arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import torch
+from ray import serve
+from ray.serve import Application
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from envs import validate
+from envs.dynamics import State
+from envs.errors import InputError
+from envs.instance import Instance
+from serving.decisions import CHECKPOINT_PREFIX, NAMED_POLICIES, Decider, PolicyError, load_decider, read_states
+from trainers.policy import MODES
+
+MAX_BODY_BYTES = 8 * 2**20
+"""Default request body limit: 100 states at n = 1,024 take about 4 MiB of JSON."""
+REQUEST_TIMEOUT_S = 30.0
+"""Serve's proxy answers 408 to a request not answered within this time (HTTP option request_timeout_s): no connection
+hangs, not even on a replica that died with the request."""
+ONGOING_PER_BATCH = 2
+"""A replica takes up to this many times max_batch_size requests at once: a full batch in the policy, the next one queueing."""
+
+logger = logging.getLogger("ray.serve")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The service's settings: platform/serve.py's flags, or a Serve config file's application args."""
+
+    policy: str
+    """checkpoint:PATH (a checkpoint of any learned method) or a named policy (classical families, classical-best, dp-optimal)."""
+    instance: str = ""
+    """Instance JSON: required for a named policy; for a checkpoint, an instance other than its own (OR-Transformer)."""
+    mode: str = "greedy"
+    """A learned policy's opening: greedy (Y = 1{p > 0.5}) or sampled (the first draw of the checkpoint's seeded stream)."""
+    replicas: int = 1
+    """Serve replicas, each with the whole policy."""
+    threads: int = 1
+    """torch threads per replica; also the CPUs each replica reserves in Ray."""
+    max_batch_size: int = 32
+    """Most requests that share one policy call; 1 turns batching off (each request is its own call)."""
+    batch_wait_ms: float = 2.0
+    """How long a replica waits for more requests before it runs a batch that is not full."""
+    max_body_bytes: int = MAX_BODY_BYTES
+    """Largest request body; a larger one gets 413."""
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "service args") -> "ServiceConfig":
+        """Checked field by field; unknown keys are refused, naming the allowed ones."""
+        if not isinstance(data, dict):
+            raise InputError(f"{where}: expected a mapping of {[f.name for f in fields(cls)]}, got {validate.describe(data)}")
+        validate.keys(data, where, [f.name for f in fields(cls)], ["policy"])
+        values = {**asdict(cls(policy="zero")), **data}
+        policy = values["policy"]
+        if not isinstance(policy, str) or not (policy in NAMED_POLICIES or (policy.startswith(CHECKPOINT_PREFIX) and len(policy) > len(CHECKPOINT_PREFIX))):
+            raise InputError(f"{where} field 'policy': expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got {validate.describe(policy)}")
+        if not isinstance(values["instance"], str):
+            raise InputError(f"{where} field 'instance': expected a path, got {validate.describe(values['instance'])}")
+        return cls(
+            policy=policy,
+            instance=values["instance"],
+            mode=validate.choice(values["mode"], f"{where} field 'mode'", MODES),
+            replicas=validate.integer(values["replicas"], f"{where} field 'replicas'", 1),
+            threads=validate.integer(values["threads"], f"{where} field 'threads'", 1),
+            max_batch_size=validate.integer(values["max_batch_size"], f"{where} field 'max_batch_size'", 1),
+            batch_wait_ms=validate.real(values["batch_wait_ms"], f"{where} field 'batch_wait_ms'", 0.0),
+            max_body_bytes=validate.integer(values["max_body_bytes"], f"{where} field 'max_body_bytes'", 1),
+        )
+
+    def decider(self, progress: bool = False) -> Decider:
+        """The policy, loaded from its checkpoint or tuned (solved) on the instance now."""
+        instance = Instance.load(self.instance) if self.instance else None
+        return load_decider(self.policy, instance, self.mode, progress=progress)
+
+
+class HTTPError(Exception):
+    """A request the service refuses: the status code and the one message naming the field."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it is known to exceed `limit` bytes."""
+    length = request.headers.get("content-length")
+    too_large = f"request body: larger than the limit of {limit} bytes (max_body_bytes)"
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise HTTPError(413 if length.isdigit() else 400, too_large if length.isdigit() else f"header 'Content-Length': expected a byte count, got {length!r}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, too_large)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_states(body: bytes, content_type: Optional[str], instance: Instance) -> tuple[State, bool]:
+    """The body as a batch of states, and whether it held one state object (not a list); HTTPError 415, 400 or 422."""
+    if (content_type or "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPError(415, f"header 'Content-Type': expected application/json, got {content_type!r}")
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise HTTPError(400, f"request body: not valid UTF-8 (byte {exc.start})") from None
+    except json.JSONDecodeError as exc:
+        raise HTTPError(400, f"request body: not valid JSON: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise HTTPError(400, f"request body {validate.NESTED_TOO_DEEPLY}") from None
+    try:
+        return read_states(data, instance, "request body"), isinstance(data, dict)
+    except InputError as exc:
+        raise HTTPError(422, str(exc)) from None
+
+
+ROUTES = {"/decide": "POST", "/healthz": "GET", "/info": "GET"}
+
+
+@serve.deployment
+class DecisionService:
+    """A replica: its copy of the Decider, the batching settings, and counters of what it answered."""
+
+    def __init__(self, decider: Decider, config: ServiceConfig):
+        torch.set_num_threads(config.threads)
+        self.decider, self.config = decider, config
+        self.requests = self.states = self.refused = 0
+        self.decide_batch.set_max_batch_size(config.max_batch_size)
+        self.decide_batch.set_batch_wait_timeout_s(config.batch_wait_ms / 1000)
+
+    async def __call__(self, request: Request) -> JSONResponse:
+        try:
+            path = request.url.path
+            if path not in ROUTES:
+                raise HTTPError(404, f"path {path!r}: expected one of {list(ROUTES)}")
+            if request.method != ROUTES[path]:
+                raise HTTPError(405, f"{path}: expected {ROUTES[path]}, got {request.method}")
+            if path == "/healthz":
+                return JSONResponse({"status": "ready"})
+            if path == "/info":
+                return JSONResponse(self.info())
+            state, single = parse_states(await read_body(request, self.config.max_body_bytes), request.headers.get("content-type"), self.decider.instance)
+            answer = await self.decide_batch(state) if self.config.max_batch_size > 1 else self.decider.decide(state)
+            self.requests, self.states = self.requests + 1, self.states + state.batch
+            records = answer.records()
+            return JSONResponse(records[0] if single else records)
+        except HTTPError as exc:
+            self.refused += 1
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        except PolicyError as exc:
+            logger.error("decision service: %s", exc)
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        except Exception:
+            logger.exception("decision service: a request failed")
+            return JSONResponse({"error": "internal error: the traceback is in the server log"}, status_code=500)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
+    async def decide_batch(self, states: list[State]) -> list:
+        """Concurrent requests' states in one policy call (Decider.decide_many); the settings are set per replica."""
+        return self.decider.decide_many(states)
+
+    def info(self) -> dict[str, Any]:
+        replica = serve.get_replica_context().replica_id.to_full_id_str()
+        settings = {k: getattr(self.config, k) for k in ("replicas", "threads", "max_batch_size", "batch_wait_ms", "max_body_bytes")}
+        counters = {"requests": self.requests, "states": self.states, "refused": self.refused, "forward_passes": self.decider.forward_passes}
+        return {**self.decider.info, "settings": settings, "replica": replica, "counters": counters}
+
+
+def application(config: ServiceConfig, decider: Decider) -> Application:
+    """The Serve application of `decider` with `config`'s replicas, threads and batching."""
+    return DecisionService.options(
+        num_replicas=config.replicas,
+        max_ongoing_requests=ONGOING_PER_BATCH * config.max_batch_size,
+        ray_actor_options={"num_cpus": config.threads},
+    ).bind(decider, config)
+
+
+def build_app(args: dict) -> Application:
+    """A Serve config file's application builder (import_path serving.app:build_app): args are ServiceConfig's fields."""
+    config = ServiceConfig.from_dict(dict(args))
+    return application(config, config.decider())

@@ -1,0 +1,231 @@
+"""Decisions for states that a user sends: the state format, the check that a state is one the instance can
+produce, and `Decider`, which answers a batch of states with any policy (a checkpoint of a learned method,
+a tuned classical policy, or the n = 1 optimum). platform/decide.py, platform/evaluate.py's policy names and
+the decision service (serving.app) all go through here.
+
+A state is {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}. It must be one
+the instance can produce; anything else is refused, naming the state and field:
+* in_transit[i][l] (P_{i,l+1}, arriving in l + 1 periods) is in [0, qbar_i]: each slot holds one
+  period's order O = Y Q <= qbar_i (envs/dynamics.py shifts the slots down and puts the new order in
+  slot L_i - 1 only), and it is 0 in slots l >= L_i - 1: an item with lead time L_i has only L_i - 1
+  occupied slots (none for L_i = 1, whose order goes straight to inventory).
+* |inventory[i]| <= 10^4 (qbar_i + lam_i): inventory rises by at most one order (<= qbar_i) per period
+  and a backlog grows by the period's demand (mean lam_i), so this is more than 10^4 periods (200 times
+  the evaluation horizon) of ordering the maximum with no demand, or of unserved demand, from I_0 = mu_i.
+* |factor| <= 10: the factor is stationary N(0, 1) (F_0 ~ N(0, 1), AR(1) with innovation variance
+  1 - rho^2), so |F| > 10 has probability below 2e-23 per period.
+* Every value is a finite number (not a string, boolean or NaN).
+Inside these bounds the networks' inputs stay far from float32 overflow; a decision that is still not
+finite (for example from a checkpoint with NaN weights) is an error too (`PolicyError`), never an answer.
+
+An answer per state: open (Y), open_probability (p = P(Y = 1); Y itself for a classical policy or the DP,
+whose rule is deterministic), quantity (Q, proposed) and order (O = Y Q, what is actually placed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+import torch
+
+from envs import validate
+from envs.classical import POLICY_NAMES, tuned_policy
+from envs.dp_optimal import dp_optimal_policy
+from envs.dynamics import State
+from envs.errors import InputError
+from envs.evaluation import EVAL_HORIZON
+from envs.exogenous import FACTOR_BOUND
+from envs.instance import LMAX, Instance, exact_keys
+from trainers.policy import MODES
+from trainers.registry import load_policy
+
+KEYS = ("factor", "in_transit", "inventory")
+INVENTORY_PERIODS = 10_000
+QBAR_ROUNDING = 1e-6  # relative slack on in_transit <= qbar_i: states copied from float32 simulations
+
+CHECKPOINT_PREFIX = "checkpoint:"
+DP_OPTIMAL = "dp-optimal"
+NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL)
+
+
+# ---- states -------------------------------------------------------------------------------------
+
+
+def numbers(value, length: int, where: str, what: str) -> np.ndarray:
+    """`value` as a list of `length` finite numbers (float64 [length])."""
+    if not isinstance(value, list) or len(value) != length:
+        raise InputError(f"{where}: expected {length} {what}, got {validate.describe(value)}")
+    return np.array([validate.real(x, f"{where}[{j}]") for j, x in enumerate(value)])
+
+
+def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarray, float]:
+    """One state object checked against the bounds of the module docstring: (inventory [n], in_transit [n, LMAX-1], factor)."""
+    n, slots = instance.n, LMAX - 1
+    if not isinstance(record, dict):
+        raise InputError(f"state {k}: expected an object with the keys {list(KEYS)}, got {validate.describe(record)}")
+    exact_keys(record, set(KEYS), f"state {k}")
+    inv = numbers(record["inventory"], n, f"state {k} field 'inventory'", "numbers (one per item)")
+    if not isinstance(record["in_transit"], list) or len(record["in_transit"]) != n:
+        raise InputError(f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got {validate.describe(record['in_transit'])}")
+    pipe = np.stack([numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})") for i, row in enumerate(record["in_transit"])])
+    factor = validate.real(record["factor"], f"state {k} field 'factor'")
+
+    inv_bound = INVENTORY_PERIODS * (instance.qbar + instance.lam)
+    if (bad := np.flatnonzero(np.abs(inv) > inv_bound)).size:
+        i = bad[0]
+        raise InputError(f"state {k} field 'inventory'[{i}]: {inv[i]:g} is outside [-{inv_bound[i]:g}, {inv_bound[i]:g}], "
+                         f"the range |I_i| <= {INVENTORY_PERIODS} (qbar_i + lam_i) an inventory can reach (see decide.py --help)")
+    if (bad := np.argwhere(pipe < 0)).size:
+        i, l = bad[0]
+        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} is negative; an in-transit quantity is in [0, qbar_{i}] = [0, {instance.qbar[i]:g}]")
+    if (bad := np.argwhere(pipe > instance.qbar[:, None] * (1 + QBAR_ROUNDING))).size:
+        i, l = bad[0]
+        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} exceeds qbar_{i} = {instance.qbar[i]:g}, the largest order one slot can hold")
+    lead = instance.lead.astype(int)
+    if (bad := np.argwhere((pipe != 0) & (np.arange(slots) >= lead[:, None] - 1))).size:
+        i, l = bad[0]
+        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: expected 0, got {pipe[i, l]:g}: item {i} has lead time L = {lead[i]}, "
+                         f"so only its first L - 1 = {lead[i] - 1} slots can hold an order")
+    if abs(factor) > FACTOR_BOUND:
+        raise InputError(f"state {k} field 'factor': {factor:g} is outside [-{FACTOR_BOUND:g}, {FACTOR_BOUND:g}] "
+                         f"(the factor is stationary N(0, 1); |F| > {FACTOR_BOUND:g} has probability below 2e-23)")
+    return inv, pipe, float(factor)
+
+
+def read_states(data, instance: Instance, where: str) -> State:
+    """A state object or a non-empty list of them (`where` names the source: a file, a request body) as a batch
+    (float32); every state is checked by `read_state`."""
+    if isinstance(data, list) and not data:
+        raise InputError(f"{where}: an empty list; expected a state object or a non-empty list of them")
+    if not isinstance(data, (list, dict)):
+        raise InputError(f"{where}: expected a state object or a list of them, got {validate.describe(data)}")
+    inv, pipe, factor = zip(*(read_state(rec, k, instance) for k, rec in enumerate(data if isinstance(data, list) else [data])))
+    return State(*(torch.tensor(np.array(x), dtype=torch.float32) for x in (inv, pipe, factor)))
+
+
+# ---- policies by name ---------------------------------------------------------------------------
+
+
+def policy_name(text: str) -> str:
+    """An argparse type: a named policy (NAMED_POLICIES) or checkpoint:PATH."""
+    if text in NAMED_POLICIES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)):
+        return text
+    raise argparse.ArgumentTypeError(f"expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got '{text}'")
+
+
+def named_policy(instance: Instance, name: str, horizon: int = EVAL_HORIZON, device="cpu", progress: bool = False):
+    """(policy, parameters for a summary) of a named policy: the DP optimum (n = 1 only) or a classical family
+    tuned on training paths for `horizon` steps (envs.classical.tuned_policy)."""
+    if name == DP_OPTIMAL:
+        return dp_optimal_policy(instance, horizon, device)
+    return tuned_policy(instance, name, horizon, device, progress=progress)
+
+
+# ---- answering ----------------------------------------------------------------------------------
+
+
+class PolicyError(InputError):
+    """The policy gives a non-finite decision for a valid state (a checkpoint whose weights cannot act on it)."""
+
+
+class Answer(NamedTuple):
+    """Per state of a batch: Y [B] in {0, 1}, p [B], proposed Q [B, n], placed order O = Y Q [B, n]."""
+
+    open: torch.Tensor
+    probability: torch.Tensor
+    quantity: torch.Tensor
+    order: torch.Tensor
+
+    def records(self) -> list[dict[str, Any]]:
+        """One JSON object per state."""
+        return [{"open": int(y), "open_probability": p, "quantity": q, "order": o}
+                for y, p, q, o in zip(self.open.tolist(), self.probability.tolist(), self.quantity.tolist(), self.order.tolist())]
+
+
+@dataclass
+class Decider:
+    """One policy on one instance, answering batches of states. A learned policy answers each batch from the start
+    of its seeded stream (sampled mode: the first draw, as decide.py), a classical policy from the start of its
+    review clock (the periodic family: a review period), the DP optimum as at the first period of its horizon; so
+    an answer depends on the state alone, never on earlier requests."""
+
+    policy: Any
+    instance: Instance
+    learned: bool
+    mode: str
+    label: str
+    """Names the policy in errors: "checkpoint 'PATH' (training status 'completed')", "policy 'classical-best'"."""
+    info: dict[str, Any]
+    """What the service's GET /info reports: method, mode, n, instance_hash, checkpoint_sha256, parameters."""
+    device: str = "cpu"
+    forward_passes: int = field(default=0, init=False)
+    """Policy calls made by this copy (a replica's own count)."""
+
+    @property
+    def shares_batches(self) -> bool:
+        """Whether states of different requests can share one policy call: not in sampled mode, where each
+        request's answer is the first draw of the seeded stream."""
+        return not (self.learned and self.mode == "sampled")
+
+    @cached_property
+    def tensor_instance(self):
+        return self.instance.to_torch(self.device)
+
+    def decide(self, state: State) -> Answer:
+        """Y, p, Q and O for every state of the batch; a PolicyError if any of them is not finite."""
+        tinst = self.tensor_instance
+        state = State(state.inv.to(self.device), state.pipe.to(self.device), state.factor.to(self.device))
+        if hasattr(self.policy, "reset"):
+            self.policy.reset()
+        self.forward_passes += 1
+        if self.learned:
+            open_order, probability, quantity = self.policy.decide(state, tinst)
+        else:
+            open_order, quantity = self.policy(state, tinst)
+            probability = open_order
+        if open_order.is_cuda:
+            torch.cuda.synchronize()
+        finite = torch.isfinite(probability) & torch.isfinite(quantity).all(-1)
+        if not bool(finite.all()):
+            k = int((~finite).nonzero()[0])
+            raise PolicyError(f"{self.label} gives a non-finite open probability or quantity for state {k}: its weights cannot act on this state")
+        open_order, probability, quantity = (x.cpu() for x in (open_order, probability, quantity))
+        return Answer(open_order.int(), probability, quantity, open_order[:, None] * quantity)
+
+    def decide_many(self, states: list[State]) -> list[Answer]:
+        """The answers to several requests' batches: one policy call for all of them (`shares_batches`), else one each."""
+        if not self.shares_batches:
+            return [self.decide(s) for s in states]
+        merged = self.decide(State(*(torch.cat(parts) for parts in zip(*((s.inv, s.pipe, s.factor) for s in states)))))
+        ends = np.cumsum([s.batch for s in states])
+        return [Answer(*(x[end - s.batch:end] for x in merged)) for s, end in zip(states, ends)]
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def load_decider(policy: str, instance: Optional[Instance] = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
+    """The Decider of `policy`: checkpoint:PATH (a checkpoint of any learned method, on its own instance unless
+    `instance` is given) or a named policy (NAMED_POLICIES) on `instance`, tuned or solved now."""
+    if mode not in MODES:
+        raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    if policy.startswith(CHECKPOINT_PREFIX):
+        path = policy[len(CHECKPOINT_PREFIX):]
+        learned, ckpt = load_policy(path, mode, device, instance)
+        instance = instance or ckpt["instance"]
+        info = {"method": ckpt["config"].method, "mode": mode, "checkpoint_sha256": file_sha256(path), "training_status": ckpt["status"]}
+        return Decider(learned, instance, True, mode, f"checkpoint '{path}' (training status '{ckpt['status']}')",
+                       {**info, "n": instance.n, "instance_hash": instance.content_hash()}, device)
+    if instance is None:
+        raise InputError(f"policy '{policy}': needs an instance (--instance)")
+    named, parameters = named_policy(instance, policy, device=device, progress=progress)
+    info = {"method": policy, "mode": "deterministic", "checkpoint_sha256": None, "parameters": parameters}
+    return Decider(named, instance, False, "deterministic", f"policy '{policy}'", {**info, "n": instance.n, "instance_hash": instance.content_hash()}, device)

@@ -1,0 +1,241 @@
+"""The decision service (serving.app on Ray Serve, platform/serve.py): its answers are platform/decide.py's for the
+same checkpoint and states; bad requests get a 4xx naming the field; concurrent requests share policy calls; a
+killed replica is replaced. One service per module, on the session's Ray (conftest.ray_session)."""
+
+import http.client
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from conftest import INSTANCE, METHODS, ROOT
+
+from envs.classical import make_policy
+from serving.decisions import CHECKPOINT_PREFIX, Decider, load_decider, read_states
+
+# INSTANCE (conftest): paper_instance(2, 0): lead times [3, 3] (in_transit[i][2] is 0), qbar [24.8, 22.4]
+STATES = [
+    {"inventory": [1, 2], "in_transit": [[0, 0, 0], [3, 1, 0]], "factor": 0.5},
+    {"inventory": [-40, 80.5], "in_transit": [[24.8, 0, 0], [0, 22.4, 0]], "factor": -2},
+    {"inventory": [300, -7], "in_transit": [[5, 5, 0], [0, 0, 0]], "factor": 10},
+    {"inventory": [0, 0], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": -9.5},
+]
+MAX_BODY = 4096
+"""The test service's body limit (bytes): the four states fit, the too-large row does not."""
+BATCH_WAIT_MS = 200.0
+"""Long enough that concurrent requests on this loaded machine reach one batch."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def call(port: int, method: str, path: str, body: bytes = None, content_type="application/json", timeout: float = 60.0):
+    """(status, JSON answer) of one request on a fresh connection; a hung connection fails by the timeout."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        headers = {"Content-Type": content_type} if content_type else {}
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def decide_py(script_runner, checkpoint, states, tmp_path, mode="greedy") -> dict:
+    (tmp_path / "states.json").write_text(json.dumps(states))
+    result = script_runner("decide.py", "--checkpoint", checkpoint, "--state", tmp_path / "states.json", "--mode", mode)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def assert_same_answers(answers: list[dict], expected: dict) -> None:
+    """The service's answers (one object per state) against decide.py's columns: Y exactly, the numbers to float32
+    rounding (a batch of other states changes the last bits of a matrix product)."""
+    assert [a["open"] for a in answers] == expected["open"]
+    for key, column in (("open_probability", "open_probability"), ("quantity", "quantity"), ("order", "order")):
+        np.testing.assert_allclose([a[key] for a in answers], expected[column], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def service(ray_session, trained):
+    """The or-transformer checkpoint of the session's runs, served greedily by one replica: (port, checkpoint)."""
+    from ray import serve
+
+    from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
+
+    checkpoint = trained["or-transformer"].checkpoint
+    config = ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, batch_wait_ms=BATCH_WAIT_MS, max_body_bytes=MAX_BODY)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
+    serve.run(application(config, config.decider()), name="test-decisions", route_prefix="/")
+    yield port, checkpoint
+    serve.shutdown()
+
+
+def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
+    port, checkpoint = service
+    expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
+    status, answers = call(port, "POST", "/decide", json.dumps(STATES).encode())
+    assert status == 200 and len(answers) == 4
+    assert_same_answers(answers, expected)
+    for k, state in enumerate(STATES):  # one state object -> one answer object
+        status, answer = call(port, "POST", "/decide", json.dumps(state).encode())
+        assert status == 200 and isinstance(answer, dict)
+        assert_same_answers([answer], {key: [value[k]] for key, value in expected.items() if isinstance(value, list)})
+
+    status, info = call(port, "GET", "/info")
+    assert status == 200 and info["method"] == "or-transformer" and info["n"] == 2 and info["mode"] == "greedy"
+    assert info["instance_hash"] == INSTANCE.content_hash()
+    assert info["checkpoint_sha256"] == __import__("hashlib").sha256(checkpoint.read_bytes()).hexdigest()
+    assert call(port, "GET", "/healthz") == (200, {"status": "ready"})
+
+
+def body(text: str) -> bytes:
+    return text.encode()
+
+
+def state_with(**change) -> bytes:
+    return json.dumps({**STATES[0], **change}).encode()
+
+
+BAD_REQUESTS = [  # id, method, path, body, content type, status, what the message says
+    ("malformed-json", "POST", "/decide", body('{"inventory": [1, 2],'), "application/json", 400, "request body: not valid JSON"),
+    ("not-utf8", "POST", "/decide", b'{"inventory": "\xff"}', "application/json", 400, "request body: not valid UTF-8"),
+    ("nested-too-deeply", "POST", "/decide", body("[" * 3000), "application/json", 400, "nests lists or objects too deeply"),
+    ("text-content-type", "POST", "/decide", state_with(), "text/plain", 415, "header 'Content-Type': expected application/json"),
+    ("no-content-type", "POST", "/decide", state_with(), None, 415, "header 'Content-Type'"),
+    ("body-over-the-limit", "POST", "/decide", json.dumps([STATES[0]] * 60).encode(), "application/json", 413, f"limit of {MAX_BODY} bytes"),
+    ("wrong-item-count", "POST", "/decide", state_with(inventory=[1, 2, 3]), "application/json", 422, "state 0 field 'inventory': expected 2 numbers"),
+    ("in-transit-ragged", "POST", "/decide", state_with(in_transit=[[0, 0, 0], [0, 0]]), "application/json", 422,
+     "state 0 field 'in_transit'[1]: expected 3 numbers"),
+    ("in-transit-negative", "POST", "/decide", state_with(in_transit=[[-1, 0, 0], [0, 0, 0]]), "application/json", 422,
+     "state 0 field 'in_transit'[0][0]: -1 is negative"),
+    ("in-transit-beyond-the-lead-time", "POST", "/decide", state_with(in_transit=[[0, 0, 5], [0, 0, 0]]), "application/json", 422,
+     "state 0 field 'in_transit'[0][2]: expected 0, got 5: item 0 has lead time L = 3"),
+    ("in-transit-over-qbar", "POST", "/decide", state_with(in_transit=[[30, 0, 0], [0, 0, 0]]), "application/json", 422, "exceeds qbar_0 = 24.8"),
+    ("inventory-nan", "POST", "/decide", body('{"inventory": [1, NaN], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0}'), "application/json", 422,
+     "state 0 field 'inventory'[1]: expected a number, got NaN"),
+    ("factor-overflows", "POST", "/decide", body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 1e400}'), "application/json",
+     422, "state 0 field 'factor': expected a number, got Infinity"),
+    ("factor-outside-the-stationary-range", "POST", "/decide", state_with(factor=11), "application/json", 422, "'factor': 11 is outside [-10, 10]"),
+    ("inventory-text", "POST", "/decide", state_with(inventory=[1, "2"]), "application/json", 422, "'inventory'[1]: expected a number, got a string"),
+    ("empty-list", "POST", "/decide", body("[]"), "application/json", 422, "request body: an empty list"),
+    ("not-a-state", "POST", "/decide", body('"state"'), "application/json", 422, "request body: expected a state object or a list of them"),
+    ("second-state-misses-a-key", "POST", "/decide", json.dumps([STATES[0], {"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]]}]).encode(),
+     "application/json", 422, "state 1: missing keys ['factor']"),
+    ("unknown-key", "POST", "/decide", state_with(time=3), "application/json", 422, "state 0: unknown keys ['time']"),
+    ("get-decide", "GET", "/decide", None, None, 405, "/decide: expected POST, got GET"),
+    ("post-info", "POST", "/info", state_with(), "application/json", 405, "/info: expected GET, got POST"),
+    ("unknown-path", "GET", "/decisions", None, None, 404, "path '/decisions': expected one of ['/decide', '/healthz', '/info']"),
+]
+
+
+@pytest.mark.parametrize("method, path, payload, content_type, status, message", [row[1:] for row in BAD_REQUESTS], ids=[row[0] for row in BAD_REQUESTS])
+def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payload, content_type, status, message):
+    got, answer = call(service[0], method, path, payload, content_type)
+    assert (got, list(answer)) == (status, ["error"]) and message in answer["error"], answer
+
+
+def test_concurrent_requests_share_policy_calls(service, script_runner, tmp_path):
+    port, checkpoint = service
+    requests = [STATES[k % 4] for k in range(16)]
+    before = call(port, "GET", "/info")[1]["counters"]
+    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+        answers = list(pool.map(lambda state: call(port, "POST", "/decide", json.dumps(state).encode()), requests))
+    after = call(port, "GET", "/info")[1]["counters"]
+    assert all(status == 200 for status, _ in answers)
+    assert_same_answers([answer for _, answer in answers], {k: [v[i % 4] for i in range(16)] for k, v in decide_py(script_runner, checkpoint, STATES, tmp_path).items()
+                                                           if isinstance(v, list)})
+    assert after["requests"] - before["requests"] == 16 and after["states"] - before["states"] == 16
+    assert after["forward_passes"] - before["forward_passes"] <= 8  # 16 without batching
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_replica_copy_of_the_decider_answers_each_request_as_decide_py(method, trained):
+    """Each replica gets the Decider pickled (as Serve ships a deployment's arguments). Two requests in one batch get
+    the answers that each gets alone, which is decide.py's (test_decide): in sampled mode, each from the start of the
+    seeded stream."""
+    checkpoint = CHECKPOINT_PREFIX + str(trained[method].checkpoint)
+    first, second = (read_states(part, INSTANCE, "request body") for part in (STATES[:3], STATES[3:]))
+    for mode in ("greedy", "sampled"):
+        alone = load_decider(checkpoint, mode=mode)
+        copy = pickle.loads(pickle.dumps(alone))
+        for together, state in zip(copy.decide_many([first, second]), (first, second)):
+            expected = alone.decide(state)
+            assert_same_answers(together.records(), {"open": expected.open.tolist(), "open_probability": expected.probability.tolist(),
+                                                     "quantity": expected.quantity.tolist(), "order": expected.order.tolist()})
+        assert copy.forward_passes == (1 if mode == "greedy" else 2)
+
+
+def test_a_classical_answer_depends_on_the_state_alone():
+    """A classical rule is deterministic: p = Y, O = Y Q. The periodic family reviews every `period` calls of its clock;
+    the Decider restarts the clock for each batch, so asking twice gives the same (review-period) answer."""
+    tinst = INSTANCE.to_torch()
+    periodic = make_policy(tinst, "periodic", {"period": 3, "order_up_to_z": 1.0, "cycle_stock": 0.0})
+    decider = Decider(periodic, INSTANCE, learned=False, mode="deterministic", label="policy 'periodic'", info={})
+    state = read_states([{"inventory": [-5, -5], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0}], INSTANCE, "request body")
+    first, second = decider.decide(state), decider.decide(state)
+    periodic.reset()
+    open_order, quantity = periodic(state, tinst)
+    assert open_order.tolist() == [1.0] and quantity.min() > 0  # the backlog is below any order-up-to level
+    for answer in (first, second):
+        assert answer.open.tolist() == [1] and answer.probability.tolist() == [1.0]
+        np.testing.assert_array_equal(answer.quantity, quantity)
+        np.testing.assert_array_equal(answer.order, quantity)
+    assert periodic(state, tinst)[0].tolist() == [0.0]  # the next call of the clock is not a review period
+
+
+@pytest.mark.slow
+def test_a_killed_replica_is_replaced(service, ray_session, script_runner, tmp_path):
+    port, checkpoint = service
+    replica = call(port, "GET", "/info")[1]["replica"]
+    ray_session.kill(ray_session.get_actor(replica, namespace="serve"))
+    deadline, answer = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
+        try:
+            status, answer = call(port, "POST", "/decide", json.dumps(STATES).encode(), timeout=10)
+        except OSError:
+            status = None
+        if status == 200:
+            break
+        time.sleep(0.5)
+    assert status == 200, answer
+    assert_same_answers(answer, decide_py(script_runner, checkpoint, STATES, tmp_path))
+    assert call(port, "GET", "/info")[1]["replica"] != replica
+
+
+@pytest.mark.slow
+def test_serve_py_serves_until_ctrl_c(trained, tmp_path):
+    """The script with its own embedded Ray (a subprocess: the test process has the session's): it prints the URL when
+    ready, answers, and stops cleanly on SIGINT."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, str(ROOT / "platform" / "serve.py"), "--checkpoint", str(trained["hpo"].checkpoint),
+                                    "--port", str(port), "--max-batch-size", "1"], stdout=out, stderr=subprocess.STDOUT, env=os.environ)
+    try:
+        deadline = time.monotonic() + 180
+        while f"http://127.0.0.1:{port}/decide" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert process.poll() is None, log.read_text()[-3000:]
+        status, info = call(port, "GET", "/info")
+        assert status == 200 and info["method"] == "hpo" and info["settings"]["max_batch_size"] == 1
+        status, answer = call(port, "POST", "/decide", json.dumps(STATES[1]).encode())
+        assert status == 200 and answer["order"] == [answer["open"] * q for q in answer["quantity"]]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert "stopped" in log.read_text() and "Traceback" not in log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

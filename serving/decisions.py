@@ -81,7 +81,7 @@ def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarr
     if (bad := np.flatnonzero(np.abs(inv) > inv_bound)).size:
         i = bad[0]
         raise InputError(f"state {k} field 'inventory'[{i}]: {inv[i]:g} is outside [-{inv_bound[i]:g}, {inv_bound[i]:g}], "
-                         f"the range |I_i| <= {INVENTORY_PERIODS} (qbar_i + lam_i) an inventory can reach (see decide.py --help)")
+                         f"the range |I_i| <= {INVENTORY_PERIODS} (qbar_i + lam_i) an inventory can reach (docs/formats.md, decision states)")
     if (bad := np.argwhere(pipe < 0)).size:
         i, l = bad[0]
         raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} is negative; an in-transit quantity is in [0, qbar_{i}] = [0, {instance.qbar[i]:g}]")

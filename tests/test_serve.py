@@ -2,6 +2,7 @@
 same checkpoint and states; bad requests get a 4xx naming the field; concurrent requests share policy calls; a
 killed replica is replaced. One service per module, on the session's Ray (conftest.ray_session)."""
 
+import hashlib
 import http.client
 import json
 import os
@@ -15,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import yaml
 from conftest import INSTANCE, METHODS, ROOT
 
 from envs.classical import make_policy
+from envs.errors import InputError
 from serving.decisions import CHECKPOINT_PREFIX, Decider, load_decider, read_states
 
 # INSTANCE (conftest): paper_instance(2, 0): lead times [3, 3] (in_transit[i][2] is 0), qbar [24.8, 22.4]
@@ -96,7 +99,7 @@ def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
     status, info = call(port, "GET", "/info")
     assert status == 200 and info["method"] == "or-transformer" and info["n"] == 2 and info["mode"] == "greedy"
     assert info["instance_hash"] == INSTANCE.content_hash()
-    assert info["checkpoint_sha256"] == __import__("hashlib").sha256(checkpoint.read_bytes()).hexdigest()
+    assert info["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     assert call(port, "GET", "/healthz") == (200, {"status": "ready"})
 
 
@@ -193,6 +196,36 @@ def test_a_classical_answer_depends_on_the_state_alone():
         np.testing.assert_array_equal(answer.quantity, quantity)
         np.testing.assert_array_equal(answer.order, quantity)
     assert periodic(state, tinst)[0].tolist() == [0.0]  # the next call of the clock is not a review period
+
+
+def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
+    from ray.serve.schema import ServeDeploySchema
+
+    from serving import app
+
+    config = ServeDeploySchema.model_validate(yaml.safe_load((ROOT / "platform" / "serve.yaml").read_text()))
+    (application,) = config.applications
+    module, _, name = application.import_path.partition(":")
+    assert module == "serving.app" and getattr(app, name) is app.build_app
+    assert app.ServiceConfig.from_dict(application.args) == app.ServiceConfig(
+        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=2.0, max_body_bytes=8 * 2**20)
+    assert config.http_options.host == "127.0.0.1" and config.http_options.request_timeout_s == app.REQUEST_TIMEOUT_S
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"policy": "classical-best", "replica": 2}, r"service args: unknown keys \['replica'\]; allowed keys are"),
+    ({"mode": "greedy"}, r"missing keys \['policy'\]"),
+    ({"policy": "best"}, r"field 'policy': expected one of .*'dp-optimal'\] or checkpoint:PATH, got a string \"best\""),
+    ({"policy": "zero", "replicas": 0}, r"field 'replicas': expected an integer >= 1, got 0"),
+    ({"policy": "zero", "max_batch_size": 2.5}, r"field 'max_batch_size': expected an integer >= 1, got 2.5"),
+    ({"policy": "zero", "batch_wait_ms": -1}, r"field 'batch_wait_ms': expected a number >= 0, got -1"),
+    ({"policy": "zero", "mode": "greedy-ish"}, r"field 'mode': expected one of \['greedy', 'sampled'\]"),
+])
+def test_bad_service_args_are_refused_naming_the_field(args, message):
+    from serving.app import ServiceConfig
+
+    with pytest.raises(InputError, match=message):
+        ServiceConfig.from_dict(args)
 
 
 @pytest.mark.slow

@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=positive_int, default=32, help="most requests per policy call; 1: no batching (default 32)")
     parser.add_argument("--batch-wait-ms", type=non_negative_real, default=2.0, help="wait for more requests before a partial batch (default 2)")
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20, help="largest request body (default 8 MiB)")
+    parser.add_argument("--access-log", action="store_true", help="a log line per request in the replica's log (default off)")
     parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
     args = parser.parse_args()
     policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint else args.policy
@@ -84,7 +85,8 @@ def main() -> None:
     from solver_workers.ray_session import init_ray, stop_ray
 
     config = ServiceConfig(policy=policy, instance=args.instance or "", mode=args.mode, replicas=args.replicas, threads=args.threads,
-                           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, max_body_bytes=args.max_body_bytes)
+                           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, max_body_bytes=args.max_body_bytes,
+                           access_log=args.access_log)
     print(f"loading {policy}" + (" (tuning it on the instance first)" if not policy.startswith(CHECKPOINT_PREFIX) else ""), flush=True)
     decider = config.decider(progress=True)
     init_ray(args.replicas * args.threads, args.address)

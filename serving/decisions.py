@@ -59,9 +59,17 @@ NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL)
 
 
 def numbers(value, length: int, where: str, what: str) -> np.ndarray:
-    """`value` as a list of `length` finite numbers (float64 [length])."""
+    """`value` as a list of `length` finite numbers (float64 [length]). A list of finite JSON numbers is taken at once
+    (the service's hot path); anything else goes number by number through envs.validate, which names the culprit."""
     if not isinstance(value, list) or len(value) != length:
         raise InputError(f"{where}: expected {length} {what}, got {validate.describe(value)}")
+    if all(type(x) in (int, float) for x in value):  # not bool, not text
+        try:
+            array = np.array(value, dtype=float)
+        except OverflowError:  # an integer beyond float64: refused below
+            array = None
+        if array is not None and np.isfinite(array).all():
+            return array
     return np.array([validate.real(x, f"{where}[{j}]") for j, x in enumerate(value)])
 
 

@@ -294,8 +294,8 @@ def main() -> None:
     paper16 = checkpoint_config("paper", 16)
     deploy(paper16, paper16.decider())
     measure("paper-n16-batching", paper16, good_requests(pool16, expected[("paper", 16)]), (1, 32), network="paper", n=16, states_per_request=1)
-    for preset in ("cpu", "paper"):  # one client: both cores to the replica's torch threads
-        config = checkpoint_config(preset, 1024, threads=2)
+    for preset in ("cpu", "paper"):  # one torch thread: two were 2-4x slower while other work loaded the 2 cores (docs/benchmarks.md)
+        config = checkpoint_config(preset, 1024)
         deploy(config, config.decider())
         measure(f"{preset}-n1024-batching", config, good_requests(pool1024, expected[(preset, 1024)]), (1,), network=preset, n=1024, states_per_request=1)
 

@@ -1,6 +1,8 @@
 """The decision service (serving.app on Ray Serve, platform/serve.py): its answers are platform/decide.py's for the
 same checkpoint and states; bad requests get a 4xx naming the field; concurrent requests share policy calls; a
-killed replica is replaced. One service per module, on the session's Ray (conftest.ray_session)."""
+killed replica is replaced. One service per module, on the session's Ray (conftest.ray_session). The tests that need the
+service are slow (starting and stopping Serve alone takes 10-15 s here); the Decider, the config file and the service
+args are checked without it."""
 
 import hashlib
 import http.client
@@ -85,6 +87,7 @@ def service(ray_session, trained):
     serve.shutdown()
 
 
+@pytest.mark.slow
 def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
     port, checkpoint = service
     expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
@@ -143,12 +146,14 @@ BAD_REQUESTS = [  # id, method, path, body, content type, status, what the messa
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, path, payload, content_type, status, message", [row[1:] for row in BAD_REQUESTS], ids=[row[0] for row in BAD_REQUESTS])
 def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payload, content_type, status, message):
     got, answer = call(service[0], method, path, payload, content_type)
     assert (got, list(answer)) == (status, ["error"]) and message in answer["error"], answer
 
 
+@pytest.mark.slow
 def test_concurrent_requests_share_policy_calls(service, script_runner, tmp_path):
     port, checkpoint = service
     requests = [STATES[k % 4] for k in range(16)]

@@ -41,7 +41,7 @@ hangs, not even on a replica that died with the request."""
 ONGOING_REQUESTS = 64
 """Requests a replica takes in at once (at least twice max_batch_size: a full batch in the policy, the next one
 queueing). The same with batching off, so that on and off differ in batching only: with fewer, Serve's proxy holds
-the rest and retries them with back-off, which at 32 clients cut the throughput without batching 8-fold here."""
+the rest and retries them with back-off (32 clients got 8 decisions/s without batching: docs/benchmarks.md)."""
 
 logger = logging.getLogger("ray.serve")
 

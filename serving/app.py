@@ -111,8 +111,10 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refused (413) as soon as it is known to exceed `limit` bytes."""
     length = request.headers.get("content-length")
     too_large = f"request body: larger than the limit of {limit} bytes (max_body_bytes)"
-    if length is not None and (not length.isdigit() or int(length) > limit):
-        raise HTTPError(413 if length.isdigit() else 400, too_large if length.isdigit() else f"header 'Content-Length': expected a byte count, got {length!r}")
+    if length is not None and not length.isdigit():
+        raise HTTPError(400, f"header 'Content-Length': expected a byte count, got {length!r}")
+    if length is not None and int(length) > limit:
+        raise HTTPError(413, too_large)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

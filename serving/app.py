@@ -15,7 +15,6 @@ application is built, and travels to every replica with the deployment's argumen
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional
@@ -99,6 +98,10 @@ class ServiceConfig:
         return load_decider(self.policy, instance, self.mode, progress=progress)
 
 
+class MalformedBody(InputError):
+    """A request body that is not JSON as the project's files must be (envs.validate.load_json)."""
+
+
 class HTTPError(Exception):
     """A request the service refuses: the status code and the one message naming the field."""
 
@@ -129,13 +132,11 @@ def parse_states(body: bytes, content_type: Optional[str], instance: Instance) -
     if (content_type or "").split(";")[0].strip().lower() != "application/json":
         raise HTTPError(415, f"header 'Content-Type': expected application/json, got {content_type!r}")
     try:
-        data = json.loads(body.decode("utf-8"))
+        data = validate.load_json(body.decode("utf-8"), "request", "body", error=MalformedBody)
     except UnicodeDecodeError as exc:
-        raise HTTPError(400, f"request body: not valid UTF-8 (byte {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        raise HTTPError(400, f"request body: not valid JSON: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise HTTPError(400, f"request body {validate.NESTED_TOO_DEEPLY}") from None
+        raise HTTPError(400, f"request 'body' is not valid UTF-8 (byte {exc.start})") from None
+    except MalformedBody as exc:  # not JSON, a key written twice, nested too deeply
+        raise HTTPError(400, str(exc)) from None
     try:
         return read_states(data, instance, "request body"), isinstance(data, dict)
     except InputError as exc:

@@ -115,9 +115,11 @@ def state_with(**change) -> bytes:
 
 
 BAD_REQUESTS = [  # id, method, path, body, content type, status, what the message says
-    ("malformed-json", "POST", "/decide", body('{"inventory": [1, 2],'), "application/json", 400, "request body: not valid JSON"),
-    ("not-utf8", "POST", "/decide", b'{"inventory": "\xff"}', "application/json", 400, "request body: not valid UTF-8"),
+    ("malformed-json", "POST", "/decide", body('{"inventory": [1, 2],'), "application/json", 400, "request 'body' is not valid JSON"),
+    ("not-utf8", "POST", "/decide", b'{"inventory": "\xff"}', "application/json", 400, "request 'body' is not valid UTF-8"),
     ("nested-too-deeply", "POST", "/decide", body("[" * 3000), "application/json", 400, "nests lists or objects too deeply"),
+    ("key-written-twice", "POST", "/decide", body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "factor": 1}'),
+     "application/json", 400, "request 'body': key 'factor' is written twice in one object"),
     ("text-content-type", "POST", "/decide", state_with(), "text/plain", 415, "header 'Content-Type': expected application/json"),
     ("no-content-type", "POST", "/decide", state_with(), None, 415, "header 'Content-Type'"),
     ("body-over-the-limit", "POST", "/decide", json.dumps([STATES[0]] * 60).encode(), "application/json", 413, f"limit of {MAX_BODY} bytes"),

@@ -4,6 +4,7 @@ killed replica is replaced. One service per module, on the session's Ray (confte
 service are slow (starting and stopping Serve alone takes 10-15 s here); the Decider, the config file and the service
 args are checked without it."""
 
+import copy
 import hashlib
 import http.client
 import json
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import yaml
-from conftest import INSTANCE, METHODS, ROOT
+from conftest import INSTANCE, METHODS, ROOT, single_item
 
 from envs.classical import make_policy
 from envs.errors import InputError
@@ -203,6 +204,22 @@ def test_a_classical_answer_depends_on_the_state_alone():
         np.testing.assert_array_equal(answer.quantity, quantity)
         np.testing.assert_array_equal(answer.order, quantity)
     assert periodic(state, tinst)[0].tolist() == [0.0]  # the next call of the clock is not a review period
+
+
+def test_the_n1_optimum_answers_as_at_the_first_period_of_its_horizon():
+    """dp-optimal as a Decider: each batch gets the DP's rule at t = 0 (a fresh policy's first call); its /info content
+    is plain JSON."""
+    instance = single_item(2)
+    decider = load_decider("dp-optimal", instance)
+    states = [{"inventory": [-3], "in_transit": [[0, 0, 0]], "factor": 0.5}, {"inventory": [30], "in_transit": [[4, 0, 0]], "factor": -1}]
+    batch = read_states(states, instance, "request body")
+    fresh = copy.deepcopy(decider.policy)
+    fresh.reset()
+    open_order, quantity = fresh(batch, instance.to_torch())
+    for answer in (decider.decide(batch), decider.decide(batch)):
+        assert answer.open.tolist() == open_order.int().tolist() == [1, 0] and answer.probability.tolist() == [1.0, 0.0]
+        np.testing.assert_array_equal(answer.order, quantity * open_order[:, None])
+    assert json.loads(json.dumps(decider.info))["parameters"]["horizon"] == 50 and decider.info["checkpoint_sha256"] is None
 
 
 def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 
-from envs.cli import input_file, positive_int, positive_real, run_cli
+from envs.cli import input_file, positive_int, run_cli
 from envs.errors import InputError
 from serving.decisions import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
@@ -87,7 +87,7 @@ def main() -> None:
     config = ServiceConfig(policy=policy, instance=args.instance or "", mode=args.mode, replicas=args.replicas, threads=args.threads,
                            max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, max_body_bytes=args.max_body_bytes,
                            access_log=args.access_log)
-    print(f"loading {policy}" + (" (tuning it on the instance first)" if not policy.startswith(CHECKPOINT_PREFIX) else ""), flush=True)
+    print(f"loading {policy}" + ("" if policy.startswith(CHECKPOINT_PREFIX) else " (tuned or solved on the instance first)"), flush=True)
     decider = config.decider(progress=True)
     init_ray(args.replicas * args.threads, args.address)
     from ray import serve

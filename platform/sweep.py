@@ -20,7 +20,7 @@ from envs.cli import Interrupted, run_cli
 from envs.job_output import out_argument, resolve_out
 from solver_workers.ray_session import init_ray, stop_ray
 from sweeps.results_dir import FINISHED
-from sweeps.run import cluster_resources, dry_run, read_spec, run_sweep
+from sweeps.run import cluster_nodes, dry_run, read_spec, run_sweep
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     if args.dry_run:
         if args.address or os.environ.get("RAY_ADDRESS"):
             init_ray(1, args.address)  # the cluster's resources decide what fits
-        print("\n".join(dry_run(spec, cluster_resources())))
+        print("\n".join(dry_run(spec, cluster_nodes())))
         return
     out = resolve_out(args.out)
     try:

@@ -26,6 +26,10 @@ with an InputError naming every field that differs. What is in an identity, and 
   DecompositionOptions field.
 * None holds the worker count or the Ray address (a record does not depend on where it ran). A
   time-limited solve also depends on the machine's speed, which no identity can hold.
+
+Where a task ran: every record carries `node_id`, `node_name` and `pid` of the solver worker that made it
+(`where`), so a journal shows the spread over a cluster's nodes, and a task re-run after its node was lost
+shows the node of the run that was kept.
 """
 
 from __future__ import annotations
@@ -162,24 +166,28 @@ class SolverWorker:
     def __init__(self):
         torch.set_num_threads(1)
 
+        node_id = ray.get_runtime_context().get_node_id()
+        name = next((node["NodeName"] for node in ray.nodes() if node["NodeID"] == node_id), None)
+        self.where = {"node_id": node_id, "node_name": name, "pid": os.getpid()}  # added to every record it returns
+
     def pid(self) -> int:
         return os.getpid()
 
     def decide(self, instance: Instance, inventory, in_transit, factor: float, episode: int, decision: int, options: RollingOptions) -> dict:
-        return decide(instance, inventory, in_transit, factor, episode, decision, options)
+        return decide(instance, inventory, in_transit, factor, episode, decision, options) | self.where
 
     def bound(self, instance: Instance, demand, inventory, in_transit, episode: int, options: SolverOptions) -> dict:
-        return {"episode": int(episode), **episode_bound(instance, demand, inventory, in_transit, options)}
+        return {"episode": int(episode), **episode_bound(instance, demand, inventory, in_transit, options), **self.where}
 
     def split_values(self, instance: Instance, item: int, setups: list, horizon: int, round_: int, options: DecompositionOptions) -> dict:
         start, cpu = time.perf_counter(), time.process_time()
         values = item_values(instance, item, setups, horizon, options.coarse_points, options)
         return {"phase": "grid", "round": round_, "item": item, "setups": setups, "values": values.tolist(),
-                "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu}
+                "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, **self.where}
 
     def split_item(self, instance: Instance, item: int, shares: dict, horizon: int, paths: ExogenousPaths, options: DecompositionOptions,
                    known: dict) -> dict:
-        return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known)}
+        return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known), **self.where}
 
 
 class Pool:

@@ -6,8 +6,15 @@
   instances/n<N>.json the paper instance of every size
   trials/<method>-n<N>-s<seed>/   a run folder (trainers/run.py) with greedy/ and sampled/ evaluations
   baselines/n<N>/<name>/          an evaluation folder (classical-best, dp-optimal, bound, MILPs)
+  attempts/<method>-n<N>-s<seed>.jsonl   every attempt of the trial (retries and resumed runs): a start line
+                      written by the attempt's process when it begins, with its node, and an end line when it
+                      ends (`start_attempt`, `end_attempt`)
   trials.parquet      one row per trial: method, n, seed, status, reason, updates, wall_seconds,
-                      transitions_per_second, greedy_mean, greedy_se, sampled_mean, sampled_se, checkpoint
+                      transitions_per_second, greedy_mean, greedy_se, sampled_mean, sampled_se, checkpoint,
+                      attempts, node_id, node_name (of the last attempt)
+  attempts.parquet    one row per attempt: method, n, seed, attempt, trial_id, node_id, node_ip, node_name, pid (of
+                      the trial's process), started, ended, outcome (completed | failed: <error> | lost),
+                      train_node_ids, train_node_names (its Ray Train workers' nodes, known when it ended)
   curves.parquet      every trial's curve: method, n, seed, update, cost10, wall_seconds
   baselines.parquet   n, name, mean, se, episodes, horizon, seconds_per_decision (a MILP's: `seconds_per_decision`)
   tune/trials-<k>/    Tune's experiment folders (TensorBoard event files of every trial)
@@ -20,6 +27,7 @@ from the folders at the end of every run, so a killed driver leaves no duplicate
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +44,10 @@ from envs.validate import differences
 from sweeps.spec import SweepSpec, Trial
 
 SWEEP_FORMAT = "or-transformer-platform/sweep"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added the attempts (attempts/, attempts.parquet, trials.parquet's attempts, node_id, node_name).
+A directory of version 1 reads with those empty, and a resumed one becomes version 2 (its tables are rebuilt)."""
+READ_VERSIONS = (1, SCHEMA_VERSION)
 OPENINGS = ("greedy", "sampled")
 """The held-out evaluations of a trial (trainers.experiment), each a folder of the trial's run folder."""
 FINISHED = ("completed", "diverged")
@@ -45,7 +56,15 @@ FINISHED = ("completed", "diverged")
 TRIALS_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
                            ("updates", pa.int64()), ("wall_seconds", pa.float64()), ("transitions_per_second", pa.float64()),
                            ("greedy_mean", pa.float64()), ("greedy_se", pa.float64()), ("sampled_mean", pa.float64()), ("sampled_se", pa.float64()),
-                           ("checkpoint", pa.string())])
+                           ("checkpoint", pa.string()), ("attempts", pa.int64()), ("node_id", pa.string()), ("node_name", pa.string())])
+ATTEMPTS_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("attempt", pa.int64()), ("trial_id", pa.string()),
+                             ("node_id", pa.string()), ("node_ip", pa.string()), ("node_name", pa.string()), ("pid", pa.int64()),
+                             ("started", pa.string()), ("ended", pa.string()), ("outcome", pa.string()),
+                             ("train_node_ids", pa.list_(pa.string())), ("train_node_names", pa.list_(pa.string()))])
+ADDED_IN_2 = ("attempts", "node_id", "node_name")
+"""The columns of trials.parquet that version 1 lacked."""
+LOST = "lost"
+"""The outcome of an attempt without an end line: its process died (its node was lost, or the driver was killed)."""
 CURVES_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("update", pa.int64()), ("cost10", pa.float64()),
                            ("wall_seconds", pa.float64())])
 BASELINES_SCHEMA = pa.schema([("n", pa.int64()), ("name", pa.string()), ("mean", pa.float64()), ("se", pa.float64()), ("episodes", pa.int64()),
@@ -64,6 +83,10 @@ def instance_path(out: Path, n: int) -> Path:
     return out / "instances" / f"n{n}.json"
 
 
+def attempts_path(out: Path, name: str) -> Path:
+    return out / "attempts" / f"{name}.jsonl"
+
+
 # ---- writing --------------------------------------------------------------------------------------
 
 
@@ -71,18 +94,29 @@ def open_results(out: Path, data: dict, resume: bool) -> dict:
     """Check that `out` can hold this sweep; return sweep.json's content (the existing one on resume)."""
     path = out / "sweep.json"
     if path.exists():
-        old = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "use another --out")
+        old = read_sweep_record(path, "use another --out")
         if old.get("sweep") != data:
             raise InputError(f"results directory '{out}' holds another sweep; its sweep file differs from this one in "
                              f"{'; '.join(differences(old.get('sweep'), data))}: resume with that file, or use another --out")
         if not resume:
             raise InputError(f"results directory '{out}' already holds this sweep: continue it with --resume, or use another --out")
-        return old
+        return {**old, "version": SCHEMA_VERSION}  # the tables are rebuilt in this version's schema
     if resume:
         raise InputError(f"results directory '{out}' holds no sweep to resume (no sweep.json): run without --resume")
     if out.exists() and any(out.iterdir()):
         raise InputError(f"results directory '{out}' is not empty and holds no sweep: use a new or empty --out")
     return {"format": SWEEP_FORMAT, "version": SCHEMA_VERSION, "sweep": data, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def read_sweep_record(path: Path, hint: str) -> dict:
+    """sweep.json of a version this code reads (READ_VERSIONS)."""
+    try:
+        return read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", hint)
+    except InputError as error:
+        try:
+            return read_record(path, SWEEP_FORMAT, 1, "sweep record", hint)
+        except InputError:
+            raise error from None
 
 
 def write_record(out: Path, record: dict) -> None:
@@ -132,11 +166,81 @@ def trial_done(folder: Path) -> bool:
     return True
 
 
-def trial_row(out: Path, trial: Trial, errors: dict[str, str]) -> dict[str, Any]:
+# ---- attempts -------------------------------------------------------------------------------------
+
+
+def start_attempt(out: Path, name: str, where: dict[str, Any]) -> int:
+    """Append the start line of a new attempt of trial `name`, run by a process on the node `where` describes
+    (node_id, node_ip, node_name, pid, trial_id); returns the attempt's number, 1 for the first. Tune runs the
+    attempts of a trial one after another, so the next number is one more than the start lines so far."""
+    path = attempts_path(out, name)
+    attempt = 1 + sum(line.get("event") == "start" for line in _jsonl(path))
+    _append(path, {"event": "start", "attempt": attempt, "time": _now(), **where})
+    return attempt
+
+
+def end_attempt(out: Path, name: str, attempt: int, outcome: str, train_nodes: list[dict[str, str]]) -> None:
+    """Append the end line of attempt `attempt`: its outcome, `completed` or `failed: <error>`, and the nodes
+    (node_id, node_name) of the Ray Train workers it ran (none for a trial that trains in its own process)."""
+    _append(attempts_path(out, name), {"event": "end", "attempt": attempt, "time": _now(), "outcome": outcome, "train_nodes": train_nodes})
+
+
+def trial_attempts(out: Path, trial: Trial) -> list[dict[str, Any]]:
+    """Every attempt of `trial` in order, as rows of ATTEMPTS_SCHEMA; an attempt without an end line is LOST."""
+    starts, ends = {}, {}
+    for line in _jsonl(attempts_path(out, trial.name)):
+        (starts if line.get("event") == "start" else ends).setdefault(line.get("attempt"), line)
+    rows = []
+    for number, start in sorted((k, v) for k, v in starts.items() if isinstance(k, int)):
+        end = ends.get(number, {})
+        rows.append({"method": trial.method, "n": trial.n, "seed": trial.seed, "attempt": number,
+                     **{k: start.get(k) for k in ("trial_id", "node_id", "node_ip", "node_name", "pid")},
+                     "started": start.get("time"), "ended": end.get("time"), "outcome": end.get("outcome", LOST),
+                     "train_node_ids": [t.get("node_id") for t in end.get("train_nodes", [])],
+                     "train_node_names": [t.get("node_name") for t in end.get("train_nodes", [])]})
+    return rows
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _append(path: Path, line: dict[str, Any]) -> None:
+    """Append one JSON line, flushed to disk; a torn last line (a process killed mid-write) is closed first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab+") as f:  # appends at the end, wherever it has read
+        size = f.seek(0, os.SEEK_END)
+        torn = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"
+        f.write((b"\n" if torn else b"") + json.dumps(line).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, skipping a torn line; none when the file does not exist."""
+    if not path.is_file():
+        return []
+    lines = []
+    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(line, dict):
+            lines.append(line)
+    return lines
+
+
+# ---- tables ---------------------------------------------------------------------------------------
+
+
+def trial_row(out: Path, trial: Trial, errors: dict[str, str], attempts: list[dict[str, Any]]) -> dict[str, Any]:
     folder = trial_folder(out, trial)
+    last = attempts[-1] if attempts else {}
     row: dict[str, Any] = {"method": trial.method, "n": trial.n, "seed": trial.seed, "status": "pending", "reason": None, "updates": 0,
                            "wall_seconds": None, "transitions_per_second": None, "greedy_mean": None, "greedy_se": None,
-                           "sampled_mean": None, "sampled_se": None, "checkpoint": None}
+                           "sampled_mean": None, "sampled_se": None, "checkpoint": None,
+                           "attempts": len(attempts), "node_id": last.get("node_id"), "node_name": last.get("node_name")}
     training = None
     if (folder / "training.json").is_file():
         training = json.loads((folder / "training.json").read_text())
@@ -157,9 +261,11 @@ def trial_row(out: Path, trial: Trial, errors: dict[str, str]) -> dict[str, Any]
 
 
 def write_tables(spec: SweepSpec, out: Path, errors: dict[str, str]) -> list[dict[str, Any]]:
-    """Rebuild trials.parquet, curves.parquet and baselines.parquet from the folders; returns the trial rows."""
-    rows = [trial_row(out, t, errors) for t in spec.trials()]
+    """Rebuild trials.parquet, attempts.parquet, curves.parquet and baselines.parquet from the folders; returns the trial rows."""
+    attempts = {t.name: trial_attempts(out, t) for t in spec.trials()}
+    rows = [trial_row(out, t, errors, attempts[t.name]) for t in spec.trials()]
     write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), out / "trials.parquet")
+    write_parquet(pa.Table.from_pylist([a for t in spec.trials() for a in attempts[t.name]], schema=ATTEMPTS_SCHEMA), out / "attempts.parquet")
     curves = []
     for t in spec.trials():
         path = trial_folder(out, t) / "curve.parquet"
@@ -188,6 +294,8 @@ class Results:
     """sweep.json: the sweep file, manifest, dates, instance hashes."""
     spec: SweepSpec
     trials: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    """attempts.parquet's rows: every attempt of every trial, with its node (none in a directory of version 1)."""
     curves: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]
     """(method, n, seed) -> (update, cost10) from curves.parquet, by update."""
 
@@ -200,8 +308,12 @@ class Results:
         return inst
 
 
-def _read_table(root: Path, name: str, schema: pa.Schema) -> pa.Table:
+def _read_table(root: Path, name: str, schema: pa.Schema, version: int = SCHEMA_VERSION) -> pa.Table:
+    """A table of the results directory with the columns of `schema`; those that version 1 lacked (the attempts) are
+    empty in a directory of that version."""
     path = root / name
+    if version == 1 and schema is ATTEMPTS_SCHEMA:
+        return schema.empty_table()
     if not path.is_file():
         raise InputError(f"results directory '{root}' has no {name}: the sweep has not finished a run yet (platform/sweep.py writes "
                          "its tables at the end of every run; continue it with --resume)")
@@ -210,6 +322,10 @@ def _read_table(root: Path, name: str, schema: pa.Schema) -> pa.Table:
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"'{path}' is not a readable Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     missing = [c for c in schema.names if c not in table.column_names]
+    if version == 1 and schema is TRIALS_SCHEMA:
+        for column in [c for c in missing if c in ADDED_IN_2]:
+            table = table.append_column(schema.field(column), pa.nulls(table.num_rows, schema.field(column).type))
+        missing = [c for c in missing if c not in ADDED_IN_2]
     if missing:
         raise InputError(f"'{path}' lacks the columns {missing} (expected {schema.names})")
     return table.select(schema.names)
@@ -224,7 +340,7 @@ def read_results(root) -> Results:
     path = root / "sweep.json"
     if not path.is_file():
         raise InputError(f"'{root}' holds no sweep.json: not a results directory of platform/sweep.py")
-    record = read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", "report it with the code that wrote it, or run the sweep again")
+    record = read_sweep_record(path, "report it with the code that wrote it, or run the sweep again")
     try:
         spec = SweepSpec.from_dict(record.get("sweep"))
     except InputError as exc:
@@ -232,10 +348,11 @@ def read_results(root) -> Results:
     hashes = record.get("instance_hashes")
     if not isinstance(hashes, dict) or any(f"n{n}" not in hashes for n in spec.sizes):
         raise InputError(f"'{path}': field 'instance_hashes' should name the instance of every size {list(spec.sizes)}")
-    trials = _read_table(root, "trials.parquet", TRIALS_SCHEMA).to_pylist()
+    trials = _read_table(root, "trials.parquet", TRIALS_SCHEMA, record["version"]).to_pylist()
+    attempts = _read_table(root, "attempts.parquet", ATTEMPTS_SCHEMA, record["version"]).to_pylist()
     curves = curve_groups(_read_table(root, "curves.parquet", CURVES_SCHEMA))
     _read_table(root, "baselines.parquet", BASELINES_SCHEMA)  # written with the others; the folders are read whole by the report
-    return Results(root, record, spec, trials, curves)
+    return Results(root, record, spec, trials, attempts, curves)
 
 
 def curve_groups(table: pa.Table) -> dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]]:

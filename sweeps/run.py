@@ -6,8 +6,10 @@ Finished trials and baselines are never run again; interrupted trials continue f
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,8 +22,8 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 from envs.results import manifest, write_evaluation
 from envs.validate import load_yaml
-from sweeps.results_dir import (FINISHED, baseline_done, instance_path, open_results, trial_done, trial_folder, write_instances, write_record,
-                                write_tables)
+from sweeps.results_dir import (FINISHED, baseline_done, end_attempt, instance_path, open_results, start_attempt, trial_attempts, trial_done,
+                                trial_folder, write_instances, write_record, write_tables)
 from sweeps.spec import MilpBaseline, SweepSpec, Trial
 
 
@@ -93,34 +95,80 @@ def milp_options(m: MilpBaseline):
 # ---- trials ---------------------------------------------------------------------------------------
 
 
-def run_trial(config: dict, trials: dict[str, dict]) -> None:
+def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
     """Tune's function trainable: one (method, n, seed) run and its held-out evaluation, continuing from
-    the trial folder's checkpoint when a retry or a resumed sweep finds one."""
+    the trial folder's checkpoint when a retry or a resumed sweep finds one. Each call is an attempt, recorded
+    with its node in the results directory (sweeps.results_dir.start_attempt) before anything else."""
     from ray import tune
 
     from trainers.experiment import run_experiment
 
     torch.set_num_threads(1)
     config = trials[config["name"]]
-    out = Path(config["folder"])
-    mode = "resume" if (out / "checkpoint.pt").exists() else ("overwrite" if out.exists() else "new")
+    where = this_node()
+    attempt = start_attempt(Path(out), config["name"], where | {"trial_id": tune.get_context().get_trial_id()})
+    folder = Path(config["folder"])
+    mode = "resume" if (folder / "checkpoint.pt").exists() else ("overwrite" if folder.exists() else "new")
+    if attempt > 1:
+        print(f"trial {config['name']}: attempt {attempt} on node {where['node_name']} ({where['node_id'][:8]}), "
+              f"{'from its checkpoint' if mode == 'resume' else 'from the start (no checkpoint yet)'}", flush=True)
 
     def on_update(update: int, metrics: dict[str, float]) -> None:
         tune.report({"update": update, "cost10": metrics["cost10"]})
 
-    summary = run_experiment(config["method"], Instance.load(config["instance"]), out, preset=config["preset"], seed=config["seed"],
-                             overrides=config["overrides"], mode=mode, episodes=config["episodes"], horizon=config["horizon"],
-                             device=config["device"], progress=False, workers=config["workers"] or None, use_gpu=config["use_gpu"],
-                             on_update=on_update, resources_per_worker={k: v for k, v in (("CPU", config["cpus_per_worker"]), ("GPU", config["gpus_per_worker"])) if v})
+    try:
+        summary = run_experiment(config["method"], Instance.load(config["instance"]), folder, preset=config["preset"], seed=config["seed"],
+                                 overrides=config["overrides"], mode=mode, episodes=config["episodes"], horizon=config["horizon"],
+                                 device=config["device"], progress=False, workers=config["workers"] or None, use_gpu=config["use_gpu"],
+                                 on_update=on_update,
+                                 resources_per_worker={k: v for k, v in (("CPU", config["cpus_per_worker"]), ("GPU", config["gpus_per_worker"])) if v})
+    except Exception as exc:  # anything else (the process stopped from outside) leaves the attempt without an end: lost
+        end_attempt(Path(out), config["name"], attempt, f"failed: {(str(exc).strip().splitlines() or [type(exc).__name__])[-1]}",
+                    train_nodes() if config["workers"] else [])
+        raise
+    end_attempt(Path(out), config["name"], attempt, "completed", train_nodes() if config["workers"] else [])
     tune.report({"update": summary["training"]["updates_done"], "greedy_mean": summary["greedy"]["mean"], "sampled_mean": summary["sampled"]["mean"]})
 
 
+def this_node() -> dict[str, Any]:
+    """Where this Ray process runs: node id, IP, name (`ray start --node-name`; Ray's default is the IP) and process id."""
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    name = next((n["NodeName"] for n in ray.nodes() if n["NodeID"] == node_id), None)
+    return {"node_id": node_id, "node_ip": ray.util.get_node_ip_address(), "node_name": name, "pid": os.getpid()}
+
+
+def train_nodes() -> list[dict[str, str]]:
+    """The nodes (node_id, node_name) of the Ray Train workers that this trial process has run, alive or not, from
+    Ray's actor table: the workers are actors of the Train controller, an actor of this process (Ray Train's
+    own record of its workers is internal to it). Ray keeps dead actors in the table with their node."""
+    import ray
+    from ray._private.state import actors
+
+    table = actors(job_id=ray.get_runtime_context().job_id).values()
+    me = actors(actor_id=ray.get_runtime_context().get_actor_id())["Address"]
+
+    def owned_by(address: dict, kind: str) -> list[dict]:
+        return [a for a in table if a["ActorClassName"] == kind and a["OwnerAddress"] == address]
+
+    ids = sorted({w["Address"]["NodeID"] for c in owned_by(me, "TrainController") for w in owned_by(c["Address"], "RayTrainWorker")})
+    names = {node["NodeID"]: node["NodeName"] for node in ray.nodes()}
+    return [{"node_id": i, "node_name": names.get(i)} for i in ids]
+
+
+TRIAL_MEMORY = 256 * 2**20
+"""Bytes of Ray's `memory` resource that the process of a trial on Ray Train workers reserves: a trial must
+reserve something, and this one holds no CPU (module docstring of trial_resources)."""
+
+
 def trial_resources(config: dict) -> dict[str, float]:
-    """The trial process holds the CPUs/GPUs of its learner; with Ray Train it holds almost nothing, since the
-    Train workers ask Ray for their own resources (a reservation in the trial's placement group would stay
-    unused by them: on a 2-CPU machine two trials holding a CPU each leave their Train workers none)."""
+    """The trial process holds the CPUs/GPUs of its learner. With Ray Train it only coordinates (its Train
+    workers ask Ray for their own CPUs and GPUs, outside the trial's placement group), so it holds no CPU: a
+    fraction of one would leave 0.99 CPU on a 1-CPU node, where its Train worker needs 1 and would wait forever.
+    Tune refuses a trial that reserves nothing; every Ray node has the `memory` resource, so it reserves memory."""
     if config["workers"]:
-        return {"cpu": 0.01}
+        return {"cpu": 0, "memory": TRIAL_MEMORY}
     return {"cpu": config["cpus_per_worker"], "gpu": config["gpus_per_worker"]}
 
 
@@ -145,7 +193,7 @@ def run_trials(spec: SweepSpec, out: Path, log) -> dict[str, str]:
     log(f"{len(pending)} trials to run ({len(spec.trials()) - len(pending)} finished), {spec.concurrency} at a time")
     trials = {c["name"]: c for c in pending}
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(run_trial, trials=trials), lambda config: trial_resources(trials[config["name"]])),
+        tune.with_resources(tune.with_parameters(run_trial, trials=trials, out=str(out)), lambda config: trial_resources(trials[config["name"]])),
         param_space={"name": tune.grid_search(list(trials))},
         tune_config=tune.TuneConfig(max_concurrent_trials=spec.concurrency, trial_name_creator=lambda t: t.config["name"],
                                     trial_dirname_creator=lambda t: t.config["name"]),
@@ -164,41 +212,87 @@ def run_sweep(spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=
     `connect()` reaches Ray (solver_workers.ray_session.init_ray) once there is work to do."""
     out = out.resolve()  # trials run in other working directories
     record = open_results(out, data, resume)
-    insts = write_instances(spec, out)
     if resume and record.get("finished") and all(trial_done(trial_folder(out, t)) for t in spec.trials()):
         log(f"the sweep in '{out}' is finished: nothing to do")
         return None
     connect()
-    for line in dry_run(spec, cluster_resources()):
+    for line in dry_run(spec, cluster_nodes()):
         log(line)
+    check_shared(out)
+    insts = write_instances(spec, out)
     record.update(manifest(data) | {"instance_hashes": {f"n{n}": inst.content_hash() for n, inst in insts.items()}})
     record.pop("finished", None)
     write_record(out, record)
     run_baselines(spec, out, insts, log)
     errors = run_trials(spec, out, log)
     rows = write_tables(spec, out, errors)
+    for trial, row in zip(spec.trials(), rows):
+        if row["attempts"] > 1:
+            log(f"trial {trial.name} took {row['attempts']} attempts: {'; '.join(map(describe_attempt, trial_attempts(out, trial)))}")
     if all(r["status"] in FINISHED for r in rows):
         record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     write_record(out, record)
     return rows
 
 
-def dry_run(spec: SweepSpec, cluster: dict[str, float]) -> list[str]:
-    """What the sweep would run, and the resources each trial asks for; refuses a trial that no node of
-    `cluster` (total CPUs and GPUs) could ever hold, and notes a Gurobi baseline above the licence's size limit
-    (run_sweep prints these lines too, so a run refuses and warns exactly as its dry run)."""
+def describe_attempt(attempt: dict[str, Any]) -> str:
+    """'2 completed (node worker-2; Ray Train on worker-2)' for a row of attempts.parquet."""
+    train = f"; Ray Train on {', '.join(map(str, attempt['train_node_names']))}" if attempt["train_node_names"] else ""
+    return f"{attempt['attempt']} {attempt['outcome']} (node {attempt['node_name']}{train})"
+
+
+def check_shared(out: Path) -> None:
+    """Refuse a results directory that a node of the cluster does not see: trials write their run folders and
+    checkpoints on the node they run on, so on a node-local path their results would land on that node's disk
+    and be lost to the sweep. The driver writes a file with a random content into `out`; a task on every live
+    node reads it back."""
+    import secrets
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [node for node in ray.nodes() if node["Alive"]] if ray.is_initialized() else []
+    if len(nodes) < 2:
+        return
+    token = secrets.token_hex(16)
+    marker = out / f".shared-{token}"
+    out.mkdir(parents=True, exist_ok=True)
+    marker.write_text(token)
+    reads_back = ray.remote(num_cpus=0)(_reads_back)
+    try:
+        reads = [reads_back.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker), token)
+                 for node in nodes]
+        blind = [f"{node['NodeName']} ({node['NodeID'][:8]})" for node, seen in zip(nodes, ray.get(reads)) if not seen]
+    finally:
+        marker.unlink()
+    if blind:
+        raise InputError(f"--out '{out}': the nodes {', '.join(blind)} of the cluster do not see it; their trials would write their results "
+                         "to their own disks: give a path that every node mounts (docs/cluster.md)")
+
+
+def _reads_back(path: str, token: str) -> bool:
+    try:
+        return Path(path).read_text() == token
+    except OSError:
+        return False
+
+
+def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
+    """What the sweep would run, and the resources each trial asks for; refuses a sweep whose trials or solver
+    pool no node of the cluster (`nodes`: the CPUs and GPUs of each) could ever hold (placement_problem), and
+    notes a Gurobi baseline above the licence's size limit (run_sweep prints these lines too, so a run refuses
+    and warns exactly as its dry run)."""
     from solver_workers.backends import licence_note
     from solver_workers.model import stock_columns
 
+    if problem := placement_problem(spec, nodes):
+        raise InputError(problem)
     lines = [f"{len(spec.trials())} trials ({len(spec.methods)} methods x {len(spec.sizes)} sizes x {len(spec.seeds)} seeds), "
              f"{spec.concurrency} at a time, {spec.retries} retries each; preset '{spec.preset}' on {spec.device}"]
     for method in spec.methods:
         res = spec.resources_of(method)
         workers = res.workers if spec.uses_ray_train(method) else 0
         cpus, gpus = max(workers, 1) * res.cpus_per_worker, max(workers, 1) * res.gpus_per_worker
-        if gpus > cluster.get("GPU", 0) or cpus > cluster.get("CPU", 0):
-            raise InputError(f"sweep: a {method} trial asks for {cpus:g} CPUs and {gpus:g} GPUs; the cluster has "
-                             f"{cluster.get('CPU', 0):g} CPUs and {cluster.get('GPU', 0):g} GPUs")
         where = f"{workers} Ray Train workers" if workers else "the trial process"
         lines.append(f"  {method}: {cpus:g} CPU, {gpus:g} GPU per trial ({where})")
     b = spec.baselines
@@ -227,10 +321,49 @@ def training_hours(spec: SweepSpec, trial: Trial) -> float:
     return config.updates * config.batch * config.rollout / rate / 3600
 
 
-def cluster_resources() -> dict[str, float]:
-    """Total CPUs and GPUs of the cluster Ray is connected to (or of this machine, without Ray)."""
+def cluster_nodes() -> list[dict[str, float]]:
+    """The CPUs and GPUs of every live node of the cluster Ray is connected to (without Ray: this machine, as the
+    embedded Ray would have it)."""
     import ray
 
     if ray.is_initialized():
-        return {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+        return [{k: float(node["Resources"].get(k, 0.0)) for k in ("CPU", "GPU")} for node in ray.nodes() if node["Alive"]]
+    return [{"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}]
+
+
+def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> Optional[str]:
+    """Why a cluster of `nodes` (the CPUs and GPUs of each) can never run part of the sweep, or None when it can.
+
+    Ray places each request on one node: a trial's own process (the CPUs and GPUs of its learner; nothing but
+    memory when it trains on Ray Train workers, trial_resources), each of its Ray Train workers
+    (cpus_per_worker, gpus_per_worker; Ray Train packs them onto as few nodes as it can, and spreads them when
+    it must), and each solver worker of the baselines (1 CPU, solver_workers.pool.SolverWorker). A request no
+    node can hold waits forever (Tune's trials, Ray Train's worker group, the solver pool alike), so the sweep
+    is refused instead, before anything runs."""
+
+    def fits(cpus: float, gpus: float) -> int:  # how many such requests the cluster holds at once
+        return sum(int(min(n.get("CPU", 0.0) / cpus if cpus else math.inf, n.get("GPU", 0.0) / gpus if gpus else math.inf) + 1e-9)
+                   if cpus or gpus else 1 for n in nodes)
+
+    have = f"the cluster's {describe_nodes(nodes)}"
+    for method in spec.methods:
+        res = spec.resources_of(method)
+        ask = f"{res.cpus_per_worker:g} CPU and {res.gpus_per_worker:g} GPU on one node"
+        if spec.uses_ray_train(method):
+            if (room := fits(res.cpus_per_worker, res.gpus_per_worker)) < res.workers:
+                return (f"sweep: a {method} trial trains on {res.workers} Ray Train workers of {ask} each; {have}, room for {room}: "
+                        "give the cluster such nodes, or change the sweep file's resources")
+        elif not fits(res.cpus_per_worker, res.gpus_per_worker):
+            return f"sweep: a {method} trial's process asks for {ask}; {have}: give the cluster such a node, or change the sweep file's resources"
+    b = spec.baselines
+    solved = (["bound"] if b.bound else []) + (["decomposition bound"] if b.decomposition else []) + [m.name for m in b.milp if spec.milp_sizes(m)]
+    if solved and not fits(1.0, 0.0):
+        return f"sweep: the solver workers of the baselines ({', '.join(solved)}) ask for 1 CPU on one node; {have}"
+    return None
+
+
+def describe_nodes(nodes: list[dict[str, float]]) -> str:
+    """'3 nodes: 1 with 0 CPU and 0 GPU, 2 with 1 CPU and 0 GPU'."""
+    shapes = Counter((n.get("CPU", 0.0), n.get("GPU", 0.0)) for n in nodes)
+    parts = [f"{count} with {cpu:g} CPU and {gpu:g} GPU" for (cpu, gpu), count in sorted(shapes.items())]
+    return f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}: {', '.join(parts) or 'none'}"

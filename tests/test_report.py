@@ -326,8 +326,8 @@ def test_bad_results_directories(results, tmp_path):
     (empty / "sweep.json").write_text(json.dumps(record))
     with pytest.raises(InputError, match="has no trials.parquet: the sweep has not finished a run"):
         read_results(empty)
-    (empty / "sweep.json").write_text(json.dumps(record | {"version": 2}))
-    with pytest.raises(InputError, match="field 'version' is 2, this code reads version 1"):
+    (empty / "sweep.json").write_text(json.dumps(record | {"version": 3}))
+    with pytest.raises(InputError, match="field 'version' is 3, this code reads version 2"):
         read_results(empty)
     (empty / "sweep.json").write_text(json.dumps(record | {"sweep": {**SWEEP, "sizes": "all"}}))
     with pytest.raises(InputError, match="field 'sweep': sweep field 'sizes'"):
@@ -372,7 +372,7 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     spec = SweepSpec.from_dict({"sizes": [1, 32], "seeds": 1, "methods": ["fake"], "overrides": {"fake": {"updates": 1000, "batch": 64}},
                                 "baselines": {"classical_best": False, "dp_optimal": False}})
     assert sum(training_hours(spec, t) for t in spec.trials()) == pytest.approx(1920 / 3600)
-    lines = dry_run(spec, {"CPU": 2.0, "GPU": 0.0})
+    lines = dry_run(spec, [{"CPU": 2.0, "GPU": 0.0}])
     assert "  fake: 1 CPU, 0 GPU per trial (1 Ray Train workers)" in lines and any("about 0.5 learner-hours" in line for line in lines)
     # the report: HPO's only seed failed, the fake method's finished with the costs 50 + D
     sweep = {"sizes": [1], "seeds": 1, "methods": ["fake", "hpo"], "overrides": {"all": RUN}, "evaluation": {"episodes": EPISODES, "horizon": HORIZON},

@@ -79,11 +79,12 @@ def test_bad_sweep_files_are_refused_naming_the_field(change, message):
 
 def test_dry_run_counts_trials_and_refuses_trials_larger_than_the_cluster():
     spec = SweepSpec.from_dict({**MINIMAL, "device": "cuda", "resources": {"all": {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}}})
-    lines = dry_run(spec, {"CPU": 8, "GPU": 1})
+    lines = dry_run(spec, [{"CPU": 8, "GPU": 1}])
     assert lines[0].startswith("8 trials (2 methods x 2 sizes x 2 seeds)")
     assert "hpo: 2 CPU, 1 GPU per trial (2 Ray Train workers)" in lines[1] and "ppo: 1 CPU, 0.5 GPU per trial (the trial process)" in lines[2]
-    with pytest.raises(InputError, match="a hpo trial asks for 2 CPUs and 1 GPUs; the cluster has 8 CPUs and 0 GPUs"):
-        dry_run(spec, {"CPU": 8, "GPU": 0})
+    with pytest.raises(InputError, match="a hpo trial trains on 2 Ray Train workers of 1 CPU and 0.5 GPU on one node each; "
+                                         "the cluster's 1 node: 1 with 8 CPU and 0 GPU, room for 0"):
+        dry_run(spec, [{"CPU": 8, "GPU": 0}])
 
 
 def test_a_results_directory_holds_one_sweep(tmp_path):
@@ -147,11 +148,11 @@ def test_sweep_files_read_numbers_like_train_configs(tmp_path):
 def test_the_dry_run_notes_a_gurobi_baseline_above_the_licence_exactly_where_milp_py_would():
     spec = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10},
                                                                   {"name": "h", "solver": "highs", "scenarios": 10, "plan_horizon": 10}]}})
-    notes = [line for line in dry_run(spec, {"CPU": 8, "GPU": 0}) if "note:" in line]
+    notes = [line for line in dry_run(spec, [{"CPU": 8, "GPU": 0}]) if "note:" in line]
     # n = 1: 2 S n H = 200 stock columns, under 2,000; n = 4: 800, also under; highs never
     assert notes == []
     spec = SweepSpec.from_dict({**MINIMAL, "sizes": [4, 16], "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10}]}})
-    notes = [line for line in dry_run(spec, {"CPU": 8, "GPU": 0}) if "note:" in line]
+    notes = [line for line in dry_run(spec, [{"CPU": 8, "GPU": 0}]) if "note:" in line]
     assert notes == ["g at n = 16: note: these Gurobi models hold at least 3,200 variables, above the PyPI licence's limit of 2,000 variables "
                      "and constraints: without your own licence every solve is recorded with status 'licence-limit' and executes the zero fallback"]
 

@@ -1,0 +1,117 @@
+"""A multi-node Ray cluster on this one machine, and a small sweep on it, as the sweep runs on a real cluster:
+a head node without CPUs (it holds the sweep's driver and Tune, no training and no solving) and --workers
+worker nodes of --cpus CPUs each, built as Ray's own tests build clusters (ray.cluster_utils.Cluster: separate
+raylets, object stores and worker processes per node, one GCS on the head, token authentication). Then
+`platform/sweep.py --address` against it, and the cluster is stopped: only the processes this script started,
+also after Ctrl-C, SIGTERM or a failure (and, if this script is killed outright, by Ray's reaper process).
+
+  python platform/cluster_demo.py [--workers 2] [--cpus 2] [--config tune_configs/cluster-demo.yaml] [--out results/cluster-demo] [--resume]
+
+The nodes are named head, worker-1, worker-2, ...: the results record on which node each trial attempt ran
+(attempts.parquet) and each solver task (the baselines' journals). docs/cluster.md says what a real cluster
+needs and what survives the loss of a node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from envs.cli import Interrupted, positive_int, run_cli
+from envs.job_output import out_argument, resolve_out
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cluster_environment() -> dict[str, str]:
+    """Token authentication for the cluster's processes and every client, set explicitly (without RAY_AUTH_MODE
+    `ray start` and the cluster utilities turn it on or off depending on whether ~/.ray/auth_token exists); the
+    token is this cluster's own, so no file is written."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_cluster(workers: int, cpus: int, log=print):
+    """A head without CPUs and `workers` worker nodes of `cpus` CPUs each, on this machine's address (as a real
+    cluster's nodes reach each other; token authentication keeps others out) with Ray's HTTP API (the jobs API,
+    without the dashboard's pages) on a free loopback port; returns the
+    ray.cluster_utils.Cluster (its `address` is the GCS address for --address; `add_worker` adds one more node).
+    The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings, and so
+    do the processes it starts afterwards."""
+    os.environ.update(cluster_environment())  # before Ray is imported: it reads the mode once
+    from ray.cluster_utils import Cluster
+
+    log(f"starting a head node without CPUs and {workers} worker nodes of {cpus} CPU{'s' if cpus > 1 else ''} each")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_name": "head", "include_dashboard": False,
+                                                            "dashboard_host": "127.0.0.1", "dashboard_port": free_port()})
+    cluster.worker_count = 0
+    cluster.add_worker = lambda: add_worker(cluster, cpus, log)
+    try:
+        for _ in range(workers):
+            cluster.add_worker()
+        cluster.wait_for_nodes()
+    except BaseException:
+        cluster.shutdown()
+        raise
+    return cluster
+
+
+def add_worker(cluster, cpus: int, log=print):
+    """One more worker node of `cpus` CPUs, named worker-<k>; returns its ray._private.node.Node."""
+    cluster.worker_count += 1
+    name = f"worker-{cluster.worker_count}"
+    node = cluster.add_node(num_cpus=cpus, node_name=name)
+    log(f"  {name}: {cpus} CPU{'s' if cpus > 1 else ''}, node id {node.node_id[:8]}")
+    return node
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=positive_int, default=2, help="worker nodes (default 2)")
+    parser.add_argument("--cpus", type=positive_int, default=2, help="CPUs of each worker node (default 2; 1 works too)")
+    parser.add_argument("--config", default=str(ROOT / "tune_configs" / "cluster-demo.yaml"), help="sweep file (default tune_configs/cluster-demo.yaml)")
+    parser.add_argument("--out", type=out_argument, default="results/cluster-demo", help="results directory (default results/cluster-demo)")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
+    args = parser.parse_args()
+    out = resolve_out(args.out)
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    start = time.monotonic()
+    cluster = start_cluster(args.workers, args.cpus, say)
+    sweep = None
+    try:
+        say(f"cluster up at {cluster.address} after {time.monotonic() - start:.0f} s; running the sweep on it")
+        command = [sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", args.config, "--out", str(out), "--address", cluster.address,
+                   *(["--resume"] if args.resume else [])]
+        sweep = subprocess.Popen(command)
+        code = sweep.wait()
+    except KeyboardInterrupt:  # Ctrl-C reaches the sweep too (the terminal's process group): let it save its work and say how to resume
+        if sweep is not None:
+            try:
+                sweep.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                sweep.kill()
+                sweep.wait()
+        raise Interrupted(f"stopped the cluster; continue with: python platform/cluster_demo.py --workers {args.workers} --cpus {args.cpus} "
+                          f"--config {args.config} --out {args.out} --resume") from None
+    finally:
+        say("stopping the cluster")
+        cluster.shutdown()
+    if code != 0:
+        sys.exit(code)
+    say(f"results in {out}: trials.parquet, attempts.parquet (the node of every trial attempt), curves.parquet, baselines.parquet; "
+        f"the solver journals under baselines/ ({time.monotonic() - start:.0f} s in all)")
+
+
+if __name__ == "__main__":
+    run_cli(main)

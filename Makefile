@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-all bench gpu-check clean
+.PHONY: setup run cluster-demo test test-all bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,14 @@ run: $(STAMP)
 		$(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) --resume; \
 	else $(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK); fi
 	$(BIN)/python platform/report.py $(QUICK) --out $(QUICK)/report
+
+# A Ray cluster of several nodes on this machine (a head without CPUs, two worker nodes of 2 CPUs), a small sweep
+# on it with --address, then that cluster stopped (docs/cluster.md); CPUS=1 gives 1-CPU worker nodes.
+DEMO := results/cluster-demo
+CPUS ?= 2
+
+cluster-demo: $(STAMP)
+	$(BIN)/python platform/cluster_demo.py --workers 2 --cpus $(CPUS) --out $(DEMO) $(if $(wildcard $(DEMO)/sweep.json),--resume)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q

@@ -332,8 +332,8 @@ def _read_table(root: Path, name: str, schema: pa.Schema, version: int = SCHEMA_
 
 
 def read_results(root) -> Results:
-    """A results directory of platform/sweep.py: sweep.json of this schema version, the spec it ran and
-    the trials and curves tables; anything else is one InputError saying what is wrong."""
+    """A results directory of platform/sweep.py: sweep.json of a version this code reads (READ_VERSIONS), the
+    spec it ran and the trials, attempts and curves tables; anything else is one InputError saying what is wrong."""
     root = Path(root)
     if not root.is_dir():
         raise InputError(f"results directory '{root}' does not exist or is not a directory")

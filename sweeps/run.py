@@ -159,7 +159,7 @@ def train_nodes() -> list[dict[str, str]]:
 
 TRIAL_MEMORY = 256 * 2**20
 """Bytes of Ray's `memory` resource that the process of a trial on Ray Train workers reserves: a trial must
-reserve something, and this one holds no CPU (module docstring of trial_resources)."""
+reserve something, and this one holds no CPU (trial_resources)."""
 
 
 def trial_resources(config: dict) -> dict[str, float]:

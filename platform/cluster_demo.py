@@ -43,19 +43,26 @@ def free_port() -> int:
 
 
 def start_cluster(workers: int, cpus: int, log=print):
-    """A head without CPUs and `workers` worker nodes of `cpus` CPUs each, on this machine's address (as a real
+    """A head without CPUs and `workers` worker nodes of `cpus` CPUs each (`node_names`: node id -> name), on this machine's address (as a real
     cluster's nodes reach each other; token authentication keeps others out) with Ray's HTTP API (the jobs API,
     without the dashboard's pages) on a free loopback port; returns the
     ray.cluster_utils.Cluster (its `address` is the GCS address for --address; `add_worker` adds one more node).
-    The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings, and so
-    do the processes it starts afterwards."""
+    The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings and
+    its address (RAY_ADDRESS), and so do the processes it starts afterwards."""
     os.environ.update(cluster_environment())  # before Ray is imported: it reads the mode once
+    from ray._private.services import get_node_ip_address
     from ray.cluster_utils import Cluster
 
+    # Ray's own clients inside the cluster (Ray Train's placement-group cleaner asks the state API whether its
+    # controller still lives) find their cluster through RAY_ADDRESS, else the most recent Ray on the machine,
+    # which need not be this one: with a wrong answer, the cleaner never frees the workers' CPUs of a lost
+    # controller. So the head's port is chosen first and every node process inherits the address.
+    port = free_port()
+    os.environ["RAY_ADDRESS"] = f"{get_node_ip_address()}:{port}"
     log(f"starting a head node without CPUs and {workers} worker nodes of {cpus} CPU{'s' if cpus > 1 else ''} each")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_name": "head", "include_dashboard": False,
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_name": "head", "port": port, "include_dashboard": False,
                                                             "dashboard_host": "127.0.0.1", "dashboard_port": free_port()})
-    cluster.worker_count = 0
+    cluster.node_names = {cluster.head_node.node_id: "head"}
     cluster.add_worker = lambda: add_worker(cluster, cpus, log)
     try:
         for _ in range(workers):
@@ -68,10 +75,11 @@ def start_cluster(workers: int, cpus: int, log=print):
 
 
 def add_worker(cluster, cpus: int, log=print):
-    """One more worker node of `cpus` CPUs, named worker-<k>; returns its ray._private.node.Node."""
-    cluster.worker_count += 1
-    name = f"worker-{cluster.worker_count}"
+    """One more worker node of `cpus` CPUs, named worker-<k> (k counts every worker node started); returns its
+    ray._private.node.Node."""
+    name = f"worker-{len(cluster.node_names)}"
     node = cluster.add_node(num_cpus=cpus, node_name=name)
+    cluster.node_names[node.node_id] = name
     log(f"  {name}: {cpus} CPU{'s' if cpus > 1 else ''}, node id {node.node_id[:8]}")
     return node
 

@@ -254,7 +254,7 @@ def check_shared(out: Path) -> None:
     nodes = [node for node in ray.nodes() if node["Alive"]] if ray.is_initialized() else []
     if len(nodes) < 2:
         return
-    token = secrets.token_hex(16)
+    token, made = secrets.token_hex(16), not out.exists()
     marker = out / f".shared-{token}"
     out.mkdir(parents=True, exist_ok=True)
     marker.write_text(token)
@@ -266,6 +266,8 @@ def check_shared(out: Path) -> None:
     finally:
         marker.unlink()
     if blind:
+        if made:
+            out.rmdir()
         raise InputError(f"--out '{out}': the nodes {', '.join(blind)} of the cluster do not see it; their trials would write their results "
                          "to their own disks: give a path that every node mounts (docs/cluster.md)")
 

@@ -6,7 +6,6 @@ The slow tests start their cluster's node processes from the test process withou
 sweep runs in a subprocess with --address), and stop only those processes: the killed node's by their PIDs, the
 rest with the cluster's shutdown."""
 
-import importlib.util
 import json
 import os
 import signal
@@ -136,6 +135,22 @@ def test_the_tables_carry_the_attempts_and_a_directory_of_version_1_still_reads(
         read_results(tmp_path)
 
 
+def test_every_solver_record_names_the_node_and_process_that_made_it(tmp_path, ray_session):
+    from envs.exogenous import sample_paths
+    from envs.instance import paper_instance
+    from solver_workers.backends import SolverOptions
+    from solver_workers.pool import Journal, Pool, bound_identity, episode_key, run_bounds
+
+    inst, options = paper_instance(1, 0), SolverOptions(gap=0.0)
+    pool = Pool(1)
+    records = run_bounds(inst, sample_paths(inst, 1, 2, 4), options, pool, Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 1, 4, options)))
+    node = ray_session.get_runtime_context().get_node_id()  # the embedded Ray's one node
+    name = next(n["NodeName"] for n in ray_session.nodes() if n["NodeID"] == node)
+    assert [(r["node_id"], r["node_name"], r["pid"]) for r in records] == [(node, name, ray_session.get(pool.actors[0].pid.remote()))] * 2
+    journal = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()[1:]]
+    assert [r["node_id"] for r in journal] == [node, node]
+
+
 # ---- slow: a sweep on a cluster that loses nodes ------------------------------------------------------
 
 UPDATES = 40
@@ -152,11 +167,46 @@ SWEEP = {
 }
 
 
-def demo():
-    loaded = importlib.util.spec_from_file_location("cluster_demo", ROOT / "platform" / "cluster_demo.py")
-    module = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(module)
-    return module
+class HostedCluster:
+    """A cluster held by tests/cluster_host.py in a process of its own (the test process holds no second Ray)."""
+
+    def __init__(self, workers: int, cpus: int):
+        self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cluster_host.py"), str(workers), str(cpus)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.state = self.answer()
+
+    def answer(self) -> dict:
+        line = self.process.stdout.readline()
+        assert line, "the cluster's host ended"
+        return json.loads(line)
+
+    def send(self, command: str) -> None:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        self.state = self.answer()
+
+    @property
+    def address(self) -> str:
+        return self.state["address"]
+
+    def node(self, name: str) -> dict:
+        return next(n for n in self.state["nodes"] if n["name"] == name)
+
+    def running(self, actor: str):
+        """The name of the worker node below whose raylet a process `ray::<actor>` runs, or None."""
+        for node in self.state["nodes"][1:]:
+            if any(command(pid).startswith(f"ray::{actor}") for pid in children(node["raylet"])):
+                return node["name"]
+        return None
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()  # the host stops its cluster
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
 
 
 def children(pid: int) -> list[int]:
@@ -184,26 +234,6 @@ def command(pid: int) -> str:
         return ""
 
 
-def kill_node(cluster, node) -> None:
-    """The node dies without grace: SIGKILL to its raylet and every worker process below it, then the node's other
-    processes (Cluster.remove_node without grace)."""
-    raylet = node.all_processes["raylet"][0].process.pid
-    for pid in [raylet, *children(raylet)]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    cluster.remove_node(node, allow_graceful=False)
-
-
-def node_running(cluster, name: str):
-    """The worker node whose raylet has a process whose command line starts with `ray::<name>`."""
-    for node in cluster.worker_nodes:
-        if any(command(pid).startswith(f"ray::{name}") for pid in children(node.all_processes["raylet"][0].process.pid)):
-            return node
-    return None
-
-
 def wait_for(condition, process, what: str, timeout: float = 400):
     end = time.time() + timeout
     while not (found := condition()):
@@ -218,11 +248,19 @@ def journal(results) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
-def start_sweep(tmp_path, cluster, sweep: dict, *flags) -> subprocess.Popen:
+def stop(process: subprocess.Popen) -> None:
+    """End a sweep that a failed test left running (its own process group)."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def start_sweep(tmp_path, cluster: HostedCluster, sweep: dict, *flags) -> subprocess.Popen:
+    """platform/sweep.py --address against the cluster, with its authentication settings, as a user would run it."""
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     return subprocess.Popen([sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", str(tmp_path / "sweep.yaml"), "--out",
                              str(tmp_path / "results"), "--address", cluster.address, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            text=True, start_new_session=True, env={**os.environ, **cluster.state["environment"], "OMP_NUM_THREADS": "1"})
 
 
 def check_every_update_and_decision_once(results) -> None:
@@ -244,28 +282,30 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
     decisions run (a new node joins), then the node of a Train worker while its trial trains (after its first
     checkpoint). The sweep finishes with every trial, update and decision exactly once; the lost attempt and its
     retry are in attempts.parquet with their nodes and on the console."""
-    cluster = demo().start_cluster(2, cpus, log=lambda text: None)
+    cluster, process, results = HostedCluster(2, cpus), None, tmp_path / "results"
     try:
         process = start_sweep(tmp_path, cluster, SWEEP)
-        results = tmp_path / "results"
         first = wait_for(lambda: len(journal(results)) >= 3 and journal(results)[-1], process, "the first MILP decisions")
-        solver_node = next(n for n in cluster.worker_nodes if n.node_id == first["node_id"])
-        kill_node(cluster, solver_node)
-        cluster.add_worker()
+        solver_node = first["node_name"]
+        cluster.send(f"kill {solver_node}")
+        cluster.send("add")
         wait_for(lambda: any((results / "trials" / f"hpo-n1-s{s}" / "checkpoint.pt").exists() for s in (0, 1)), process, "a trial's first checkpoint")
-        train_node = wait_for(lambda: node_running(cluster, "RayTrainWorker"), process, "a Train worker")
-        kill_node(cluster, train_node)
+        train_node = wait_for(lambda: cluster.running("RayTrainWorker"), process, "a Train worker")
+        train_node_id = cluster.node(train_node)["node_id"]
+        cluster.send(f"kill {train_node}")
         output, _ = process.communicate(timeout=900)
         assert process.returncode == 0, output[-4000:]
     finally:
-        cluster.shutdown()
+        if process is not None:
+            stop(process)
+        cluster.stop()
     check_every_update_and_decision_once(results)
-    nodes = {r["node_id"] for r in journal(results)}
-    assert solver_node.node_id in nodes and len(nodes) >= 2  # decisions ran on the lost node and on the others
+    nodes = {r["node_name"] for r in journal(results)}
+    assert solver_node in nodes and len(nodes) >= 2  # decisions ran on the lost node and on the others
     attempts = pq.read_table(results / "attempts.parquet").to_pylist()
     retried = [a for a in attempts if a["outcome"] != "completed"]
     assert retried and all(a["outcome"] == LOST or a["outcome"].startswith("failed:") for a in retried), attempts
-    assert any(train_node.node_id in (a["train_node_ids"] + [a["node_id"]]) for a in retried), attempts  # the lost attempt names the lost node
+    assert any(train_node_id in (a["train_node_ids"] + [a["node_id"]]) for a in retried), attempts  # the lost attempt names the lost node
     assert len([a for a in attempts if a["outcome"] == "completed"]) == 2
     for seed in (0, 1):
         training = json.loads((results / "trials" / f"hpo-n1-s{seed}" / "training.json").read_text())
@@ -277,25 +317,28 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
 def test_losing_the_head_ends_the_driver_and_resume_finishes_without_rerunning_finished_trials(tmp_path):
     """1-CPU worker nodes, one trial at a time: once the first trial has finished, the head (GCS, the driver's
     node) is killed; the driver ends. A new cluster comes up and --resume runs only the other trial."""
-    module = demo()
-    results = tmp_path / "results"
-    cluster = module.start_cluster(2, 1, log=lambda text: None)
+    results, sweep = tmp_path / "results", {**SWEEP, "concurrency": 1}
+    cluster, process = HostedCluster(2, 1), None
     try:
-        process = start_sweep(tmp_path, cluster, {**SWEEP, "concurrency": 1})
+        process = start_sweep(tmp_path, cluster, sweep)
         done = wait_for(lambda: [s for s in (0, 1) if (results / "trials" / f"hpo-n1-s{s}" / "sampled" / "summary.json").exists()],
                         process, "the first finished trial")
         finished = {p: p.stat().st_mtime_ns for p in (results / "trials" / f"hpo-n1-s{done[0]}").rglob("*.json")}
-        kill_node(cluster, cluster.head_node)
+        cluster.send("kill head")
         output, _ = process.communicate(timeout=300)
         assert process.returncode != 0, output[-4000:]
     finally:
-        cluster.shutdown()
-    cluster = module.start_cluster(2, 1, log=lambda text: None)
+        if process is not None:
+            stop(process)
+        cluster.stop()
+    cluster, resumed = HostedCluster(2, 1), None
     try:
-        resumed = start_sweep(tmp_path, cluster, {**SWEEP, "concurrency": 1}, "--resume")
+        resumed = start_sweep(tmp_path, cluster, sweep, "--resume")
         output, _ = resumed.communicate(timeout=900)
     finally:
-        cluster.shutdown()
+        if resumed is not None:
+            stop(resumed)
+        cluster.stop()
     assert resumed.returncode == 0, output[-4000:]
     assert "1 trials to run (1 finished)" in output, output[-4000:]
     assert {p: p.stat().st_mtime_ns for p in finished} == finished  # the finished trial was not run again

@@ -60,7 +60,7 @@ def start_cluster(workers: int, cpus: int, log=print):
     port = free_port()
     os.environ["RAY_ADDRESS"] = f"{get_node_ip_address()}:{port}"
     log(f"starting a head node without CPUs and {workers} worker nodes of {cpus} CPU{'s' if cpus > 1 else ''} each")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_name": "head", "port": port, "include_dashboard": False,
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_name": "head", "gcs_server_port": port, "include_dashboard": False,
                                                             "dashboard_host": "127.0.0.1", "dashboard_port": free_port()})
     cluster.node_names = {cluster.head_node.node_id: "head"}
     cluster.add_worker = lambda: add_worker(cluster, cpus, log)

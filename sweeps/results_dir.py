@@ -105,18 +105,17 @@ def open_results(out: Path, data: dict, resume: bool) -> dict:
         raise InputError(f"results directory '{out}' holds no sweep to resume (no sweep.json): run without --resume")
     if out.exists() and any(out.iterdir()):
         raise InputError(f"results directory '{out}' is not empty and holds no sweep: use a new or empty --out")
-    return {"format": SWEEP_FORMAT, "version": SCHEMA_VERSION, "sweep": data, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {"format": SWEEP_FORMAT, "version": SCHEMA_VERSION, "sweep": data, "started": _now()}
 
 
 def read_sweep_record(path: Path, hint: str) -> dict:
-    """sweep.json of a version this code reads (READ_VERSIONS)."""
-    try:
-        return read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", hint)
-    except InputError as error:
+    """sweep.json of a version this code reads (READ_VERSIONS); another is refused naming this code's version."""
+    for version in READ_VERSIONS[:-1]:
         try:
-            return read_record(path, SWEEP_FORMAT, 1, "sweep record", hint)
+            return read_record(path, SWEEP_FORMAT, version, "sweep record", hint)
         except InputError:
-            raise error from None
+            pass
+    return read_record(path, SWEEP_FORMAT, SCHEMA_VERSION, "sweep record", hint)
 
 
 def write_record(out: Path, record: dict) -> None:

@@ -43,10 +43,10 @@ def free_port() -> int:
 
 
 def start_cluster(workers: int, cpus: int, log=print):
-    """A head without CPUs and `workers` worker nodes of `cpus` CPUs each (`node_names`: node id -> name), on this machine's address (as a real
+    """A head without CPUs and `workers` worker nodes of `cpus` CPUs each, on this machine's address (as a real
     cluster's nodes reach each other; token authentication keeps others out) with Ray's HTTP API (the jobs API,
-    without the dashboard's pages) on a free loopback port; returns the
-    ray.cluster_utils.Cluster (its `address` is the GCS address for --address; `add_worker` adds one more node).
+    without the dashboard's pages) on a free loopback port; returns the ray.cluster_utils.Cluster (its `address`
+    is the GCS address for --address, `node_names` maps node ids to names, `add_worker()` adds a worker node).
     The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings and
     its address (RAY_ADDRESS), and so do the processes it starts afterwards."""
     os.environ.update(cluster_environment())  # before Ray is imported: it reads the mode once

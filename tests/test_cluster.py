@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from cluster_host import below
 from conftest import ROOT
 
 from envs.errors import InputError
@@ -195,7 +196,7 @@ class HostedCluster:
     def running(self, actor: str):
         """The name of the worker node below whose raylet a process `ray::<actor>` runs, or None."""
         for node in self.state["nodes"][1:]:
-            if any(command(pid).startswith(f"ray::{actor}") for pid in children(node["raylet"])):
+            if any(command(pid).startswith(f"ray::{actor}") for pid in below(node["raylet"])):
                 return node["name"]
         return None
 
@@ -207,24 +208,6 @@ class HostedCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-
-
-def children(pid: int) -> list[int]:
-    """Every process below `pid` (from /proc)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        try:
-            parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
-        except (ValueError, OSError):
-            continue
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for child, ppid in parents.items():
-            if ppid == parent and child not in found:
-                found.append(child)
-                frontier.append(child)
-    return found
 
 
 def command(pid: int) -> str:

@@ -3,12 +3,15 @@ or an embedded local Ray started for this process, reachable from this machine o
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import socket
+import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import ray
@@ -32,8 +35,10 @@ def keep_sigterm_handler():
             signal.signal(signal.SIGTERM, handler)
 
 
-def start_local_ray(num_cpus: int, **options) -> None:
-    """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token.
+def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> Optional[str]:
+    """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token; with
+    `dashboard`, Ray's dashboard too (on 127.0.0.1), whose URL is returned. Ends what an embedded Ray of a killed
+    driver left behind (end_dead_sessions).
 
     Ray 2.60 binds its gRPC servers (GCS, raylet, object manager, workers) to loopback only when the node IP is
     loopback, and ray.init turns a loopback node IP into the machine's address unless Ray's cluster mode is off
@@ -46,29 +51,99 @@ def start_local_ray(num_cpus: int, **options) -> None:
     cluster_mode, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
     try:
         with keep_sigterm_handler():
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **options)
+            context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
+    node = ray._private.worker.global_worker.node
+    if ended := end_dead_sessions(Path(node.get_temp_dir_path())):
+        print(f"ended {len(ended)} processes left by the embedded Ray of a killed driver: PIDs {' '.join(map(str, ended))}", file=sys.stderr)
+    record_session(Path(node.get_session_dir_path()), node.node_id, node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+    return f"http://{context.dashboard_url}" if dashboard and context.dashboard_url else None
 
 
-def init_ray(workers: int, address: Optional[str] = None) -> None:
-    """Connect to a cluster (--address, else RAY_ADDRESS as under `ray job submit`) or start an embedded Ray."""
+# ---- what an embedded Ray of a killed driver leaves behind ----------------------------------------------------------
+# The driver starts the embedded Ray's GCS and raylet; both end when the driver dies, even by SIGKILL, but the raylet's
+# agents (ray::DashboardAgent, ray::RuntimeEnvAgent) outlive them under PID 1 and ignore SIGTERM. Each embedded session
+# leaves a record in its session folder, so that the next embedded start can tell a dead session's processes from
+# those of live sessions (other scripts', other tests', `ray start` clusters') and end exactly these.
+
+SESSION_RECORD = "embedded-driver.json"
+
+
+def process_start(pid: int) -> Optional[int]:
+    """The start time of process `pid` (clock ticks after boot, /proc/PID/stat), or None when there is none: a
+    PID with another start time is another process."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def record_session(session_dir: Path, node_id: str, raylet_pid: int) -> None:
+    """Write SESSION_RECORD: this driver (pid and start time), and the node and raylet whose processes it starts."""
+    record = {"driver_pid": os.getpid(), "driver_start": process_start(os.getpid()), "node_id": node_id, "raylet_pid": raylet_pid}
+    (session_dir / SESSION_RECORD).write_text(json.dumps(record))
+
+
+def session_processes(session_dir: Path, node_id: str, raylet_pid: int) -> list[int]:
+    """This user's processes (other than this one) of the session in `session_dir`: each holds a file open in the
+    session folder (its logs) and names the session's node (RAY_NODE_ID: the agents) or raylet (RAY_RAYLET_PID:
+    the workers) in its environment."""
+    marks = (f"RAY_NODE_ID={node_id}".encode(), f"RAY_RAYLET_PID={raylet_pid}".encode())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            opened = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
+        except OSError:  # gone, or another user's
+            continue
+        if any(mark in environ for mark in marks) and any(Path(path).is_relative_to(session_dir) for path in opened):
+            found.append(int(entry.name))
+    return found
+
+
+def end_dead_sessions(temp_dir: Path) -> list[int]:
+    """SIGKILL the processes of every embedded session under `temp_dir` whose driver is gone; returns their PIDs.
+    A session whose driver still runs is left alone, and so is any session without a record (not embedded)."""
+    ended = []
+    for path in sorted(temp_dir.glob(f"session_*/{SESSION_RECORD}")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if process_start(record["driver_pid"]) == record["driver_start"]:
+            continue  # a live session
+        for pid in session_processes(path.parent, record["node_id"], record["raylet_pid"]):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                ended.append(pid)
+            except ProcessLookupError:
+                pass
+        path.unlink(missing_ok=True)
+    return ended
+
+
+def init_ray(workers: int, address: Optional[str] = None, dashboard: bool = False, **options) -> Optional[str]:
+    """Connect to a cluster (--address, else RAY_ADDRESS as under `ray job submit`) or start an embedded Ray (with
+    its dashboard when asked; returns the dashboard's URL then). `options` go to ray.init."""
     if ray.is_initialized():
-        return
+        return None
     where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
     address = address or os.environ.get("RAY_ADDRESS")
     if not address or address == "local":
-        start_local_ray(max(workers, os.cpu_count() or 1))
-        return
+        return start_local_ray(max(workers, os.cpu_count() or 1), dashboard, **options)
     if "://" in address:
         raise InputError(f"{where}: Ray Client and URL addresses are not supported; give the cluster's GCS address "
                          "HOST:PORT (e.g. 10.0.0.5:6379) or auto, or run the script with `ray job submit`")
     probe_address(address, where)
     try:
         with keep_sigterm_handler():
-            ray.init(address=address)
+            ray.init(address=address, **options)
     except ConnectionError as e:  # a cluster that went away after the probe, or a port where something else answers
         raise InputError(f"{where}: no Ray cluster answers there ({e})") from e
+    return None
 
 
 def stop_ray() -> None:

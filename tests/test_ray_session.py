@@ -1,17 +1,22 @@
-"""init_ray: the embedded Ray listens on loopback only and leaves no token in ~/.ray; an address where no Ray
-cluster answers is refused within seconds as bad input, without starting Ray. The cases run in interpreters of
+"""init_ray: the embedded Ray listens on loopback only and leaves no token in ~/.ray; its next start ends what the
+embedded Ray of a killed driver left running, and nothing else; an address where no Ray cluster answers is refused within seconds as bad input, without starting Ray. The cases run in interpreters of
 their own: the session's Ray (`ray_session`) must neither collide with them nor satisfy them."""
 
 import ipaddress
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+
+from solver_workers.ray_session import SESSION_RECORD, end_dead_sessions, process_start, session_processes
 
 EMBEDDED = """
 import os, sys, ray
@@ -166,3 +171,113 @@ def test_an_address_that_is_no_gcs_address_is_refused(refusals, address, message
     result = refusals[(address, "")]
     assert result["error"].startswith(f"envs.errors.InputError: --address {address}: {message}"), result
     assert not result["started"]
+
+
+def test_the_processes_of_a_dead_embedded_session_are_ended_and_no_others(tmp_path):
+    """end_dead_sessions kills exactly the processes that hold a file open in a dead session's folder and name its
+    node or raylet: not a Ray process of the same node elsewhere, not a non-Ray process reading its logs, not the
+    processes of a session whose driver runs (here: this test)."""
+    driver = subprocess.Popen(["sleep", "60"])
+    driver_start = process_start(driver.pid)
+    driver.kill()
+    driver.wait()
+    sessions = {"dead": (driver.pid, driver_start, "deadnode"), "live": (os.getpid(), process_start(os.getpid()), "livenode")}
+    for name, (pid, start, node) in sessions.items():
+        (tmp_path / f"session_{name}" / "logs").mkdir(parents=True)
+        (tmp_path / f"session_{name}" / SESSION_RECORD).write_text(json.dumps({"driver_pid": pid, "driver_start": start, "node_id": node,
+                                                                               "raylet_pid": 4_000_000 + len(name)}))
+    cases = {  # (session whose log is the process's stdout, environment): ended?
+        "agent of the dead session": ("dead", {"RAY_NODE_ID": "deadnode"}, True),
+        "worker of the dead session": ("dead", {"RAY_RAYLET_PID": str(4_000_004)}, True),
+        "same node id, no file of the session": (None, {"RAY_NODE_ID": "deadnode"}, False),
+        "a reader of the dead session's log": ("dead", {}, False),
+        "agent of the live session": ("live", {"RAY_NODE_ID": "livenode"}, False),
+    }
+    processes = {}
+    for case, (session, env, _) in cases.items():
+        log = tmp_path / (f"session_{session}/logs/{len(processes)}.out" if session else f"{len(processes)}.out")
+        with log.open("w") as out:
+            processes[case] = subprocess.Popen(["sleep", "60"], stdout=out, env={**clean_env(tmp_path), **env})
+    try:
+        ended = end_dead_sessions(tmp_path)
+        assert sorted(ended) == sorted(processes[c].pid for c, (_, _, gone) in cases.items() if gone)
+        for case, (_, _, gone) in cases.items():
+            assert (processes[case].wait(timeout=10) == -signal.SIGKILL) if gone else processes[case].poll() is None, case
+        assert not (tmp_path / "session_dead" / SESSION_RECORD).exists() and (tmp_path / "session_live" / SESSION_RECORD).exists()
+        assert end_dead_sessions(tmp_path) == []  # a dead session is cleaned up once
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+
+
+KILLED = """
+import os, sys, time, ray
+from solver_workers.ray_session import init_ray
+
+init_ray(1)
+
+@ray.remote
+class Actor:
+    def pid(self):
+        return os.getpid()
+
+ray.get(Actor.remote().pid.remote())
+print(ray._private.worker.global_worker.node.get_session_dir_path(), flush=True)
+time.sleep(600)
+"""
+
+RESTART = """
+import ray
+from solver_workers.ray_session import init_ray
+
+init_ray(1)
+ray.shutdown()
+"""
+
+
+def processes_of(session_dir: Path) -> set[int]:
+    """The live processes of the embedded session in session_dir, found as its next start finds them."""
+    record = json.loads((session_dir / SESSION_RECORD).read_text())
+    return set(session_processes(session_dir, record["node_id"], record["raylet_pid"]))
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_the_next_start_ends_what_a_killed_drivers_embedded_ray_left_and_nothing_else(tmp_path, ray_session):
+    """SIGKILL of a driver leaves its embedded Ray's agents running (under PID 1, deaf to SIGTERM); the next embedded
+    start ends exactly these, and the processes of a live session (this test session's Ray) keep running."""
+    node = ray_session._private.worker.global_worker.node
+    own = processes_of(Path(node.get_session_dir_path()))
+    driver = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, env=clean_env(tmp_path), text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+    left = set()
+    try:
+        session = Path(driver.stdout.readline().strip())
+        assert session.is_dir(), session
+        driver.kill()
+        driver.wait()
+        time.sleep(3)  # the GCS and raylet end with their driver
+        left = processes_of(session)
+        names = {Path(f"/proc/{pid}/cmdline").read_text().split("\0")[0] for pid in left}
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
+        restart = subprocess.run([sys.executable, "-c", RESTART], cwd=ROOT, env=clean_env(tmp_path), text=True, capture_output=True, timeout=120)
+        assert restart.returncode == 0, restart.stderr[-3000:]
+        ended = re.search(r"ended \d+ processes left by the embedded Ray of a killed driver: PIDs ([\d ]+)", restart.stderr)
+        assert ended and set(map(int, ended.group(1).split())) == left, restart.stderr[-3000:]
+        assert not (session / SESSION_RECORD).exists()
+        assert [pid for pid in left if alive(pid)] == []
+        assert own and own <= processes_of(Path(node.get_session_dir_path()))  # the live session untouched
+    finally:
+        driver.kill()
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -17,13 +17,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The quick sweep (every method and baseline at n = 1, 4) on an embedded Ray, then its report; a second
-# `make run` resumes the sweep in results/quick instead of starting over.
+# `make run` resumes the sweep in results/quick instead of starting over. `make run DASHBOARD=1` also starts
+# Ray's dashboard (127.0.0.1 only); `make run VERBOSE=1` prints Ray's own output instead of results/quick/sweep.log.
 QUICK := results/quick
+SWEEP_FLAGS := $(if $(DASHBOARD),--dashboard) $(if $(VERBOSE),--verbose)
 
 run: $(STAMP)
 	@if [ -f $(QUICK)/sweep.json ]; then echo "resuming the sweep in $(QUICK)"; \
-		$(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) --resume; \
-	else $(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK); fi
+		$(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) --resume $(SWEEP_FLAGS); \
+	else $(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) $(SWEEP_FLAGS); fi
 	$(BIN)/python platform/report.py $(QUICK) --out $(QUICK)/report
 
 # A Ray cluster of several nodes on this machine (a head without CPUs, two worker nodes of 2 CPUs), a small sweep

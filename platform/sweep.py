@@ -1,7 +1,7 @@
 """Run a sweep file: one Tune trial per (method, n, seed) and the baselines of every size, into one
 results directory (layout: sweeps/results_dir.py), on an embedded local Ray or a cluster.
 
-  python platform/sweep.py --config tune_configs/quick.yaml --out results/quick [--resume] [--dry-run]
+  python platform/sweep.py --config tune_configs/quick.yaml --out results/quick [--resume] [--dry-run] [--dashboard] [--verbose]
   ray job submit --working-dir . -- python platform/sweep.py --config tune_configs/paper.yaml --out /mnt/shared/results/paper
 
 --dry-run validates the file and prints the trials, the resources of each and an estimate of the
@@ -9,6 +9,10 @@ device-hours, without starting anything (against the cluster's resources with --
 else this machine's). --resume continues a sweep in --out: finished trials and
 baselines are kept, interrupted ones continue from their checkpoints; another sweep file is refused.
 Tune's experiment folders are under --out/tune (`tensorboard --logdir OUT/tune`).
+
+The console shows the plan, progress bars, one line per finished, retried or failed trial and the trial table;
+Ray's own output goes to --out/sweep.log (--verbose prints it instead, with Tune's progress reports).
+--dashboard starts the embedded Ray with its dashboard, on 127.0.0.1 only, and prints its URL.
 """
 
 import argparse
@@ -18,7 +22,9 @@ from pathlib import Path
 
 from envs.cli import Interrupted, run_cli
 from envs.job_output import out_argument, resolve_out
+from envs.errors import InputError
 from solver_workers.ray_session import init_ray, stop_ray
+from sweeps.console import SweepLog, dashboard_login
 from sweeps.results_dir import FINISHED
 from sweeps.run import cluster_nodes, dry_run, read_spec, run_sweep
 
@@ -30,7 +36,11 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
+    parser.add_argument("--dashboard", action="store_true", help="start the embedded Ray with its dashboard (127.0.0.1 only)")
+    parser.add_argument("--verbose", action="store_true", help="print Ray's own output and Tune's reports (default: into OUT/sweep.log)")
     args = parser.parse_args()
+    if args.dashboard and (args.address or os.environ.get("RAY_ADDRESS")):
+        raise InputError("--dashboard starts the embedded Ray's dashboard; a cluster (--address, RAY_ADDRESS) has its own: see docs/cluster.md")
     spec, data = read_spec(args.config)
     if args.dry_run:
         if args.address or os.environ.get("RAY_ADDRESS"):
@@ -38,8 +48,18 @@ def main() -> None:
         print("\n".join(dry_run(spec, cluster_nodes())))
         return
     out = resolve_out(args.out)
+    sweep_log = SweepLog(Path(out).resolve(), args.verbose)
+
+    def connect() -> None:
+        url = sweep_log.connect(lambda: init_ray(1, args.address, dashboard=args.dashboard))
+        if url:
+            print(f"Ray dashboard: {url} ({dashboard_login(Path(out))})")
+        print(f"TensorBoard: tensorboard --logdir {out}/tune", flush=True)
+        if not args.verbose:
+            print(f"Ray's output: {sweep_log.path} (--verbose prints it)", flush=True)
+
     try:
-        rows = run_sweep(spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=lambda: init_ray(1, args.address))
+        rows = run_sweep(spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=connect, verbose=args.verbose)
     except KeyboardInterrupt:
         stop_ray()
         resume = ["python", "platform/sweep.py", "--config", args.config, "--out", args.out, *(["--address", args.address] if args.address else []), "--resume"]

@@ -181,9 +181,12 @@ def trial_config(spec: SweepSpec, out: Path, trial: Trial) -> dict:
             "cpus_per_worker": res.cpus_per_worker, "gpus_per_worker": res.gpus_per_worker}
 
 
-def run_trials(spec: SweepSpec, out: Path, log) -> dict[str, str]:
-    """Run the trials that are not finished in one Tune experiment; returns the error of each failed trial."""
+def run_trials(spec: SweepSpec, out: Path, log, verbose: bool = False) -> dict[str, str]:
+    """Run the trials that are not finished in one Tune experiment; returns the error of each failed trial.
+    What Tune prints: sweeps.console.tune_output."""
     from ray import tune
+
+    from sweeps.console import tune_output
 
     pending = [trial_config(spec, out, t) for t in spec.trials() if not trial_done(trial_folder(out, t))]
     if not pending:
@@ -198,7 +201,7 @@ def run_trials(spec: SweepSpec, out: Path, log) -> dict[str, str]:
         tune_config=tune.TuneConfig(max_concurrent_trials=spec.concurrency, trial_name_creator=lambda t: t.config["name"],
                                     trial_dirname_creator=lambda t: t.config["name"]),
         run_config=tune.RunConfig(name=f"trials-{attempt}", storage_path=str(storage), failure_config=tune.FailureConfig(max_failures=spec.retries),
-                                  verbose=1),
+                                  **tune_output(log, spec.retries, verbose)),
     )
     # Tune's own SIGINT handler would end fit() normally, with its Tuner.restore hint; without it Ctrl-C raises
     # KeyboardInterrupt here, and platform/sweep.py says how to go on with --resume (exit status 130).
@@ -207,9 +210,11 @@ def run_trials(spec: SweepSpec, out: Path, log) -> dict[str, str]:
     return {r.config["name"]: str(r.error).strip().splitlines()[-1] for r in results if r.error is not None}
 
 
-def run_sweep(spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=print, connect=lambda: None) -> Optional[list[dict[str, Any]]]:
+def run_sweep(spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=print, connect=lambda: None,
+              verbose: bool = False) -> Optional[list[dict[str, Any]]]:
     """Run (or continue) the sweep in `out`; returns the trial rows, or None when a resumed sweep had nothing left.
-    `connect()` reaches Ray (solver_workers.ray_session.init_ray) once there is work to do."""
+    `connect()` reaches Ray (solver_workers.ray_session.init_ray) once there is work to do; `verbose` keeps Tune's
+    own progress reports (sweeps.console)."""
     out = out.resolve()  # trials run in other working directories
     record = open_results(out, data, resume)
     if resume and record.get("finished") and all(trial_done(trial_folder(out, t)) for t in spec.trials()):
@@ -224,7 +229,7 @@ def run_sweep(spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=
     record.pop("finished", None)
     write_record(out, record)
     run_baselines(spec, out, insts, log)
-    errors = run_trials(spec, out, log)
+    errors = run_trials(spec, out, log, verbose)
     rows = write_tables(spec, out, errors)
     for trial, row in zip(spec.trials(), rows):
         if row["attempts"] > 1:

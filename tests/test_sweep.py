@@ -138,7 +138,8 @@ def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
     assert len(trial) == 1, descendants(process.pid)
     os.kill(trial[0], signal.SIGKILL)
     assert not (folder / "training.json").exists(), "the kill came after the first attempt's training had ended"
-    finish(process)
+    output = finish(process)
+    assert "trial hpo-n1-s0 failed (attempt 1 of 3), retrying from its last checkpoint: " in output, output[-4000:]  # the console says so
     curve = pq.read_table(results / "curves.parquet").to_pylist()
     assert [c["update"] for c in curve] == list(range(1, updates + 1))
     assert pq.read_table(results / "trials.parquet").to_pylist()[0]["status"] == "completed"

@@ -92,9 +92,9 @@ def session_processes(session_dir: Path, node_id: str, raylet_pid: int) -> list[
     marks = (f"RAY_NODE_ID={node_id}".encode(), f"RAY_RAYLET_PID={raylet_pid}".encode())
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
         try:
+            if not entry.name.isdigit() or int(entry.name) == os.getpid() or entry.stat().st_uid != os.getuid():
+                continue
             environ = (entry / "environ").read_bytes().split(b"\0")
             opened = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
         except OSError:  # gone, or another user's
@@ -108,7 +108,8 @@ def end_dead_sessions(temp_dir: Path) -> list[int]:
     """SIGKILL the processes of every embedded session under `temp_dir` whose driver is gone; returns their PIDs.
     A session whose driver still runs is left alone, and so is any session without a record (not embedded)."""
     ended = []
-    for path in sorted(temp_dir.glob(f"session_*/{SESSION_RECORD}")):
+    sessions = (session for session in temp_dir.glob("session_*") if not session.is_symlink())  # not session_latest
+    for path in sorted(session / SESSION_RECORD for session in sessions if (session / SESSION_RECORD).is_file()):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

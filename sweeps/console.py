@@ -34,12 +34,12 @@ class SweepLog:
         self.file: Optional[TextIO] = None
 
     def connect(self, init: Callable[[], Optional[str]]) -> Optional[str]:
-        """Open the log, then call `init` (which starts or reaches Ray, returning the dashboard's URL or None);
-        Ray's driver records and warnings are routed before it, the workers' output once Ray runs."""
-        self.file = self.path.open("a", encoding="utf-8", buffering=1)
-        self.file.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} sweep driver pid {os.getpid()}\n")
+        """Call `init` (which starts or reaches Ray, returning the dashboard's URL or None); unless verbose, open the
+        log first and route Ray's driver records and warnings into it, and the workers' output once Ray runs."""
         if self.verbose:
             return init()
+        self.file = self.path.open("a", encoding="utf-8", buffering=1)
+        self.file.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} sweep driver pid {os.getpid()}\n")
         self.route_driver_records()
         warnings.showwarning = self.write_warning
         url = init()
@@ -130,6 +130,8 @@ class TrialLines(tune.Callback):
     def on_experiment_end(self, trials, **info):
         rows = [(str(t), t.status, t.run_metadata.num_failures, (t.last_result or {}).get("update", ""), (t.last_result or {}).get("greedy_mean"))
                 for t in trials]
+        if not rows:
+            return
         width = max(len(r[0]) for r in rows)
         self.log(f"{'trial':<{width}}  {'status':<10}  {'failures':>8}  {'updates':>7}  {'greedy cost':>11}")
         for name, status, failures, updates, greedy in rows:

@@ -72,6 +72,38 @@ def test_a_lost_node_is_said_once(monkeypatch):
     assert lines == [f"node {'b' * 12} (10.0.0.b) lost"]
 
 
+def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
+    """What Ray's driver relays (worker output batches, as its log thread hands them to the stream dispatcher), its
+    loggers and Python warnings reach sweep.log and not the terminal."""
+    import logging
+    import warnings
+
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    loggers = {name: list(logging.getLogger(name).handlers) for name in ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]}
+    handlers, showwarning = list(dispatcher.handlers), warnings.showwarning
+    log = console.SweepLog(tmp_path, verbose=False)
+    try:
+        assert log.connect(lambda: dispatcher.add_handler("ray_print_logs", lambda batch: print(*batch["lines"]))) is None  # as ray.init does
+        dispatcher.emit({"pid": 20634, "ip": "127.0.0.1", "actor_name": "PlacementGroupCleaner", "is_err": True,
+                         "lines": ["Failed to query Ray Train Controller actor state."]})
+        dispatcher.emit({"pid": 19163, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS 1.16.0"]})
+        logging.getLogger("ray.tune").error("Trial task failed for trial hpo-n1-s0")
+        warnings.warn("`RLModule(config=...)` has been deprecated", DeprecationWarning)
+    finally:
+        dispatcher.handlers = handlers
+        warnings.showwarning = showwarning
+        for name, kept in loggers.items():
+            logging.getLogger(name).handlers = kept
+        log.file.close()
+    printed = capfd.readouterr()
+    assert printed.out == printed.err == ""
+    written = (tmp_path / console.LOG_NAME).read_text()
+    assert "(PlacementGroupCleaner pid=20634, ip=127.0.0.1) Failed to query Ray Train Controller actor state.\n" in written
+    assert "(SolverWorker pid=19163, ip=127.0.0.1) Running HiGHS 1.16.0\n" in written
+    assert "ERROR ray.tune: Trial task failed for trial hpo-n1-s0" in written and "DeprecationWarning: `RLModule(config=...)`" in written
+
+
 # ---- a real sweep ----------------------------------------------------------------------------------------------------
 
 SWEEP = {  # a Ray Train method and an RLlib one, and a HiGHS MILP: each of Ray's talkers

@@ -21,8 +21,8 @@ import shlex
 from pathlib import Path
 
 from envs.cli import Interrupted, run_cli
-from envs.job_output import out_argument, resolve_out
 from envs.errors import InputError
+from envs.job_output import out_argument, resolve_out
 from solver_workers.ray_session import init_ray, stop_ray
 from sweeps.console import SweepLog, dashboard_login
 from sweeps.results_dir import FINISHED

@@ -63,9 +63,10 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> Option
 
 # ---- what an embedded Ray of a killed driver leaves behind ----------------------------------------------------------
 # The driver starts the embedded Ray's GCS and raylet; both end when the driver dies, even by SIGKILL, but the raylet's
-# agents (ray::DashboardAgent, ray::RuntimeEnvAgent) outlive them under PID 1 and ignore SIGTERM. Each embedded session
-# leaves a record in its session folder, so that the next embedded start can tell a dead session's processes from
-# those of live sessions (other scripts', other tests', `ray start` clusters') and end exactly these.
+# agents (ray::DashboardAgent, ray::RuntimeEnvAgent) outlive them under PID 1, for a minute or more, and ignore
+# SIGTERM (docs/ray.md). Each embedded session leaves a record in its session folder, so that the next embedded start
+# can tell a dead session's processes from those of live sessions (other scripts', other tests', `ray start`
+# clusters') and end exactly these.
 
 SESSION_RECORD = "embedded-driver.json"
 

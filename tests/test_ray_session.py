@@ -1,6 +1,7 @@
 """init_ray: the embedded Ray listens on loopback only and leaves no token in ~/.ray; its next start ends what the
-embedded Ray of a killed driver left running, and nothing else; an address where no Ray cluster answers is refused within seconds as bad input, without starting Ray. The cases run in interpreters of
-their own: the session's Ray (`ray_session`) must neither collide with them nor satisfy them."""
+embedded Ray of a killed driver left running, and nothing else; an address where no Ray cluster answers is refused
+within seconds as bad input, without starting Ray. The cases run in interpreters of their own: the session's Ray
+(`ray_session`) must neither collide with them nor satisfy them."""
 
 import ipaddress
 import json

@@ -104,7 +104,7 @@ class TrialLines(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
-        self.log(f"trial {trial} finished: {result.get('update', '?')} updates, greedy cost {result.get('greedy_mean', float('nan')):.4g}, "
+        self.log(f"trial {trial} finished: {result.get('update', '?')} updates, greedy cost {result.get('greedy_mean', float('nan')):,.1f}, "
                  f"{result.get('time_total_s', 0):.0f} s")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
@@ -135,7 +135,7 @@ class TrialLines(tune.Callback):
         width = max(len(r[0]) for r in rows)
         self.log(f"{'trial':<{width}}  {'status':<10}  {'failures':>8}  {'updates':>7}  {'greedy cost':>11}")
         for name, status, failures, updates, greedy in rows:
-            self.log(f"{name:<{width}}  {status:<10}  {failures:>8}  {updates:>7}  {'' if greedy is None else f'{greedy:.4g}':>11}")
+            self.log(f"{name:<{width}}  {status:<10}  {failures:>8}  {updates:>7}  {'' if greedy is None else f'{greedy:,.1f}':>11}")
 
 
 TOKEN_NAME = "dashboard-token"

@@ -78,7 +78,8 @@ class SweepLog:
 
 def tune_output(log: Callable[[str], None], retries: int, verbose: bool) -> dict:
     """RunConfig settings: Tune's reporter when verbose; else TrialLines only (Tune's legacy output engine at
-    verbosity 0 prints nothing; its default engine prints every trial's config and results even then)."""
+    verbosity 0 prints nothing; its default engine still prints the experiment's box, its TensorBoard line and a
+    block per trial error)."""
     if verbose:
         return {"verbose": 1}
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"

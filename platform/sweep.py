@@ -58,8 +58,14 @@ def main() -> None:
         if not args.verbose:
             print(f"Ray's output: {sweep_log.path} (--verbose prints it)", flush=True)
 
+    made = not Path(out).exists()
     try:
         rows = run_sweep(spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=connect, verbose=args.verbose)
+    except InputError:
+        stop_ray()
+        if not (Path(out) / "sweep.json").exists():  # refused before the sweep began (placement, a node-local --out)
+            sweep_log.discard(made)
+        raise
     except KeyboardInterrupt:
         stop_ray()
         resume = ["python", "platform/sweep.py", "--config", args.config, "--out", args.out, *(["--address", args.address] if args.address else []), "--resume"]

@@ -38,6 +38,7 @@ class SweepLog:
         log first and route Ray's driver records and warnings into it, and the workers' output once Ray runs."""
         if self.verbose:
             return init()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("a", encoding="utf-8", buffering=1)
         self.file.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} sweep driver pid {os.getpid()}\n")
         self.route_driver_records()
@@ -46,6 +47,17 @@ class SweepLog:
         self.route_driver_records()  # loggers Ray configured while starting
         self.route_worker_output()
         return url
+
+    def discard(self, made: bool) -> None:
+        """Remove the log and the dashboard's token of a sweep refused before it began (sweeps.run.run_sweep's checks
+        after connecting), and the results directory when this run `made` it and nothing else is in it."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        for path in (self.path, self.path.parent / TOKEN_NAME):
+            path.unlink(missing_ok=True)
+        if made and self.path.parent.is_dir() and not any(self.path.parent.iterdir()):
+            self.path.parent.rmdir()
 
     def route_driver_records(self) -> None:
         """Ray's loggers write to the log file instead of the terminal."""

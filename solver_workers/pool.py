@@ -27,7 +27,7 @@ with an InputError naming every field that differs. What is in an identity, and 
 * None holds the worker count or the Ray address (a record does not depend on where it ran). A
   time-limited solve also depends on the machine's speed, which no identity can hold.
 
-Where a task ran: every record carries `node_id`, `node_name` and `pid` of the solver worker that made it
+Where a task ran: every record carries `node_id`, `node_ip`, `node_name` and `pid` of the solver worker that made it
 (`where`), so a journal shows the spread over a cluster's nodes, and a task re-run after its node was lost
 shows the node of the run that was kept.
 """
@@ -55,6 +55,7 @@ from envs.validate import differences
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
 from solver_workers.decomposition import DecompositionOptions, item_figures, item_values, search_split
+from solver_workers.ray_session import this_node
 from solver_workers.rolling import RollingOptions, decide
 
 ACTOR_RESTARTS = 3
@@ -166,9 +167,7 @@ class SolverWorker:
     def __init__(self):
         torch.set_num_threads(1)
 
-        node_id = ray.get_runtime_context().get_node_id()
-        name = next((node["NodeName"] for node in ray.nodes() if node["NodeID"] == node_id), None)
-        self.where = {"node_id": node_id, "node_name": name, "pid": os.getpid()}  # added to every record it returns
+        self.where = this_node()  # added to every record it returns
 
     def pid(self) -> int:
         return os.getpid()

@@ -12,7 +12,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import ray
 from ray._private import ray_constants, services
@@ -127,25 +127,33 @@ def end_dead_sessions(temp_dir: Path) -> list[int]:
     return ended
 
 
-def init_ray(workers: int, address: Optional[str] = None, dashboard: bool = False, **options) -> Optional[str]:
+def init_ray(workers: int, address: Optional[str] = None, dashboard: bool = False) -> Optional[str]:
     """Connect to a cluster (--address, else RAY_ADDRESS as under `ray job submit`) or start an embedded Ray (with
-    its dashboard when asked; returns the dashboard's URL then). `options` go to ray.init."""
+    its dashboard when asked; returns the dashboard's URL then)."""
     if ray.is_initialized():
         return None
     where = f"--address {address}" if address else f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
     address = address or os.environ.get("RAY_ADDRESS")
     if not address or address == "local":
-        return start_local_ray(max(workers, os.cpu_count() or 1), dashboard, **options)
+        return start_local_ray(max(workers, os.cpu_count() or 1), dashboard)
     if "://" in address:
         raise InputError(f"{where}: Ray Client and URL addresses are not supported; give the cluster's GCS address "
                          "HOST:PORT (e.g. 10.0.0.5:6379) or auto, or run the script with `ray job submit`")
     probe_address(address, where)
     try:
         with keep_sigterm_handler():
-            ray.init(address=address, **options)
+            ray.init(address=address)
     except ConnectionError as e:  # a cluster that went away after the probe, or a port where something else answers
         raise InputError(f"{where}: no Ray cluster answers there ({e})") from e
     return None
+
+
+def this_node() -> dict[str, Any]:
+    """Where this Ray process runs, for the results' records of trial attempts and solver tasks: node id, IP, name
+    (`ray start --node-name`; Ray's default is the IP) and process id."""
+    node_id = ray.get_runtime_context().get_node_id()
+    name = next((node["NodeName"] for node in ray.nodes() if node["NodeID"] == node_id), None)
+    return {"node_id": node_id, "node_ip": ray.util.get_node_ip_address(), "node_name": name, "pid": os.getpid()}
 
 
 def stop_ray() -> None:

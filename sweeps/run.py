@@ -101,6 +101,7 @@ def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
     with its node in the results directory (sweeps.results_dir.start_attempt) before anything else."""
     from ray import tune
 
+    from solver_workers.ray_session import this_node
     from trainers.experiment import run_experiment
 
     torch.set_num_threads(1)
@@ -128,15 +129,6 @@ def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
         raise
     end_attempt(Path(out), config["name"], attempt, "completed", train_nodes() if config["workers"] else [])
     tune.report({"update": summary["training"]["updates_done"], "greedy_mean": summary["greedy"]["mean"], "sampled_mean": summary["sampled"]["mean"]})
-
-
-def this_node() -> dict[str, Any]:
-    """Where this Ray process runs: node id, IP, name (`ray start --node-name`; Ray's default is the IP) and process id."""
-    import ray
-
-    node_id = ray.get_runtime_context().get_node_id()
-    name = next((n["NodeName"] for n in ray.nodes() if n["NodeID"] == node_id), None)
-    return {"node_id": node_id, "node_ip": ray.util.get_node_ip_address(), "node_name": name, "pid": os.getpid()}
 
 
 def train_nodes() -> list[dict[str, str]]:

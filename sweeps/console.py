@@ -137,7 +137,7 @@ class TrialLines(tune.Callback):
         alive = {n["NodeID"] for n in nodes if n["Alive"]}
         for node in nodes:
             if self.alive is not None and node["NodeID"] in self.alive - alive:
-                self.log(f"node {node['NodeID'][:12]} ({node['NodeManagerAddress']}) lost")
+                self.log(f"node {node['NodeName']} ({node['NodeID'][:12]}, {node['NodeManagerAddress']}) lost")
         self.alive = alive
 
     def on_experiment_end(self, trials, **info):

@@ -62,14 +62,14 @@ def test_one_line_per_finished_retried_or_failed_trial_with_its_error(tmp_path):
 
 def test_a_lost_node_is_said_once(monkeypatch):
     answers = iter([[("a", True), ("b", True)], [("a", True), ("b", True)], [("a", True), ("b", False)], [("a", True), ("b", False)]])
-    monkeypatch.setattr(console.ray, "nodes", lambda: [{"NodeID": f"{n}" * 20, "Alive": alive, "NodeManagerAddress": f"10.0.0.{n}"}
+    monkeypatch.setattr(console.ray, "nodes", lambda: [{"NodeID": f"{n}" * 20, "Alive": alive, "NodeManagerAddress": f"10.0.0.{n}", "NodeName": f"worker-{n}"}
                                                        for n, alive in next(answers)])
     monkeypatch.setattr(console, "NODE_CHECK_SECONDS", 0.0)
     lines = []
     callback = console.TrialLines(lines.append, retries=0)
     for _ in range(4):
         callback.on_step_begin(0, [])
-    assert lines == [f"node {'b' * 12} (10.0.0.b) lost"]
+    assert lines == [f"node worker-b ({'b' * 12}, 10.0.0.b) lost"]
 
 
 def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):

@@ -37,6 +37,8 @@ def _flag(check: Callable, **bounds) -> Callable[[str], object]:
 
 positive_int = _flag(validate.integer, low=1)
 positive_real = _flag(validate.real, low=0.0, low_open=True)
+non_negative_real = _flag(validate.real, low=0.0)
+port = _flag(validate.integer, low=1, high=65535)
 seed = _flag(validate.seed)
 """A random seed in [0, 2^31 - 1] (envs.validate.SEED_MAX)."""
 horizon = _flag(validate.horizon)

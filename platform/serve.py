@@ -19,28 +19,12 @@ import os
 import socket
 import time
 
-from envs.cli import input_file, positive_int, run_cli
+from envs.cli import input_file, non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
 from serving.decisions import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
 
 APP_NAME = "decisions"
-
-
-def port(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in [1, 65535], got '{text}'")
-    return int(text)
-
-
-def non_negative_real(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got '{text}'")
-    return value
 
 
 def check_free(host: str, number: int) -> None:

@@ -87,6 +87,25 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def append_json_line(path: Path, record: dict[str, Any]) -> None:
+    """Append `record` as one JSON line, flushed to disk (journals, a trial's attempts); a torn last line (its writer
+    was killed mid-write) is ended first, so the record starts a line of its own."""
+    with open(path, "ab+") as f:  # appends at the end, wherever it has read
+        size = f.seek(0, os.SEEK_END)
+        torn = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"
+        f.write((b"\n" if torn else b"") + json.dumps(record).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def json_line(text: str) -> Any:
+    """The JSON value of one line of a JSON-lines file, or None for a torn or malformed line (skipped by readers)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None
+
+
 def remove_leftovers(folder: Path) -> None:
     """Delete temporary files that a killed writer left in `folder` (see atomic_write)."""
     for stale in folder.iterdir():

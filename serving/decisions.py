@@ -25,8 +25,6 @@ whose rule is deterministic), quantity (Q, proposed) and order (O = Y Q, what is
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -43,6 +41,7 @@ from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
+from envs.results import sha256
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -216,10 +215,6 @@ class Decider:
         return [Answer(*(x[end - s.batch:end] for x in merged)) for s, end in zip(states, ends)]
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def load_decider(policy: str, instance: Optional[Instance] = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
     """The Decider of `policy`: checkpoint:PATH (a checkpoint of any learned method, on its own instance unless
     `instance` is given) or a named policy (NAMED_POLICIES) on `instance`, tuned or solved now."""
@@ -229,7 +224,7 @@ def load_decider(policy: str, instance: Optional[Instance] = None, mode: str = "
         path = policy[len(CHECKPOINT_PREFIX):]
         learned, ckpt = load_policy(path, mode, device, instance)
         instance = instance or ckpt["instance"]
-        info = {"method": ckpt["config"].method, "mode": mode, "checkpoint_sha256": file_sha256(path), "training_status": ckpt["status"]}
+        info = {"method": ckpt["config"].method, "mode": mode, "checkpoint_sha256": sha256(Path(path)), "training_status": ckpt["status"]}
         return Decider(learned, instance, True, mode, f"checkpoint '{path}' (training status '{ckpt['status']}')",
                        {**info, "n": instance.n, "instance_hash": instance.content_hash()}, device)
     if instance is None:

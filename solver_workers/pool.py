@@ -50,6 +50,7 @@ from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
 from envs.instance import Instance, atomic_write_text
+from envs.results import append_json_line, json_line
 from envs import validate
 from envs.validate import differences
 from solver_workers.backends import SolverOptions
@@ -107,12 +108,12 @@ class Journal:
         self.path, self.key = Path(path), key
         self.identity = json.loads(json.dumps(identity))
         self.records: dict[Any, dict] = {}
-        self.started, self.torn = self.path.exists(), False
+        self.started = self.path.exists()
         if not self.started:
             return
         text = read_text(self.path, "journal")
         lines = text.splitlines()
-        header = _json_or_none(lines[0]) if lines else None
+        header = json_line(lines[0]) if lines else None
         if not (isinstance(header, dict) and isinstance(header.get("identity"), dict)):
             raise InputError(f"journal '{self.path}' has no run identity (it was written before identities were recorded, or it is not a journal), "
                              f"so it cannot be checked against this run's settings; {_start_anew(self.path)}")
@@ -120,10 +121,9 @@ class Journal:
             raise InputError(f"journal '{self.path}' belongs to a run with other settings ({'; '.join(changed)}); "
                              f"re-run with its settings to resume it, or {_start_anew(self.path)}")
         for line in lines[1:]:
-            record = _json_or_none(line)
+            record = json_line(line)
             if isinstance(record, dict):
                 self.records.setdefault(self.key(record), record)
-        self.torn = not text.endswith("\n")  # a crash mid-write: the next record starts on a new line
 
     def __contains__(self, key) -> bool:
         return key in self.records
@@ -136,24 +136,14 @@ class Journal:
         if not self.started:
             atomic_write_text(self.path, json.dumps({"identity": self.identity}) + "\n")
             self.started = True
-        with open(self.path, "a") as f:
-            f.write(("\n" if self.torn else "") + json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.records[key], self.torn = record, False
+        append_json_line(self.path, record)
+        self.records[key] = record
         return True
 
     def check(self, identity: dict[str, Any]) -> None:
         """Refuse to store results of a computation with another identity (a caller's bug, not bad input)."""
         if json.loads(json.dumps(identity)) != self.identity:
             raise ValueError(f"journal '{self.path}' was opened with another identity than this computation's")
-
-
-def _json_or_none(line: str):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None
 
 
 def _start_anew(path: Path) -> str:

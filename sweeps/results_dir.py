@@ -27,7 +27,6 @@ from the folders at the end of every run, so a killed driver leaves no duplicate
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,7 @@ import pyarrow.parquet as pq
 
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text, paper_instance
-from envs.results import read_evaluation, read_record, write_parquet
+from envs.results import append_json_line, json_line, read_evaluation, read_record, write_parquet
 from envs.validate import differences
 from sweeps.spec import SweepSpec, Trial
 
@@ -205,29 +204,16 @@ def _now() -> str:
 
 
 def _append(path: Path, line: dict[str, Any]) -> None:
-    """Append one JSON line, flushed to disk; a torn last line (a process killed mid-write) is closed first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab+") as f:  # appends at the end, wherever it has read
-        size = f.seek(0, os.SEEK_END)
-        torn = size > 0 and f.seek(size - 1) >= 0 and f.read(1) != b"\n"
-        f.write((b"\n" if torn else b"") + json.dumps(line).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    append_json_line(path, line)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of a JSON-lines file, skipping a torn line; none when the file does not exist."""
     if not path.is_file():
         return []
-    lines = []
-    for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(line, dict):
-            lines.append(line)
-    return lines
+    lines = (json_line(text) for text in path.read_text(encoding="utf-8", errors="replace").splitlines())
+    return [line for line in lines if isinstance(line, dict)]
 
 
 # ---- tables ---------------------------------------------------------------------------------------

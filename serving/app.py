@@ -29,7 +29,7 @@ from envs import validate
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.instance import Instance
-from serving.decisions import CHECKPOINT_PREFIX, NAMED_POLICIES, Decider, PolicyError, load_decider, read_states
+from serving.decisions import NAMED_POLICIES, Decider, PolicyError, is_policy_name, load_decider, read_states
 from trainers.policy import MODES
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -76,7 +76,7 @@ class ServiceConfig:
         validate.keys(data, where, [f.name for f in fields(cls)], ["policy"])
         values = {**asdict(cls(policy="zero")), **data}
         policy = values["policy"]
-        if not isinstance(policy, str) or not (policy in NAMED_POLICIES or (policy.startswith(CHECKPOINT_PREFIX) and len(policy) > len(CHECKPOINT_PREFIX))):
+        if not is_policy_name(policy):
             raise InputError(f"{where} field 'policy': expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got {validate.describe(policy)}")
         if not isinstance(values["instance"], str):
             raise InputError(f"{where} field 'instance': expected a path, got {validate.describe(values['instance'])}")

@@ -120,9 +120,14 @@ def read_states(data, instance: Instance, where: str) -> State:
 # ---- policies by name ---------------------------------------------------------------------------
 
 
+def is_policy_name(text) -> bool:
+    """Whether `text` names a policy: a named policy (NAMED_POLICIES) or checkpoint:PATH."""
+    return isinstance(text, str) and (text in NAMED_POLICIES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)))
+
+
 def policy_name(text: str) -> str:
     """An argparse type: a named policy (NAMED_POLICIES) or checkpoint:PATH."""
-    if text in NAMED_POLICIES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)):
+    if is_policy_name(text):
         return text
     raise argparse.ArgumentTypeError(f"expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got '{text}'")
 

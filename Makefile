@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run cluster-demo test test-all bench gpu-check clean
+.PHONY: setup run cluster-demo test test-all lint format bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,15 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# ruff (pyproject.toml [tool.ruff]): the lint rules and the formatter's check; `make format` applies the formatter
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: $(STAMP)
 	$(BIN)/python bench/simulator.py

@@ -42,14 +42,28 @@ def main() -> None:
     batched = [item_values(inst, i, s, 50, options.coarse_points, options) for i, s in zip(items, setups)]
     batched_seconds = time.process_time() - start
     start = time.process_time()
-    reference = [[dp_optimal.solve(item_instance(inst, i, k), 50, factor_points=options.coarse_points).expected_cost for k in s]
-                 for i, s in zip(items, setups)]
+    reference = [
+        [dp_optimal.solve(item_instance(inst, i, k), 50, factor_points=options.coarse_points).expected_cost for k in s]
+        for i, s in zip(items, setups)
+    ]
     reference_seconds = time.process_time() - start
     relaxation = max(float(np.max((np.array(r) - b) / np.array(r))) for r, b in zip(reference, batched))
-    print(json.dumps({"figure": "per-item DP over the first round's setup costs", "n": args.n, "items": len(setups),
-                      "setup_costs": sum(len(s) for s in setups), "factor_points": options.coarse_points,
-                      "cpu_seconds_batched": round(batched_seconds, 2), "cpu_seconds_reference": round(reference_seconds, 2),
-                      "speedup": round(reference_seconds / batched_seconds, 2), "largest_relative_relaxation": relaxation, "load": load()}))
+    print(
+        json.dumps(
+            {
+                "figure": "per-item DP over the first round's setup costs",
+                "n": args.n,
+                "items": len(setups),
+                "setup_costs": sum(len(s) for s in setups),
+                "factor_points": options.coarse_points,
+                "cpu_seconds_batched": round(batched_seconds, 2),
+                "cpu_seconds_reference": round(reference_seconds, 2),
+                "speedup": round(reference_seconds / batched_seconds, 2),
+                "largest_relative_relaxation": relaxation,
+                "load": load(),
+            }
+        )
+    )
 
     start, wall = time.process_time(), time.perf_counter()
 
@@ -59,14 +73,36 @@ def main() -> None:
     search = search_split(inst, options, values_of)
     search_seconds = time.process_time() - start
     paths = sample_paths(inst, HELDOUT_SEED, 128, 50)
-    records = [item_figures(inst, i, {"best": float(search.split.shares[i]), "equal": inst.K / inst.n}, 50, paths, options,
-                            dict(zip(search.setups[i], search.values[i]))) for i in range(inst.n)]
+    records = [
+        item_figures(
+            inst,
+            i,
+            {"best": float(search.split.shares[i]), "equal": inst.K / inst.n},
+            50,
+            paths,
+            options,
+            dict(zip(search.setups[i], search.values[i])),
+        )
+        for i in range(inst.n)
+    ]
     total = time.process_time() - start
-    print(json.dumps({"figure": "whole bound, serial", "n": args.n, "rounds": search.rounds, "certified_gap": search.summary(options.tolerance)["relative_gap"],
-                      "cpu_seconds_search": round(search_seconds, 1), "cpu_seconds_items": round(total - search_seconds, 1),
-                      "cpu_seconds_total": round(total, 1), "wall_seconds": round(time.perf_counter() - wall, 1),
-                      "value": sum(r["best"]["value"] for r in records), "equal_shares_value": sum(r["equal"]["value"] for r in records),
-                      "load": load()}))
+    print(
+        json.dumps(
+            {
+                "figure": "whole bound, serial",
+                "n": args.n,
+                "rounds": search.rounds,
+                "certified_gap": search.summary(options.tolerance)["relative_gap"],
+                "cpu_seconds_search": round(search_seconds, 1),
+                "cpu_seconds_items": round(total - search_seconds, 1),
+                "cpu_seconds_total": round(total, 1),
+                "wall_seconds": round(time.perf_counter() - wall, 1),
+                "value": sum(r["best"]["value"] for r in records),
+                "equal_shares_value": sum(r["equal"]["value"] for r in records),
+                "load": load(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

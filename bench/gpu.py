@@ -46,7 +46,12 @@ def device_facts(device: str) -> dict:
     facts = {"figure": "device", "device": device, "torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(device)
-        facts.update(name=props.name, memory_gib=round(props.total_memory / 2**30, 1), capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda)
+        facts.update(
+            name=props.name,
+            memory_gib=round(props.total_memory / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+            cuda=torch.version.cuda,
+        )
     return facts
 
 
@@ -54,14 +59,21 @@ def gpu_tests(device: str) -> dict:
     """tests/test_gpu.py and every other gpu-marked test, in a pytest of their own."""
     if not device.startswith("cuda"):
         return {"figure": "gpu_tests", "skipped": "the gpu-marked tests need CUDA"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True
+    )
     lines = done.stdout.strip().splitlines()
-    return {"figure": "gpu_tests", "exit_status": done.returncode, "summary": lines[-1] if lines else done.stderr.strip()[-300:],
-            "passed": done.returncode == 0}
+    return {
+        "figure": "gpu_tests",
+        "exit_status": done.returncode,
+        "summary": lines[-1] if lines else done.stderr.strip()[-300:],
+        "passed": done.returncode == 0,
+    }
 
 
-def fixed_action_costs(instance, device: str, dtype: torch.dtype = torch.float32, episodes: int = AGREEMENT_EPISODES,
-                       horizon: int = AGREEMENT_HORIZON) -> np.ndarray:
+def fixed_action_costs(
+    instance, device: str, dtype: torch.dtype = torch.float32, episodes: int = AGREEMENT_EPISODES, horizon: int = AGREEMENT_HORIZON
+) -> np.ndarray:
     """Per-episode discounted cost [E] of one fixed sequence of orders (drawn on the CPU, seed 0) on the held-out-style
     paths of seed 1, stepped on `device`: the simulator alone, so no decision can flip between devices."""
     g = torch.Generator().manual_seed(0)
@@ -82,9 +94,17 @@ def cost_agreement(device: str, n: int, reference: str = "cpu", reference_dtype:
     instance = paper_instance(n, 0)
     ours, theirs = fixed_action_costs(instance, device), fixed_action_costs(instance, reference, reference_dtype)
     relative = float(np.max(np.abs(ours - theirs) / np.abs(theirs)))
-    return {"figure": "cost_agreement", "device": device, "reference": f"{reference}/{str(reference_dtype).removeprefix('torch.')}", "n": n,
-            "episodes": AGREEMENT_EPISODES, "horizon": AGREEMENT_HORIZON, "max_relative_difference": relative, "rtol": AGREEMENT_RTOL,
-            "passed": relative <= AGREEMENT_RTOL}
+    return {
+        "figure": "cost_agreement",
+        "device": device,
+        "reference": f"{reference}/{str(reference_dtype).removeprefix('torch.')}",
+        "n": n,
+        "episodes": AGREEMENT_EPISODES,
+        "horizon": AGREEMENT_HORIZON,
+        "max_relative_difference": relative,
+        "rtol": AGREEMENT_RTOL,
+        "passed": relative <= AGREEMENT_RTOL,
+    }
 
 
 def peak_memory_gib(device: str):
@@ -110,8 +130,14 @@ def paper_updates(device: str, n: int, preset: str, updates: int) -> dict:
     except torch.OutOfMemoryError as e:
         return {**record, "error": f"out of memory: {str(e).splitlines()[0]}", "peak_memory_gib": peak_memory_gib(device), "passed": False}
     seconds = (time.perf_counter() - start) / updates
-    return {**record, "updates": updates, "seconds_per_update": round(seconds, 4), "transitions_per_s": round(config.batch * config.rollout / seconds),
-            "peak_memory_gib": peak_memory_gib(device), "passed": bool(np.all(np.isfinite(losses)))}
+    return {
+        **record,
+        "updates": updates,
+        "seconds_per_update": round(seconds, 4),
+        "transitions_per_s": round(config.batch * config.rollout / seconds),
+        "peak_memory_gib": peak_memory_gib(device),
+        "passed": bool(np.all(np.isfinite(losses))),
+    }
 
 
 def decision_time(device: str, n: int, preset: str) -> list[dict]:
@@ -135,8 +161,17 @@ def decision_time(device: str, n: int, preset: str) -> list[dict]:
             synchronize(device)
             seconds.append(time.perf_counter() - start)
         ms = np.asarray(seconds) * 1e3
-        records.append({"figure": "decision_ms", "network": f"or-transformer/{preset}", "n": n, "batch": batch, "device": device,
-                        "ms": round(float(np.median(ms)), 3), "p90_ms": round(float(np.percentile(ms, 90)), 3)})
+        records.append(
+            {
+                "figure": "decision_ms",
+                "network": f"or-transformer/{preset}",
+                "n": n,
+                "batch": batch,
+                "device": device,
+                "ms": round(float(np.median(ms)), 3),
+                "p90_ms": round(float(np.percentile(ms, 90)), 3),
+            }
+        )
     return records
 
 
@@ -147,8 +182,11 @@ def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
     from trainers.registry import method_config
 
     use_gpu = device.startswith("cuda")
-    config = method_config("or-transformer", preset, {"device": "cuda" if use_gpu else "cpu", "imitation_updates": 0, "updates": updates,
-                                                      "checkpoint_every": 0})
+    config = method_config(
+        "or-transformer",
+        preset,
+        {"device": "cuda" if use_gpu else "cpu", "imitation_updates": 0, "updates": updates, "checkpoint_every": 0},
+    )
     init_ray(1)
     start = time.perf_counter()
     try:
@@ -156,9 +194,16 @@ def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
             summary = train_data_parallel(config, paper_instance(n, 0), Path(folder) / "run", workers=1, use_gpu=use_gpu, progress=False)
     finally:
         stop_ray()
-    return {"figure": "ray_train", "use_gpu": use_gpu, "n": n, "preset": preset, "updates_done": summary["updates_done"],
-            "status": summary["status"], "seconds": round(time.perf_counter() - start, 1),
-            "passed": summary["status"] == "completed" and summary["updates_done"] == updates}
+    return {
+        "figure": "ray_train",
+        "use_gpu": use_gpu,
+        "n": n,
+        "preset": preset,
+        "updates_done": summary["updates_done"],
+        "status": summary["status"],
+        "seconds": round(time.perf_counter() - start, 1),
+        "passed": summary["status"] == "completed" and summary["updates_done"] == updates,
+    }
 
 
 def main() -> int:
@@ -166,19 +211,34 @@ def main() -> int:
     from trainers.registry import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", type=device, help="cuda or cuda:K (default: cuda; without CUDA the script prints one line and exits 0) or cpu")
+    parser.add_argument(
+        "--device", type=device, help="cuda or cuda:K (default: cuda; without CUDA the script prints one line and exits 0) or cpu"
+    )
     parser.add_argument("--n", type=positive_int, default=1024, help="items of the paper instance (default 1024)")
-    parser.add_argument("--preset", choices=list(PRESETS), default="paper", help="OR-Transformer preset of the updates and decisions (default paper)")
+    parser.add_argument(
+        "--preset", choices=list(PRESETS), default="paper", help="OR-Transformer preset of the updates and decisions (default paper)"
+    )
     parser.add_argument("--updates", type=positive_int, default=3, help="timed updates (default 3); the Ray Train run makes as many")
     args = parser.parse_args()
     if args.device is None and not torch.cuda.is_available():
-        emit({"figure": "device", "cuda_available": False, "torch": torch.__version__,
-              "message": "no CUDA on this machine (torch.cuda.is_available() is False): nothing to check; run it on a GPU machine"})
+        emit(
+            {
+                "figure": "device",
+                "cuda_available": False,
+                "torch": torch.__version__,
+                "message": "no CUDA on this machine (torch.cuda.is_available() is False): nothing to check; run it on a GPU machine",
+            }
+        )
         return 0
     dev = args.device or "cuda"
     emit(device_facts(dev))
-    checks = [lambda: [gpu_tests(dev)], lambda: [cost_agreement(dev, args.n)], lambda: [paper_updates(dev, args.n, args.preset, args.updates)],
-              lambda: decision_time(dev, args.n, args.preset), lambda: [ray_train(dev, args.n, args.preset, args.updates)]]
+    checks = [
+        lambda: [gpu_tests(dev)],
+        lambda: [cost_agreement(dev, args.n)],
+        lambda: [paper_updates(dev, args.n, args.preset, args.updates)],
+        lambda: decision_time(dev, args.n, args.preset),
+        lambda: [ray_train(dev, args.n, args.preset, args.updates)],
+    ]
     failed = [record["figure"] for check in checks for record in map(emit, check()) if record.get("passed") is False]
     emit({"figure": "summary", "device": dev, "failed": failed})
     return 1 if failed else 0

@@ -66,7 +66,7 @@ def build_per_variable(inst, inventory, in_transit, demand):
                 rhs = (inventory[i] if u == 0 else (in_transit[i, u - 1] if u <= 3 else 0.0)) - demand[w, u, i]
                 h.addRow(rhs, rhs, len(entries), np.array(list(entries), dtype=np.int32), np.array(list(entries.values())))
                 rows += 1
-    for (kind, *key) in list(col):
+    for kind, *key in list(col):
         if kind == "O":
             w, i, u = key
             index = np.array([col[("O", w, i, u)], col[("Y", 0 if u == 0 else w, u)]], dtype=np.int32)
@@ -83,8 +83,23 @@ def load_arrays(model):
     h.setOptionValue("output_flag", False)
     A = model.matrix
     rows, cols, _ = model.shape
-    h.passModel(cols, rows, int(A.nnz), 1, 1, 0.0, model.cost, model.col_lower, model.col_upper, model.row_lower, model.row_upper,
-                A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data, model.integrality)
+    h.passModel(
+        cols,
+        rows,
+        int(A.nnz),
+        1,
+        1,
+        0.0,
+        model.cost,
+        model.col_lower,
+        model.col_upper,
+        model.row_lower,
+        model.row_upper,
+        A.indptr.astype(np.int32),
+        A.indices.astype(np.int32),
+        A.data,
+        model.integrality,
+    )
     return h
 
 
@@ -107,9 +122,20 @@ def bench_build(sizes):
         _, loop_rows, loop_cols = build_per_variable(inst, inventory, in_transit, demand)
         loop = time.perf_counter() - t0
         rows, cols, nnz = model.shape
-        emit(figure="build", n=n, S=100, H=50, rows=rows, columns=cols, nonzeros=nnz, array_build_seconds=round(arrays, 3),
-             array_build_and_load_seconds=round(arrays_loaded, 3), per_variable_highs_seconds=round(loop, 2),
-             speedup=round(loop / arrays_loaded, 1), same_size=(loop_rows, loop_cols) == (rows, cols))
+        emit(
+            figure="build",
+            n=n,
+            S=100,
+            H=50,
+            rows=rows,
+            columns=cols,
+            nonzeros=nnz,
+            array_build_seconds=round(arrays, 3),
+            array_build_and_load_seconds=round(arrays_loaded, 3),
+            per_variable_highs_seconds=round(loop, 2),
+            speedup=round(loop / arrays_loaded, 1),
+            same_size=(loop_rows, loop_cols) == (rows, cols),
+        )
 
 
 def bench_highs(sizes, seconds):
@@ -121,19 +147,43 @@ def bench_highs(sizes, seconds):
         result = solve(model, SolverOptions(time_limit=seconds, gap=0.005, threads=1))
         warm = model.cost @ model.warm_start
         better = [t for t, obj in result.incumbents if obj < warm - 1e-6 * abs(warm)]
-        emit(figure="highs_paper_settings", n=n, S=100, H=50, time_limit=seconds, status=result.status, seconds=round(result.seconds, 1),
-             first_incumbent_better_than_zero_plan_s=round(better[0], 2) if better else None, gap=result.gap,
-             objective=result.objective, bound=result.bound, zero_plan_objective=warm)
+        emit(
+            figure="highs_paper_settings",
+            n=n,
+            S=100,
+            H=50,
+            time_limit=seconds,
+            status=result.status,
+            seconds=round(result.seconds, 1),
+            first_incumbent_better_than_zero_plan_s=round(better[0], 2) if better else None,
+            gap=result.gap,
+            objective=result.objective,
+            bound=result.bound,
+            zero_plan_objective=warm,
+        )
 
 
 def bench_bound(sizes, seconds):
     for n in sizes:
         inst = paper_instance(n, 0)
         paths = sample_paths(inst, HELDOUT_SEED, 1, 50)
-        record = episode_bound(inst, paths.demand[0].double().numpy(), inst.mu, np.zeros((n, 3)), SolverOptions(time_limit=seconds, gap=0.0))
-        emit(figure="perfect_information_bound", n=n, T=50, time_limit=seconds, seconds=round(record["seconds"], 1), status=record["status"],
-             bound=record["bound"], source=record["source"], mip_bound=record["mip_bound"], uncapacitated_bound=record["uncapacitated_bound"],
-             incumbent=record["incumbent"], gap_to_incumbent=None if not record["incumbent"] else round(record["incumbent"] / record["bound"] - 1, 5))
+        record = episode_bound(
+            inst, paths.demand[0].double().numpy(), inst.mu, np.zeros((n, 3)), SolverOptions(time_limit=seconds, gap=0.0)
+        )
+        emit(
+            figure="perfect_information_bound",
+            n=n,
+            T=50,
+            time_limit=seconds,
+            seconds=round(record["seconds"], 1),
+            status=record["status"],
+            bound=record["bound"],
+            source=record["source"],
+            mip_bound=record["mip_bound"],
+            uncapacitated_bound=record["uncapacitated_bound"],
+            incumbent=record["incumbent"],
+            gap_to_incumbent=None if not record["incumbent"] else round(record["incumbent"] / record["bound"] - 1, 5),
+        )
 
 
 def main():

@@ -60,12 +60,25 @@ def latency(device):
         classical = make_policy(tinst, "base-stock-factor", BASE_STOCK)
         for batch in (1, 128):
             state = initial_state(tinst, FactorDemandStream(tinst, batch, 0).initial_factor())
-            reference = median_seconds(lambda: classical(state, tinst), 20)
+            reference = median_seconds(lambda: classical(state, tinst), 20)  # noqa: B023 (called at once, inside the loop)
             for name in ("paper", "cpu"):
                 policy = LearnedPolicy(build_network(method_config("or-transformer", name), n).to(device), "greedy")
-                seconds = median_seconds(lambda: policy.decide(state, tinst), 5 if n == 1024 and batch == 128 else 20)
-                print(json.dumps({"figure": "decision_latency_ms", "network": f"or-transformer/{name}", "n": n, "batch": batch, "device": device,
-                                  "ms": round(seconds * 1e3, 3), "classical_ms": round(reference * 1e3, 3), "ratio_vs_classical": round(seconds / reference, 1)}), flush=True)
+                seconds = median_seconds(lambda: policy.decide(state, tinst), 5 if n == 1024 and batch == 128 else 20)  # noqa: B023 (called at once, inside the loop)
+                print(
+                    json.dumps(
+                        {
+                            "figure": "decision_latency_ms",
+                            "network": f"or-transformer/{name}",
+                            "n": n,
+                            "batch": batch,
+                            "device": device,
+                            "ms": round(seconds * 1e3, 3),
+                            "classical_ms": round(reference * 1e3, 3),
+                            "ratio_vs_classical": round(seconds / reference, 1),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 def reference_decision(model, state, tinst):
@@ -121,9 +134,23 @@ def fast_path(device, n=1024):
             times[name].append(seconds_of(fn))
     reference = float(np.median(times[next(iter(variants))]))
     for name, seconds in times.items():
-        print(json.dumps({"figure": "fast_decision_ms", "network": "or-transformer/paper", "n": n, "batch": 1, "device": device,
-                          "threads": torch.get_num_threads(), "path": name, "calls": ROUNDS, **distribution(seconds),
-                          "ratio_vs_reference": round(float(np.median(seconds)) / reference, 3)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "figure": "fast_decision_ms",
+                    "network": "or-transformer/paper",
+                    "n": n,
+                    "batch": 1,
+                    "device": device,
+                    "threads": torch.get_num_threads(),
+                    "path": name,
+                    "calls": ROUNDS,
+                    **distribution(seconds),
+                    "ratio_vs_reference": round(float(np.median(seconds)) / reference, 3),
+                }
+            ),
+            flush=True,
+        )
 
 
 def heldout_states(instance, tinst, episodes, horizon) -> State:
@@ -155,12 +182,24 @@ def bfloat16_agreement(device, n=1024, episodes=8, horizon=50, chunk=50):
     (logit, quantity), (logit16, quantity16) = outputs("float32"), outputs("bfloat16")
     threshold = logit.median()  # the open bias that makes half of the states open in float32
     relative = (quantity16 - quantity).abs() / quantity
-    print(json.dumps({"figure": "bfloat16_agreement", "network": "or-transformer/paper (untrained, open bias at the median logit)", "n": n,
-                      "states": states.batch, "device": device, "float32_open_fraction": round(float((logit > threshold).double().mean()), 3),
-                      "open_agreement": round(float(((logit16 > threshold) == (logit > threshold)).double().mean()), 4),
-                      "max_relative_quantity_difference": round(float(relative.max()), 5),
-                      "median_relative_quantity_difference": round(float(relative.median()), 5),
-                      "max_open_logit_difference": round(float((logit16 - logit).abs().max()), 5), "open_logit_sd": round(float(logit.std()), 5)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "figure": "bfloat16_agreement",
+                "network": "or-transformer/paper (untrained, open bias at the median logit)",
+                "n": n,
+                "states": states.batch,
+                "device": device,
+                "float32_open_fraction": round(float((logit > threshold).double().mean()), 3),
+                "open_agreement": round(float(((logit16 > threshold) == (logit > threshold)).double().mean()), 4),
+                "max_relative_quantity_difference": round(float(relative.max()), 5),
+                "median_relative_quantity_difference": round(float(relative.median()), 5),
+                "max_open_logit_difference": round(float((logit16 - logit).abs().max()), 5),
+                "open_logit_sd": round(float(logit.std()), 5),
+            }
+        ),
+        flush=True,
+    )
 
 
 def update_time(device):
@@ -170,10 +209,25 @@ def update_time(device):
             cfg = method_config(method, "cpu", {"device": device, "imitation_updates": 0})  # the update alone, without the warm start
             trainer = PathwiseTrainer(cfg, tinst)
             seconds = median_seconds(trainer.step, 5)
-            model_free = median_seconds(lambda: _simulate(tinst, cfg.batch, cfg.rollout), 5)
-            print(json.dumps({"figure": "update_seconds", "preset": "cpu", "method": method, "n": n, "batch": cfg.batch, "rollout": cfg.rollout,
-                              "device": device, "seconds": round(seconds, 4), "simulator_only_seconds": round(model_free, 5),
-                              "ratio_vs_simulator": round(seconds / model_free, 1), "transitions_per_s": round(cfg.batch * cfg.rollout / seconds)}), flush=True)
+            model_free = median_seconds(lambda: _simulate(tinst, cfg.batch, cfg.rollout), 5)  # noqa: B023 (called at once, inside the loop)
+            print(
+                json.dumps(
+                    {
+                        "figure": "update_seconds",
+                        "preset": "cpu",
+                        "method": method,
+                        "n": n,
+                        "batch": cfg.batch,
+                        "rollout": cfg.rollout,
+                        "device": device,
+                        "seconds": round(seconds, 4),
+                        "simulator_only_seconds": round(model_free, 5),
+                        "ratio_vs_simulator": round(seconds / model_free, 1),
+                        "transitions_per_s": round(cfg.batch * cfg.rollout / seconds),
+                    }
+                ),
+                flush=True,
+            )
 
 
 def _simulate(tinst, batch, steps):
@@ -181,7 +235,9 @@ def _simulate(tinst, batch, steps):
     state = initial_state(tinst, stream.initial_factor())
     ones = torch.ones(batch, device=tinst.device)
     for _ in range(steps):
-        state, _ = step(tinst, state, ones, tinst.qbar.expand(batch, -1) * 0.5, stream.demand(state.factor), stream.next_factor(state.factor))
+        state, _ = step(
+            tinst, state, ones, tinst.qbar.expand(batch, -1) * 0.5, stream.demand(state.factor), stream.next_factor(state.factor)
+        )
 
 
 FIGURES = {"fast-path": fast_path, "bfloat16-agreement": bfloat16_agreement, "latency": latency, "update-time": update_time}

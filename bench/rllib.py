@@ -50,9 +50,21 @@ def main():
             for _ in range(args.updates):
                 trainer.step()
             pathwise = args.updates * trainer.config.batch * trainer.config.rollout / (time.perf_counter() - start)
-            print(json.dumps({"n": n, "method": method, "envs": config.batch, "rllib_sampling_env_steps_per_s": round(sampling),
-                              "rllib_full_loop_env_steps_per_s": round(full), "pathwise_method": pathwise_method,
-                              "pathwise_transitions_per_s": round(pathwise), "rllib_full_loop_vs_pathwise": round(full / pathwise, 2)}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "n": n,
+                        "method": method,
+                        "envs": config.batch,
+                        "rllib_sampling_env_steps_per_s": round(sampling),
+                        "rllib_full_loop_env_steps_per_s": round(full),
+                        "pathwise_method": pathwise_method,
+                        "pathwise_transitions_per_s": round(pathwise),
+                        "rllib_full_loop_vs_pathwise": round(full / pathwise, 2),
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -51,9 +51,18 @@ def main():
     gpu = args.device == "cuda"
     torch.set_num_threads(args.threads)
     instance = paper_instance(args.n, 0)
-    config = method_config("or-transformer", "cpu", {"batch": args.batch, "updates": args.updates, "checkpoint_every": 0, "device": args.device})
+    config = method_config(
+        "or-transformer", "cpu", {"batch": args.batch, "updates": args.updates, "checkpoint_every": 0, "device": args.device}
+    )
     transitions = config.batch * config.rollout
-    common = {"n": args.n, "batch": config.batch, "rollout": config.rollout, "preset": "cpu", "device": args.device, "threads_per_worker": args.threads}
+    common = {
+        "n": args.n,
+        "batch": config.batch,
+        "rollout": config.rollout,
+        "preset": "cpu",
+        "device": args.device,
+        "threads_per_worker": args.threads,
+    }
     init_ray(2)
     with tempfile.TemporaryDirectory() as tmp:
         train(config, instance, Path(tmp) / "plain", progress=False)
@@ -63,13 +72,30 @@ def main():
         for workers in (1, 2) if not gpu or torch.cuda.device_count() >= 2 else (1,):
             run = Path(tmp) / f"ray{workers}"
             start = time.perf_counter()
-            train_data_parallel(config, instance, run, workers=workers, use_gpu=gpu, resources_per_worker={"CPU": args.threads, **({"GPU": 1} if gpu else {})},
-                                progress=False)
+            train_data_parallel(
+                config,
+                instance,
+                run,
+                workers=workers,
+                use_gpu=gpu,
+                resources_per_worker={"CPU": args.threads, **({"GPU": 1} if gpu else {})},
+                progress=False,
+            )
             total = time.perf_counter() - start
             rates[workers], updating = steady_rate(run, transitions, args.skip)
-            emit(figure="transitions_per_s", path="ray train", workers=workers, value=rates[workers], startup_seconds=total - updating, **common)
-    summary = {"goal": "Ray Train with 1 worker within 10% of the plain process after start-up (n = 16, B = 128)",
-               "overhead_ray_train_1_worker": 1 - rates[1] / plain, "met": rates[1] >= 0.9 * plain}
+            emit(
+                figure="transitions_per_s",
+                path="ray train",
+                workers=workers,
+                value=rates[workers],
+                startup_seconds=total - updating,
+                **common,
+            )
+    summary = {
+        "goal": "Ray Train with 1 worker within 10% of the plain process after start-up (n = 16, B = 128)",
+        "overhead_ray_train_1_worker": 1 - rates[1] / plain,
+        "met": rates[1] >= 0.9 * plain,
+    }
     if 2 in rates:
         summary["speedup_2_workers_vs_1"] = rates[2] / rates[1]
     emit(**summary, **common)
@@ -89,9 +115,20 @@ def paper_scale(skip: int, timed: int = 5):
         trainer.step()
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / timed
-    emit(figure="transitions_per_s", path="plain process", n=1024, preset="paper", batch=config.batch, rollout=config.rollout, device="cuda",
-         gpu=torch.cuda.get_device_name(), value=config.batch * config.rollout / seconds, seconds_per_update=seconds,
-         hours_for_16000_updates=16_000 * seconds / 3600, peak_gpu_memory_gib=torch.cuda.max_memory_allocated() / 2**30)
+    emit(
+        figure="transitions_per_s",
+        path="plain process",
+        n=1024,
+        preset="paper",
+        batch=config.batch,
+        rollout=config.rollout,
+        device="cuda",
+        gpu=torch.cuda.get_device_name(),
+        value=config.batch * config.rollout / seconds,
+        seconds_per_update=seconds,
+        hours_for_16000_updates=16_000 * seconds / 3600,
+        peak_gpu_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
+    )
 
 
 if __name__ == "__main__":

@@ -73,7 +73,9 @@ def states(instance, count: int, seed: int = 0) -> list[dict]:
     for _ in range(count):
         inventory = rng.uniform(-2, 4, n) * instance.lam
         in_transit = np.where(used, rng.uniform(0, 1, (n, slots)) * instance.qbar[:, None] * (rng.uniform(size=(n, slots)) < 0.3), 0.0)
-        rows.append({"inventory": inventory.round(3).tolist(), "in_transit": in_transit.round(3).tolist(), "factor": round(float(rng.normal()), 3)})
+        rows.append(
+            {"inventory": inventory.round(3).tolist(), "in_transit": in_transit.round(3).tolist(), "factor": round(float(rng.normal()), 3)}
+        )
     return rows
 
 
@@ -81,8 +83,12 @@ def decide_py(checkpoint: Path, pool: list[dict], folder: Path) -> list[dict]:
     """platform/decide.py's answer to each state of the pool, one dict per state."""
     path = folder / f"{checkpoint.stem}-states.json"
     path.write_text(json.dumps(pool))
-    out = subprocess.run([sys.executable, str(ROOT / "platform" / "decide.py"), "--checkpoint", str(checkpoint), "--state", str(path)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "platform" / "decide.py"), "--checkpoint", str(checkpoint), "--state", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     columns = json.loads(out.stdout)
     return [{key: columns[key][k] for key in ("open", "open_probability", "quantity", "order")} for k in range(len(pool))]
 
@@ -121,18 +127,24 @@ def bad_requests(pool: list[dict]) -> list[Request]:
     """One of each kind of bad request (docs/formats.md); each must get a 4xx."""
     state = pool[0]
     n = len(state["inventory"])
-    return [Request(body) for body in (
-        b'{"inventory": [1, 2],',  # malformed JSON
-        json.dumps({**state, "inventory": state["inventory"] + [1.0]}).encode(),  # n + 1 items
-        json.dumps({**state, "in_transit": [row[:2] for row in state["in_transit"]]}).encode(),  # ragged
-        json.dumps({**state, "in_transit": [[-1.0, 0.0, 0.0]] * n}).encode(),  # negative
-        json.dumps({**state, "in_transit": [[0.0, 0.0, 1.0]] * n}).encode(),  # an order in the last slot: refused for every L < 4
-        json.dumps({**state, "factor": 11}).encode(),
-        json.dumps({**state, "factor": float("nan")}).encode(),  # json.dumps writes NaN
-        json.dumps({**state, "time": 3}).encode(),  # an unknown key
-        b"[]",
-        json.dumps([state] * 40).encode(),  # over the mixed run's body limit
-    )] + [Request(json.dumps(state).encode(), content_type="text/plain")]
+    return (
+        [
+            Request(body)
+            for body in (
+                b'{"inventory": [1, 2],',  # malformed JSON
+                json.dumps({**state, "inventory": state["inventory"] + [1.0]}).encode(),  # n + 1 items
+                json.dumps({**state, "in_transit": [row[:2] for row in state["in_transit"]]}).encode(),  # ragged
+                json.dumps({**state, "in_transit": [[-1.0, 0.0, 0.0]] * n}).encode(),  # negative
+                json.dumps({**state, "in_transit": [[0.0, 0.0, 1.0]] * n}).encode(),  # an order in the last slot: refused for every L < 4
+                json.dumps({**state, "factor": 11}).encode(),
+                json.dumps({**state, "factor": float("nan")}).encode(),  # json.dumps writes NaN
+                json.dumps({**state, "time": 3}).encode(),  # an unknown key
+                b"[]",
+                json.dumps([state] * 40).encode(),  # over the mixed run's body limit
+            )
+        ]
+        + [Request(json.dumps(state).encode(), content_type="text/plain")]
+    )
 
 
 def load(port: int, requests: list[Request], clients: int, max_requests: int, seconds: float, check: bool) -> dict:
@@ -181,9 +193,16 @@ def load(port: int, requests: list[Request], clients: int, max_requests: int, se
     statuses = [r[1] for r in rows]
     failed = sum(1 for s in statuses if s is None or s >= 500 or s == 408)
     return {
-        "requests": len(rows), "seconds": elapsed, "decisions_per_s": sum(r[2] for r in rows) / elapsed,
-        "p50_ms": float(np.percentile(latency, 50)), "p95_ms": float(np.percentile(latency, 95)), "p99_ms": float(np.percentile(latency, 99)),
-        "ok": statuses.count(200), "refused_4xx": len(rows) - statuses.count(200) - failed, "errors": failed, "wrong": sum(r[3] for r in rows),
+        "requests": len(rows),
+        "seconds": elapsed,
+        "decisions_per_s": sum(r[2] for r in rows) / elapsed,
+        "p50_ms": float(np.percentile(latency, 50)),
+        "p95_ms": float(np.percentile(latency, 95)),
+        "p99_ms": float(np.percentile(latency, 99)),
+        "ok": statuses.count(200),
+        "refused_4xx": len(rows) - statuses.count(200) - failed,
+        "errors": failed,
+        "wrong": sum(r[3] for r in rows),
     }
 
 
@@ -233,8 +252,17 @@ def main() -> None:
             warm(args.port, requests)
             result = load(args.port, requests, clients, check=check, **bound)
             figures[(label, clients)] = result
-            emit(figure="serve", run=label, clients=clients, replicas=config.replicas, threads=config.threads, max_batch_size=config.max_batch_size,
-                 batch_wait_ms=config.batch_wait_ms, **extra, **result)
+            emit(
+                figure="serve",
+                run=label,
+                clients=clients,
+                replicas=config.replicas,
+                threads=config.threads,
+                max_batch_size=config.max_batch_size,
+                batch_wait_ms=config.batch_wait_ms,
+                **extra,
+                **result,
+            )
 
     def checkpoint_config(preset: str, n: int, **options) -> ServiceConfig:
         return ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoints[(preset, n)]), **options)
@@ -255,10 +283,22 @@ def main() -> None:
     deploy(two, decider)
     measure("cpu-n16-batching-2-replicas", two, single16, (32,), network="cpu", n=16, states_per_request=1)
     for clients in (1, 8, 32):
-        emit(figure="serve_ratio", ratio="batching on / off, decisions/s", network="cpu", n=16, clients=clients,
-             value=figures[("cpu-n16-batching", clients)]["decisions_per_s"] / figures[("cpu-n16-no-batching", clients)]["decisions_per_s"])
-    emit(figure="serve_ratio", ratio="2 replicas / 1 replica, decisions/s", network="cpu", n=16, clients=32,
-         value=figures[("cpu-n16-batching-2-replicas", 32)]["decisions_per_s"] / figures[("cpu-n16-batching", 32)]["decisions_per_s"])
+        emit(
+            figure="serve_ratio",
+            ratio="batching on / off, decisions/s",
+            network="cpu",
+            n=16,
+            clients=clients,
+            value=figures[("cpu-n16-batching", clients)]["decisions_per_s"] / figures[("cpu-n16-no-batching", clients)]["decisions_per_s"],
+        )
+    emit(
+        figure="serve_ratio",
+        ratio="2 replicas / 1 replica, decisions/s",
+        network="cpu",
+        n=16,
+        clients=32,
+        value=figures[("cpu-n16-batching-2-replicas", 32)]["decisions_per_s"] / figures[("cpu-n16-batching", 32)]["decisions_per_s"],
+    )
 
     # a replica killed under load (2 replicas, 32 clients): errors counted, every answer checked, the time until
     # Serve runs 2 replicas again
@@ -280,7 +320,14 @@ def main() -> None:
     killer.start()
     result = load(args.port, single16, 32, check=True, max_requests=args.requests * 4, seconds=max(args.seconds, 20.0))
     killer.join()
-    emit(figure="serve_replica_killed", run="cpu-n16-batching-2-replicas", clients=32, killed=victim, replicas_running_again_after_s=recovered[0] if recovered else None, **result)
+    emit(
+        figure="serve_replica_killed",
+        run="cpu-n16-batching-2-replicas",
+        clients=32,
+        killed=victim,
+        replicas_running_again_after_s=recovered[0] if recovered else None,
+        **result,
+    )
 
     # 1,000 mixed good and bad requests, 8 clients: every good answer decide.py's, every bad one a 4xx
     mixed_config = checkpoint_config("cpu", 16, max_body_bytes=MIXED_BODY_LIMIT)
@@ -293,29 +340,61 @@ def main() -> None:
     # the paper-size network at n = 16; both networks at n = 1,024, one client
     paper16 = checkpoint_config("paper", 16)
     deploy(paper16, paper16.decider())
-    measure("paper-n16-batching", paper16, good_requests(pool16, expected[("paper", 16)]), (1, 32), network="paper", n=16, states_per_request=1)
+    measure(
+        "paper-n16-batching", paper16, good_requests(pool16, expected[("paper", 16)]), (1, 32), network="paper", n=16, states_per_request=1
+    )
     for preset in ("cpu", "paper"):  # one torch thread: two were 2-4x slower while other work loaded the 2 cores (docs/benchmarks.md)
         config = checkpoint_config(preset, 1024)
         deploy(config, config.decider())
-        measure(f"{preset}-n1024-batching", config, good_requests(pool1024, expected[(preset, 1024)]), (1,), network=preset, n=1024, states_per_request=1)
+        measure(
+            f"{preset}-n1024-batching",
+            config,
+            good_requests(pool1024, expected[(preset, 1024)]),
+            (1,),
+            network=preset,
+            n=1024,
+            states_per_request=1,
+        )
 
     if not args.skip_classical:
         classical = ServiceConfig(policy="classical-best", instance=str(folder / "instance16.json"))
         started = time.perf_counter()
         classical_decider = classical.decider(progress=True)
-        emit(figure="classical_best_tuning", n=16, seconds=time.perf_counter() - started, family=classical_decider.info["parameters"]["family"])
+        emit(
+            figure="classical_best_tuning",
+            n=16,
+            seconds=time.perf_counter() - started,
+            family=classical_decider.info["parameters"]["family"],
+        )
         deploy(classical, classical_decider)
         answers = classical_decider.decide_many([read_states(state, small, "pool") for state in pool16])
-        measure("classical-best-n16-batching", classical, good_requests(pool16, [a.records()[0] for a in answers]), (1, 32), network="classical-best", n=16,
-                states_per_request=1)
+        measure(
+            "classical-best-n16-batching",
+            classical,
+            good_requests(pool16, [a.records()[0] for a in answers]),
+            (1, 32),
+            network="classical-best",
+            n=16,
+            states_per_request=1,
+        )
 
     goals = [
-        (">= 400 decisions/s with batching, n=16 cpu network, 32 clients", figures[("cpu-n16-batching", 32)]["decisions_per_s"], lambda v: v >= 400),
-        (">= 2x the throughput without batching (same)", figures[("cpu-n16-batching", 32)]["decisions_per_s"] / figures[("cpu-n16-no-batching", 32)]["decisions_per_s"],
-         lambda v: v >= 2),
+        (
+            ">= 400 decisions/s with batching, n=16 cpu network, 32 clients",
+            figures[("cpu-n16-batching", 32)]["decisions_per_s"],
+            lambda v: v >= 400,
+        ),
+        (
+            ">= 2x the throughput without batching (same)",
+            figures[("cpu-n16-batching", 32)]["decisions_per_s"] / figures[("cpu-n16-no-batching", 32)]["decisions_per_s"],
+            lambda v: v >= 2,
+        ),
         ("p99 <= 250 ms (same, with batching)", figures[("cpu-n16-batching", 32)]["p99_ms"], lambda v: v <= 250),
-        (">= 5,000 decisions/s with 100 states per request (the better of 8 and 32 clients)",
-         max(figures[("cpu-n16-batching-100-states", c)]["decisions_per_s"] for c in (8, 32)), lambda v: v >= 5000),
+        (
+            ">= 5,000 decisions/s with 100 states per request (the better of 8 and 32 clients)",
+            max(figures[("cpu-n16-batching-100-states", c)]["decisions_per_s"] for c in (8, 32)),
+            lambda v: v >= 5000,
+        ),
         ("n=1,024 paper network, 1 client: p50 <= 60 ms", figures[("paper-n1024-batching", 1)]["p50_ms"], lambda v: v <= 60),
     ]
     for goal, value, met in goals:

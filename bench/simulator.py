@@ -81,7 +81,10 @@ def bench(n, device):
     numpy_loop(inst, *np_args, episodes)
     loop = (time.perf_counter() - start) / (episodes * T * n)
     row = {
-        "n": n, "B": B, "T": T, "device": str(device),
+        "n": n,
+        "B": B,
+        "T": T,
+        "device": str(device),
         "forward_item_steps_per_s": item_steps / forward,
         "forward_backward_item_steps_per_s": item_steps / both,
         "numpy_loop_item_steps_per_s": 1 / loop,

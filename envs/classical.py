@@ -34,7 +34,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import torch
@@ -71,8 +70,11 @@ FAMILIES: dict[str, dict[str, Parameter]] = {
     "can-order": {"reorder_z": REORDER_Z, "can_order_fraction": Parameter((1 / 3, 2 / 3), 1 / 6, low=0.0, high=1.0), **UP_TO},
     "fraction-trigger": {"reorder_z": REORDER_Z, "trigger_fraction": Parameter((0.1, 0.25, 0.5), 0.05, low=0.0, high=1.0), **UP_TO},
     "cost-trigger": {"theta": Parameter((0.1, 0.3, 1.0, 3.0), 0.5, "log", 1e-3), **UP_TO},
-    "periodic": {"period": Parameter((1, 2, 3, 4, 6), 1, "integer", 1, 12), "order_up_to_z": UP_TO["order_up_to_z"],
-                 "cycle_stock": UP_TO["cycle_stock"]},
+    "periodic": {
+        "period": Parameter((1, 2, 3, 4, 6), 1, "integer", 1, 12),
+        "order_up_to_z": UP_TO["order_up_to_z"],
+        "cycle_stock": UP_TO["cycle_stock"],
+    },
 }
 MAX_COVER = int(max(UP_TO["cover"].high, FAMILIES["periodic"]["period"].high))
 REFINE_STARTS = 2
@@ -112,7 +114,7 @@ class DemandMoments:
         self._var_drift = {aware: torch.diagonal(cov) - 1 for aware, cov in ((False, stationary_cov), (True, conditional_cov))}
         self._stationary = self._cumulative(None)  # constant: computed once
 
-    def over(self, factor: Optional[torch.Tensor], batch: int, *periods: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def over(self, factor: torch.Tensor | None, batch: int, *periods: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per entry of `periods` ([B or 1, n], long, 1..J): the mean and s.d. of the demand over that many
         periods for each of `batch` rows, given each row's F_t (factor [B]) or stationary (None): [B, n] each."""
         if factor is None:
@@ -124,7 +126,7 @@ class DemandMoments:
         start = (row[:, None] * n + torch.arange(n, device=row.device)[None, :]) * J - 1  # flat index of period 0: [B, n]
         return [(cum_mean.take(start + p), cum_var.take(start + p).clamp_min(0).sqrt()) for p in periods]
 
-    def _cumulative(self, factor: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cumulative(self, factor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         inst = self.instance
         aware = factor is not None
         mean_f = (factor[:, None] * self.rho_j) if aware else torch.zeros_like(self.rho_j)[None]  # [B, J]
@@ -175,7 +177,8 @@ class ClassicalPolicy:
         cover = p["period"] if self.family == "periodic" else p["cover"]
         # the order-up-to level's periods, and the protection interval L_i + 1 of the reorder level and the cost trigger
         (cover_mean, cover_sd), (mean, sd) = self.moments.over(
-            state.factor if self.factor_aware else None, state.batch, lead + cover.long()[:, None], lead + 1)
+            state.factor if self.factor_aware else None, state.batch, lead + cover.long()[:, None], lead + 1
+        )
         up_to = cover_mean + p["order_up_to_z"][:, None] * cover_sd + p["cycle_stock"][:, None] * economic_order_quantity(instance)
         quantity = _raise_to(up_to, position, instance.qbar)
         if self.family == "periodic":
@@ -243,8 +246,17 @@ class _Simulator:
     """Mean discounted costs of candidate parameter sets of one variant on fixed training paths (common
     random numbers), simulated in batched chunks of at most `max_elements` item-rollouts."""
 
-    def __init__(self, instance: Instance, name: str, episodes: int, horizon: int, seed: int, device, max_elements: int,
-                 clock: Optional["TuningClock"] = None):
+    def __init__(
+        self,
+        instance: Instance,
+        name: str,
+        episodes: int,
+        horizon: int,
+        seed: int,
+        device,
+        max_elements: int,
+        clock: TuningClock | None = None,
+    ):
         self.family, self.aware = parse_policy_name(name)
         self.clock = clock
         self.names = list(FAMILIES[self.family])
@@ -256,7 +268,7 @@ class _Simulator:
         self.evaluated = 0
 
     @torch.no_grad()
-    def costs(self, candidates: list[tuple[float, ...]], progress: Optional[str] = None) -> np.ndarray:
+    def costs(self, candidates: list[tuple[float, ...]], progress: str | None = None) -> np.ndarray:
         """Per-episode discounted costs [C, episodes] of each candidate."""
         out = []
         for start in tqdm(range(0, len(candidates), self.chunk), desc=progress, disable=progress is None, leave=False):
@@ -287,7 +299,9 @@ def _neighbours(point: tuple[float, ...], steps: list[float], spec: list[Paramet
     return moves
 
 
-def refine(simulate, start: tuple[float, ...], start_costs: np.ndarray, spec: list[Parameter], rounds: int = REFINE_ROUNDS, halvings: int = 3):
+def refine(
+    simulate, start: tuple[float, ...], start_costs: np.ndarray, spec: list[Parameter], rounds: int = REFINE_ROUNDS, halvings: int = 3
+):
     """Pattern search from the grid's best point: simulate every one-step move at once; move to the best if it
     is cheaper, else halve the steps (integer steps stay 1 and stop after their first failure) until each has
     been halved `halvings` times or `rounds` batches ran. Returns (point, its per-episode costs)."""
@@ -325,16 +339,20 @@ class TuningClock:
     def __init__(self, what: str, names: list[str], instance: Instance, episodes: int, horizon: int, refinement: bool = True):
         counts = [tuning_candidates(name, refinement) for name in names]
         self.fewest, self.most = sum(c[0] for c in counts), sum(c[1] for c in counts)
-        self.what = (f"tuning {what}: {self.fewest} to {self.most} candidate simulations of {episodes} episodes x {horizon} steps "
-                     f"x {instance.n} items")
-        self.message: Optional[str] = None
+        self.what = (
+            f"tuning {what}: {self.fewest} to {self.most} candidate simulations of {episodes} episodes x {horizon} steps "
+            f"x {instance.n} items"
+        )
+        self.message: str | None = None
 
     def timed(self, candidates: int, seconds: float) -> None:
         if self.message is not None:
             return
         per = seconds / candidates
-        self.message = (f"{self.what}; the first took {per:.3g} s each, so about {_duration(self.fewest * per)} to "
-                        f"{_duration(self.most * per)} on this machine")
+        self.message = (
+            f"{self.what}; the first took {per:.3g} s each, so about {_duration(self.fewest * per)} to "
+            f"{_duration(self.most * per)} on this machine"
+        )
         if self.most * per > LONG_TUNING:
             tqdm.write(self.message, file=sys.stderr)
 
@@ -353,7 +371,7 @@ def tune_family(
     max_elements: int = 1 << 23,
     progress: bool = False,
     refinement: bool = True,
-    clock: Optional[TuningClock] = None,
+    clock: TuningClock | None = None,
 ) -> TunedPolicy:
     """Tune one variant on `episodes` training paths: every parameter set of the family's coarse grid is
     simulated on the same paths (common random numbers) in batched chunks, then `refine` searches from
@@ -393,8 +411,13 @@ def best_of(tuned: list[TunedPolicy]) -> TunedPolicy:
 def tuned_as_policy(instance: Instance, tuned: TunedPolicy, seconds: float, device="cpu"):
     """(policy, parameters for the summary): the family, its tuned parameters, the tuning cost and `seconds`
     spent tuning (policy_from_parameters reads them back)."""
-    parameters = {"family": tuned.name, **tuned.params, "tuning_mean": tuned.tuning_mean, "tuning_se": tuned.tuning_se,
-                  "tuning_seconds": round(seconds, 2)}
+    parameters = {
+        "family": tuned.name,
+        **tuned.params,
+        "tuning_mean": tuned.tuning_mean,
+        "tuning_se": tuned.tuning_se,
+        "tuning_seconds": round(seconds, 2),
+    }
     return make_policy(instance.to_torch(device), tuned.name, tuned.params), parameters
 
 
@@ -415,8 +438,14 @@ def tuned_policy(instance: Instance, name: str, horizon: int, device="cpu", prog
     if name == "zero":
         return zero_policy, {}
     if progress:
-        tune_kwargs["clock"] = TuningClock(name, VARIANTS if name == "classical-best" else [name], instance,
-                                           tune_kwargs.get("episodes", TUNING_EPISODES), horizon, tune_kwargs.get("refinement", True))
+        tune_kwargs["clock"] = TuningClock(
+            name,
+            VARIANTS if name == "classical-best" else [name],
+            instance,
+            tune_kwargs.get("episodes", TUNING_EPISODES),
+            horizon,
+            tune_kwargs.get("refinement", True),
+        )
     if name == "classical-best":
         return classical_best(instance, tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs), device)
     tuned = tune_family(instance, name, horizon=horizon, device=device, progress=progress, **tune_kwargs)

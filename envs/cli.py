@@ -10,8 +10,8 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from envs import validate
 from envs.errors import InputError
@@ -61,7 +61,9 @@ def device(text: str) -> str:
         if not torch.cuda.is_available():
             raise argparse.ArgumentTypeError(f"'{text}': CUDA is not available on this machine (use cpu)")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise argparse.ArgumentTypeError(f"'{text}': this machine has {torch.cuda.device_count()} CUDA devices (0..{torch.cuda.device_count() - 1})")
+            raise argparse.ArgumentTypeError(
+                f"'{text}': this machine has {torch.cuda.device_count()} CUDA devices (0..{torch.cuda.device_count() - 1})"
+            )
     return text
 
 

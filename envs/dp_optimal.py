@@ -78,7 +78,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -166,7 +165,7 @@ def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float) ->
 # ---- lattice ----------------------------------------------------------------------------------------
 
 
-def lattice_denominator(x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR) -> Optional[int]:
+def lattice_denominator(x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR) -> int | None:
     """The smallest m <= max_denominator with m x0 and m qbar integers (to 1e-9), or None."""
     for m in range(1, max_denominator + 1):
         if all(abs(m * v - round(m * v)) <= 1e-9 * max(1.0, abs(m * v)) for v in (x0, qbar)):
@@ -304,8 +303,16 @@ class _Problem:
     upper: float  # the top of the domain (grows when an optimal target reaches it)
 
 
-def _prepare(instance: Instance, horizon: int, factor_points: int, factor_width: float, max_denominator: int, tail: float,
-             integer_cap: bool, floor_periods: Optional[int]) -> _Problem:
+def _prepare(
+    instance: Instance,
+    horizon: int,
+    factor_points: int,
+    factor_width: float,
+    max_denominator: int,
+    tail: float,
+    integer_cap: bool,
+    floor_periods: int | None,
+) -> _Problem:
     check_single_item(instance.n)
     validate.integer(horizon, f"{NAME} horizon", 1)
     lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))
@@ -329,18 +336,21 @@ def _solve(problem: _Problem, setups: np.ndarray, tables: bool):
     h, b = float(p.instance.h[0]), float(p.instance.b[0])
     for _ in range(32):
         positions = p.lattice.positions(p.low_unit, math.ceil(p.upper))
-        result = _backward(positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead,
-                           max(p.horizon - p.lead, 0), tables)
+        result = _backward(
+            positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, max(p.horizon - p.lead, 0), tables
+        )
         if not result[2]:
             break
         p.upper += p.lattice.cap  # an optimal target touched the top of the domain: widen it and solve again
     else:
-        raise InputError(f"{NAME}: optimal order-up-to positions exceed {p.upper:g}; the instance has no finite optimal policy on this domain")
+        raise InputError(
+            f"{NAME}: optimal order-up-to positions exceed {p.upper:g}; the instance has no finite optimal policy on this domain"
+        )
     initial_value, action_value, _ = result
     k0 = int(np.argmin(np.abs(positions - p.x0)))
     sunk = np.zeros(p.grid.points.size)
     for s in range(min(p.lead, p.horizon)):
-        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0:k0 + 1], h, b)[:, 0]
+        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0 : k0 + 1], h, b)[:, 0]
     return positions, initial_value, action_value, sunk, k0
 
 
@@ -353,7 +363,7 @@ def solve(
     tail: float = DEFAULT_TAIL,
     setups=None,
     integer_cap: bool = False,
-    floor_periods: Optional[int] = None,
+    floor_periods: int | None = None,
 ):
     """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
     from the documented initial state I_0 = lam (L + 1), P_0 = 0, with setup cost K. With `setups`
@@ -365,8 +375,23 @@ def solve(
     costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
     positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, tables=True)
     seconds = (time.perf_counter() - start) / costs.size
-    solutions = [DPSolution(instance, float(k), problem.horizon, problem.lead, problem.grid, problem.lattice, positions,
-                            action_value[:, g], initial_value[g], sunk, k0, seconds) for g, k in enumerate(costs)]
+    solutions = [
+        DPSolution(
+            instance,
+            float(k),
+            problem.horizon,
+            problem.lead,
+            problem.grid,
+            problem.lattice,
+            positions,
+            action_value[:, g],
+            initial_value[g],
+            sunk,
+            k0,
+            seconds,
+        )
+        for g, k in enumerate(costs)
+    ]
     return solutions[0] if setups is None else solutions
 
 
@@ -379,7 +404,7 @@ def expected_costs(
     max_denominator: int = DEFAULT_MAX_DENOMINATOR,
     tail: float = DEFAULT_TAIL,
     integer_cap: bool = False,
-    floor_periods: Optional[int] = None,
+    floor_periods: int | None = None,
 ) -> np.ndarray:
     """The optimal expected cost for every setup cost in `setups` ([G]), from one backward pass that
     keeps no policy tables (the fast path of `solve`, with its options)."""
@@ -400,7 +425,7 @@ def window_min(values: np.ndarray, window: int) -> np.ndarray:
     shaped = padded.reshape(rows, blocks, k)
     prefix = np.minimum.accumulate(shaped, axis=-1).reshape(rows, -1)  # min over [block start, j]
     suffix = np.minimum.accumulate(shaped[..., ::-1], axis=-1)[..., ::-1].reshape(rows, -1)  # min over [j, block end]
-    return np.minimum(suffix[:, :N], prefix[:, window:window + N])
+    return np.minimum(suffix[:, :N], prefix[:, window : window + N])
 
 
 def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, tables):
@@ -425,12 +450,12 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
     hit_top = False
     for t in range(decision_steps - 1, -1, -1):
         mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
-        slope = mixed[..., c:c + 1] - mixed[..., :1]  # per unit of position, at the bottom
+        slope = mixed[..., c : c + 1] - mixed[..., :1]  # per unit of position, at the bottom
         padded = np.zeros((G, M, length))
         padded[..., :pad] = mixed[..., :1] + slope * below  # linear extrapolation below the domain
-        padded[..., pad:pad + N] = mixed
+        padded[..., pad : pad + N] = mixed
         full = fftconvolve(padded.reshape(G, M, length // c, c), kernel, axes=2)  # [G, M, Q + dmax, c]
-        w = charge + gamma * full[:, :, :length // c].reshape(G, M, length)[..., pad:pad + N]
+        w = charge + gamma * full[:, :, : length // c].reshape(G, M, length)[..., pad : pad + N]
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
         opens = cost + best < w
         value = np.where(opens, cost + best, w)
@@ -487,7 +512,10 @@ class DPOptimalPolicy:
         sol = self.solution
         t = self.t
         if t >= sol.horizon:
-            raise InputError(f"{NAME}: the policy was solved for a horizon of {sol.horizon} steps, called at step {t} (evaluate with --horizon <= {sol.horizon}, or solve for a longer one)")
+            raise InputError(
+                f"{NAME}: the policy was solved for a horizon of {sol.horizon} steps, called at step {t} (evaluate with "
+                f"--horizon <= {sol.horizon}, or solve for a longer one)"
+            )
         self.t += 1
         device, dtype = state.inv.device, state.inv.dtype
         batch = state.batch

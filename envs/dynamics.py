@@ -33,14 +33,14 @@ class State:
     def batch(self) -> int:
         return int(self.inv.shape[0])
 
-    def detach(self) -> "State":
+    def detach(self) -> State:
         return State(self.inv.detach(), self.pipe.detach(), self.factor.detach())
 
     def inventory_position(self) -> torch.Tensor:
         """I_i + sum_l P_{i,l}: [B, n]."""
         return self.inv + self.pipe.sum(-1)
 
-    def index(self, rows) -> "State":
+    def index(self, rows) -> State:
         return State(self.inv[rows], self.pipe[rows], self.factor[rows])
 
 

@@ -7,8 +7,8 @@ Every method (classical, learned, MILP) is judged by `evaluate` on the same `Exo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ class Evaluation:
     discounted_cost: np.ndarray  # [E] float64
     episodes: tuple[int, ...]
     horizon: int
-    trace: Optional[Trace] = None
+    trace: Trace | None = None
 
     @property
     def mean(self) -> float:
@@ -66,8 +66,8 @@ def rollout_costs(
     instance: TensorInstance,
     factor: torch.Tensor,
     demand: torch.Tensor,
-    record: Optional[dict] = None,
-    progress: Optional[str] = None,
+    record: dict | None = None,
+    progress: str | None = None,
     repeats: int = 1,
 ) -> torch.Tensor:
     """Roll `policy` from the initial state over factor [E, T+1] and demand [E, T, n]; return the
@@ -81,9 +81,7 @@ def rollout_costs(
     total = torch.zeros(state.batch, dtype=torch.float64, device=demand.device)
     for t in tqdm(range(horizon), desc=progress, disable=progress is None, leave=False):
         open_order, quantity = policy(state, instance)
-        next_state, cost = step(
-            instance, state, open_order, quantity, demand[:, t].repeat(repeats, 1), factor[:, t + 1].repeat(repeats)
-        )
+        next_state, cost = step(instance, state, open_order, quantity, demand[:, t].repeat(repeats, 1), factor[:, t + 1].repeat(repeats))
         total += (instance.gamma**t) * cost.double()
         if record is not None:
             for key, value in (("open", open_order), ("cost", cost), ("inventory", state.inv), ("quantity", quantity)):
@@ -94,7 +92,7 @@ def rollout_costs(
 
 @torch.no_grad()
 def evaluate(
-    policy: Policy, instance: TensorInstance, paths: ExogenousPaths, trace: bool = False, progress: Optional[str] = None
+    policy: Policy, instance: TensorInstance, paths: ExogenousPaths, trace: bool = False, progress: str | None = None
 ) -> Evaluation:
     """Evaluate `policy` on every episode of `paths` in one batch."""
     record = {} if trace else None

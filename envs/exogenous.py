@@ -16,8 +16,8 @@ simulators (envs.gym_env, envs.dp_optimal, solver_workers.model). Two samplers u
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -84,9 +84,11 @@ def check_cost_range(instance: Instance, horizon: int) -> None:
     else:
         with np.errstate(over="ignore"):
             field = "lam" if instance.lam[i] ** 2 >= demand[i] else "beta"  # lam_i against the factor's multiplier d_i / lam_i
-    raise InstanceError(f"instance field '{field}' (item {i}): a cost of max(h_{i}, b_{i}) = {rate[i]:g} per unit and step on the "
-                        f"{reach[i]:g} units of inventory or backlog that {horizon} steps can reach (mu_{i} + T (qbar_{i} + the demand "
-                        f"rate at factor {FACTOR_BOUND:g})) gives one-step costs up to {bound:g}; {why}")
+    raise InstanceError(
+        f"instance field '{field}' (item {i}): a cost of max(h_{i}, b_{i}) = {rate[i]:g} per unit and step on the "
+        f"{reach[i]:g} units of inventory or backlog that {horizon} steps can reach (mu_{i} + T (qbar_{i} + the demand "
+        f"rate at factor {FACTOR_BOUND:g})) gives one-step costs up to {bound:g}; {why}"
+    )
 
 
 @dataclass(frozen=True)
@@ -120,9 +122,11 @@ def check_path_size(n: int, episodes: int, horizon: int, where: str = "episodes"
     """Refuse paths of more than PATH_VALUES_MAX demand values before anything is drawn or trained."""
     values = episodes * horizon * n
     if values > PATH_VALUES_MAX:
-        raise error(f"{where}: {episodes:,} episodes x {horizon:,} steps x {n:,} items = {values:,} demand values, above {PATH_VALUES_MAX:,} "
-                    f"(the paths take 12 bytes per value while drawn, {12 * values / 2**30:.1f} GiB); use at most "
-                    f"{PATH_VALUES_MAX // (horizon * n):,} episodes of {horizon:,} steps, or evaluate in parts")
+        raise error(
+            f"{where}: {episodes:,} episodes x {horizon:,} steps x {n:,} items = {values:,} demand values, above {PATH_VALUES_MAX:,} "
+            f"(the paths take 12 bytes per value while drawn, {12 * values / 2**30:.1f} GiB); use at most "
+            f"{PATH_VALUES_MAX // (horizon * n):,} episodes of {horizon:,} steps, or evaluate in parts"
+        )
 
 
 def sample_paths(

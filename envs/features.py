@@ -16,9 +16,7 @@ def item_tokens(instance: TensorInstance, state: State) -> torch.Tensor:
     """x_{i,t}, eq. (item_features): [B, n, 11]."""
     batch, n = state.inv.shape
     sigma = instance.sigma  # [n]
-    dynamic = torch.cat(
-        [((state.inv - instance.mu) / sigma)[..., None], state.pipe / sigma[:, None]], dim=-1
-    )  # [B, n, 4]
+    dynamic = torch.cat([((state.inv - instance.mu) / sigma)[..., None], state.pipe / sigma[:, None]], dim=-1)  # [B, n, 4]
     static = torch.stack(
         [
             instance.h / instance.c_scale,

@@ -10,7 +10,7 @@ Episodes are truncated after `horizon` steps and start from the initial state of
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -42,7 +42,7 @@ class _BatchedJRP:
         self.batch = batch
         self.horizon = horizon
         self.rng = np.random.default_rng()
-        self.state: Optional[State] = None
+        self.state: State | None = None
         self.t = 0
 
     def observe(self) -> np.ndarray:
@@ -75,7 +75,7 @@ class JRPEnv(gym.Env):
         self.sim = _BatchedJRP(instance, 1, horizon)
         self.observation_space, self.action_space = jrp_spaces(instance.n)
 
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         return self.sim.reset(self.np_random)[0], {}
 
@@ -98,7 +98,7 @@ class JRPVectorEnv(gym.vector.VectorEnv):
         self.action_space = batch_space(self.single_action_space, num_envs)
         self._needs_reset = False
 
-    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:
             self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seed)
         self._needs_reset = False

@@ -109,11 +109,15 @@ class Instance:
                 allowed = validate.real_range(low, high, low_open).replace("a number", "numbers", 1)
             if not ok.all():
                 i = int(np.argmin(ok))
-                raise _refuse(name, allowed, f"{values[i]:g} (item {i})", why if name != "lead" and values[i] > FIELD_RANGES[name][2] else "")
+                raise _refuse(
+                    name, allowed, f"{values[i]:g} (item {i})", why if name != "lead" and values[i] > FIELD_RANGES[name][2] else ""
+                )
         low, low_open, high, why = FIELD_RANGES["K"]
         where = "instance field '{}'"
         object.__setattr__(self, "K", validate.real(self.K, where.format("K"), low, high, low_open=low_open, why=why, error=InstanceError))
-        object.__setattr__(self, "gamma", validate.real(self.gamma, where.format("gamma"), 0, 1, low_open=True, high_open=True, error=InstanceError))
+        object.__setattr__(
+            self, "gamma", validate.real(self.gamma, where.format("gamma"), 0, 1, low_open=True, high_open=True, error=InstanceError)
+        )
         object.__setattr__(self, "rho", validate.real(self.rho, where.format("rho"), 0, 1, high_open=True, error=InstanceError))
 
     @property
@@ -141,7 +145,7 @@ class Instance:
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Instance":
+    def from_dict(cls, data: dict) -> Instance:
         """Build from the JSON layout; unknown or missing keys are an error."""
         if not isinstance(data, dict):
             raise InstanceError(f"instance: expected a JSON object, got {type(data).__name__}")
@@ -157,13 +161,13 @@ class Instance:
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Instance":
+    def load(cls, path: str | os.PathLike) -> Instance:
         path = Path(path)
         data = validate.load_json(read_text(path, "instance file"), "instance file", path, InstanceError)
         return cls.from_dict(data)
 
     @classmethod
-    def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> "Instance":
+    def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> Instance:
         """Import an item table (a UTF-8 CSV or a Parquet file) with exactly the columns h, b, lam, beta, lead, qbar
         and one row per item."""
         import pyarrow as pa
@@ -196,7 +200,9 @@ class Instance:
             if column.null_count:
                 raise InstanceError(f"instance field '{name}': {column.null_count} missing values in '{path}'")
             if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-                raise InstanceError(f"item table '{path}' column '{name}': expected numbers, got {column.type} values{_first_text(column.to_pylist())}")
+                raise InstanceError(
+                    f"item table '{path}' column '{name}': expected numbers, got {column.type} values{_first_text(column.to_pylist())}"
+                )
             items[name] = column.to_pylist()
         return cls(**items, K=K, gamma=gamma, rho=rho)
 
@@ -208,7 +214,7 @@ class Instance:
         arrays["lead"] = self.lead.astype(np.int64)
         return pa.table(arrays)
 
-    def to_torch(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> "TensorInstance":
+    def to_torch(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TensorInstance:
         return TensorInstance.from_instance(self, device, dtype)
 
 
@@ -284,8 +290,15 @@ def paper_instance(n: int, seed: int) -> Instance:
     lead = rng.integers(1, LMAX + 1, size=pool)
     lam = grids[2][il]
     return Instance(
-        h=grids[0][ih][:n], b=grids[1][ib][:n], lam=lam[:n], beta=beta[:n], lead=lead[:n].astype(np.float64),
-        qbar=4.0 * lam[:n], K=10.0 * n, gamma=0.95, rho=0.8,
+        h=grids[0][ih][:n],
+        b=grids[1][ib][:n],
+        lam=lam[:n],
+        beta=beta[:n],
+        lead=lead[:n].astype(np.float64),
+        qbar=4.0 * lam[:n],
+        K=10.0 * n,
+        gamma=0.95,
+        rho=0.8,
     )
 
 
@@ -314,7 +327,7 @@ class TensorInstance:
     c_ref: float = 0.0  # K + sum_i (h_i + b_i) sigma_i, eq. (cost_normalization)
 
     @classmethod
-    def from_instance(cls, inst: Instance, device, dtype) -> "TensorInstance":
+    def from_instance(cls, inst: Instance, device, dtype) -> TensorInstance:
         def t(a):
             return torch.tensor(np.asarray(a, dtype=np.float64), device=device, dtype=dtype)
 
@@ -325,10 +338,21 @@ class TensorInstance:
         mu = inst.mu
         sigma = np.sqrt(mu)
         return cls(
-            h=t(inst.h), b=t(inst.b), lam=t(inst.lam), beta=t(inst.beta), lead=t(inst.lead), qbar=t(inst.qbar),
-            K=inst.K, gamma=inst.gamma, rho=inst.rho,
-            arrives_now=t(lead_int == 1), arrives_in_slot=t(slots), mu=t(mu), sigma=t(sigma),
-            c_scale=float(np.mean(inst.h + inst.b)), sigma_ref=float(np.mean(sigma)),
+            h=t(inst.h),
+            b=t(inst.b),
+            lam=t(inst.lam),
+            beta=t(inst.beta),
+            lead=t(inst.lead),
+            qbar=t(inst.qbar),
+            K=inst.K,
+            gamma=inst.gamma,
+            rho=inst.rho,
+            arrives_now=t(lead_int == 1),
+            arrives_in_slot=t(slots),
+            mu=t(mu),
+            sigma=t(sigma),
+            c_scale=float(np.mean(inst.h + inst.b)),
+            sigma_ref=float(np.mean(sigma)),
             c_ref=float(inst.K + np.sum((inst.h + inst.b) * sigma)),
         )
 

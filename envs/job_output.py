@@ -24,17 +24,21 @@ from envs.errors import InputError
 # environment as an internal flag). Its value is the job's config: {"runtime_env": ..., "metadata": ...}.
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-SHARED = ("give an absolute path that you can read after the job ends, on a multi-node cluster one on a file system "
-          "that every node mounts (e.g. --out /mnt/shared/runs/x; docs/cluster.md)")
+SHARED = (
+    "give an absolute path that you can read after the job ends, on a multi-node cluster one on a file system "
+    "that every node mounts (e.g. --out /mnt/shared/runs/x; docs/cluster.md)"
+)
 
 
 def uri_refusal(text: str) -> str | None:
     """Why `text` cannot be an output path, when it is a URI (scheme://...); else None."""
     if not URI.match(text):
         return None
-    return (f"'{text}' is a URI; the results are written through the file system, so give a path (on a cluster, on a file "
-            "system that every node mounts, e.g. an NFS/EFS volume or a Kubernetes ReadWriteMany volume) and copy the "
-            "results to object storage afterwards")
+    return (
+        f"'{text}' is a URI; the results are written through the file system, so give a path (on a cluster, on a file "
+        "system that every node mounts, e.g. an NFS/EFS volume or a Kubernetes ReadWriteMany volume) and copy the "
+        "results to object storage afterwards"
+    )
 
 
 def out_argument(text: str) -> str:
@@ -65,11 +69,14 @@ def resolve_out(path, what: str = "--out", *, is_file: bool = False) -> Path:
         copy = runtime_env.get("working_dir")
         if not Path(text).is_absolute():
             where = "Ray's temporary copy of --working-dir, which Ray deletes" if copy else "on the node that runs the driver"
-            raise InputError(f"{what} '{text}' is relative, and this script runs as a Ray job: it would resolve against the "
-                             f"job's working directory '{cwd}' ({where}), not where you ran `ray job submit`; {SHARED}")
+            raise InputError(
+                f"{what} '{text}' is relative, and this script runs as a Ray job: it would resolve against the "
+                f"job's working directory '{cwd}' ({where}), not where you ran `ray job submit`; {SHARED}"
+            )
         if copy and Path(os.path.abspath(text)).is_relative_to(cwd):
-            raise InputError(f"{what} '{text}' lies in Ray's temporary copy of the job's --working-dir '{cwd}', which Ray "
-                             f"deletes; {SHARED}")
+            raise InputError(
+                f"{what} '{text}' lies in Ray's temporary copy of the job's --working-dir '{cwd}', which Ray deletes; {SHARED}"
+            )
     if is_file:
         output_dir(Path(text).parent, f"{what}'s folder")
     else:

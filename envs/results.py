@@ -22,7 +22,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -118,10 +118,16 @@ def check_finite(evaluation: Evaluation, policy: str) -> None:
     costs = np.asarray(evaluation.discounted_cost, dtype=np.float64)
     bad = np.flatnonzero(~np.isfinite(costs))
     if bad.size or not (math.isfinite(evaluation.mean) and math.isfinite(evaluation.se)):
-        where = f"{bad.size} of {costs.size} episodes (first: episode {evaluation.episodes[bad[0]]}, {costs[bad[0]]})" if bad.size else "its standard error"
-        raise InputError(f"the evaluation of {policy} has a non-finite discounted cost in {where}; no results are written. The "
-                         "instance's fields h, b, K, qbar, lam and beta must keep one-step costs finite in float32 "
-                         "(envs.exogenous.check_cost_range), and the policy's orders must be numbers")
+        where = (
+            f"{bad.size} of {costs.size} episodes (first: episode {evaluation.episodes[bad[0]]}, {costs[bad[0]]})"
+            if bad.size
+            else "its standard error"
+        )
+        raise InputError(
+            f"the evaluation of {policy} has a non-finite discounted cost in {where}; no results are written. The "
+            "instance's fields h, b, K, qbar, lam and beta must keep one-step costs finite in float32 "
+            "(envs.exogenous.check_cost_range), and the policy's orders must be numbers"
+        )
 
 
 def write_evaluation(
@@ -130,11 +136,11 @@ def write_evaluation(
     evaluation: Evaluation,
     seed: int,
     config: dict[str, Any],
-    parameters: Optional[dict[str, Any]] = None,
-    extra: Optional[dict[str, Any]] = None,
+    parameters: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
     *,
     instance: Instance,
-    tables: Optional[dict[str, pa.Table]] = None,
+    tables: dict[str, pa.Table] | None = None,
 ) -> dict[str, Any]:
     """Write the evaluation of `policy` on `instance` to `out_dir`, whole or not at all (module docstring);
     `tables` are further Parquet files by name. Returns the summary dict. An evaluation with a non-finite cost is
@@ -155,15 +161,19 @@ def write_evaluation(
         E, T, n = tr.inventory.shape
         ep = np.repeat(episodes, T)
         t = np.tile(np.arange(T, dtype=np.int64), E)
-        tables["steps.parquet"] = pa.table({"episode": ep, "t": t, "factor": tr.factor.ravel(), "open": tr.open.ravel().astype(np.int8), "cost": tr.cost.ravel()})
-        tables["items.parquet"] = pa.table({
-            "episode": np.repeat(ep, n),
-            "t": np.repeat(t, n),
-            "item": np.tile(np.arange(n, dtype=np.int64), E * T),
-            "inventory": tr.inventory.ravel(),
-            "demand": tr.demand.ravel(),
-            "quantity": tr.quantity.ravel(),
-        })
+        tables["steps.parquet"] = pa.table(
+            {"episode": ep, "t": t, "factor": tr.factor.ravel(), "open": tr.open.ravel().astype(np.int8), "cost": tr.cost.ravel()}
+        )
+        tables["items.parquet"] = pa.table(
+            {
+                "episode": np.repeat(ep, n),
+                "t": np.repeat(t, n),
+                "item": np.tile(np.arange(n, dtype=np.int64), E * T),
+                "inventory": tr.inventory.ravel(),
+                "demand": tr.demand.ravel(),
+                "quantity": tr.quantity.ravel(),
+            }
+        )
     for name, table in tables.items():
         write_parquet(table, out / name)
     summary = {
@@ -210,9 +220,22 @@ def read_evaluation(folder: str | os.PathLike) -> dict[str, Any]:
         raise InputError(f"results folder '{folder}' does not exist or is not a directory")
     path = folder / SUMMARY
     if not path.is_file():
-        raise InputError(f"results folder '{folder}' has no {SUMMARY}: the evaluation is incomplete (interrupted or still running), or this is not a results folder")
+        raise InputError(
+            f"results folder '{folder}' has no {SUMMARY}: the evaluation is incomplete (interrupted or still running), or this "
+            f"is not a results folder"
+        )
     summary = read_record(path, FORMAT, VERSION, "results summary", "re-run the evaluation")
-    required = {"policy": str, "mean": float, "se": float, "episodes": int, "horizon": int, "seed": int, "n": int, "instance_hash": str, "files": dict}
+    required = {
+        "policy": str,
+        "mean": float,
+        "se": float,
+        "episodes": int,
+        "horizon": int,
+        "seed": int,
+        "n": int,
+        "instance_hash": str,
+        "files": dict,
+    }
     for key, kind in required.items():
         value = summary.get(key)
         allowed = (int, float) if kind is float else kind
@@ -225,10 +248,17 @@ def read_evaluation(folder: str | os.PathLike) -> dict[str, Any]:
         if not file.is_file():
             raise InputError(f"results folder '{folder}': {name} is missing (listed in {SUMMARY}); the folder is incomplete")
         if sha256(file) != digest:
-            raise InputError(f"results folder '{folder}': {name} does not match its checksum in {SUMMARY}; it was modified or replaced after the evaluation")
+            raise InputError(
+                f"results folder '{folder}': {name} does not match its checksum in {SUMMARY}; it was modified or replaced after "
+                f"the evaluation"
+            )
     costs = pq.read_table(folder / COSTS)
     if set(costs.column_names) != {"episode", "discounted_cost"} or costs.num_rows != summary["episodes"]:
         raise InputError(f"results folder '{folder}': {COSTS} should have columns episode, discounted_cost and {summary['episodes']} rows")
     episodes = np.asarray(costs.column("episode").to_numpy(), dtype=np.int64)
     order = np.argsort(episodes)
-    return {"summary": summary, "episodes": episodes[order], "cost": np.asarray(costs.column("discounted_cost").to_numpy(), dtype=np.float64)[order]}
+    return {
+        "summary": summary,
+        "episodes": episodes[order],
+        "cost": np.asarray(costs.column("discounted_cost").to_numpy(), dtype=np.float64)[order],
+    }

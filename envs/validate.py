@@ -21,7 +21,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import yaml
@@ -78,7 +79,7 @@ def refuse(where: str, allowed: str, got: str, why: str = "", error: type[Except
     return error(f"{prefix}expected {allowed}, got {got}" + (f" ({why})" if why else ""))
 
 
-def integer_range(low: int, high: Optional[int] = None) -> str:
+def integer_range(low: int, high: int | None = None) -> str:
     return f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
 
 
@@ -92,7 +93,7 @@ def real_range(low: float = -math.inf, high: float = math.inf, low_open: bool = 
     return "a number"
 
 
-def integer(value, where: str, low: int, high: Optional[int] = None, *, why: str = "", error: type[Exception] = InputError) -> int:
+def integer(value, where: str, low: int, high: int | None = None, *, why: str = "", error: type[Exception] = InputError) -> int:
     """`value` as an int in [low, high] (no upper limit without `high`); `why` says why `high` is the limit."""
     if high is not None and is_number(value) and value > high:  # also 1e12 for an integer field: say why it is too large
         raise refuse(where, integer_range(low, high), describe(value), why, error)
@@ -101,8 +102,17 @@ def integer(value, where: str, low: int, high: Optional[int] = None, *, why: str
     return int(value)
 
 
-def real(value, where: str, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False, high_open: bool = False,
-         why: str = "", error: type[Exception] = InputError) -> float:
+def real(
+    value,
+    where: str,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    why: str = "",
+    error: type[Exception] = InputError,
+) -> float:
     """`value` as a finite float in the range; `why` says why `high` is the limit."""
     allowed = real_range(low, high, low_open, high_open)
     shown = describe(value)
@@ -171,8 +181,11 @@ def differences(there: Any, here: Any, path: str = "") -> list[str]:
     """Every field where two records (nested mappings and lists) differ, as 'FIELD X there, Y here', FIELD
     a dotted path ("baselines.milp[0].gap"); a field one side lacks shows as (absent)."""
     if isinstance(there, dict) and isinstance(here, dict):
-        return [line for key in sorted(set(there) | set(here), key=str)
-                for line in differences(there.get(key, _ABSENT), here.get(key, _ABSENT), f"{path}.{key}" if path else str(key))]
+        return [
+            line
+            for key in sorted(set(there) | set(here), key=str)
+            for line in differences(there.get(key, _ABSENT), here.get(key, _ABSENT), f"{path}.{key}" if path else str(key))
+        ]
     if isinstance(there, list) and isinstance(here, list) and len(there) == len(here):
         return [line for k, (a, b) in enumerate(zip(there, here)) for line in differences(a, b, f"{path}[{k}]")]
     if there == here:
@@ -229,7 +242,9 @@ def _check_node(node: yaml.Node, path: str, seen: set[int]) -> None:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else id(key_node)
             field = f"{path}.{key}" if path else str(key)
             if key in lines:
-                raise YamlFieldError(f"key '{field}' is written twice (lines {lines[key]} and {key_node.start_mark.line + 1}); write each key once")
+                raise YamlFieldError(
+                    f"key '{field}' is written twice (lines {lines[key]} and {key_node.start_mark.line + 1}); write each key once"
+                )
             lines[key] = key_node.start_mark.line + 1
             _check_node(value_node, field, seen)
     elif isinstance(node, yaml.SequenceNode):
@@ -237,12 +252,17 @@ def _check_node(node: yaml.Node, path: str, seen: set[int]) -> None:
             _check_node(item, f"{path}[{k}]", seen)
     elif isinstance(node, yaml.ScalarNode):
         text = node.value
-        written = (node.tag == _INT_TAG and DECIMAL_INTEGER.fullmatch(text)) or (node.tag == _FLOAT_TAG and (NUMBER_LITERAL.fullmatch(text) or _SPECIAL_FLOAT.fullmatch(text)))
+        written = (node.tag == _INT_TAG and DECIMAL_INTEGER.fullmatch(text)) or (
+            node.tag == _FLOAT_TAG and (NUMBER_LITERAL.fullmatch(text) or _SPECIAL_FLOAT.fullmatch(text))
+        )
         if node.tag in (_INT_TAG, _FLOAT_TAG) and not written:
             read_as = yaml.load(text, Loader=yaml.SafeLoader)
-            raise YamlFieldError(f"field '{path or '(document)'}' (line {node.start_mark.line + 1}): expected a number written in decimal (like 16 or 5e-3), "
-                                 f"got {text}, which YAML 1.1 reads as {read_as!r} (hexadecimal, octal, binary, base 60 or with '_'); "
-                                 "quote it if it is text")
+            raise YamlFieldError(
+                f"field '{path or '(document)'}' (line {node.start_mark.line + 1}): expected a number written in decimal (like "
+                f"16 or 5e-3), "
+                f"got {text}, which YAML 1.1 reads as {read_as!r} (hexadecimal, octal, binary, base 60 or with '_'); "
+                "quote it if it is text"
+            )
 
 
 def load_yaml(text: str, what: str, path) -> Any:

@@ -49,13 +49,27 @@ def main() -> None:
     parser.add_argument("--solver", default="highs", choices=SOLVERS, help="perfect-information: MILP solver (default highs)")
     parser.add_argument("--time-limit", type=time_limit, default=300.0, help="perfect-information: seconds per episode (default 300)")
     parser.add_argument("--threads", type=positive_int, default=1, help="perfect-information: solver threads per worker (default 1)")
-    parser.add_argument("--trace", action="store_true", help="perfect-information: also write the best anticipative plan's steps.parquet and items.parquet")
-    parser.add_argument("--factor-points", type=positive_int, default=DEFAULTS.factor_points,
-                        help=f"decomposition: factor grid points of the reported values (default {DEFAULTS.factor_points})")
-    parser.add_argument("--coarse-points", type=positive_int, default=DEFAULTS.coarse_points,
-                        help=f"decomposition: factor grid points of the split search and the convergence check (default {DEFAULTS.coarse_points})")
-    parser.add_argument("--tolerance", type=positive_real, default=DEFAULTS.tolerance,
-                        help=f"decomposition: relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})")
+    parser.add_argument(
+        "--trace", action="store_true", help="perfect-information: also write the best anticipative plan's steps.parquet and items.parquet"
+    )
+    parser.add_argument(
+        "--factor-points",
+        type=positive_int,
+        default=DEFAULTS.factor_points,
+        help=f"decomposition: factor grid points of the reported values (default {DEFAULTS.factor_points})",
+    )
+    parser.add_argument(
+        "--coarse-points",
+        type=positive_int,
+        default=DEFAULTS.coarse_points,
+        help=f"decomposition: factor grid points of the split search and the convergence check (default {DEFAULTS.coarse_points})",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=positive_real,
+        default=DEFAULTS.tolerance,
+        help=f"decomposition: relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})",
+    )
     parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
     parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
     parser.add_argument("--out", type=out_argument, required=True, help="output directory")
@@ -69,9 +83,11 @@ def main() -> None:
         init_ray(args.workers, args.address)
         s = run_decomposition_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, vars(args))
         stop_ray()
-        print(f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
-              f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
-              f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes")
+        print(
+            f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
+            f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
+            f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes"
+        )
         return
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
     journal = bound_journal(out, instance, args.seed, args.horizon, options)
@@ -79,8 +95,10 @@ def main() -> None:
     summary = run_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
     stop_ray()
     optimal = summary["episodes_solved_to_optimality"]
-    print(f"perfect-information bound: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes "
-          f"({optimal} solved to optimality; the rest report proven dual bounds)")
+    print(
+        f"perfect-information bound: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes "
+        f"({optimal} solved to optimality; the rest report proven dual bounds)"
+    )
 
 
 if __name__ == "__main__":

@@ -60,8 +60,17 @@ def start_cluster(workers: int, cpus: int, log=print):
     port = free_port()
     os.environ["RAY_ADDRESS"] = f"{get_node_ip_address()}:{port}"
     log(f"starting a head node without CPUs and {workers} worker nodes of {cpus} CPU{'s' if cpus > 1 else ''} each")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_name": "head", "gcs_server_port": port, "include_dashboard": False,
-                                                            "dashboard_host": "127.0.0.1", "dashboard_port": free_port()})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "node_name": "head",
+            "gcs_server_port": port,
+            "include_dashboard": False,
+            "dashboard_host": "127.0.0.1",
+            "dashboard_port": free_port(),
+        },
+    )
     cluster.node_names = {cluster.head_node.node_id: "head"}
     cluster.add_worker = lambda: add_worker(cluster, cpus, log)
     try:
@@ -88,7 +97,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=positive_int, default=2, help="worker nodes (default 2)")
     parser.add_argument("--cpus", type=positive_int, default=2, help="CPUs of each worker node (default 2; 1 works too)")
-    parser.add_argument("--config", default=str(ROOT / "tune_configs" / "cluster-demo.yaml"), help="sweep file (default tune_configs/cluster-demo.yaml)")
+    parser.add_argument(
+        "--config", default=str(ROOT / "tune_configs" / "cluster-demo.yaml"), help="sweep file (default tune_configs/cluster-demo.yaml)"
+    )
     parser.add_argument("--out", type=out_argument, default="results/cluster-demo", help="results directory (default results/cluster-demo)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     args = parser.parse_args()
@@ -99,8 +110,17 @@ def main() -> None:
     sweep = None
     try:
         say(f"cluster up at {cluster.address} after {time.monotonic() - start:.0f} s; running the sweep on it")
-        command = [sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", args.config, "--out", str(out), "--address", cluster.address,
-                   *(["--resume"] if args.resume else [])]
+        command = [
+            sys.executable,
+            str(ROOT / "platform" / "sweep.py"),
+            "--config",
+            args.config,
+            "--out",
+            str(out),
+            "--address",
+            cluster.address,
+            *(["--resume"] if args.resume else []),
+        ]
         sweep = subprocess.Popen(command)
         code = sweep.wait()
     except KeyboardInterrupt:  # Ctrl-C reaches the sweep too (the terminal's process group): let it save its work and say how to resume
@@ -110,15 +130,19 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 sweep.kill()
                 sweep.wait()
-        raise Interrupted(f"stopped the cluster; continue with: python platform/cluster_demo.py --workers {args.workers} --cpus {args.cpus} "
-                          f"--config {args.config} --out {args.out} --resume") from None
+        raise Interrupted(
+            f"stopped the cluster; continue with: python platform/cluster_demo.py --workers {args.workers} --cpus {args.cpus} "
+            f"--config {args.config} --out {args.out} --resume"
+        ) from None
     finally:
         say("stopping the cluster")
         cluster.shutdown()
     if code != 0:
         sys.exit(code)
-    say(f"results in {out}: trials.parquet, attempts.parquet (the node of every trial attempt), curves.parquet, baselines.parquet; "
-        f"the solver journals under baselines/ ({time.monotonic() - start:.0f} s in all)")
+    say(
+        f"results in {out}: trials.parquet, attempts.parquet (the node of every trial attempt), curves.parquet, baselines.parquet; "
+        f"the solver journals under baselines/ ({time.monotonic() - start:.0f} s in all)"
+    )
 
 
 if __name__ == "__main__":

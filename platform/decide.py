@@ -44,15 +44,19 @@ def main() -> None:
     start = time.perf_counter()
     answer = decider.decide(state)  # the sampled answer is the stream's first draw: the decider restarts it
     latency = time.perf_counter() - start
-    print(json.dumps({
-        "open": answer.open.tolist(),
-        "open_probability": answer.probability.tolist(),
-        "quantity": answer.quantity.tolist(),
-        "order": answer.order.tolist(),
-        "mode": args.mode,
-        "batch": state.batch,
-        "latency_ms": latency * 1e3,
-    }))
+    print(
+        json.dumps(
+            {
+                "open": answer.open.tolist(),
+                "open_probability": answer.probability.tolist(),
+                "quantity": answer.quantity.tolist(),
+                "order": answer.order.tolist(),
+                "mode": args.mode,
+                "batch": state.batch,
+                "latency_ms": latency * 1e3,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

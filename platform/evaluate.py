@@ -38,7 +38,7 @@ def main() -> None:
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range
     if args.policy.startswith(CHECKPOINT_PREFIX):
-        path = args.policy[len(CHECKPOINT_PREFIX):]
+        path = args.policy[len(CHECKPOINT_PREFIX) :]
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
@@ -48,8 +48,10 @@ def main() -> None:
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)
-    print(f"{label}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "
-          f"of {summary['horizon']} steps -> {args.out}")
+    print(
+        f"{label}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "
+        f"of {summary['horizon']} steps -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

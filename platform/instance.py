@@ -1,7 +1,7 @@
 """Create an instance file: the paper family (--n, --seed) or an imported item table (--items).
 
-  python platform/instance.py --n 16 --seed 0 --out inst.json
-  python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --out inst.json
+python platform/instance.py --n 16 --seed 0 --out inst.json
+python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --out inst.json
 """
 
 import argparse

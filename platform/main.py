@@ -50,15 +50,20 @@ def main() -> None:
     tinst = instance.to_torch()
     paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon)
     best, best_parameters = classical_best(instance, tuned)
-    entries = {"zero": (zero_policy, {}), **{t.name: tuned_as_policy(instance, t, t.seconds) for t in tuned}, "classical-best": (best, best_parameters)}
+    entries = {
+        "zero": (zero_policy, {}),
+        **{t.name: tuned_as_policy(instance, t, t.seconds) for t in tuned},
+        "classical-best": (best, best_parameters),
+    }
     results = {}
     for name, (policy, params) in entries.items():
         results[name] = evaluate(policy, tinst, paths)
         write_evaluation(out / name, name, results[name], HELDOUT_SEED, {**vars(args), "policy": name}, params, instance=instance)
 
     reference = results["classical-best"].discounted_cost
-    print(f"\nheld-out: {args.episodes} episodes x {args.horizon} steps, seed {HELDOUT_SEED}; "
-          f"classical-best = {best_parameters['family']}\n")
+    print(
+        f"\nheld-out: {args.episodes} episodes x {args.horizon} steps, seed {HELDOUT_SEED}; classical-best = {best_parameters['family']}\n"
+    )
     print(f"{'policy':<26}{'mean':>12}{'s.e.':>10}{'vs classical-best (95% CI)':>40}{'tuning s':>10}")
     for name, result in results.items():
         cmp = paired_comparison(result.discounted_cost, reference)

@@ -52,8 +52,11 @@ def main() -> None:
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
     out = resolve_out(args.out)
-    options = RollingOptions(args.scenarios, args.plan_horizon, SolverOptions(args.solver, args.time_limit, args.gap, args.threads,
-                                                                             not args.no_warm_start, args.solver_seed))
+    options = RollingOptions(
+        args.scenarios,
+        args.plan_horizon,
+        SolverOptions(args.solver, args.time_limit, args.gap, args.threads, not args.no_warm_start, args.solver_seed),
+    )
     check_size(instance.n, args.scenarios, args.plan_horizon, f"--instance '{args.instance}' with --scenarios and --plan-horizon")
     journal = milp_journal(out, instance, args.seed, options)
     if note := licence_note(args.solver, stock_columns(instance.n, args.scenarios, args.plan_horizon)):
@@ -62,8 +65,11 @@ def main() -> None:
     summary = run_milp(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
     stop_ray()
     d = summary["decisions"]
-    print(f"milp-{args.solver}: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes; "
-          f"{d['count']} decisions, {d['time_limited']} time-limited, {d['fallback']} fallbacks (zero order), statuses {json.dumps(d['statuses'])}")
+    print(
+        f"milp-{args.solver}: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes; "
+        f"{d['count']} decisions, {d['time_limited']} time-limited, {d['fallback']} fallbacks (zero order), statuses "
+        f"{json.dumps(d['statuses'])}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,10 @@ def load(directory: str) -> dict:
     if (Path(directory) / "sweep.json").is_file():
         raise InputError(f"'{directory}' is a sweep's results directory: report on it alone (python platform/report.py {directory})")
     if Path(directory).is_dir() and not (Path(directory) / "summary.json").exists():
-        raise InputError(f"'{directory}' holds neither sweep.json (a results directory of platform/sweep.py) nor summary.json (an evaluation "
-                         "folder; an interrupted evaluation has none)")
+        raise InputError(
+            f"'{directory}' holds neither sweep.json (a results directory of platform/sweep.py) nor summary.json (an evaluation "
+            "folder; an interrupted evaluation has none)"
+        )
     run = read_evaluation(directory)
     return {"name": run["summary"]["policy"], "dir": str(directory), **run}
 
@@ -43,11 +45,15 @@ def check_comparable(run: dict, reference: dict) -> None:
     """Paired comparisons need the same instance and the same held-out episodes."""
     a, b = run["summary"], reference["summary"]
     if a["instance_hash"] != b["instance_hash"]:
-        raise InputError(f"results '{run['dir']}' (n = {a['n']}, instance {a['instance_hash'][:12]}) and the reference '{reference['dir']}' "
-                         f"(n = {b['n']}, instance {b['instance_hash'][:12]}) evaluate different instances; compare only evaluations of one instance")
+        raise InputError(
+            f"results '{run['dir']}' (n = {a['n']}, instance {a['instance_hash'][:12]}) and the reference '{reference['dir']}' "
+            f"(n = {b['n']}, instance {b['instance_hash'][:12]}) evaluate different instances; compare only evaluations of one instance"
+        )
     if any(a[k] != b[k] for k in ("horizon", "seed")) or not np.array_equal(run["episodes"], reference["episodes"]):
-        raise InputError(f"results '{run['dir']}': episodes, horizon or seed differ from the reference '{reference['dir']}'; "
-                         "compare only evaluations on the same held-out episodes")
+        raise InputError(
+            f"results '{run['dir']}': episodes, horizon or seed differ from the reference '{reference['dir']}'; "
+            "compare only evaluations on the same held-out episodes"
+        )
 
 
 def sweep_report(args: argparse.Namespace) -> None:
@@ -64,8 +70,16 @@ def sweep_report(args: argparse.Namespace) -> None:
         if Path(args.markdown).is_dir():
             raise InputError(f"--markdown '{args.markdown}' is a directory, expected a file name for the Markdown tables")
     report = build_report(root, args.opening or "greedy", args.device or "cpu")
-    command = " ".join(["python platform/report.py", root, "--out", str(out), *(["--opening", args.opening] if args.opening else []),
-                        *(["--markdown", args.markdown] if args.markdown else [])])
+    command = " ".join(
+        [
+            "python platform/report.py",
+            root,
+            "--out",
+            str(out),
+            *(["--opening", args.opening] if args.opening else []),
+            *(["--markdown", args.markdown] if args.markdown else []),
+        ]
+    )
     written = write_report(report, out, args.markdown, command)
     print(markdown(cost_table(report)))
     print(f"report: {written['index.html']}")
@@ -74,11 +88,17 @@ def sweep_report(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="a sweep's results directory, or evaluation folders")
-    parser.add_argument("--out", type=out_argument, help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); "
-                        "evaluation folders: also write the table as Markdown to this file")
+    parser.add_argument(
+        "--out",
+        type=out_argument,
+        help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); "
+        "evaluation folders: also write the table as Markdown to this file",
+    )
     sweep = parser.add_argument_group("a sweep's results directory")
     sweep.add_argument("--opening", choices=("greedy", "sampled"), help="the learned policies' evaluation to report (default greedy)")
-    sweep.add_argument("--markdown", type=out_argument, help="also write the cost table and paired comparisons as Markdown (docs/results.md)")
+    sweep.add_argument(
+        "--markdown", type=out_argument, help="also write the cost table and paired comparisons as Markdown (docs/results.md)"
+    )
     sweep.add_argument("--device", type=device, help="device of the decision-time measurement (default cpu)")
     pairwise = parser.add_argument_group("evaluation folders")
     pairwise.add_argument("--reference", help="evaluation folder of the reference method (default: the first)")
@@ -99,9 +119,12 @@ def main() -> None:
     for other in runs + ([bound] if bound else []):
         check_comparable(other, reference)
     s = reference["summary"]
-    lines = [f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}; reference: {reference['name']}", "",
-             "| method | mean | s.e. | vs reference (95% CI) |" + (" gap to bound |" if bound else ""),
-             "| --- | ---: | ---: | --- |" + (" ---: |" if bound else "")]
+    lines = [
+        f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}; reference: {reference['name']}",
+        "",
+        "| method | mean | s.e. | vs reference (95% CI) |" + (" gap to bound |" if bound else ""),
+        "| --- | ---: | ---: | --- |" + (" ---: |" if bound else ""),
+    ]
     for run in runs:
         cmp = paired_comparison(run["cost"], reference["cost"])
         ci = "reference" if run["dir"] == reference["dir"] else f"{cmp.mean_difference:+.2f} [{cmp.ci_low:+.2f}, {cmp.ci_high:+.2f}]"
@@ -110,7 +133,9 @@ def main() -> None:
         name = run["name"] + (f" ({status})" if status and status != "completed" else "")
         lines.append(f"| {name} | {run['cost'].mean():.2f} | {standard_error(run['cost']):.2f} | {ci} |{gap}")
     if bound:
-        lines.append(f"| perfect-information bound | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | (lower bound) | 0.0% |")
+        lines.append(
+            f"| perfect-information bound | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | (lower bound) | 0.0% |"
+        )
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -47,15 +47,19 @@ def main() -> None:
     parser.add_argument("--port", type=port, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--replicas", type=positive_int, default=1, help="Serve replicas (default 1)")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads (and Ray CPUs) per replica (default 1)")
-    parser.add_argument("--max-batch-size", type=positive_int, default=32, help="most requests per policy call; 1: no batching (default 32)")
-    parser.add_argument("--batch-wait-ms", type=non_negative_real, default=2.0, help="wait for more requests before a partial batch (default 2)")
+    parser.add_argument(
+        "--max-batch-size", type=positive_int, default=32, help="most requests per policy call; 1: no batching (default 32)"
+    )
+    parser.add_argument(
+        "--batch-wait-ms", type=non_negative_real, default=2.0, help="wait for more requests before a partial batch (default 2)"
+    )
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20, help="largest request body (default 8 MiB)")
     parser.add_argument("--access-log", action="store_true", help="a log line per request in the replica's log (default off)")
     parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
     args = parser.parse_args()
     policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint else args.policy
     if policy.startswith(CHECKPOINT_PREFIX):
-        input_file(policy[len(CHECKPOINT_PREFIX):], "checkpoint")
+        input_file(policy[len(CHECKPOINT_PREFIX) :], "checkpoint")
     elif not args.instance:
         raise InputError(f"--policy {policy}: needs --instance (the instance to tune or solve it on)")
     if args.instance:
@@ -68,9 +72,17 @@ def main() -> None:
     from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application  # imports Ray Serve
     from solver_workers.ray_session import init_ray, stop_ray
 
-    config = ServiceConfig(policy=policy, instance=args.instance or "", mode=args.mode, replicas=args.replicas, threads=args.threads,
-                           max_batch_size=args.max_batch_size, batch_wait_ms=args.batch_wait_ms, max_body_bytes=args.max_body_bytes,
-                           access_log=args.access_log)
+    config = ServiceConfig(
+        policy=policy,
+        instance=args.instance or "",
+        mode=args.mode,
+        replicas=args.replicas,
+        threads=args.threads,
+        max_batch_size=args.max_batch_size,
+        batch_wait_ms=args.batch_wait_ms,
+        max_body_bytes=args.max_body_bytes,
+        access_log=args.access_log,
+    )
     print(f"loading {policy}" + ("" if policy.startswith(CHECKPOINT_PREFIX) else " (tuned or solved on the instance first)"), flush=True)
     decider = config.decider(progress=True)
     init_ray(args.replicas * args.threads, args.address)

@@ -40,7 +40,9 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="print Ray's own output and Tune's reports (default: into OUT/sweep.log)")
     args = parser.parse_args()
     if args.dashboard and (args.address or os.environ.get("RAY_ADDRESS")):
-        raise InputError("--dashboard starts the embedded Ray's dashboard; a cluster (--address, RAY_ADDRESS) has its own: see docs/cluster.md")
+        raise InputError(
+            "--dashboard starts the embedded Ray's dashboard; a cluster (--address, RAY_ADDRESS) has its own: see docs/cluster.md"
+        )
     spec, data = read_spec(args.config)
     if args.dry_run:
         if args.address or os.environ.get("RAY_ADDRESS"):
@@ -60,7 +62,9 @@ def main() -> None:
 
     made = not Path(out).exists()
     try:
-        rows = run_sweep(spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=connect, verbose=args.verbose)
+        rows = run_sweep(
+            spec, data, Path(out), args.resume, log=lambda text: print(text, flush=True), connect=connect, verbose=args.verbose
+        )
     except InputError:
         stop_ray()
         if not (Path(out) / "sweep.json").exists():  # refused before the sweep began (placement, a node-local --out)
@@ -68,7 +72,16 @@ def main() -> None:
         raise
     except KeyboardInterrupt:
         stop_ray()
-        resume = ["python", "platform/sweep.py", "--config", args.config, "--out", args.out, *(["--address", args.address] if args.address else []), "--resume"]
+        resume = [
+            "python",
+            "platform/sweep.py",
+            "--config",
+            args.config,
+            "--out",
+            args.out,
+            *(["--address", args.address] if args.address else []),
+            "--resume",
+        ]
         raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: {shlex.join(resume)}") from None
     stop_ray()
     if rows is not None:

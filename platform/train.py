@@ -86,10 +86,15 @@ def stopped(args, out: Path) -> str:
         return f"training stopped before its first checkpoint; nothing was saved; start again with: {command(args, '--overwrite')}"
     done, status, updates = ckpt["trainer"]["update"], ckpt["status"], ckpt["config"]["updates"]
     if status in ("completed", "diverged"):
-        return f"training {status} after {done} updates ('{path}'), the held-out evaluation did not finish; evaluate with: {command(args, '--resume')}"
+        return (
+            f"training {status} after {done} updates ('{path}'), the held-out evaluation did not finish; evaluate with: "
+            f"{command(args, '--resume')}"
+        )
     if status == "interrupted":
         return f"training stopped after update {done} of {updates}, saved in '{path}'; resume with: {command(args, '--resume')}"
-    return f"training stopped at once; the last checkpoint '{path}' holds update {done} of {updates}; resume with: {command(args, '--resume')}"
+    return (
+        f"training stopped at once; the last checkpoint '{path}' holds update {done} of {updates}; resume with: {command(args, '--resume')}"
+    )
 
 
 def main() -> None:
@@ -102,12 +107,18 @@ def main() -> None:
     parser.add_argument("--config", help="YAML file of config fields over the preset (see tune_configs/train/); unknown keys are an error")
     parser.add_argument("--updates", type=positive_int, help="override the preset's number of updates")
     parser.add_argument("--batch", type=positive_int, help="override the preset's parallel rollouts per update")
-    parser.add_argument("--initial-weights", metavar="CHECKPOINT", help="fine-tune: start from this pathwise checkpoint's network (same method and "
-                        "network shape; an OR-Transformer's from any n) instead of a fresh one, without the preset's warm start "
-                        "(unless --config sets imitation_updates)")
+    parser.add_argument(
+        "--initial-weights",
+        metavar="CHECKPOINT",
+        help="fine-tune: start from this pathwise checkpoint's network (same method and "
+        "network shape; an OR-Transformer's from any n) instead of a fresh one, without the preset's warm start "
+        "(unless --config sets imitation_updates)",
+    )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint.pt")
-    existing.add_argument("--overwrite", action="store_true", help="remove the run in --out (checkpoint, curve, TensorBoard, evaluations) and start anew")
+    existing.add_argument(
+        "--overwrite", action="store_true", help="remove the run in --out (checkpoint, curve, TensorBoard, evaluations) and start anew"
+    )
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="held-out episodes (default 128)")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="held-out horizon (default 50)")
     parser.add_argument("--device", type=device, default="cpu", help="torch device: cpu, cuda or cuda:K (default cpu)")
@@ -115,19 +126,35 @@ def main() -> None:
     run_mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
     out = check_run_dir(resolve_out(args.out), run_mode)
     instance = Instance.load(args.instance)
-    overrides = {**read_config(args.config), **{k: getattr(args, k) for k in ("updates", "batch", "initial_weights") if getattr(args, k) is not None}}
+    overrides = {
+        **read_config(args.config),
+        **{k: getattr(args, k) for k in ("updates", "batch", "initial_weights") if getattr(args, k) is not None},
+    }
     if args.initial_weights is not None and METHODS[args.method].family == "pathwise":
         overrides.setdefault("imitation_updates", 0)  # imitating classical-best would overwrite the network being fine-tuned
     try:
-        result = run_experiment(args.method, instance, out, preset=args.preset, seed=args.seed, overrides=overrides, mode=run_mode,
-                                episodes=args.episodes, horizon=args.horizon, device=args.device)
+        result = run_experiment(
+            args.method,
+            instance,
+            out,
+            preset=args.preset,
+            seed=args.seed,
+            overrides=overrides,
+            mode=run_mode,
+            episodes=args.episodes,
+            horizon=args.horizon,
+            device=args.device,
+        )
     except KeyboardInterrupt:
         raise Interrupted(stopped(args, out)) from None
     training = result["training"]
-    print(f"training {training['status']} after {training['updates_done']} updates ({training['wall_seconds']:.0f} s); "
-          f"last cost10 {training['final_cost10']:.4g}")
+    print(
+        f"training {training['status']} after {training['updates_done']} updates ({training['wall_seconds']:.0f} s); "
+        f"last cost10 {training['final_cost10']:.4g}"
+    )
     for mode in MODES:
         print(f"held-out {mode}: {result[mode]['mean']:.2f} ± {result[mode]['se']:.2f}")
+
 
 if __name__ == "__main__":
     run_cli(main)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from ray import serve
@@ -69,7 +69,7 @@ class ServiceConfig:
     """Serve's line per request in the replica's log (errors are logged either way); off, as it costs CPU per request."""
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "service args") -> "ServiceConfig":
+    def from_dict(cls, data: Any, where: str = "service args") -> ServiceConfig:
         """Checked field by field; unknown keys are refused, naming the allowed ones."""
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a mapping of {[f.name for f in fields(cls)]}, got {validate.describe(data)}")
@@ -77,7 +77,9 @@ class ServiceConfig:
         values = {**asdict(cls(policy="zero")), **data}
         policy = values["policy"]
         if not is_policy_name(policy):
-            raise InputError(f"{where} field 'policy': expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got {validate.describe(policy)}")
+            raise InputError(
+                f"{where} field 'policy': expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got {validate.describe(policy)}"
+            )
         if not isinstance(values["instance"], str):
             raise InputError(f"{where} field 'instance': expected a path, got {validate.describe(values['instance'])}")
         return cls(
@@ -127,7 +129,7 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def parse_states(body: bytes, content_type: Optional[str], instance: Instance) -> tuple[State, bool]:
+def parse_states(body: bytes, content_type: str | None, instance: Instance) -> tuple[State, bool]:
     """The body as a batch of states, and whether it held one state object (not a list); HTTPError 415, 400 or 422."""
     if (content_type or "").split(";")[0].strip().lower() != "application/json":
         raise HTTPError(415, f"header 'Content-Type': expected application/json, got {content_type!r}")
@@ -168,7 +170,9 @@ class DecisionService:
                 return JSONResponse({"status": "ready"})
             if path == "/info":
                 return JSONResponse(self.info())
-            state, single = parse_states(await read_body(request, self.config.max_body_bytes), request.headers.get("content-type"), self.decider.instance)
+            state, single = parse_states(
+                await read_body(request, self.config.max_body_bytes), request.headers.get("content-type"), self.decider.instance
+            )
             answer = await self.decide_batch(state) if self.config.max_batch_size > 1 else self.decider.decide(state)
             self.requests, self.states = self.requests + 1, self.states + state.batch
             records = answer.records()
@@ -191,7 +195,12 @@ class DecisionService:
     def info(self) -> dict[str, Any]:
         replica = serve.get_replica_context().replica_id.to_full_id_str()
         settings = {k: getattr(self.config, k) for k in ("replicas", "threads", "max_batch_size", "batch_wait_ms", "max_body_bytes")}
-        counters = {"requests": self.requests, "states": self.states, "refused": self.refused, "forward_passes": self.decider.forward_passes}
+        counters = {
+            "requests": self.requests,
+            "states": self.states,
+            "refused": self.refused,
+            "forward_passes": self.decider.forward_passes,
+        }
         return {**self.decider.info, "settings": settings, "replica": replica, "counters": counters}
 
 

@@ -28,7 +28,7 @@ import argparse
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -80,29 +80,49 @@ def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarr
     exact_keys(record, set(KEYS), f"state {k}")
     inv = numbers(record["inventory"], n, f"state {k} field 'inventory'", "numbers (one per item)")
     if not isinstance(record["in_transit"], list) or len(record["in_transit"]) != n:
-        raise InputError(f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got {validate.describe(record['in_transit'])}")
-    pipe = np.stack([numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})") for i, row in enumerate(record["in_transit"])])
+        raise InputError(
+            f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got "
+            f"{validate.describe(record['in_transit'])}"
+        )
+    pipe = np.stack(
+        [
+            numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})")
+            for i, row in enumerate(record["in_transit"])
+        ]
+    )
     factor = validate.real(record["factor"], f"state {k} field 'factor'")
 
     inv_bound = INVENTORY_PERIODS * (instance.qbar + instance.lam)
     if (bad := np.flatnonzero(np.abs(inv) > inv_bound)).size:
         i = bad[0]
-        raise InputError(f"state {k} field 'inventory'[{i}]: {inv[i]:g} is outside [-{inv_bound[i]:g}, {inv_bound[i]:g}], "
-                         f"the range |I_i| <= {INVENTORY_PERIODS} (qbar_i + lam_i) an inventory can reach (docs/formats.md, decision states)")
+        raise InputError(
+            f"state {k} field 'inventory'[{i}]: {inv[i]:g} is outside [-{inv_bound[i]:g}, {inv_bound[i]:g}], "
+            f"the range |I_i| <= {INVENTORY_PERIODS} (qbar_i + lam_i) an inventory can reach (docs/formats.md, decision states)"
+        )
     if (bad := np.argwhere(pipe < 0)).size:
-        i, l = bad[0]
-        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} is negative; an in-transit quantity is in [0, qbar_{i}] = [0, {instance.qbar[i]:g}]")
+        i, slot = bad[0]
+        raise InputError(
+            f"state {k} field 'in_transit'[{i}][{slot}]: {pipe[i, slot]:g} is negative; an in-transit quantity is in [0, "
+            f"qbar_{i}] = [0, {instance.qbar[i]:g}]"
+        )
     if (bad := np.argwhere(pipe > instance.qbar[:, None] * (1 + QBAR_ROUNDING))).size:
-        i, l = bad[0]
-        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: {pipe[i, l]:g} exceeds qbar_{i} = {instance.qbar[i]:g}, the largest order one slot can hold")
+        i, slot = bad[0]
+        raise InputError(
+            f"state {k} field 'in_transit'[{i}][{slot}]: {pipe[i, slot]:g} exceeds qbar_{i} = {instance.qbar[i]:g}, the largest "
+            f"order one slot can hold"
+        )
     lead = instance.lead.astype(int)
     if (bad := np.argwhere((pipe != 0) & (np.arange(slots) >= lead[:, None] - 1))).size:
-        i, l = bad[0]
-        raise InputError(f"state {k} field 'in_transit'[{i}][{l}]: expected 0, got {pipe[i, l]:g}: item {i} has lead time L = {lead[i]}, "
-                         f"so only its first L - 1 = {lead[i] - 1} slots can hold an order")
+        i, slot = bad[0]
+        raise InputError(
+            f"state {k} field 'in_transit'[{i}][{slot}]: expected 0, got {pipe[i, slot]:g}: item {i} has lead time L = {lead[i]}, "
+            f"so only its first L - 1 = {lead[i] - 1} slots can hold an order"
+        )
     if abs(factor) > FACTOR_BOUND:
-        raise InputError(f"state {k} field 'factor': {factor:g} is outside [-{FACTOR_BOUND:g}, {FACTOR_BOUND:g}] "
-                         f"(the factor is stationary N(0, 1); |F| > {FACTOR_BOUND:g} has probability below 2e-23)")
+        raise InputError(
+            f"state {k} field 'factor': {factor:g} is outside [-{FACTOR_BOUND:g}, {FACTOR_BOUND:g}] "
+            f"(the factor is stationary N(0, 1); |F| > {FACTOR_BOUND:g} has probability below 2e-23)"
+        )
     return inv, pipe, float(factor)
 
 
@@ -157,8 +177,10 @@ class Answer(NamedTuple):
 
     def records(self) -> list[dict[str, Any]]:
         """One JSON object per state."""
-        return [{"open": int(y), "open_probability": p, "quantity": q, "order": o}
-                for y, p, q, o in zip(self.open.tolist(), self.probability.tolist(), self.quantity.tolist(), self.order.tolist())]
+        return [
+            {"open": int(y), "open_probability": p, "quantity": q, "order": o}
+            for y, p, q, o in zip(self.open.tolist(), self.probability.tolist(), self.quantity.tolist(), self.order.tolist())
+        ]
 
 
 @dataclass
@@ -207,7 +229,9 @@ class Decider:
         finite = torch.isfinite(probability) & torch.isfinite(quantity).all(-1)
         if not bool(finite.all()):
             k = int((~finite).nonzero()[0])
-            raise PolicyError(f"{self.label} gives a non-finite open probability or quantity for state {k}: its weights cannot act on this state")
+            raise PolicyError(
+                f"{self.label} gives a non-finite open probability or quantity for state {k}: its weights cannot act on this state"
+            )
         open_order, probability, quantity = (x.cpu() for x in (open_order, probability, quantity))
         return Answer(open_order.int(), probability, quantity, open_order[:, None] * quantity)
 
@@ -217,23 +241,38 @@ class Decider:
             return [self.decide(s) for s in states]
         merged = self.decide(State(*(torch.cat(parts) for parts in zip(*((s.inv, s.pipe, s.factor) for s in states)))))
         ends = np.cumsum([s.batch for s in states])
-        return [Answer(*(x[end - s.batch:end] for x in merged)) for s, end in zip(states, ends)]
+        return [Answer(*(x[end - s.batch : end] for x in merged)) for s, end in zip(states, ends)]
 
 
-def load_decider(policy: str, instance: Optional[Instance] = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
+def load_decider(policy: str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
     """The Decider of `policy`: checkpoint:PATH (a checkpoint of any learned method, on its own instance unless
     `instance` is given) or a named policy (NAMED_POLICIES) on `instance`, tuned or solved now."""
     if mode not in MODES:
         raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     if policy.startswith(CHECKPOINT_PREFIX):
-        path = policy[len(CHECKPOINT_PREFIX):]
+        path = policy[len(CHECKPOINT_PREFIX) :]
         learned, ckpt = load_policy(path, mode, device, instance)
         instance = instance or ckpt["instance"]
         info = {"method": ckpt["config"].method, "mode": mode, "checkpoint_sha256": sha256(Path(path)), "training_status": ckpt["status"]}
-        return Decider(learned, instance, True, mode, f"checkpoint '{path}' (training status '{ckpt['status']}')",
-                       {**info, "n": instance.n, "instance_hash": instance.content_hash()}, device)
+        return Decider(
+            learned,
+            instance,
+            True,
+            mode,
+            f"checkpoint '{path}' (training status '{ckpt['status']}')",
+            {**info, "n": instance.n, "instance_hash": instance.content_hash()},
+            device,
+        )
     if instance is None:
         raise InputError(f"policy '{policy}': needs an instance (--instance)")
     named, parameters = named_policy(instance, policy, device=device, progress=progress)
     info = {"method": policy, "mode": "deterministic", "checkpoint_sha256": None, "parameters": parameters}
-    return Decider(named, instance, False, "deterministic", f"policy '{policy}'", {**info, "n": instance.n, "instance_hash": instance.content_hash()}, device)
+    return Decider(
+        named,
+        instance,
+        False,
+        "deterministic",
+        f"policy '{policy}'",
+        {**info, "n": instance.n, "instance_hash": instance.content_hash()},
+        device,
+    )

@@ -13,7 +13,6 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -50,24 +49,26 @@ class SolverOptions:
         validate.seed(self.seed, "seed")
 
 
-def licence_note(solver: str, columns: int) -> Optional[str]:
+def licence_note(solver: str, columns: int) -> str | None:
     """The note for a Gurobi run whose models hold at least `columns` variables, above the PyPI licence's
     size limit (platform/milp.py and bound.py print it; a sweep's dry run and run print it for each baseline)."""
     if solver != "gurobi" or columns <= GUROBI_SIZE_LIMIT:
         return None
-    return (f"note: these Gurobi models hold at least {columns:,} variables, above the PyPI licence's limit of {GUROBI_SIZE_LIMIT:,} "
-            "variables and constraints: without your own licence every solve is recorded with status 'licence-limit' and "
-            "executes the zero fallback")
+    return (
+        f"note: these Gurobi models hold at least {columns:,} variables, above the PyPI licence's limit of {GUROBI_SIZE_LIMIT:,} "
+        "variables and constraints: without your own licence every solve is recorded with status 'licence-limit' and "
+        "executes the zero fallback"
+    )
 
 
 @dataclass(frozen=True)
 class SolveResult:
     status: str  # optimal | time-limit | licence-limit | infeasible | error:<detail>
     seconds: float
-    objective: Optional[float]  # incumbent objective (None without an incumbent)
-    bound: Optional[float]  # proven dual (lower) bound
-    gap: Optional[float]
-    x: Optional[np.ndarray]  # incumbent solution
+    objective: float | None  # incumbent objective (None without an incumbent)
+    bound: float | None  # proven dual (lower) bound
+    gap: float | None
+    x: np.ndarray | None  # incumbent solution
     incumbents: tuple[tuple[float, float], ...] = ()  # (seconds, objective) of each improving solution (HiGHS)
 
     @property
@@ -83,7 +84,7 @@ def solve(model: MilpModel, options: SolverOptions) -> SolveResult:
     return (solve_highs if options.solver == "highs" else solve_gurobi)(model, options)
 
 
-def _finite(value) -> Optional[float]:
+def _finite(value) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
@@ -91,13 +92,33 @@ def solve_highs(model: MilpModel, options: SolverOptions) -> SolveResult:
     import highspy
 
     h = highspy.Highs()
-    for key, value in (("output_flag", False), ("threads", options.threads), ("time_limit", float(options.time_limit)),
-                       ("mip_rel_gap", float(options.gap)), ("random_seed", int(options.seed))):
+    for key, value in (
+        ("output_flag", False),
+        ("threads", options.threads),
+        ("time_limit", float(options.time_limit)),
+        ("mip_rel_gap", float(options.gap)),
+        ("random_seed", int(options.seed)),
+    ):
         h.setOptionValue(key, value)
     A = model.matrix
     rows, cols, _ = model.shape
-    status = h.passModel(cols, rows, int(A.nnz), 1, 1, 0.0, model.cost, model.col_lower, model.col_upper, model.row_lower, model.row_upper,
-                         A.indptr.astype(np.int32), A.indices.astype(np.int32), A.data, model.integrality)
+    status = h.passModel(
+        cols,
+        rows,
+        int(A.nnz),
+        1,
+        1,
+        0.0,
+        model.cost,
+        model.col_lower,
+        model.col_upper,
+        model.row_lower,
+        model.row_upper,
+        A.indptr.astype(np.int32),
+        A.indices.astype(np.int32),
+        A.data,
+        model.integrality,
+    )
     if status == highspy.HighsStatus.kError:
         return SolveResult("error:passModel rejected the model", 0.0, None, None, None, None)
     if options.warm_start:
@@ -130,7 +151,9 @@ def gurobi_env():
 
     params = {"OutputFlag": 0}
     if os.environ.get("GRB_WLSACCESSID") and os.environ.get("GRB_WLSSECRET") and os.environ.get("GRB_LICENSEID"):
-        params.update(WLSACCESSID=os.environ["GRB_WLSACCESSID"], WLSSECRET=os.environ["GRB_WLSSECRET"], LICENSEID=int(os.environ["GRB_LICENSEID"]))
+        params.update(
+            WLSACCESSID=os.environ["GRB_WLSACCESSID"], WLSSECRET=os.environ["GRB_WLSSECRET"], LICENSEID=int(os.environ["GRB_LICENSEID"])
+        )
     return gp.Env(params=params)
 
 
@@ -143,7 +166,9 @@ def solve_gurobi(model: MilpModel, options: SolverOptions) -> SolveResult:
         m.Params.MIPGap = options.gap
         m.Params.Threads = options.threads
         m.Params.Seed = options.seed
-        vtype = np.where(model.integrality == 1, GRB.BINARY if np.all(model.col_upper[model.integrality == 1] <= 1) else GRB.INTEGER, GRB.CONTINUOUS)
+        vtype = np.where(
+            model.integrality == 1, GRB.BINARY if np.all(model.col_upper[model.integrality == 1] <= 1) else GRB.INTEGER, GRB.CONTINUOUS
+        )
         x = m.addMVar(model.shape[1], lb=model.col_lower, ub=model.col_upper, obj=model.cost, vtype=vtype)
         A = model.matrix.tocsr()
         lo, up = model.row_lower, model.row_upper
@@ -162,10 +187,13 @@ def solve_gurobi(model: MilpModel, options: SolverOptions) -> SolveResult:
                 return SolveResult("licence-limit", time.perf_counter() - start, None, None, None, None)
             raise
         seconds = time.perf_counter() - start
-        status = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time-limit", GRB.INFEASIBLE: "infeasible"}.get(m.Status, f"error:gurobi status {m.Status}")
+        status = {GRB.OPTIMAL: "optimal", GRB.TIME_LIMIT: "time-limit", GRB.INFEASIBLE: "infeasible"}.get(
+            m.Status, f"error:gurobi status {m.Status}"
+        )
         has_solution = m.SolCount > 0
         return SolveResult(
-            status, seconds,
+            status,
+            seconds,
             _finite(m.ObjVal) if has_solution else None,
             _finite(m.ObjBound) if m.IsMIP else (_finite(m.ObjVal) if status == "optimal" else None),
             _finite(m.MIPGap) if has_solution and m.IsMIP else None,

@@ -46,7 +46,7 @@ def prepare(instance: Instance, demand: np.ndarray, inventory: np.ndarray, in_tr
     arrivals = np.zeros((n, T))
     arrivals[:, 0] = np.maximum(inventory, 0)
     slots = min(LMAX - 1, T - 1)
-    arrivals[:, 1:1 + slots] += in_transit[:, :slots]
+    arrivals[:, 1 : 1 + slots] += in_transit[:, :slots]
     supply = np.cumsum(arrivals, axis=1)  # [n, T] available by u
     cum_demand = np.cumsum(demand.T, axis=1) + np.maximum(-inventory, 0)[:, None]  # backlog counts as demand at 0
     total_fixed = supply[:, -1:]
@@ -118,11 +118,13 @@ def facility_location_model(instance: Instance, data: EpisodeData) -> tuple[Milp
     served = np.nonzero(r > 0)
     n_y, n_f, n_z = last, item.size, served[0].size
     y_cols, f_cols, z_cols = np.arange(n_y), n_y + np.arange(n_f), n_y + n_f + np.arange(n_z)
-    cost = np.concatenate([
-        instance.K * instance.gamma ** np.arange(n_y),
-        r[item, demand_w] * pair_cost(instance, data.discount_prefix, item, order + lead[item], demand_w),
-        r[served] * pair_cost(instance, data.discount_prefix, served[0], np.full(n_z, T), served[1]),
-    ])
+    cost = np.concatenate(
+        [
+            instance.K * instance.gamma ** np.arange(n_y),
+            r[item, demand_w] * pair_cost(instance, data.discount_prefix, item, order + lead[item], demand_w),
+            r[served] * pair_cost(instance, data.discount_prefix, served[0], np.full(n_z, T), served[1]),
+        ]
+    )
     # demand rows: one per (i, w) with r > 0
     demand_row = np.full((n, T), -1)
     demand_row[served] = np.arange(n_z)
@@ -152,12 +154,24 @@ def facility_location_model(instance: Instance, data: EpisodeData) -> tuple[Milp
     integrality[y_cols] = 1
     warm = np.zeros(num_col)
     warm[z_cols] = 1.0  # the zero plan: nothing ordered, every residual demand unserved
-    model = MilpModel(cost, np.zeros(num_col), col_upper, integrality, matrix, row_lower, row_upper,
-                      root_open=0, root_quantity=np.full(n, -1), warm_start=warm)
+    model = MilpModel(
+        cost,
+        np.zeros(num_col),
+        col_upper,
+        integrality,
+        matrix,
+        row_lower,
+        row_upper,
+        root_open=0,
+        root_quantity=np.full(n, -1),
+        warm_start=warm,
+    )
     return model, {"item": item, "order": order, "demand_w": demand_w}
 
 
-def episode_bound(instance: Instance, demand: np.ndarray, inventory: np.ndarray, in_transit: np.ndarray, options: SolverOptions) -> dict[str, Any]:
+def episode_bound(
+    instance: Instance, demand: np.ndarray, inventory: np.ndarray, in_transit: np.ndarray, options: SolverOptions
+) -> dict[str, Any]:
     """The bound of one episode: max(facility-location dual bound, uncapacitated DP), with the MILP's
     incumbent order plan (open [T], quantity [T, n]) when it has one."""
     start = time.perf_counter()
@@ -173,7 +187,7 @@ def episode_bound(instance: Instance, demand: np.ndarray, inventory: np.ndarray,
     if result.has_incumbent:
         last = model.integrality.sum()
         plan_open[:last] = np.round(result.x[:last])
-        f = result.x[last:last + index["item"].size]
+        f = result.x[last : last + index["item"].size]
         np.add.at(plan_quantity, (index["order"], index["item"]), f * data.residual[index["item"], index["demand_w"]])
         plan_quantity = np.minimum(plan_quantity, instance.qbar) * plan_open[:, None]
     return {

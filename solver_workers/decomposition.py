@@ -33,8 +33,8 @@ cost, which is at least the relaxed optimum; they serve the paired comparisons.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -67,10 +67,15 @@ class DecompositionOptions:
 
     def __post_init__(self):
         if not 2 <= self.coarse_points < self.factor_points:
-            raise InputError(f"{NAME} coarse_points: expected an integer in [2, factor_points - 1 = {self.factor_points - 1}], got {self.coarse_points}")
-        for name, ok, allowed in (("factor_width", self.factor_width > 0, "a number > 0"), ("rounds", self.rounds >= 1, "an integer >= 1"),
-                                  ("tolerance", self.tolerance >= 0, "a number >= 0"),
-                                  ("multiples", len(self.multiples) >= 3 and min(self.multiples) > 0, "at least 3 numbers > 0")):
+            raise InputError(
+                f"{NAME} coarse_points: expected an integer in [2, factor_points - 1 = {self.factor_points - 1}], got {self.coarse_points}"
+            )
+        for name, ok, allowed in (
+            ("factor_width", self.factor_width > 0, "a number > 0"),
+            ("rounds", self.rounds >= 1, "an integer >= 1"),
+            ("tolerance", self.tolerance >= 0, "a number >= 0"),
+            ("multiples", len(self.multiples) >= 3 and min(self.multiples) > 0, "at least 3 numbers > 0"),
+        ):
             if not ok:
                 raise InputError(f"{NAME} {name}: expected {allowed}, got {getattr(self, name)!r}")
 
@@ -85,7 +90,9 @@ class DecompositionOptions:
 
 def item_instance(instance: Instance, item: int, setup: float) -> Instance:
     """Item `item` of `instance` alone, with setup cost `setup` (gamma and rho of the instance)."""
-    return Instance(*(getattr(instance, name)[item:item + 1] for name in ITEM_COLUMNS), K=float(setup), gamma=instance.gamma, rho=instance.rho)
+    return Instance(
+        *(getattr(instance, name)[item : item + 1] for name in ITEM_COLUMNS), K=float(setup), gamma=instance.gamma, rho=instance.rho
+    )
 
 
 def guess_shares(instance: Instance) -> np.ndarray:
@@ -97,8 +104,15 @@ def guess_shares(instance: Instance) -> np.ndarray:
 
 def item_values(instance: Instance, item: int, setups, horizon: int, points: int, options: DecompositionOptions) -> np.ndarray:
     """V_item(k) for every k in `setups` on a grid of `points` factor points: [G]."""
-    return dp_optimal.expected_costs(item_instance(instance, item, 0.0), horizon, setups, factor_points=points,
-                                     factor_width=options.factor_width, integer_cap=True, floor_periods=1)
+    return dp_optimal.expected_costs(
+        item_instance(instance, item, 0.0),
+        horizon,
+        setups,
+        factor_points=points,
+        factor_width=options.factor_width,
+        integer_cap=True,
+        floor_periods=1,
+    )
 
 
 # ---- the split ------------------------------------------------------------------------------------
@@ -134,7 +148,9 @@ def best_split(setups: list, values: list, K: float) -> Split:
     budget = K - shares.sum()
     if budget < -1e-9 * max(1.0, K):
         raise ValueError(f"the smallest grid shares sum to {shares.sum():g} > K = {K:g}")
-    chords = [(float((v[g + 1] - v[g]) / (k[g + 1] - k[g])), i, float(k[g + 1])) for i, (k, v) in enumerate(points) for g in range(k.size - 1)]
+    chords = [
+        (float((v[g + 1] - v[g]) / (k[g + 1] - k[g])), i, float(k[g + 1])) for i, (k, v) in enumerate(points) for g in range(k.size - 1)
+    ]
     chords.sort(key=lambda c: -c[0])
     slope = 0.0
     for s, i, end in chords:
@@ -174,8 +190,11 @@ def split_upper_bound(setups: list, values: list, K: float) -> float:
             raise ValueError("the upper bound needs at least 3 grid points per item")
         slopes = np.diff(v) / np.diff(k)
         # kinks: the grid points and, inside each segment, where its two neighbouring chords cross
-        cross = [(v[g + 1] - slopes[g + 1] * k[g + 1] - v[g - 1] + slopes[g - 1] * k[g - 1]) / (slopes[g - 1] - slopes[g + 1])
-                 for g in range(1, slopes.size - 1) if slopes[g - 1] != slopes[g + 1]]
+        cross = [
+            (v[g + 1] - slopes[g + 1] * k[g + 1] - v[g - 1] + slopes[g - 1] * k[g - 1]) / (slopes[g - 1] - slopes[g + 1])
+            for g in range(1, slopes.size - 1)
+            if slopes[g - 1] != slopes[g + 1]
+        ]
         x = np.clip(np.concatenate([[0.0, K], k, cross]), 0.0, K)
         candidates.append((x, _upper_envelope(k, v, x)))
 
@@ -219,8 +238,15 @@ class Search:
 
     def summary(self, tolerance: float) -> dict:
         gap = (self.upper - self.split.value) / abs(self.split.value)
-        return {"rounds": self.rounds, "chord_value": self.split.value, "upper_bound": self.upper, "relative_gap": gap,
-                "certified": bool(gap <= tolerance), "common_slope": self.split.slope, "grid_points": sum(len(s) for s in self.setups)}
+        return {
+            "rounds": self.rounds,
+            "chord_value": self.split.value,
+            "upper_bound": self.upper,
+            "relative_gap": gap,
+            "certified": bool(gap <= tolerance),
+            "common_slope": self.split.slope,
+            "grid_points": sum(len(s) for s in self.setups),
+        }
 
 
 def search_split(instance: Instance, options: DecompositionOptions, values_of: Callable[[int, list], list]) -> Search:
@@ -247,8 +273,15 @@ def search_split(instance: Instance, options: DecompositionOptions, values_of: C
 # ---- one item's figures at the chosen shares --------------------------------------------------------
 
 
-def item_figures(instance: Instance, item: int, shares: dict[str, float], horizon: int, paths: ExogenousPaths,
-                 options: DecompositionOptions, known: dict[float, float] | None = None) -> dict:
+def item_figures(
+    instance: Instance,
+    item: int,
+    shares: dict[str, float],
+    horizon: int,
+    paths: ExogenousPaths,
+    options: DecompositionOptions,
+    known: dict[float, float] | None = None,
+) -> dict:
     """For each named share (best split, equal shares): V_item on the fine and the coarse grid (coarse
     values in `known`, by share, are not computed again), and the fine-grid policy simulated on `paths`
     (this item's demands): per-episode discounted cost, mean number of orders per episode, mean
@@ -257,23 +290,39 @@ def item_figures(instance: Instance, item: int, shares: dict[str, float], horizo
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
-    solutions = dp_optimal.solve(one, horizon, factor_points=options.factor_points, factor_width=options.factor_width,
-                                 setups=setups, integer_cap=True, floor_periods=1)
+    solutions = dp_optimal.solve(
+        one,
+        horizon,
+        factor_points=options.factor_points,
+        factor_width=options.factor_width,
+        setups=setups,
+        integer_cap=True,
+        floor_periods=1,
+    )
     known = known or {}
     missing = [s for s in setups if s not in known]
-    known = {**known, **dict(zip(missing, item_values(instance, item, missing, horizon, options.coarse_points, options) if missing else []))}
+    known = {
+        **known,
+        **dict(zip(missing, item_values(instance, item, missing, horizon, options.coarse_points, options) if missing else [])),
+    }
     coarse = [known[s] for s in setups]
-    item_paths = ExogenousPaths(paths.factor, paths.demand[:, :, item:item + 1], paths.seed, paths.episodes)
+    item_paths = ExogenousPaths(paths.factor, paths.demand[:, :, item : item + 1], paths.seed, paths.episodes)
     discount = instance.gamma ** np.arange(horizon)
     record = {"item": int(item)}
     for name, setup, solution, value in zip(names, setups, solutions, coarse):
-        result = evaluate(dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64),
-                          item_paths, trace=True)
+        result = evaluate(
+            dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64), item_paths, trace=True
+        )
         orders = result.trace.open * (result.trace.quantity[..., 0] > 0)  # [E, T]
-        record[name] = {"share": setup, "value": solution.expected_cost, "coarse_value": float(value),
-                        "costs": result.discounted_cost.tolist(), "orders": float(orders.sum(1).mean()),
-                        "discounted_orders": float((orders @ discount).mean()),
-                        "cumulative": np.cumsum(result.trace.cost * discount, axis=1).mean(0).tolist()}
+        record[name] = {
+            "share": setup,
+            "value": solution.expected_cost,
+            "coarse_value": float(value),
+            "costs": result.discounted_cost.tolist(),
+            "orders": float(orders.sum(1).mean()),
+            "discounted_orders": float((orders @ discount).mean()),
+            "cumulative": np.cumsum(result.trace.cost * discount, axis=1).mean(0).tolist(),
+        }
     record["seconds"], record["cpu_seconds"] = time.perf_counter() - start, time.process_time() - cpu
     return record
 
@@ -285,6 +334,11 @@ def combine(records: list[dict], name: str, options: DecompositionOptions) -> di
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
     remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
-    return {"value": fine, "coarse_value": coarse, "extrapolated": fine - (coarse - fine) / (options.step_ratio**2 - 1),
-            "conservative": fine - 2 * remaining, "costs": np.sum([r[name]["costs"] for r in records], axis=0),
-            "cumulative": np.sum([r[name]["cumulative"] for r in records], axis=0)}
+    return {
+        "value": fine,
+        "coarse_value": coarse,
+        "extrapolated": fine - (coarse - fine) / (options.step_ratio**2 - 1),
+        "conservative": fine - 2 * remaining,
+        "costs": np.sum([r[name]["costs"] for r in records], axis=0),
+        "cumulative": np.sum([r[name]["cumulative"] for r in records], axis=0),
+    }

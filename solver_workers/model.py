@@ -70,9 +70,11 @@ def check_size(n: int, scenarios: int, horizon: int, where: str) -> None:
     (but in the last step) of the next, so the matrix holds at least 2 S n (2H - 1) non-zeros."""
     nonzeros = 2 * scenarios * n * (2 * horizon - 1)
     if nonzeros > INDEX_MAX:
-        raise InputError(f"{where}: the rolling-horizon MILP of n = {n:,} items, S = {scenarios:,} scenarios and H = {horizon:,} steps holds at "
-                         f"least {nonzeros:,} non-zeros, more than HiGHS's 32-bit indices address ({INDEX_MAX:,}; and about "
-                         f"{nonzeros * 12 / 2**30:,.0f} GiB of memory): lower S or H")
+        raise InputError(
+            f"{where}: the rolling-horizon MILP of n = {n:,} items, S = {scenarios:,} scenarios and H = {horizon:,} steps holds at "
+            f"least {nonzeros:,} non-zeros, more than HiGHS's 32-bit indices address ({INDEX_MAX:,}; and about "
+            f"{nonzeros * 12 / 2**30:,.0f} GiB of memory): lower S or H"
+        )
 
 
 def sample_scenarios(instance: Instance, factor: float, scenarios: int, horizon: int, rng: np.random.Generator) -> np.ndarray:
@@ -85,7 +87,9 @@ def sample_scenarios(instance: Instance, factor: float, scenarios: int, horizon:
     return rng.poisson(demand_rate(instance.lam, instance.beta, f[..., None])).astype(np.float64)
 
 
-def build_model(instance: Instance, inventory: np.ndarray, in_transit: np.ndarray, demand: np.ndarray, gamma: float | None = None) -> MilpModel:
+def build_model(
+    instance: Instance, inventory: np.ndarray, in_transit: np.ndarray, demand: np.ndarray, gamma: float | None = None
+) -> MilpModel:
     """Build the model for the observed state (I_t [n], P_t [n, LMAX-1]) and scenarios demand [S, H, n]."""
     S, H, n = demand.shape
     gamma = instance.gamma if gamma is None else gamma
@@ -133,8 +137,8 @@ def build_model(instance: Instance, inventory: np.ndarray, in_transit: np.ndarra
         col_upper[later_y] = 1.0
     valid_o = o_col >= 0
     col_upper[o_col[valid_o]] = np.broadcast_to(instance.qbar[None, :, None], (S, n, H))[valid_o]
-    cost[plus_col] = (discount[None, None, :] * instance.h[None, :, None] / S)
-    cost[minus_col] = (discount[None, None, :] * instance.b[None, :, None] / S)
+    cost[plus_col] = discount[None, None, :] * instance.h[None, :, None] / S
+    cost[minus_col] = discount[None, None, :] * instance.b[None, :, None] / S
 
     # ---- balance rows: one per (omega, i, u) ---------------------------------------------------
     balance = np.arange(S * n * H).reshape(S, n, H)
@@ -151,7 +155,7 @@ def build_model(instance: Instance, inventory: np.ndarray, in_transit: np.ndarra
     rows.append(balance[mask]), cols.append(arriving[mask]), vals.append(-np.ones(int(mask.sum())))
     pipeline = np.zeros((n, H))
     slots = min(LMAX - 1, H - 1)
-    pipeline[:, 1:1 + slots] = in_transit[:, :slots]
+    pipeline[:, 1 : 1 + slots] = in_transit[:, :slots]
     rhs = pipeline[None] - np.transpose(demand, (0, 2, 1))  # [S, n, H]
     rhs[:, :, 0] += inventory[None, :]
 
@@ -176,5 +180,15 @@ def build_model(instance: Instance, inventory: np.ndarray, in_transit: np.ndarra
     warm = np.zeros(num_col)
     warm[plus_col] = np.maximum(post_demand, 0)
     warm[minus_col] = np.maximum(-post_demand, 0)
-    return MilpModel(cost, col_lower, col_upper, integrality, matrix, row_lower, row_upper, root_open,
-                     np.where(has_order[:, 0], o_col[0, :, 0], -1), warm)
+    return MilpModel(
+        cost,
+        col_lower,
+        col_upper,
+        integrality,
+        matrix,
+        row_lower,
+        row_upper,
+        root_open,
+        np.where(has_order[:, 0], o_col[0, :, 0], -1),
+        warm,
+    )

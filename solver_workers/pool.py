@@ -37,21 +37,22 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 import ray
 import torch
 from tqdm.auto import tqdm
 
+from envs import validate
 from envs.cli import read_text
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
 from envs.instance import Instance, atomic_write_text
 from envs.results import append_json_line, json_line
-from envs import validate
 from envs.validate import differences
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
@@ -63,25 +64,49 @@ ACTOR_RESTARTS = 3
 
 
 def solver_identity(options: SolverOptions) -> dict[str, Any]:
-    return {"solver": options.solver, "time_limit": options.time_limit, "gap": options.gap, "threads": options.threads,
-            "warm_start": options.warm_start, "solver_seed": options.seed}
+    return {
+        "solver": options.solver,
+        "time_limit": options.time_limit,
+        "gap": options.gap,
+        "threads": options.threads,
+        "warm_start": options.warm_start,
+        "solver_seed": options.seed,
+    }
 
 
 def rolling_identity(instance: Instance, seed: int, options: RollingOptions) -> dict[str, Any]:
     """What a rolling-horizon decision record depends on (module docstring)."""
-    return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "scenarios": options.scenarios,
-            "plan_horizon": options.plan_horizon, **solver_identity(options.solver)}
+    return {
+        "instance_hash": instance.content_hash(),
+        "n": instance.n,
+        "seed": int(seed),
+        "scenarios": options.scenarios,
+        "plan_horizon": options.plan_horizon,
+        **solver_identity(options.solver),
+    }
 
 
 def bound_identity(instance: Instance, seed: int, horizon: int, options: SolverOptions) -> dict[str, Any]:
     """What an episode's bound record depends on (module docstring)."""
-    return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "horizon": int(horizon), **solver_identity(options)}
+    return {
+        "instance_hash": instance.content_hash(),
+        "n": instance.n,
+        "seed": int(seed),
+        "horizon": int(horizon),
+        **solver_identity(options),
+    }
 
 
 def decomposition_identity(instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions) -> dict[str, Any]:
     """What the decomposition bound's records depend on (module docstring)."""
-    return {"instance_hash": instance.content_hash(), "n": instance.n, "seed": int(seed), "horizon": int(horizon), "episodes": int(episodes),
-            **options.to_dict()}
+    return {
+        "instance_hash": instance.content_hash(),
+        "n": instance.n,
+        "seed": int(seed),
+        "horizon": int(horizon),
+        "episodes": int(episodes),
+        **options.to_dict(),
+    }
 
 
 def decision_key(record: dict) -> tuple[int, int]:
@@ -115,11 +140,15 @@ class Journal:
         lines = text.splitlines()
         header = json_line(lines[0]) if lines else None
         if not (isinstance(header, dict) and isinstance(header.get("identity"), dict)):
-            raise InputError(f"journal '{self.path}' has no run identity (it was written before identities were recorded, or it is not a journal), "
-                             f"so it cannot be checked against this run's settings; {_start_anew(self.path)}")
+            raise InputError(
+                f"journal '{self.path}' has no run identity (it was written before identities were recorded, or it is not a journal), "
+                f"so it cannot be checked against this run's settings; {_start_anew(self.path)}"
+            )
         if changed := differences(header["identity"], self.identity):
-            raise InputError(f"journal '{self.path}' belongs to a run with other settings ({'; '.join(changed)}); "
-                             f"re-run with its settings to resume it, or {_start_anew(self.path)}")
+            raise InputError(
+                f"journal '{self.path}' belongs to a run with other settings ({'; '.join(changed)}); "
+                f"re-run with its settings to resume it, or {_start_anew(self.path)}"
+            )
         for line in lines[1:]:
             record = json_line(line)
             if isinstance(record, dict):
@@ -162,7 +191,9 @@ class SolverWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def decide(self, instance: Instance, inventory, in_transit, factor: float, episode: int, decision: int, options: RollingOptions) -> dict:
+    def decide(
+        self, instance: Instance, inventory, in_transit, factor: float, episode: int, decision: int, options: RollingOptions
+    ) -> dict:
         return decide(instance, inventory, in_transit, factor, episode, decision, options) | self.where
 
     def bound(self, instance: Instance, demand, inventory, in_transit, episode: int, options: SolverOptions) -> dict:
@@ -171,11 +202,20 @@ class SolverWorker:
     def split_values(self, instance: Instance, item: int, setups: list, horizon: int, round_: int, options: DecompositionOptions) -> dict:
         start, cpu = time.perf_counter(), time.process_time()
         values = item_values(instance, item, setups, horizon, options.coarse_points, options)
-        return {"phase": "grid", "round": round_, "item": item, "setups": setups, "values": values.tolist(),
-                "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu, **self.where}
+        return {
+            "phase": "grid",
+            "round": round_,
+            "item": item,
+            "setups": setups,
+            "values": values.tolist(),
+            "seconds": time.perf_counter() - start,
+            "cpu_seconds": time.process_time() - cpu,
+            **self.where,
+        }
 
-    def split_item(self, instance: Instance, item: int, shares: dict, horizon: int, paths: ExogenousPaths, options: DecompositionOptions,
-                   known: dict) -> dict:
+    def split_item(
+        self, instance: Instance, item: int, shares: dict, horizon: int, paths: ExogenousPaths, options: DecompositionOptions, known: dict
+    ) -> dict:
         return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known), **self.where}
 
 
@@ -186,7 +226,9 @@ class Pool:
         validate.integer(workers, "workers", 1)
         self.actors = [SolverWorker.remote() for _ in range(workers)]
 
-    def run(self, tasks: Iterable[tuple[str, tuple]], on_result: Callable[[dict], Iterable[tuple[str, tuple]]], total: int, done: int, desc: str) -> None:
+    def run(
+        self, tasks: Iterable[tuple[str, tuple]], on_result: Callable[[dict], Iterable[tuple[str, tuple]]], total: int, done: int, desc: str
+    ) -> None:
         """Run (method, args) tasks; `on_result` stores a result and returns follow-up tasks."""
         pending = list(tasks)
         in_flight: dict[ray.ObjectRef, tuple[int, str, tuple]] = {}
@@ -211,7 +253,9 @@ class Pool:
                 bar.update(1)
 
 
-def run_rolling(instance: Instance, paths: ExogenousPaths, options: RollingOptions, pool: Pool, journal: Journal) -> tuple[np.ndarray, np.ndarray]:
+def run_rolling(
+    instance: Instance, paths: ExogenousPaths, options: RollingOptions, pool: Pool, journal: Journal
+) -> tuple[np.ndarray, np.ndarray]:
     """Run the rolling-horizon controller on every episode of `paths`, resuming from `journal`.
     Returns the executed actions open [E, T] and quantity [E, T, n]."""
     journal.check(rolling_identity(instance, paths.seed, options))
@@ -225,8 +269,14 @@ def run_rolling(instance: Instance, paths: ExogenousPaths, options: RollingOptio
     def advance(row: int, state: State, record: dict) -> State:
         t = record["decision"]
         open_order[row, t], quantity[row, t] = record["open"], record["quantity"]
-        nxt, _ = step(tinst, state, torch.tensor([float(record["open"])], dtype=torch.float64), torch.tensor([record["quantity"]], dtype=torch.float64),
-                      torch.tensor(demand[row, t][None]), torch.tensor([factor[row, t + 1]]))
+        nxt, _ = step(
+            tinst,
+            state,
+            torch.tensor([float(record["open"])], dtype=torch.float64),
+            torch.tensor([record["quantity"]], dtype=torch.float64),
+            torch.tensor(demand[row, t][None]),
+            torch.tensor([factor[row, t + 1]]),
+        )
         return nxt
 
     states: dict[int, State] = {}
@@ -272,7 +322,9 @@ def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions
     return [journal.records[e] for e in paths.episodes]
 
 
-def run_decomposition(instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal) -> tuple[list[dict], dict]:
+def run_decomposition(
+    instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal
+) -> tuple[list[dict], dict]:
     """The decomposition bound (solver_workers/decomposition.py) on the pool, one task per item and
     round, resuming from `journal`: the split search's rounds on the coarse factor grid, then every
     item's figures at the best split and at equal shares. Returns the items' figure records and the
@@ -286,14 +338,31 @@ def run_decomposition(instance: Instance, paths: ExogenousPaths, options: Decomp
         return []
 
     def values_of(round_: int, grids: list) -> list:
-        tasks = [("split_values", (ref, i, grids[i], horizon, round_, options)) for i in range(n) if grids[i] and ("grid", round_, i) not in journal]
+        tasks = [
+            ("split_values", (ref, i, grids[i], horizon, round_, options))
+            for i in range(n)
+            if grids[i] and ("grid", round_, i) not in journal
+        ]
         pool.run(tasks, store, n, n - len(tasks), f"split round {round_ + 1}")
         return [journal.records[("grid", round_, i)]["values"] if grids[i] else [] for i in range(n)]
 
     search = search_split(instance, options, values_of)
     paths_ref = ray.put(paths)
-    tasks = [("split_item", (ref, i, {"best": float(search.split.shares[i]), "equal": instance.K / n}, horizon, paths_ref, options,
-                             dict(zip(search.setups[i], search.values[i]))))
-             for i in range(n) if ("item", -1, i) not in journal]
+    tasks = [
+        (
+            "split_item",
+            (
+                ref,
+                i,
+                {"best": float(search.split.shares[i]), "equal": instance.K / n},
+                horizon,
+                paths_ref,
+                options,
+                dict(zip(search.setups[i], search.values[i])),
+            ),
+        )
+        for i in range(n)
+        if ("item", -1, i) not in journal
+    ]
     pool.run(tasks, store, n, n - len(tasks), "items")
     return [journal.records[("item", -1, i)] for i in range(n)], search.summary(options.tolerance)

@@ -12,7 +12,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ray
 from ray._private import ray_constants, services
@@ -35,7 +35,7 @@ def keep_sigterm_handler():
             signal.signal(signal.SIGTERM, handler)
 
 
-def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> Optional[str]:
+def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | None:
     """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token; with
     `dashboard`, Ray's dashboard too (on 127.0.0.1), whose URL is returned. Ends what an embedded Ray of a killed
     driver left behind (end_dead_sessions).
@@ -56,7 +56,9 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> Option
         ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
     node = ray._private.worker.global_worker.node
     if ended := end_dead_sessions(Path(node.get_temp_dir_path())):
-        print(f"ended {len(ended)} processes left by the embedded Ray of a killed driver: PIDs {' '.join(map(str, ended))}", file=sys.stderr)
+        print(
+            f"ended {len(ended)} processes left by the embedded Ray of a killed driver: PIDs {' '.join(map(str, ended))}", file=sys.stderr
+        )
     record_session(Path(node.get_session_dir_path()), node.node_id, node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
     return f"http://{context.dashboard_url}" if dashboard and context.dashboard_url else None
 
@@ -71,7 +73,7 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> Option
 SESSION_RECORD = "embedded-driver.json"
 
 
-def process_start(pid: int) -> Optional[int]:
+def process_start(pid: int) -> int | None:
     """The start time of process `pid` (clock ticks after boot, /proc/PID/stat), or None when there is none: a
     PID with another start time is another process."""
     try:
@@ -127,7 +129,7 @@ def end_dead_sessions(temp_dir: Path) -> list[int]:
     return ended
 
 
-def init_ray(workers: int, address: Optional[str] = None, dashboard: bool = False) -> Optional[str]:
+def init_ray(workers: int, address: str | None = None, dashboard: bool = False) -> str | None:
     """Connect to a cluster (--address, else RAY_ADDRESS as under `ray job submit`) or start an embedded Ray (with
     its dashboard when asked; returns the dashboard's URL then)."""
     if ray.is_initialized():
@@ -137,8 +139,10 @@ def init_ray(workers: int, address: Optional[str] = None, dashboard: bool = Fals
     if not address or address == "local":
         return start_local_ray(max(workers, os.cpu_count() or 1), dashboard)
     if "://" in address:
-        raise InputError(f"{where}: Ray Client and URL addresses are not supported; give the cluster's GCS address "
-                         "HOST:PORT (e.g. 10.0.0.5:6379) or auto, or run the script with `ray job submit`")
+        raise InputError(
+            f"{where}: Ray Client and URL addresses are not supported; give the cluster's GCS address "
+            "HOST:PORT (e.g. 10.0.0.5:6379) or auto, or run the script with `ray job submit`"
+        )
     probe_address(address, where)
     try:
         with keep_sigterm_handler():

@@ -42,7 +42,9 @@ class RollingOptions:
         return asdict(self)
 
 
-def decide(instance: Instance, inventory: np.ndarray, in_transit: np.ndarray, factor: float, episode: int, decision: int, options: RollingOptions) -> dict[str, Any]:
+def decide(
+    instance: Instance, inventory: np.ndarray, in_transit: np.ndarray, factor: float, episode: int, decision: int, options: RollingOptions
+) -> dict[str, Any]:
     """One rolling-horizon decision; returns its record (action and solver statistics)."""
     rng = np.random.default_rng([_SCENARIO_STREAM, options.solver.seed, episode, decision])
     start = time.perf_counter()

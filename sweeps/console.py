@@ -12,8 +12,9 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional, TextIO
+from typing import TextIO
 
 import ray
 from ray import tune
@@ -31,9 +32,9 @@ class SweepLog:
 
     def __init__(self, out: Path, verbose: bool):
         self.path, self.verbose = out / LOG_NAME, verbose
-        self.file: Optional[TextIO] = None
+        self.file: TextIO | None = None
 
-    def connect(self, init: Callable[[], Optional[str]]) -> Optional[str]:
+    def connect(self, init: Callable[[], str | None]) -> str | None:
         """Call `init` (which starts or reaches Ray, returning the dashboard's URL or None); unless verbose, open the
         log first and route Ray's driver records and warnings into it, and the workers' output once Ray runs."""
         if self.verbose:
@@ -76,6 +77,7 @@ class SweepLog:
     def route_worker_output(self) -> None:
         """The driver relays every worker's stdout and stderr (log_to_driver) through Ray's stream dispatcher, whose
         handler "ray_print_logs" prints them: replace it by one that writes them, unabridged, to the log file."""
+
         def write(batch: dict) -> None:
             lines = batch.get("lines", [])
             if batch.get("pid") == "autoscaler":  # its periodic status report too, unless filtered as Ray does
@@ -112,21 +114,27 @@ class TrialLines(tune.Callback):
 
     def __init__(self, log: Callable[[str], None], retries: int):
         self.log, self.retries = log, retries
-        self.alive: Optional[set[str]] = None
+        self.alive: set[str] | None = None
         self.checked = 0.0
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
-        self.log(f"trial {trial} finished: {result.get('update', '?')} updates, greedy cost {result.get('greedy_mean', float('nan')):,.1f}, "
-                 f"{result.get('time_total_s', 0):.0f} s")
+        self.log(
+            f"trial {trial} finished: {result.get('update', '?')} updates, greedy cost {result.get('greedy_mean', float('nan')):,.1f}, "
+            f"{result.get('time_total_s', 0):.0f} s"
+        )
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         failures = trial.run_metadata.num_failures
-        self.log(f"trial {trial} failed (attempt {failures} of {self.retries + 1}), retrying from its last checkpoint: {last_error_line(trial)}")
+        self.log(
+            f"trial {trial} failed (attempt {failures} of {self.retries + 1}), retrying from its last checkpoint: {last_error_line(trial)}"
+        )
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.log(f"trial {trial} failed after {trial.run_metadata.num_failures} attempts, no retry left: {last_error_line(trial)} "
-                 f"(details: {trial.error_file})")
+        self.log(
+            f"trial {trial} failed after {trial.run_metadata.num_failures} attempts, no retry left: {last_error_line(trial)} "
+            f"(details: {trial.error_file})"
+        )
 
     def on_step_begin(self, iteration, trials, **info):
         """Say once when a node of the cluster is lost (not alive any more)."""
@@ -141,8 +149,16 @@ class TrialLines(tune.Callback):
         self.alive = alive
 
     def on_experiment_end(self, trials, **info):
-        rows = [(str(t), t.status, t.run_metadata.num_failures, (t.last_result or {}).get("update", ""), (t.last_result or {}).get("greedy_mean"))
-                for t in trials]
+        rows = [
+            (
+                str(t),
+                t.status,
+                t.run_metadata.num_failures,
+                (t.last_result or {}).get("update", ""),
+                (t.last_result or {}).get("greedy_mean"),
+            )
+            for t in trials
+        ]
         if not rows:
             return
         width = max(len(r[0]) for r in rows)

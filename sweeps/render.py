@@ -24,7 +24,6 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import yaml
@@ -50,7 +49,7 @@ def decimals(scale: float) -> int:
     return max(0, 1 - math.floor(math.log10(scale))) if scale > 0 else 2
 
 
-def number(mean: float, se: Optional[float] = None) -> str:
+def number(mean: float, se: float | None = None) -> str:
     """mean ± se with the s.e. to two significant digits and the mean to the same decimals."""
     d = decimals(se if se else abs(mean))
     return f"{mean:,.{d}f}" if se is None else f"{mean:,.{d}f} ± {se:,.{d}f}"
@@ -63,7 +62,11 @@ def cell(entry: Entry) -> str:
     marks = (ONE_SEED if entry.one_seed else "") + (OWN_EVALUATION if entry.own_evaluation else "")
     text = number(entry.mean, entry.se) + marks
     if entry.kind == "learned" and entry.unfinished:
-        text += f" ({len(entry.runs)} of {entry.seeds} seeds; " + ", ".join(f"{count} {status}" for status, count in entry.unfinished.items()) + ")"
+        text += (
+            f" ({len(entry.runs)} of {entry.seeds} seeds; "
+            + ", ".join(f"{count} {status}" for status, count in entry.unfinished.items())
+            + ")"
+        )
     return text
 
 
@@ -87,10 +90,12 @@ def cost_table(report: Report) -> Table:
     spec = report.results.spec
     cols = report.columns
     table = Table(f"Mean discounted cost over {spec.horizon} decisions ({report.opening} opening)", ["n", *(label(c) for c, _ in cols)], [])
-    table.intro = (f"{spec.episodes} held-out episodes of {spec.horizon} decisions per size. Learned methods, {report.opening} opening "
-                   f"({OPENING_TEXT[report.opening]}): the mean over finished seeds of each seed's mean, ± one standard error across seeds. "
-                   "Baselines: one evaluation, ± one s.e. over its episodes. Lower is better; the best policy of each size is bold, the "
-                   "second underlined (the bound is not a policy and is not ranked).")
+    table.intro = (
+        f"{spec.episodes} held-out episodes of {spec.horizon} decisions per size. Learned methods, {report.opening} opening "
+        f"({OPENING_TEXT[report.opening]}): the mean over finished seeds of each seed's mean, ± one standard error across seeds. "
+        "Baselines: one evaluation, ± one s.e. over its episodes. Lower is better; the best policy of each size is bold, the "
+        "second underlined (the bound is not a policy and is not ranked)."
+    )
     for i, n in enumerate(spec.sizes):
         table.rows.append([str(n), *(cell(report.entries[(n, c)]) for c, _ in cols)])
         ranked = report.ranked(n)
@@ -98,22 +103,29 @@ def cost_table(report: Report) -> Table:
             table.styles[(i, 1 + [c for c, _ in cols].index(entry.column))] = style
     cells = [report.entries[k] for k in report.entries]
     if any(e.one_seed for e in cells):
-        table.notes.append(f"{ONE_SEED} one finished seed: no standard error across seeds exists; the s.e. shown is over the held-out "
-                           "episodes of that seed.")
+        table.notes.append(
+            f"{ONE_SEED} one finished seed: no standard error across seeds exists; the s.e. shown is over the held-out "
+            "episodes of that seed."
+        )
     own = [e for e in cells if e.own_evaluation]
     if own:
-        table.notes.append(f"{OWN_EVALUATION} evaluated on its own held-out episodes or horizon, so not ranked: " +
-                           "; ".join(f"{e.column} at n = {e.n}: {e.runs[0].summary['episodes']} episodes x {e.runs[0].summary['horizon']} decisions"
-                                     for e in own))
+        table.notes.append(
+            f"{OWN_EVALUATION} evaluated on its own held-out episodes or horizon, so not ranked: "
+            + "; ".join(
+                f"{e.column} at n = {e.n}: {e.runs[0].summary['episodes']} episodes x {e.runs[0].summary['horizon']} decisions" for e in own
+            )
+        )
     if any(e.absent == "—" for e in cells):
         table.notes.append("— not part of the sweep at this size (dp-optimal exists at n = 1 only; a MILP may be limited to some sizes).")
     for n in spec.sizes:
         bound = report.entries.get((n, DECOMPOSITION))
         if bound is not None and bound.runs:
             s = bound.runs[0].summary
-            table.notes.append(f"decomposition-bound at n = {n}: its cell is its relaxed policies' simulated cost on these episodes; its DP value "
-                               f"is {s['dp_value']:,.1f} at the best split, conservatively {s['conservative_value']:,.1f} (equal shares: "
-                               f"{s['equal_shares']['value']:,.1f}, conservatively {s['equal_shares']['conservative']:,.1f}).")
+            table.notes.append(
+                f"decomposition-bound at n = {n}: its cell is its relaxed policies' simulated cost on these episodes; its DP value "
+                f"is {s['dp_value']:,.1f} at the best split, conservatively {s['conservative_value']:,.1f} (equal shares: "
+                f"{s['equal_shares']['value']:,.1f}, conservatively {s['equal_shares']['conservative']:,.1f})."
+            )
     table.notes += report.notes
     return table
 
@@ -127,7 +139,7 @@ def per_item_table(report: Report) -> Table:
     return table
 
 
-def reduction_table(report: Report) -> Optional[Table]:
+def reduction_table(report: Report) -> Table | None:
     """1 - OR-Transformer / method, per size: what OR-Transformer saves against each policy."""
     if "or-transformer" not in report.results.spec.methods:
         return None
@@ -144,7 +156,7 @@ def reduction_table(report: Report) -> Optional[Table]:
     return table
 
 
-def gap_table(report: Report) -> Optional[Table]:
+def gap_table(report: Report) -> Table | None:
     """method / bound - 1 per size."""
     if report.results.spec.baselines.bound is None:
         return None
@@ -153,12 +165,14 @@ def gap_table(report: Report) -> Optional[Table]:
     for n in report.results.spec.sizes:
         bound = report.entries[(n, "bound")]
         entries = [report.entries[(n, c)] for c in others]
-        table.rows.append([str(n), *(percent(e.mean / bound.mean - 1) if e.on_heldout_set and bound.on_heldout_set else "n/a" for e in entries)])
+        table.rows.append(
+            [str(n), *(percent(e.mean / bound.mean - 1) if e.on_heldout_set and bound.on_heldout_set else "n/a" for e in entries)]
+        )
     table.notes.append("n/a: the method or the bound has no evaluation on the sweep's held-out episodes and horizon.")
     return table
 
 
-def diverged_table(report: Report) -> Optional[Table]:
+def diverged_table(report: Report) -> Table | None:
     learned = [c for c, kind in report.columns if kind == "learned"]
     if not learned:
         return None
@@ -170,31 +184,41 @@ def diverged_table(report: Report) -> Optional[Table]:
 
 
 def paired_table(report: Report) -> Table:
-    table = Table("Paired comparisons against classical-best", ["n", "method", "seeds paired", "mean difference", "95% CI of each seed",
-                                                               "CI below zero", "CI above zero"], [])
-    table.intro = ("cost - classical-best's cost on the same held-out episodes (envs.evaluation.paired_comparison: the 95% t-interval "
-                   "over episodes); a negative difference is cheaper than classical-best. Learned methods: one interval per finished "
-                   "seed and the share of seeds whose interval lies below (above) zero.")
+    table = Table(
+        "Paired comparisons against classical-best",
+        ["n", "method", "seeds paired", "mean difference", "95% CI of each seed", "CI below zero", "CI above zero"],
+        [],
+    )
+    table.intro = (
+        "cost - classical-best's cost on the same held-out episodes (envs.evaluation.paired_comparison: the 95% t-interval "
+        "over episodes); a negative difference is cheaper than classical-best. Learned methods: one interval per finished "
+        "seed and the share of seeds whose interval lies below (above) zero."
+    )
     _paired_rows(table, report.paired)
     if not any(kind == "baseline" and c == "classical-best" for c, kind in report.columns):
         table.notes.append("The sweep has no classical-best baseline: nothing to pair against.")
     return table
 
 
-def bound_gap_table(report: Report) -> Optional[Table]:
+def bound_gap_table(report: Report) -> Table | None:
     """Every policy's paired gap to the decomposition bound, with its share of the bound's mean."""
     if report.results.spec.baselines.decomposition is None:
         return None
-    table = Table("Gap to the decomposition bound (paired)", ["n", "method", "seeds paired", "mean gap", "95% CI of each seed",
-                                                              "CI below zero", "CI above zero"], [])
-    table.intro = ("cost - the decomposition bound's per-episode cost (its relaxed policies simulated on the same held-out episodes), "
-                   "95% t-interval over episodes, and in % of the bound's mean: how much any policy could still gain, at most, by this "
-                   "bound. The bound's DP value and conservative figure are under the cost table.")
+    table = Table(
+        "Gap to the decomposition bound (paired)",
+        ["n", "method", "seeds paired", "mean gap", "95% CI of each seed", "CI below zero", "CI above zero"],
+        [],
+    )
+    table.intro = (
+        "cost - the decomposition bound's per-episode cost (its relaxed policies simulated on the same held-out episodes), "
+        "95% t-interval over episodes, and in % of the bound's mean: how much any policy could still gain, at most, by this "
+        "bound. The bound's DP value and conservative figure are under the cost table."
+    )
     _paired_rows(table, report.bound_gaps, {n: report.entries[(n, DECOMPOSITION)].mean for n in report.results.spec.sizes})
     return table
 
 
-def _paired_rows(table: Table, paired: list, relative_to: Optional[dict] = None) -> None:
+def _paired_rows(table: Table, paired: list, relative_to: dict | None = None) -> None:
     """One row per (n, method) of report.paired-style rows; `relative_to` (by n) adds the mean in % of it."""
     for row in paired:
         k = len(row["paired"])
@@ -203,12 +227,23 @@ def _paired_rows(table: Table, paired: list, relative_to: Optional[dict] = None)
             continue
         diffs = [c for _, c in row["paired"]]
         d = decimals(float(np.mean([(c.ci_high - c.ci_low) / 2 for c in diffs])))
-        seeds = "; ".join(("" if seed is None else f"s{seed}: ") + f"{c.mean_difference:+,.{d}f} [{c.ci_low:+,.{d}f}, {c.ci_high:+,.{d}f}]"
-                          for seed, c in row["paired"])
+        seeds = "; ".join(
+            ("" if seed is None else f"s{seed}: ") + f"{c.mean_difference:+,.{d}f} [{c.ci_low:+,.{d}f}, {c.ci_high:+,.{d}f}]"
+            for seed, c in row["paired"]
+        )
         mean = float(np.mean([c.mean_difference for c in diffs]))
         share = f" ({percent(mean / relative_to[row['n']])})" if relative_to and relative_to.get(row["n"]) else ""
-        table.rows.append([str(row["n"]), label(row["column"]), str(k), f"{mean:+,.{d}f}{share}", seeds,
-                           f"{sum(c.ci_high < 0 for c in diffs)} of {k}", f"{sum(c.ci_low > 0 for c in diffs)} of {k}"])
+        table.rows.append(
+            [
+                str(row["n"]),
+                label(row["column"]),
+                str(k),
+                f"{mean:+,.{d}f}{share}",
+                seeds,
+                f"{sum(c.ci_high < 0 for c in diffs)} of {k}",
+                f"{sum(c.ci_low > 0 for c in diffs)} of {k}",
+            ]
+        )
     table.notes += sorted({r["not_paired"] for r in paired if r["paired"] and r["not_paired"]})
 
 
@@ -224,9 +259,11 @@ def decision_table(report: Report) -> Table:
     milps = [m.name for m in report.results.spec.baselines.milp]
     header = ["n", "policy", "one state", "held-out batch", *(h for m in milps for h in (f"{m} per decision", f"{m} / one state"))]
     table = Table(f"Decision time ({report.device}, median of {REPEATS} calls)", header, [])
-    table.intro = ("Wall time of one decision of each learned policy (the first finished seed's checkpoint) on one state and on the "
-                   "initial states of every held-out episode at once, against each MILP's mean build + solve seconds per decision "
-                   "(its decisions.parquet), and their ratio.")
+    table.intro = (
+        "Wall time of one decision of each learned policy (the first finished seed's checkpoint) on one state and on the "
+        "initial states of every held-out episode at once, against each MILP's mean build + solve seconds per decision "
+        "(its decisions.parquet), and their ratio."
+    )
     for row in report.timings:
         if row["absent"]:
             cells = [row["absent"], "n/a"]
@@ -240,8 +277,20 @@ def decision_table(report: Report) -> Table:
 
 
 def tables(report: Report) -> list[Table]:
-    return [t for t in (cost_table(report), per_item_table(report), reduction_table(report), gap_table(report), diverged_table(report),
-                        paired_table(report), bound_gap_table(report), decision_table(report)) if t is not None]
+    return [
+        t
+        for t in (
+            cost_table(report),
+            per_item_table(report),
+            reduction_table(report),
+            gap_table(report),
+            diverged_table(report),
+            paired_table(report),
+            bound_gap_table(report),
+            decision_table(report),
+        )
+        if t is not None
+    ]
 
 
 # ---- rendering ------------------------------------------------------------------------------------
@@ -250,7 +299,7 @@ def tables(report: Report) -> list[Table]:
 TEXT_COLUMNS = ("method", "policy", "95% CI of each seed")
 
 
-def markdown(table: Table, command: Optional[str] = None) -> str:
+def markdown(table: Table, command: str | None = None) -> str:
     styled = {"best": "**{}**", "second": "<ins>{}</ins>"}
     lines = [f"## {table.title}", ""]
     if command:
@@ -269,10 +318,13 @@ def markdown(table: Table, command: Optional[str] = None) -> str:
 def manifest_lines(results: Results) -> list[str]:
     r = results.record
     commit = r.get("git_commit") or "unknown"
-    return [f"results directory: {results.root}", f"git commit: {commit}" + (" (with uncommitted changes)" if r.get("git_dirty") else ""),
-            f"started {r.get('started', '?')}, finished {r.get('finished') or 'not finished'}",
-            "versions: " + ", ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items() if v),
-            "hardware: " + ", ".join(f"{k} {v}" for k, v in (r.get("hardware") or {}).items() if v)]
+    return [
+        f"results directory: {results.root}",
+        f"git commit: {commit}" + (" (with uncommitted changes)" if r.get("git_dirty") else ""),
+        f"started {r.get('started', '?')}, finished {r.get('finished') or 'not finished'}",
+        "versions: " + ", ".join(f"{k} {v}" for k, v in (r.get("versions") or {}).items() if v),
+        "hardware: " + ", ".join(f"{k} {v}" for k, v in (r.get("hardware") or {}).items() if v),
+    ]
 
 
 def markdown_report(report: Report) -> str:
@@ -283,8 +335,14 @@ def markdown_report(report: Report) -> str:
 def results_markdown(report: Report, command: str) -> str:
     """The cost table and the paired comparisons as Markdown for docs/results.md, with `command` (the one that
     regenerates them) written above each table."""
-    head = [f"# Results of the sweep in `{report.results.root}`", "", "Generated by `platform/report.py`; do not edit by hand.", "",
-            *(f"- {line}" for line in manifest_lines(report.results)), ""]
+    head = [
+        f"# Results of the sweep in `{report.results.root}`",
+        "",
+        "Generated by `platform/report.py`; do not edit by hand.",
+        "",
+        *(f"- {line}" for line in manifest_lines(report.results)),
+        "",
+    ]
     return "\n".join(head) + "\n" + "\n".join(markdown(t, command) for t in (cost_table(report), paired_table(report)))
 
 
@@ -293,25 +351,67 @@ def csv_text(report: Report) -> str:
     spec = report.results.spec
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["n", "column", "kind", "opening", "cell", "mean", "se", "se_over", "per_item_mean", "seeds", "finished_seeds", "diverged_seeds",
-                     "not_finished", "episodes", "horizon", "rank", "reduction_by_or_transformer", "gap_to_bound", "gap_to_decomposition_bound"])
-    paired_gap = {(r["n"], r["column"]): float(np.mean([c.mean_difference for _, c in r["paired"]])) for r in report.bound_gaps if r["paired"]}
+    writer.writerow(
+        [
+            "n",
+            "column",
+            "kind",
+            "opening",
+            "cell",
+            "mean",
+            "se",
+            "se_over",
+            "per_item_mean",
+            "seeds",
+            "finished_seeds",
+            "diverged_seeds",
+            "not_finished",
+            "episodes",
+            "horizon",
+            "rank",
+            "reduction_by_or_transformer",
+            "gap_to_bound",
+            "gap_to_decomposition_bound",
+        ]
+    )
+    paired_gap = {
+        (r["n"], r["column"]): float(np.mean([c.mean_difference for _, c in r["paired"]])) for r in report.bound_gaps if r["paired"]
+    }
     for n in spec.sizes:
         ranked = [e.column for e in report.ranked(n)]
         ours, bound = report.entries.get((n, "or-transformer")), report.entries.get((n, "bound"))
         for column, kind in report.columns:
             e = report.entries[(n, column)]
             over = "" if not e.runs else "episodes" if kind != "learned" else "seeds" if len(e.runs) > 1 else "episodes of one seed"
-            reduction = (1 - ours.mean / e.mean) if ours is not None and column != "or-transformer" and kind != "bound" and ours.on_heldout_set \
-                and e.on_heldout_set else None
+            reduction = (
+                (1 - ours.mean / e.mean)
+                if ours is not None and column != "or-transformer" and kind != "bound" and ours.on_heldout_set and e.on_heldout_set
+                else None
+            )
             gap = (e.mean / bound.mean - 1) if bound is not None and kind != "bound" and e.on_heldout_set and bound.on_heldout_set else None
-            writer.writerow([n, column, kind, report.opening if kind == "learned" else "", cell(e), e.mean, e.se, over,
-                             None if e.mean is None else e.mean / n, e.seeds if kind == "learned" else "", len(e.runs) if kind == "learned" else "",
-                             e.diverged if kind == "learned" else "",
-                             "; ".join(f"{c} {s}" for s, c in e.unfinished.items()),
-                             e.runs[0].summary["episodes"] if e.runs else None, e.horizon,
-                             ranked.index(column) + 1 if column in ranked else None, reduction, gap,
-                             paired_gap[(n, column)] / report.entries[(n, DECOMPOSITION)].mean if (n, column) in paired_gap else None])
+            writer.writerow(
+                [
+                    n,
+                    column,
+                    kind,
+                    report.opening if kind == "learned" else "",
+                    cell(e),
+                    e.mean,
+                    e.se,
+                    over,
+                    None if e.mean is None else e.mean / n,
+                    e.seeds if kind == "learned" else "",
+                    len(e.runs) if kind == "learned" else "",
+                    e.diverged if kind == "learned" else "",
+                    "; ".join(f"{c} {s}" for s, c in e.unfinished.items()),
+                    e.runs[0].summary["episodes"] if e.runs else None,
+                    e.horizon,
+                    ranked.index(column) + 1 if column in ranked else None,
+                    reduction,
+                    gap,
+                    paired_gap[(n, column)] / report.entries[(n, DECOMPOSITION)].mean if (n, column) in paired_gap else None,
+                ]
+            )
     return out.getvalue()
 
 
@@ -328,35 +428,58 @@ def html_table(table: Table) -> str:
             cells.append(f"<td>{body}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in table.notes)
-    return (f"<h2>{html.escape(table.title)}</h2>\n" + (f"<p>{html.escape(table.intro)}</p>\n" if table.intro else "") +
-            "<table>\n" + "\n".join(rows) + "\n</table>\n" + (f"<ul class='notes'>{notes}</ul>\n" if notes else ""))
+    return (
+        f"<h2>{html.escape(table.title)}</h2>\n"
+        + (f"<p>{html.escape(table.intro)}</p>\n" if table.intro else "")
+        + "<table>\n"
+        + "\n".join(rows)
+        + "\n</table>\n"
+        + (f"<ul class='notes'>{notes}</ul>\n" if notes else "")
+    )
 
 
-STYLE = ("body{font-family:sans-serif;max-width:80em;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
-         "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}th{background:#eee}img{max-width:100%}"
-         "pre{background:#f6f6f6;padding:1em;overflow:auto}.notes{font-size:.9em;color:#444}")
+STYLE = (
+    "body{font-family:sans-serif;max-width:80em;margin:2em auto;padding:0 1em}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #bbb;padding:.25em .6em;text-align:right}th{background:#eee}img{max-width:100%}"
+    "pre{background:#f6f6f6;padding:1em;overflow:auto}.notes{font-size:.9em;color:#444}"
+)
 
 
 def html_page(report: Report, images: dict[str, bytes]) -> str:
     """One self-contained page: every table, the figures as data: URIs (PNG) and the sweep's manifest."""
     results = report.results
-    figures = "".join(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{base64.b64encode(images[name]).decode()}'>"
-                      f"<figcaption>{html.escape(caption)}</figcaption></figure>\n" for name, caption in FIGURES.items())
+    figures = "".join(
+        f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{base64.b64encode(images[name]).decode()}'>"
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>\n"
+        for name, caption in FIGURES.items()
+    )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.reference_notes)
-    body = [f"<h1>Report on the sweep in {html.escape(str(results.root))}</h1>",
-            "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in manifest_lines(results)) + "</ul>",
-            *(html_table(t) for t in tables(report)), "<h2>Figures</h2>", figures, f"<ul class='notes'>{notes}</ul>" if notes else "",
-            "<h2>Sweep file</h2>", f"<pre>{html.escape(yaml.safe_dump(results.record['sweep'], sort_keys=False))}</pre>",
-            "<h2>Instances (content hashes)</h2>",
-            "<ul>" + "".join(f"<li>{html.escape(k)}: {html.escape(str(v))}</li>" for k, v in results.record["instance_hashes"].items()) + "</ul>"]
-    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>Sweep report</title>"
-            f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
+    body = [
+        f"<h1>Report on the sweep in {html.escape(str(results.root))}</h1>",
+        "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in manifest_lines(results)) + "</ul>",
+        *(html_table(t) for t in tables(report)),
+        "<h2>Figures</h2>",
+        figures,
+        f"<ul class='notes'>{notes}</ul>" if notes else "",
+        "<h2>Sweep file</h2>",
+        f"<pre>{html.escape(yaml.safe_dump(results.record['sweep'], sort_keys=False))}</pre>",
+        "<h2>Instances (content hashes)</h2>",
+        "<ul>"
+        + "".join(f"<li>{html.escape(k)}: {html.escape(str(v))}</li>" for k, v in results.record["instance_hashes"].items())
+        + "</ul>",
+    ]
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>Sweep report</title>"
+        f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
 
 
-FIGURES = {"curves.png": "Training curves: cost10 against update, ten-update moving average in 24 log-spaced bins; line the mean over seeds, "
-                         "band one s.e. across seeds (one seed: 10th-90th percentile in the bin); dashed: the baselines' cost over the first "
-                         "10 held-out decisions.",
-           "decision_time.png": "Seconds per decision: each learned policy on one state against each MILP."}
+FIGURES = {
+    "curves.png": "Training curves: cost10 against update, ten-update moving average in 24 log-spaced bins; line the mean over seeds, "
+    "band one s.e. across seeds (one seed: 10th-90th percentile in the bin); dashed: the baselines' cost over the first "
+    "10 held-out decisions.",
+    "decision_time.png": "Seconds per decision: each learned policy on one state against each MILP.",
+}
 
 
 # ---- figures --------------------------------------------------------------------------------------
@@ -396,8 +519,13 @@ def curves_figure(report: Report):
             ax.fill_between(binned.update, binned.low, binned.high, color=color, alpha=0.25, linewidth=0)
             drawn = True
         for k, (name, value) in enumerate(report.references[n].items()):
-            ax.axhline(value, color="black" if name == "classical-best" else colors[(len(learned) + k) % len(colors)], linestyle="--",
-                       linewidth=1, label=f"{name} (first {REFERENCE_DECISIONS} decisions)")
+            ax.axhline(
+                value,
+                color="black" if name == "classical-best" else colors[(len(learned) + k) % len(colors)],
+                linestyle="--",
+                linewidth=1,
+                label=f"{name} (first {REFERENCE_DECISIONS} decisions)",
+            )
         if drawn:
             ax.set_xscale("log")
             ax.set_yscale("log")
@@ -417,7 +545,9 @@ def decision_figure(report: Report):
     """Seconds per decision (log scale), grouped by size: each learned policy on one state, and each MILP."""
     plt = _pyplot()
     sizes = report.results.spec.sizes
-    series = {label(c): {r["n"]: r["one_state"] for r in report.timings if r["column"] == c} for c, kind in report.columns if kind == "learned"}
+    series = {
+        label(c): {r["n"]: r["one_state"] for r in report.timings if r["column"] == c} for c, kind in report.columns if kind == "learned"
+    }
     series |= {m.name: {n: report.milp_times[n].get(m.name) for n in sizes} for m in report.results.spec.baselines.milp}
     figure, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(sizes) * max(1, len(series))), 3.6))
     width = 0.8 / max(1, len(series))
@@ -432,13 +562,16 @@ def decision_figure(report: Report):
     return figure
 
 
-def write_report(report: Report, out, markdown_file=None, command: Optional[str] = None) -> dict[str, Path]:
+def write_report(report: Report, out, markdown_file=None, command: str | None = None) -> dict[str, Path]:
     """Write every output into `out` (each file atomically); with `markdown_file`, also results_markdown there."""
     plt = _pyplot()
     out = Path(out)
     curves, decisions = curves_figure(report), decision_figure(report)
-    images = {"curves.png": figure_bytes(curves, "png"), "curves.svg": figure_bytes(curves, "svg"),
-              "decision_time.png": figure_bytes(decisions, "png")}
+    images = {
+        "curves.png": figure_bytes(curves, "png"),
+        "curves.svg": figure_bytes(curves, "svg"),
+        "decision_time.png": figure_bytes(decisions, "png"),
+    }
     plt.close(curves)
     plt.close(decisions)
     texts = {"table.md": markdown_report(report), "table.csv": csv_text(report), "index.html": html_page(report, images)}

@@ -43,7 +43,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.compute as pc
@@ -71,7 +71,7 @@ REPEATS = 7
 class Run(NamedTuple):
     """One evaluation: a seed's (learned) or the baseline's; `evaluation` as read by read_evaluation."""
 
-    seed: Optional[int]
+    seed: int | None
     folder: Path
     evaluation: dict[str, Any]
 
@@ -93,17 +93,17 @@ class Entry:
     """Seeds of the sweep at this size (learned)."""
     statuses: Counter = field(default_factory=Counter)
     """Trial statuses of those seeds (learned)."""
-    absent: Optional[str] = None
+    absent: str | None = None
     """The cell of a baseline without an evaluation: '—' (not in the sweep at this size) or 'missing'."""
     own_evaluation: bool = False
     """Evaluated on other episodes or another horizon than the sweep's."""
 
     @property
-    def mean(self) -> Optional[float]:
+    def mean(self) -> float | None:
         return float(np.mean([r.summary["mean"] for r in self.runs])) if self.runs else None
 
     @property
-    def se(self) -> Optional[float]:
+    def se(self) -> float | None:
         """Across seeds with two or more; else the one evaluation's s.e. over episodes."""
         if not self.runs:
             return None
@@ -114,7 +114,7 @@ class Entry:
         return self.kind == "learned" and len(self.runs) == 1
 
     @property
-    def horizon(self) -> Optional[int]:
+    def horizon(self) -> int | None:
         return self.runs[0].summary["horizon"] if self.runs else None
 
     @property
@@ -154,8 +154,10 @@ def columns(spec: SweepSpec) -> list[tuple[str, str]]:
 
 def _check_instance(results: Results, run: Run, n: int) -> None:
     if run.summary["instance_hash"] != results.record["instance_hashes"][f"n{n}"]:
-        raise InputError(f"results folder '{run.folder}' evaluates another instance than the sweep's n = {n} (instance hash "
-                         f"{run.summary['instance_hash'][:12]}, the sweep's {results.record['instance_hashes'][f'n{n}'][:12]})")
+        raise InputError(
+            f"results folder '{run.folder}' evaluates another instance than the sweep's n = {n} (instance hash "
+            f"{run.summary['instance_hash'][:12]}, the sweep's {results.record['instance_hashes'][f'n{n}'][:12]})"
+        )
 
 
 def learned_entry(results: Results, method: str, n: int, opening: str, notes: list[str]) -> Entry:
@@ -175,10 +177,14 @@ def learned_entry(results: Results, method: str, n: int, opening: str, notes: li
         try:
             run = Run(seed, folder, read_evaluation(folder))
         except InputError as exc:
-            raise InputError(f"trial {trial.name} is {status} in trials.parquet, but its {opening} evaluation does not read: {exc}") from None
+            raise InputError(
+                f"trial {trial.name} is {status} in trials.parquet, but its {opening} evaluation does not read: {exc}"
+            ) from None
         _check_instance(results, run, n)
         entry.runs.append(run)
-    entry.own_evaluation = any((r.summary["episodes"], r.summary["horizon"]) != (results.spec.episodes, results.spec.horizon) for r in entry.runs)
+    entry.own_evaluation = any(
+        (r.summary["episodes"], r.summary["horizon"]) != (results.spec.episodes, results.spec.horizon) for r in entry.runs
+    )
     return entry
 
 
@@ -248,9 +254,13 @@ def paired_rows(results: Results, entries: dict[tuple[int, str], Entry], referen
                 row["not_paired"] = entry.without_runs
             for run in entry.runs if reference.runs else []:
                 ref = reference.runs[0]
-                if run.summary["horizon"] != ref.summary["horizon"] or not np.array_equal(run.evaluation["episodes"], ref.evaluation["episodes"]):
-                    row["not_paired"] = (f"not paired: {run.summary['episodes']} episodes x {run.summary['horizon']} decisions, {reference_column} "
-                                         f"{ref.summary['episodes']} x {ref.summary['horizon']}")
+                if run.summary["horizon"] != ref.summary["horizon"] or not np.array_equal(
+                    run.evaluation["episodes"], ref.evaluation["episodes"]
+                ):
+                    row["not_paired"] = (
+                        f"not paired: {run.summary['episodes']} episodes x {run.summary['horizon']} decisions, {reference_column} "
+                        f"{ref.summary['episodes']} x {ref.summary['horizon']}"
+                    )
                     continue
                 row["paired"].append((run.seed, paired_comparison(run.evaluation["cost"], ref.evaluation["cost"])))
             rows.append(row)
@@ -344,8 +354,10 @@ def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> 
             run = entry.runs[0]
             s = run.summary
             if s["horizon"] < REFERENCE_DECISIONS:
-                notes.append(f"{column} at n = {n}: no reference line, it ran {s['horizon']} decisions per episode "
-                             f"(fewer than {REFERENCE_DECISIONS})")
+                notes.append(
+                    f"{column} at n = {n}: no reference line, it ran {s['horizon']} decisions per episode "
+                    f"(fewer than {REFERENCE_DECISIONS})"
+                )
                 continue
             inst = inst or results.instance(n)
             tinst = inst.to_torch()
@@ -354,8 +366,10 @@ def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> 
                 try:
                     policy = policy_from_parameters(tinst, s["parameters"])
                 except (KeyError, TypeError, ValueError) as exc:
-                    raise InputError(f"'{run.folder / 'summary.json'}': field 'parameters' does not hold classical-best's tuned family "
-                                     f"and parameters ({exc})") from None
+                    raise InputError(
+                        f"'{run.folder / 'summary.json'}': field 'parameters' does not hold classical-best's tuned family "
+                        f"and parameters ({exc})"
+                    ) from None
             else:
                 table = pq.read_table(run.folder / "decisions.parquet", columns=["episode", "decision", "open", "quantity"])
                 decisions = table.filter(pc.less(table.column("decision"), REFERENCE_DECISIONS)).to_pylist()
@@ -389,8 +403,14 @@ def timed(call, device: str) -> float:
 
 def milp_times(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[int, dict[str, float]]:
     """Per size, each MILP's seconds per decision (where it ran)."""
-    return {n: {m.name: seconds_per_decision(entries[(n, m.name)].runs[0].folder) for m in results.spec.baselines.milp
-                if entries[(n, m.name)].runs} for n in results.spec.sizes}
+    return {
+        n: {
+            m.name: seconds_per_decision(entries[(n, m.name)].runs[0].folder)
+            for m in results.spec.baselines.milp
+            if entries[(n, m.name)].runs
+        }
+        for n in results.spec.sizes
+    }
 
 
 @torch.no_grad()
@@ -417,12 +437,15 @@ def decision_times(results: Results, entries: dict[tuple[int, str], Entry], open
             tinst = inst.to_torch(device)
             factor = sample_paths(inst, run.summary["seed"], run.evaluation["episodes"], 1, device).factor[:, 0]
             batch, one = initial_state(tinst, factor), initial_state(tinst, factor[:1])
-            row.update(one_state=timed(lambda: policy(one, tinst), device), batch=timed(lambda: policy(batch, tinst), device), batch_size=batch.batch)
+            row.update(
+                one_state=timed(lambda: policy(one, tinst), device),  # noqa: B023 (called at once, inside the loop)
+                batch=timed(lambda: policy(batch, tinst), device),  # noqa: B023 (called at once, inside the loop)
+                batch_size=batch.batch,
+            )
     return rows
 
 
 # ---- the report -----------------------------------------------------------------------------------
-
 
 
 def build_report(root, opening: str = "greedy", device: str = "cpu") -> Report:
@@ -434,10 +457,21 @@ def build_report(root, opening: str = "greedy", device: str = "cpu") -> Report:
     entries = {}
     for n in results.spec.sizes:
         for column, kind in columns(results.spec):
-            entries[(n, column)] = (learned_entry(results, column, n, opening, notes) if kind == "learned"
-                                    else baseline_entry(results, column, kind, n, notes))
+            entries[(n, column)] = (
+                learned_entry(results, column, n, opening, notes) if kind == "learned" else baseline_entry(results, column, kind, n, notes)
+            )
     references, reference_notes = reference_costs(results, entries)
     gaps = paired_rows(results, entries, DECOMPOSITION) if results.spec.baselines.decomposition is not None else []
-    return Report(results, opening, device, entries, notes, paired_rows(results, entries), gaps, references, reference_notes,
-                  decision_times(results, entries, opening, device), milp_times(results, entries))
-
+    return Report(
+        results,
+        opening,
+        device,
+        entries,
+        notes,
+        paired_rows(results, entries),
+        gaps,
+        references,
+        reference_notes,
+        decision_times(results, entries, opening, device),
+        milp_times(results, entries),
+    )

@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,22 +52,69 @@ OPENINGS = ("greedy", "sampled")
 FINISHED = ("completed", "diverged")
 """Trial statuses that have a checkpoint and both evaluations (a diverged run keeps its last checkpoint)."""
 
-TRIALS_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("status", pa.string()), ("reason", pa.string()),
-                           ("updates", pa.int64()), ("wall_seconds", pa.float64()), ("transitions_per_second", pa.float64()),
-                           ("greedy_mean", pa.float64()), ("greedy_se", pa.float64()), ("sampled_mean", pa.float64()), ("sampled_se", pa.float64()),
-                           ("checkpoint", pa.string()), ("attempts", pa.int64()), ("node_id", pa.string()), ("node_name", pa.string())])
-ATTEMPTS_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("attempt", pa.int64()), ("trial_id", pa.string()),
-                             ("node_id", pa.string()), ("node_ip", pa.string()), ("node_name", pa.string()), ("pid", pa.int64()),
-                             ("started", pa.string()), ("ended", pa.string()), ("outcome", pa.string()),
-                             ("train_node_ids", pa.list_(pa.string())), ("train_node_names", pa.list_(pa.string()))])
+TRIALS_SCHEMA = pa.schema(
+    [
+        ("method", pa.string()),
+        ("n", pa.int64()),
+        ("seed", pa.int64()),
+        ("status", pa.string()),
+        ("reason", pa.string()),
+        ("updates", pa.int64()),
+        ("wall_seconds", pa.float64()),
+        ("transitions_per_second", pa.float64()),
+        ("greedy_mean", pa.float64()),
+        ("greedy_se", pa.float64()),
+        ("sampled_mean", pa.float64()),
+        ("sampled_se", pa.float64()),
+        ("checkpoint", pa.string()),
+        ("attempts", pa.int64()),
+        ("node_id", pa.string()),
+        ("node_name", pa.string()),
+    ]
+)
+ATTEMPTS_SCHEMA = pa.schema(
+    [
+        ("method", pa.string()),
+        ("n", pa.int64()),
+        ("seed", pa.int64()),
+        ("attempt", pa.int64()),
+        ("trial_id", pa.string()),
+        ("node_id", pa.string()),
+        ("node_ip", pa.string()),
+        ("node_name", pa.string()),
+        ("pid", pa.int64()),
+        ("started", pa.string()),
+        ("ended", pa.string()),
+        ("outcome", pa.string()),
+        ("train_node_ids", pa.list_(pa.string())),
+        ("train_node_names", pa.list_(pa.string())),
+    ]
+)
 ADDED_IN_2 = ("attempts", "node_id", "node_name")
 """The columns of trials.parquet that version 1 lacked."""
 LOST = "lost"
 """The outcome of an attempt without an end line: its process died (its node was lost, or the driver was killed)."""
-CURVES_SCHEMA = pa.schema([("method", pa.string()), ("n", pa.int64()), ("seed", pa.int64()), ("update", pa.int64()), ("cost10", pa.float64()),
-                           ("wall_seconds", pa.float64())])
-BASELINES_SCHEMA = pa.schema([("n", pa.int64()), ("name", pa.string()), ("mean", pa.float64()), ("se", pa.float64()), ("episodes", pa.int64()),
-                              ("horizon", pa.int64()), ("seconds_per_decision", pa.float64())])
+CURVES_SCHEMA = pa.schema(
+    [
+        ("method", pa.string()),
+        ("n", pa.int64()),
+        ("seed", pa.int64()),
+        ("update", pa.int64()),
+        ("cost10", pa.float64()),
+        ("wall_seconds", pa.float64()),
+    ]
+)
+BASELINES_SCHEMA = pa.schema(
+    [
+        ("n", pa.int64()),
+        ("name", pa.string()),
+        ("mean", pa.float64()),
+        ("se", pa.float64()),
+        ("episodes", pa.int64()),
+        ("horizon", pa.int64()),
+        ("seconds_per_decision", pa.float64()),
+    ]
+)
 
 
 def trial_folder(out: Path, trial: Trial) -> Path:
@@ -95,8 +142,10 @@ def open_results(out: Path, data: dict, resume: bool) -> dict:
     if path.exists():
         old = read_sweep_record(path, "use another --out")
         if old.get("sweep") != data:
-            raise InputError(f"results directory '{out}' holds another sweep; its sweep file differs from this one in "
-                             f"{'; '.join(differences(old.get('sweep'), data))}: resume with that file, or use another --out")
+            raise InputError(
+                f"results directory '{out}' holds another sweep; its sweep file differs from this one in "
+                f"{'; '.join(differences(old.get('sweep'), data))}: resume with that file, or use another --out"
+            )
         if not resume:
             raise InputError(f"results directory '{out}' already holds this sweep: continue it with --resume, or use another --out")
         return {**old, "version": SCHEMA_VERSION}  # the tables are rebuilt in this version's schema
@@ -142,7 +191,7 @@ def baseline_done(folder: Path, instance: Instance, episodes: int, horizon: int)
     return s["instance_hash"] == instance.content_hash() and s["episodes"] == episodes and s["horizon"] == horizon
 
 
-def seconds_per_decision(folder: Path) -> Optional[float]:
+def seconds_per_decision(folder: Path) -> float | None:
     """MILP seconds per decision (docs/formats.md): the mean over the decisions in the baseline folder's
     decisions.parquet of build_seconds + solve_seconds, since the rolling MILP samples its scenarios and
     builds its model anew at every decision (solver_workers.rolling.decide); None without decisions.parquet."""
@@ -191,11 +240,20 @@ def trial_attempts(out: Path, trial: Trial) -> list[dict[str, Any]]:
     rows = []
     for number, start in sorted((k, v) for k, v in starts.items() if isinstance(k, int)):
         end = ends.get(number, {})
-        rows.append({"method": trial.method, "n": trial.n, "seed": trial.seed, "attempt": number,
-                     **{k: start.get(k) for k in ("trial_id", "node_id", "node_ip", "node_name", "pid")},
-                     "started": start.get("time"), "ended": end.get("time"), "outcome": end.get("outcome", LOST),
-                     "train_node_ids": [t.get("node_id") for t in end.get("train_nodes", [])],
-                     "train_node_names": [t.get("node_name") for t in end.get("train_nodes", [])]})
+        rows.append(
+            {
+                "method": trial.method,
+                "n": trial.n,
+                "seed": trial.seed,
+                "attempt": number,
+                **{k: start.get(k) for k in ("trial_id", "node_id", "node_ip", "node_name", "pid")},
+                "started": start.get("time"),
+                "ended": end.get("time"),
+                "outcome": end.get("outcome", LOST),
+                "train_node_ids": [t.get("node_id") for t in end.get("train_nodes", [])],
+                "train_node_names": [t.get("node_name") for t in end.get("train_nodes", [])],
+            }
+        )
     return rows
 
 
@@ -222,15 +280,31 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def trial_row(out: Path, trial: Trial, errors: dict[str, str], attempts: list[dict[str, Any]]) -> dict[str, Any]:
     folder = trial_folder(out, trial)
     last = attempts[-1] if attempts else {}
-    row: dict[str, Any] = {"method": trial.method, "n": trial.n, "seed": trial.seed, "status": "pending", "reason": None, "updates": 0,
-                           "wall_seconds": None, "transitions_per_second": None, "greedy_mean": None, "greedy_se": None,
-                           "sampled_mean": None, "sampled_se": None, "checkpoint": None,
-                           "attempts": len(attempts), "node_id": last.get("node_id"), "node_name": last.get("node_name")}
+    row: dict[str, Any] = {
+        "method": trial.method,
+        "n": trial.n,
+        "seed": trial.seed,
+        "status": "pending",
+        "reason": None,
+        "updates": 0,
+        "wall_seconds": None,
+        "transitions_per_second": None,
+        "greedy_mean": None,
+        "greedy_se": None,
+        "sampled_mean": None,
+        "sampled_se": None,
+        "checkpoint": None,
+        "attempts": len(attempts),
+        "node_id": last.get("node_id"),
+        "node_name": last.get("node_name"),
+    }
     training = None
     if (folder / "training.json").is_file():
         training = json.loads((folder / "training.json").read_text())
         config = training["manifest"]["config"]
-        row.update(status=training["status"], reason=training["reason"], updates=training["updates_done"], wall_seconds=training["wall_seconds"])
+        row.update(
+            status=training["status"], reason=training["reason"], updates=training["updates_done"], wall_seconds=training["wall_seconds"]
+        )
         if training["wall_seconds"]:
             row["transitions_per_second"] = training["updates_done"] * config["batch"] * config["rollout"] / training["wall_seconds"]
         row["checkpoint"] = str((folder / "checkpoint.pt").relative_to(out))
@@ -250,7 +324,9 @@ def write_tables(spec: SweepSpec, out: Path, errors: dict[str, str]) -> list[dic
     attempts = {t.name: trial_attempts(out, t) for t in spec.trials()}
     rows = [trial_row(out, t, errors, attempts[t.name]) for t in spec.trials()]
     write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), out / "trials.parquet")
-    write_parquet(pa.Table.from_pylist([a for t in spec.trials() for a in attempts[t.name]], schema=ATTEMPTS_SCHEMA), out / "attempts.parquet")
+    write_parquet(
+        pa.Table.from_pylist([a for t in spec.trials() for a in attempts[t.name]], schema=ATTEMPTS_SCHEMA), out / "attempts.parquet"
+    )
     curves = []
     for t in spec.trials():
         path = trial_folder(out, t) / "curve.parquet"
@@ -263,8 +339,17 @@ def write_tables(spec: SweepSpec, out: Path, errors: dict[str, str]) -> list[dic
             s = read_evaluation(folder)["summary"]
         except InputError:
             continue
-        baselines.append({"n": s["n"], "name": folder.name, "mean": s["mean"], "se": s["se"], "episodes": s["episodes"], "horizon": s["horizon"],
-                          "seconds_per_decision": seconds_per_decision(folder)})
+        baselines.append(
+            {
+                "n": s["n"],
+                "name": folder.name,
+                "mean": s["mean"],
+                "se": s["se"],
+                "episodes": s["episodes"],
+                "horizon": s["horizon"],
+                "seconds_per_decision": seconds_per_decision(folder),
+            }
+        )
     write_parquet(pa.Table.from_pylist(baselines, schema=BASELINES_SCHEMA), out / "baselines.parquet")
     return rows
 
@@ -288,8 +373,10 @@ class Results:
         """The sweep's instance of size n (the paper's family), checked against sweep.json's hash."""
         inst = paper_instance(n, self.spec.instance_seed)
         if inst.content_hash() != self.record["instance_hashes"][f"n{n}"]:
-            raise InputError(f"'{self.root / 'sweep.json'}': the instance hash of n = {n} is not that of the paper instance (n = {n}, "
-                             f"seed {self.spec.instance_seed}); the results were written by another version of the instance family")
+            raise InputError(
+                f"'{self.root / 'sweep.json'}': the instance hash of n = {n} is not that of the paper instance (n = {n}, "
+                f"seed {self.spec.instance_seed}); the results were written by another version of the instance family"
+            )
         return inst
 
 
@@ -300,12 +387,16 @@ def _read_table(root: Path, name: str, schema: pa.Schema, version: int = SCHEMA_
     if version == 1 and schema is ATTEMPTS_SCHEMA:
         return schema.empty_table()
     if not path.is_file():
-        raise InputError(f"results directory '{root}' has no {name}: the sweep has not finished a run yet (platform/sweep.py writes "
-                         "its tables at the end of every run; continue it with --resume)")
+        raise InputError(
+            f"results directory '{root}' has no {name}: the sweep has not finished a run yet (platform/sweep.py writes "
+            "its tables at the end of every run; continue it with --resume)"
+        )
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"'{path}' is not a readable Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise InputError(
+            f"'{path}' is not a readable Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from None
     missing = [c for c in schema.names if c not in table.column_names]
     if version == 1 and schema is TRIALS_SCHEMA:
         for column in [c for c in missing if c in ADDED_IN_2]:
@@ -349,5 +440,7 @@ def curve_groups(table: pa.Table) -> dict[tuple[str, int, int], tuple[np.ndarray
     keys = np.stack([codes[order], n[order], seed[order]])
     starts = np.flatnonzero(np.concatenate([[True], (keys[:, 1:] != keys[:, :-1]).any(0)])) if order.size else np.array([], np.int64)
     ends = np.append(starts[1:], order.size)
-    return {(names[keys[0, a]], int(keys[1, a]), int(keys[2, a])): (update[order[a:b]].astype(np.float64), cost[order[a:b]].astype(np.float64))
-            for a, b in zip(starts, ends)}
+    return {
+        (names[keys[0, a]], int(keys[1, a]), int(keys[2, a])): (update[order[a:b]].astype(np.float64), cost[order[a:b]].astype(np.float64))
+        for a, b in zip(starts, ends)
+    }

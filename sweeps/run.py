@@ -11,7 +11,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -22,8 +22,20 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 from envs.results import manifest, write_evaluation
 from envs.validate import load_yaml
-from sweeps.results_dir import (FINISHED, baseline_done, end_attempt, instance_path, open_results, start_attempt, trial_attempts, trial_done,
-                                trial_folder, write_instances, write_record, write_tables)
+from sweeps.results_dir import (
+    FINISHED,
+    baseline_done,
+    end_attempt,
+    instance_path,
+    open_results,
+    start_attempt,
+    trial_attempts,
+    trial_done,
+    trial_folder,
+    write_instances,
+    write_record,
+    write_tables,
+)
 from sweeps.spec import MilpBaseline, SweepSpec, Trial
 
 
@@ -45,7 +57,8 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from envs.classical import tuned_policy
     from envs.dp_optimal import dp_optimal_policy
     from solver_workers.backends import SolverOptions
-    from solver_workers.decomposition import NAME as DECOMPOSITION, DecompositionOptions
+    from solver_workers.decomposition import NAME as DECOMPOSITION
+    from solver_workers.decomposition import DecompositionOptions
     from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
@@ -111,24 +124,50 @@ def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
     folder = Path(config["folder"])
     mode = "resume" if (folder / "checkpoint.pt").exists() else ("overwrite" if folder.exists() else "new")
     if attempt > 1:
-        print(f"trial {config['name']}: attempt {attempt} on node {where['node_name']} ({where['node_id'][:8]}), "
-              f"{'from its checkpoint' if mode == 'resume' else 'from the start (no checkpoint yet)'}", flush=True)
+        print(
+            f"trial {config['name']}: attempt {attempt} on node {where['node_name']} ({where['node_id'][:8]}), "
+            f"{'from its checkpoint' if mode == 'resume' else 'from the start (no checkpoint yet)'}",
+            flush=True,
+        )
 
     def on_update(update: int, metrics: dict[str, float]) -> None:
         tune.report({"update": update, "cost10": metrics["cost10"]})
 
     try:
-        summary = run_experiment(config["method"], Instance.load(config["instance"]), folder, preset=config["preset"], seed=config["seed"],
-                                 overrides=config["overrides"], mode=mode, episodes=config["episodes"], horizon=config["horizon"],
-                                 device=config["device"], progress=False, workers=config["workers"] or None, use_gpu=config["use_gpu"],
-                                 on_update=on_update,
-                                 resources_per_worker={k: v for k, v in (("CPU", config["cpus_per_worker"]), ("GPU", config["gpus_per_worker"])) if v})
+        summary = run_experiment(
+            config["method"],
+            Instance.load(config["instance"]),
+            folder,
+            preset=config["preset"],
+            seed=config["seed"],
+            overrides=config["overrides"],
+            mode=mode,
+            episodes=config["episodes"],
+            horizon=config["horizon"],
+            device=config["device"],
+            progress=False,
+            workers=config["workers"] or None,
+            use_gpu=config["use_gpu"],
+            on_update=on_update,
+            resources_per_worker={k: v for k, v in (("CPU", config["cpus_per_worker"]), ("GPU", config["gpus_per_worker"])) if v},
+        )
     except Exception as exc:  # anything else (the process stopped from outside) leaves the attempt without an end: lost
-        end_attempt(Path(out), config["name"], attempt, f"failed: {(str(exc).strip().splitlines() or [type(exc).__name__])[-1]}",
-                    train_nodes() if config["workers"] else [])
+        end_attempt(
+            Path(out),
+            config["name"],
+            attempt,
+            f"failed: {(str(exc).strip().splitlines() or [type(exc).__name__])[-1]}",
+            train_nodes() if config["workers"] else [],
+        )
         raise
     end_attempt(Path(out), config["name"], attempt, "completed", train_nodes() if config["workers"] else [])
-    tune.report({"update": summary["training"]["updates_done"], "greedy_mean": summary["greedy"]["mean"], "sampled_mean": summary["sampled"]["mean"]})
+    tune.report(
+        {
+            "update": summary["training"]["updates_done"],
+            "greedy_mean": summary["greedy"]["mean"],
+            "sampled_mean": summary["sampled"]["mean"],
+        }
+    )
 
 
 def train_nodes() -> list[dict[str, str]]:
@@ -166,11 +205,23 @@ def trial_resources(config: dict) -> dict[str, float]:
 
 def trial_config(spec: SweepSpec, out: Path, trial: Trial) -> dict:
     res = spec.resources_of(trial.method)
-    return {"name": trial.name, "method": trial.method, "n": trial.n, "seed": trial.seed, "folder": str(trial_folder(out, trial)),
-            "instance": str(instance_path(out, trial.n)), "preset": spec.preset, "overrides": spec.overrides_of(trial.method),
-            "episodes": spec.episodes, "horizon": spec.horizon, "device": spec.device,
-            "workers": res.workers if spec.uses_ray_train(trial.method) else 0, "use_gpu": res.gpus_per_worker > 0,
-            "cpus_per_worker": res.cpus_per_worker, "gpus_per_worker": res.gpus_per_worker}
+    return {
+        "name": trial.name,
+        "method": trial.method,
+        "n": trial.n,
+        "seed": trial.seed,
+        "folder": str(trial_folder(out, trial)),
+        "instance": str(instance_path(out, trial.n)),
+        "preset": spec.preset,
+        "overrides": spec.overrides_of(trial.method),
+        "episodes": spec.episodes,
+        "horizon": spec.horizon,
+        "device": spec.device,
+        "workers": res.workers if spec.uses_ray_train(trial.method) else 0,
+        "use_gpu": res.gpus_per_worker > 0,
+        "cpus_per_worker": res.cpus_per_worker,
+        "gpus_per_worker": res.gpus_per_worker,
+    }
 
 
 def run_trials(spec: SweepSpec, out: Path, log, verbose: bool = False) -> dict[str, str]:
@@ -188,12 +239,21 @@ def run_trials(spec: SweepSpec, out: Path, log, verbose: bool = False) -> dict[s
     log(f"{len(pending)} trials to run ({len(spec.trials()) - len(pending)} finished), {spec.concurrency} at a time")
     trials = {c["name"]: c for c in pending}
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(run_trial, trials=trials, out=str(out)), lambda config: trial_resources(trials[config["name"]])),
+        tune.with_resources(
+            tune.with_parameters(run_trial, trials=trials, out=str(out)), lambda config: trial_resources(trials[config["name"]])
+        ),
         param_space={"name": tune.grid_search(list(trials))},
-        tune_config=tune.TuneConfig(max_concurrent_trials=spec.concurrency, trial_name_creator=lambda t: t.config["name"],
-                                    trial_dirname_creator=lambda t: t.config["name"]),
-        run_config=tune.RunConfig(name=f"trials-{attempt}", storage_path=str(storage), failure_config=tune.FailureConfig(max_failures=spec.retries),
-                                  **tune_output(log, spec.retries, verbose)),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=spec.concurrency,
+            trial_name_creator=lambda t: t.config["name"],
+            trial_dirname_creator=lambda t: t.config["name"],
+        ),
+        run_config=tune.RunConfig(
+            name=f"trials-{attempt}",
+            storage_path=str(storage),
+            failure_config=tune.FailureConfig(max_failures=spec.retries),
+            **tune_output(log, spec.retries, verbose),
+        ),
     )
     # Tune's own SIGINT handler would end fit() normally, with its Tuner.restore hint; without it Ctrl-C raises
     # KeyboardInterrupt here, and platform/sweep.py says how to go on with --resume (exit status 130).
@@ -202,8 +262,9 @@ def run_trials(spec: SweepSpec, out: Path, log, verbose: bool = False) -> dict[s
     return {r.config["name"]: str(r.error).strip().splitlines()[-1] for r in results if r.error is not None}
 
 
-def run_sweep(spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=print, connect=lambda: None,
-              verbose: bool = False) -> Optional[list[dict[str, Any]]]:
+def run_sweep(
+    spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=print, connect=lambda: None, verbose: bool = False
+) -> list[dict[str, Any]] | None:
     """Run (or continue) the sweep in `out`; returns the trial rows, or None when a resumed sweep had nothing left.
     `connect()` reaches Ray (solver_workers.ray_session.init_ray) once there is work to do; `verbose` keeps Tune's
     own progress reports (sweeps.console)."""
@@ -257,16 +318,20 @@ def check_shared(out: Path) -> None:
     marker.write_text(token)
     reads_back = ray.remote(num_cpus=0)(_reads_back)
     try:
-        reads = [reads_back.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker), token)
-                 for node in nodes]
+        reads = [
+            reads_back.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote(str(marker), token)
+            for node in nodes
+        ]
         blind = [f"{node['NodeName']} ({node['NodeID'][:8]})" for node, seen in zip(nodes, ray.get(reads)) if not seen]
     finally:
         marker.unlink()
     if blind:
         if made:
             out.rmdir()
-        raise InputError(f"--out '{out}': the nodes {', '.join(blind)} of the cluster do not see it; their trials would write their results "
-                         "to their own disks: give a path that every node mounts (docs/cluster.md)")
+        raise InputError(
+            f"--out '{out}': the nodes {', '.join(blind)} of the cluster do not see it; their trials would write their results "
+            "to their own disks: give a path that every node mounts (docs/cluster.md)"
+        )
 
 
 def _reads_back(path: str, token: str) -> bool:
@@ -286,8 +351,10 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
 
     if problem := placement_problem(spec, nodes):
         raise InputError(problem)
-    lines = [f"{len(spec.trials())} trials ({len(spec.methods)} methods x {len(spec.sizes)} sizes x {len(spec.seeds)} seeds), "
-             f"{spec.concurrency} at a time, {spec.retries} retries each; preset '{spec.preset}' on {spec.device}"]
+    lines = [
+        f"{len(spec.trials())} trials ({len(spec.methods)} methods x {len(spec.sizes)} sizes x {len(spec.seeds)} seeds), "
+        f"{spec.concurrency} at a time, {spec.retries} retries each; preset '{spec.preset}' on {spec.device}"
+    ]
     for method in spec.methods:
         res = spec.resources_of(method)
         workers = res.workers if spec.uses_ray_train(method) else 0
@@ -295,13 +362,22 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
         where = f"{workers} Ray Train workers" if workers else "the trial process"
         lines.append(f"  {method}: {cpus:g} CPU, {gpus:g} GPU per trial ({where})")
     b = spec.baselines
-    names = (["classical-best"] if b.classical_best else []) + (["dp-optimal (n = 1)"] if b.dp_optimal and 1 in spec.sizes else []) \
-        + (["perfect-information bound"] if b.bound else []) + (["decomposition bound"] if b.decomposition else []) + [m.name for m in b.milp]
+    names = (
+        (["classical-best"] if b.classical_best else [])
+        + (["dp-optimal (n = 1)"] if b.dp_optimal and 1 in spec.sizes else [])
+        + (["perfect-information bound"] if b.bound else [])
+        + (["decomposition bound"] if b.decomposition else [])
+        + [m.name for m in b.milp]
+    )
     lines.append(f"baselines per size: {', '.join(names) or 'none'}; solver pool of {b.solver_workers} workers")
     hours = sum(training_hours(spec, t) for t in spec.trials())
-    lines.append(f"training: about {hours:,.1f} learner-hours on CPU cores "
-                 "(each method's throughput in trainers/registry.py, measured on this project's 2-core machine; a GPU is far faster)")
-    milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m in b.milp for n in spec.milp_sizes(m))
+    lines.append(
+        f"training: about {hours:,.1f} learner-hours on CPU cores "
+        "(each method's throughput in trainers/registry.py, measured on this project's 2-core machine; a GPU is far faster)"
+    )
+    milp_hours = sum(
+        (m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m in b.milp for n in spec.milp_sizes(m)
+    )
     lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
     for m in b.milp:
         for n in spec.milp_sizes(m):
@@ -330,7 +406,7 @@ def cluster_nodes() -> list[dict[str, float]]:
     return [{"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}]
 
 
-def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> Optional[str]:
+def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> str | None:
     """Why a cluster of `nodes` (the CPUs and GPUs of each) can never run part of the sweep, or None when it can.
 
     Ray places each request on one node: a trial's own process (the CPUs and GPUs of its learner; nothing but
@@ -341,8 +417,12 @@ def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> Optiona
     is refused instead, before anything runs."""
 
     def fits(cpus: float, gpus: float) -> int:  # how many such requests the cluster holds at once
-        return sum(int(min(n.get("CPU", 0.0) / cpus if cpus else math.inf, n.get("GPU", 0.0) / gpus if gpus else math.inf) + 1e-9)
-                   if cpus or gpus else 1 for n in nodes)
+        return sum(
+            int(min(n.get("CPU", 0.0) / cpus if cpus else math.inf, n.get("GPU", 0.0) / gpus if gpus else math.inf) + 1e-9)
+            if cpus or gpus
+            else 1
+            for n in nodes
+        )
 
     have = f"the cluster's {describe_nodes(nodes)}"
     for method in spec.methods:
@@ -350,12 +430,21 @@ def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> Optiona
         ask = f"{res.cpus_per_worker:g} CPU and {res.gpus_per_worker:g} GPU on one node"
         if spec.uses_ray_train(method):
             if (room := fits(res.cpus_per_worker, res.gpus_per_worker)) < res.workers:
-                return (f"sweep: a {method} trial trains on {res.workers} Ray Train workers of {ask} each; {have}, room for {room}: "
-                        "give the cluster such nodes, or change the sweep file's resources")
+                return (
+                    f"sweep: a {method} trial trains on {res.workers} Ray Train workers of {ask} each; {have}, room for {room}: "
+                    "give the cluster such nodes, or change the sweep file's resources"
+                )
         elif not fits(res.cpus_per_worker, res.gpus_per_worker):
-            return f"sweep: a {method} trial's process asks for {ask}; {have}: give the cluster such a node, or change the sweep file's resources"
+            return (
+                f"sweep: a {method} trial's process asks for {ask}; {have}: give the cluster such a node, or change the "
+                f"sweep file's resources"
+            )
     b = spec.baselines
-    solved = (["bound"] if b.bound else []) + (["decomposition bound"] if b.decomposition else []) + [m.name for m in b.milp if spec.milp_sizes(m)]
+    solved = (
+        (["bound"] if b.bound else [])
+        + (["decomposition bound"] if b.decomposition else [])
+        + [m.name for m in b.milp if spec.milp_sizes(m)]
+    )
     if solved and not fits(1.0, 0.0):
         return f"sweep: the solver workers of the baselines ({', '.join(solved)}) ask for 1 CPU on one node; {have}"
     return None

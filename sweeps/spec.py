@@ -8,7 +8,7 @@ bad override fails now rather than in the middle of a sweep."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from envs import validate
 from envs.errors import InputError
@@ -40,7 +40,7 @@ def _mapping(value, where: str, allowed: dict[str, Any], required: tuple[str, ..
     return {**allowed, **value}
 
 
-def _int(value, where: str, low: int, high: Optional[int] = None, why: str = "") -> int:
+def _int(value, where: str, low: int, high: int | None = None, why: str = "") -> int:
     return validate.integer(value, _where(where), low, high, why=why, error=SweepError)
 
 
@@ -85,10 +85,13 @@ class Resources:
     gpus_per_worker: float = 0.0
 
     @classmethod
-    def parse(cls, value, where: str) -> "Resources":
+    def parse(cls, value, where: str) -> Resources:
         d = _mapping(value, where, asdict(cls()))
-        return cls(_int(d["workers"], f"{where}.workers", 0), _real(d["cpus_per_worker"], f"{where}.cpus_per_worker", 0, low_open=True),
-                   _real(d["gpus_per_worker"], f"{where}.gpus_per_worker", 0))
+        return cls(
+            _int(d["workers"], f"{where}.workers", 0),
+            _real(d["cpus_per_worker"], f"{where}.cpus_per_worker", 0, low_open=True),
+            _real(d["gpus_per_worker"], f"{where}.gpus_per_worker", 0),
+        )
 
 
 @dataclass(frozen=True)
@@ -102,42 +105,53 @@ class MilpBaseline:
     time_limit: float = 600.0
     gap: float = 0.005
     threads: int = 1
-    sizes: Optional[tuple[int, ...]] = None
+    sizes: tuple[int, ...] | None = None
     """Only these sizes (default: every size of the sweep)."""
-    episodes: Optional[int] = None
+    episodes: int | None = None
     """Held-out episodes and horizon of this baseline (default: the sweep's evaluation)."""
-    horizon: Optional[int] = None
+    horizon: int | None = None
 
     @classmethod
-    def parse(cls, value, where: str) -> "MilpBaseline":
+    def parse(cls, value, where: str) -> MilpBaseline:
         d = _mapping(value, where, {f: v for f, v in asdict(cls("")).items()} | {"name": None})
         name = d["name"] or f"milp-{d['solver']}"
         if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
             raise SweepError(f"{_where(where + '.name')}: expected letters, digits, '-' and '_', got {validate.describe(name)}")
         return cls(
-            name, _choice(d["solver"], f"{where}.solver", SOLVERS), validate.scenarios(d["scenarios"], _where(f"{where}.scenarios"), error=SweepError),
+            name,
+            _choice(d["solver"], f"{where}.solver", SOLVERS),
+            validate.scenarios(d["scenarios"], _where(f"{where}.scenarios"), error=SweepError),
             validate.horizon(d["plan_horizon"], _where(f"{where}.plan_horizon"), error=SweepError),
             validate.time_limit(d["time_limit"], _where(f"{where}.time_limit"), error=SweepError),
-            validate.mip_gap(d["gap"], _where(f"{where}.gap"), error=SweepError), _int(d["threads"], f"{where}.threads", 1),
+            validate.mip_gap(d["gap"], _where(f"{where}.gap"), error=SweepError),
+            _int(d["threads"], f"{where}.threads", 1),
             None if d["sizes"] is None else _sizes(d["sizes"], f"{where}.sizes"),
             None if d["episodes"] is None else _int(d["episodes"], f"{where}.episodes", 1),
             None if d["horizon"] is None else validate.horizon(d["horizon"], _where(f"{where}.horizon"), error=SweepError),
         )
 
 
-def _decomposition(value) -> Optional[dict[str, Any]]:
+def _decomposition(value) -> dict[str, Any] | None:
     """baselines.decomposition: null, or a mapping of DecompositionOptions' grid and tolerance fields."""
     if value is None:
         return None
     defaults = DecompositionOptions()
-    d = _mapping(value, "baselines.decomposition", {"factor_points": defaults.factor_points, "coarse_points": defaults.coarse_points,
-                                                    "tolerance": defaults.tolerance})
+    d = _mapping(
+        value,
+        "baselines.decomposition",
+        {"factor_points": defaults.factor_points, "coarse_points": defaults.coarse_points, "tolerance": defaults.tolerance},
+    )
     where = "baselines.decomposition"
-    d = {"factor_points": _int(d["factor_points"], f"{where}.factor_points", 3), "coarse_points": _int(d["coarse_points"], f"{where}.coarse_points", 2),
-         "tolerance": _real(d["tolerance"], f"{where}.tolerance", 0)}
+    d = {
+        "factor_points": _int(d["factor_points"], f"{where}.factor_points", 3),
+        "coarse_points": _int(d["coarse_points"], f"{where}.coarse_points", 2),
+        "tolerance": _real(d["tolerance"], f"{where}.tolerance", 0),
+    }
     if d["coarse_points"] >= d["factor_points"]:
-        raise SweepError(f"sweep field '{where}.coarse_points': expected an integer in [2, factor_points - 1 = {d['factor_points'] - 1}], "
-                         f"got {d['coarse_points']}")
+        raise SweepError(
+            f"sweep field '{where}.coarse_points': expected an integer in [2, factor_points - 1 = {d['factor_points'] - 1}], "
+            f"got {d['coarse_points']}"
+        )
     return d
 
 
@@ -147,11 +161,11 @@ class Baselines:
     """Every classical family tuned on training paths; the best evaluated (envs.classical)."""
     dp_optimal: bool = True
     """The exact DP optimum, at n = 1 only (envs.dp_optimal)."""
-    bound: Optional[dict[str, Any]] = None
+    bound: dict[str, Any] | None = None
     """The perfect-information bound: {solver, time_limit (seconds per episode), threads}; null to skip."""
     milp: tuple[MilpBaseline, ...] = ()
     solver_workers: int = 2
-    decomposition: Optional[dict[str, Any]] = None
+    decomposition: dict[str, Any] | None = None
     """The decomposition lower bound: {factor_points, coarse_points, tolerance}
     (solver_workers.decomposition.DecompositionOptions); null to skip."""
     """Actors of the Ray solver pool."""
@@ -191,11 +205,25 @@ class SweepSpec:
     seeds_per_size: dict[int, tuple[int, ...]] = field(default_factory=dict)
     """Training seeds of particular sizes (a count or a list), instead of `seeds`."""
 
-    KEYS = ("sizes", "seeds", "seeds_per_size", "methods", "instance_seed", "preset", "overrides", "resources", "evaluation", "baselines", "concurrency", "retries",
-            "device", "description")
+    KEYS = (
+        "sizes",
+        "seeds",
+        "seeds_per_size",
+        "methods",
+        "instance_seed",
+        "preset",
+        "overrides",
+        "resources",
+        "evaluation",
+        "baselines",
+        "concurrency",
+        "retries",
+        "device",
+        "description",
+    )
 
     @classmethod
-    def from_dict(cls, data) -> "SweepSpec":
+    def from_dict(cls, data) -> SweepSpec:
         if not isinstance(data, dict):
             raise SweepError(f"sweep file: expected a mapping of sweep fields, got {validate.describe(data)}")
         validate.keys(data, "sweep file", cls.KEYS, ("sizes", "seeds", "methods"), error=SweepError)
@@ -209,7 +237,9 @@ class SweepSpec:
         seeds_per_size = {n: _seeds(v, f"seeds_per_size.{n}") for n, v in per_size.items() if v is not None}
         methods = d["methods"] if d["methods"] is not None else []
         if not isinstance(methods, list):
-            raise SweepError(f"sweep field 'methods': expected a list of methods from {list(METHOD_NAMES)}, got {validate.describe(methods)}")
+            raise SweepError(
+                f"sweep field 'methods': expected a list of methods from {list(METHOD_NAMES)}, got {validate.describe(methods)}"
+            )
         methods = tuple(_choice(m, "methods", METHOD_NAMES) for m in methods)
         if len(set(methods)) != len(methods):
             raise SweepError(f"sweep field 'methods': each entry once, got {list(methods)}")
@@ -220,31 +250,50 @@ class SweepSpec:
         resources = _mapping(d["resources"], "resources", {k: None for k in scoped})
         resources = {k: Resources.parse(v, f"resources.{k}") for k, v in resources.items() if v is not None}
         evaluation = _mapping(d["evaluation"], "evaluation", {"episodes": 128, "horizon": 50})
-        b = _mapping(d["baselines"], "baselines", {"classical_best": True, "dp_optimal": True, "bound": None, "milp": [], "solver_workers": 2,
-                                                   "decomposition": None})
+        b = _mapping(
+            d["baselines"],
+            "baselines",
+            {"classical_best": True, "dp_optimal": True, "bound": None, "milp": [], "solver_workers": 2, "decomposition": None},
+        )
         for key in ("classical_best", "dp_optimal"):
             validate.boolean(b[key], _where(f"baselines.{key}"), error=SweepError)
         bound = None
         if b["bound"] is not None:
             bound = _mapping(b["bound"], "baselines.bound", {"solver": "highs", "time_limit": 300.0, "threads": 1})
-            bound = {"solver": _choice(bound["solver"], "baselines.bound.solver", SOLVERS),
-                     "time_limit": validate.time_limit(bound["time_limit"], _where("baselines.bound.time_limit"), error=SweepError),
-                     "threads": _int(bound["threads"], "baselines.bound.threads", 1)}
+            bound = {
+                "solver": _choice(bound["solver"], "baselines.bound.solver", SOLVERS),
+                "time_limit": validate.time_limit(bound["time_limit"], _where("baselines.bound.time_limit"), error=SweepError),
+                "threads": _int(bound["threads"], "baselines.bound.threads", 1),
+            }
         if not isinstance(b["milp"], list):
             raise SweepError(f"sweep field 'baselines.milp': expected a list of MILP settings, got {validate.describe(b['milp'])}")
         milp = tuple(MilpBaseline.parse(m, f"baselines.milp[{k}]") for k, m in enumerate(b["milp"]))
         names = [m.name for m in milp]
         if len(set(names)) != len(names):
             raise SweepError(f"sweep field 'baselines.milp': names must differ (set 'name'), got {names}")
-        baselines = Baselines(b["classical_best"], b["dp_optimal"], bound, milp, _int(b["solver_workers"], "baselines.solver_workers", 1),
-                              _decomposition(b["decomposition"]))
+        baselines = Baselines(
+            b["classical_best"],
+            b["dp_optimal"],
+            bound,
+            milp,
+            _int(b["solver_workers"], "baselines.solver_workers", 1),
+            _decomposition(b["decomposition"]),
+        )
         spec = cls(
-            sizes, seeds, methods, validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError), d["preset"] or "cpu",
-            {k: dict(v or {}) for k, v in overrides.items() if v}, resources,
-            _int(evaluation["episodes"], "evaluation.episodes", 1), validate.horizon(evaluation["horizon"], _where("evaluation.horizon"), error=SweepError), baselines,
+            sizes,
+            seeds,
+            methods,
+            validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError),
+            d["preset"] or "cpu",
+            {k: dict(v or {}) for k, v in overrides.items() if v},
+            resources,
+            _int(evaluation["episodes"], "evaluation.episodes", 1),
+            validate.horizon(evaluation["horizon"], _where("evaluation.horizon"), error=SweepError),
+            baselines,
             _int(d["concurrency"] if d["concurrency"] is not None else 1, "concurrency", 1),
             _int(d["retries"] if d["retries"] is not None else 2, "retries", 0),
-            _choice(d["device"] or "cpu", "device", ("cpu", "cuda")), seeds_per_size,
+            _choice(d["device"] or "cpu", "device", ("cpu", "cuda")),
+            seeds_per_size,
         )
         if spec.device == "cpu" and any(r.gpus_per_worker > 0 for r in resources.values()):
             raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
@@ -258,7 +307,13 @@ class SweepSpec:
                 check_size(n, m.scenarios, m.plan_horizon, _where(f"baselines.milp[{k}]"))
         check_path_size(max(sizes), spec.episodes, spec.horizon, _where("evaluation.episodes"), SweepError)
         for k, m in enumerate(milp):
-            check_path_size(max(spec.milp_sizes(m), default=1), m.episodes or spec.episodes, m.horizon or spec.horizon, _where(f"baselines.milp[{k}].episodes"), SweepError)
+            check_path_size(
+                max(spec.milp_sizes(m), default=1),
+                m.episodes or spec.episodes,
+                m.horizon or spec.horizon,
+                _where(f"baselines.milp[{k}].episodes"),
+                SweepError,
+            )
         if not spec.trials() and not spec.has_baselines():
             raise SweepError("sweep file: the grid is empty (no methods and no baselines): nothing to run")
         return spec

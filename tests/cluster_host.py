@@ -40,8 +40,11 @@ def describe(cluster) -> dict:
     names = cluster.node_names
     nodes = [cluster.head_node] if cluster.head_node else []
     nodes += sorted(cluster.worker_nodes, key=lambda n: names[n.node_id])
-    return {"address": cluster.address, "environment": {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")},
-            "nodes": [{"name": names[n.node_id], "node_id": n.node_id, "raylet": n.all_processes["raylet"][0].process.pid} for n in nodes]}
+    return {
+        "address": cluster.address,
+        "environment": {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS")},
+        "nodes": [{"name": names[n.node_id], "node_id": n.node_id, "raylet": n.all_processes["raylet"][0].process.pid} for n in nodes],
+    }
 
 
 def main() -> None:

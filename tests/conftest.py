@@ -34,8 +34,19 @@ def run_script(name: str, *args, check: bool = False) -> subprocess.CompletedPro
     return result
 
 
-SCRIPT_IMPORTS = ["torch", "pyarrow.parquet", "envs.cli", "envs.evaluation", "envs.results", "trainers.registry", "trainers.experiment",
-                  "trainers.rllib_ppo", "solver_workers.runs", "sweeps.run", "serving.decisions"]
+SCRIPT_IMPORTS = [
+    "torch",
+    "pyarrow.parquet",
+    "envs.cli",
+    "envs.evaluation",
+    "envs.results",
+    "trainers.registry",
+    "trainers.experiment",
+    "trainers.rllib_ppo",
+    "solver_workers.runs",
+    "sweeps.run",
+    "serving.decisions",
+]
 """What the scripts import, loaded once by the fork server of `script_runner`."""
 
 
@@ -182,8 +193,16 @@ def trained(tmp_path_factory, ray_session) -> dict[str, TrainedRun]:
     runs = {}
     for method in METHODS:
         calls = []
-        result = run_experiment(method, INSTANCE, folder / method, overrides=tiny(method), episodes=EPISODES, horizon=HORIZON, progress=False,
-                                on_update=lambda update, metrics, calls=calls: calls.append((update, metrics)))
+        result = run_experiment(
+            method,
+            INSTANCE,
+            folder / method,
+            overrides=tiny(method),
+            episodes=EPISODES,
+            horizon=HORIZON,
+            progress=False,
+            on_update=lambda update, metrics, calls=calls: calls.append((update, metrics)),
+        )
         runs[method] = TrainedRun(folder / method, result, calls)
     written = digests(folder)
     yield runs

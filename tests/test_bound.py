@@ -36,7 +36,9 @@ def test_facility_location_equals_the_deterministic_milp(n, T, seed):
 
 def test_uncapacitated_dp_is_exact_when_caps_do_not_bind():
     inst = paper_instance(3, 4)
-    loose = Instance(h=inst.h, b=inst.b, lam=inst.lam, beta=inst.beta, lead=inst.lead, qbar=inst.qbar * 1000, K=inst.K, gamma=inst.gamma, rho=inst.rho)
+    loose = Instance(
+        h=inst.h, b=inst.b, lam=inst.lam, beta=inst.beta, lead=inst.lead, qbar=inst.qbar * 1000, K=inst.K, gamma=inst.gamma, rho=inst.rho
+    )
     demand = sample_paths(loose, 1, 1, 12).demand[0].double().numpy()
     inventory, in_transit = start_of(loose)
     dp, opens = uncapacitated_bound(loose, prepare(loose, demand, inventory, in_transit))
@@ -47,7 +49,9 @@ def test_uncapacitated_dp_is_exact_when_caps_do_not_bind():
 
 def test_no_orders_cost_equals_the_zero_policy():
     inst = paper_instance(2, 0)
-    expensive = Instance(h=inst.h, b=inst.b, lam=inst.lam, beta=inst.beta, lead=inst.lead, qbar=inst.qbar, K=1e9, gamma=inst.gamma, rho=inst.rho)
+    expensive = Instance(
+        h=inst.h, b=inst.b, lam=inst.lam, beta=inst.beta, lead=inst.lead, qbar=inst.qbar, K=1e9, gamma=inst.gamma, rho=inst.rho
+    )
     paths = sample_paths(expensive, 3, 2, 9)
     zero = evaluate(zero_policy, expensive.to_torch(), paths).discounted_cost
     inventory, in_transit = start_of(expensive)

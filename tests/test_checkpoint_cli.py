@@ -66,8 +66,12 @@ def test_bad_checkpoint_files_are_rejected(tmp_path):
     (tmp_path / "truncated.pt").write_bytes(good.read_bytes()[:200])
     (tmp_path / "noise.pt").write_bytes(b"not a checkpoint at all")
     torch.save({"weights": torch.zeros(3)}, tmp_path / "foreign.pt")
-    for name, message in (("truncated.pt", "truncated or not a checkpoint"), ("noise.pt", "truncated or not a checkpoint"),
-                          ("foreign.pt", "field 'format'"), ("missing.pt", "does not exist")):
+    for name, message in (
+        ("truncated.pt", "truncated or not a checkpoint"),
+        ("noise.pt", "truncated or not a checkpoint"),
+        ("foreign.pt", "field 'format'"),
+        ("missing.pt", "does not exist"),
+    ):
         with pytest.raises(CheckpointError, match=message):
             load_checkpoint(tmp_path / name)
     payload = torch.load(good, weights_only=True)
@@ -88,21 +92,51 @@ def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
     inst = tmp_path / "inst.json"
     paper_instance(3, 0).save(inst)
     short = tmp_path / "short-warm-start.yaml"
-    short.write_text("imitation_updates: 20\nimitation_teacher: base-stock\n")  # the cpu preset's warm start, shortened from 300 (one family to tune)
-    run = script("train.py", "--method", "or-transformer", "--instance", inst, "--config", short, "--updates", 3, "--batch", 8, "--episodes", 4,
-                 "--horizon", 5, "--out", tmp_path / "run")
+    short.write_text(
+        "imitation_updates: 20\nimitation_teacher: base-stock\n"
+    )  # the cpu preset's warm start, shortened from 300 (one family to tune)
+    run = script(
+        "train.py",
+        "--method",
+        "or-transformer",
+        "--instance",
+        inst,
+        "--config",
+        short,
+        "--updates",
+        3,
+        "--batch",
+        8,
+        "--episodes",
+        4,
+        "--horizon",
+        5,
+        "--out",
+        tmp_path / "run",
+    )
     assert run.returncode == 0, run.stderr
     for mode in ("greedy", "sampled"):
         summary = json.loads((tmp_path / "run" / mode / "summary.json").read_text())
         assert summary["policy"] == f"or-transformer-{mode}" and summary["episodes"] == 4 and summary["training"]["status"] == "completed"
     assert pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 3
     assert json.loads((tmp_path / "run" / "training.json").read_text())["warm_start"]["updates"] == 20
-    ev = script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'run' / 'checkpoint.pt'}", "--episodes", 4, "--horizon", 5, "--out", tmp_path / "ev")
+    ev = script(
+        "evaluate.py",
+        "--instance",
+        inst,
+        "--policy",
+        f"checkpoint:{tmp_path / 'run' / 'checkpoint.pt'}",
+        "--episodes",
+        4,
+        "--horizon",
+        5,
+        "--out",
+        tmp_path / "ev",
+    )
     assert ev.returncode == 0, ev.stderr
     evaluated = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert evaluated["policy"] == "or-transformer-greedy" and evaluated["parameters"]["mode"] == "greedy"
-    assert evaluated["mean"] == pytest.approx(
-        json.loads((tmp_path / "run" / "greedy" / "summary.json").read_text())["mean"])
+    assert evaluated["mean"] == pytest.approx(json.loads((tmp_path / "run" / "greedy" / "summary.json").read_text())["mean"])
     state = tmp_path / "state.json"
     state.write_text(json.dumps([{"inventory": [1, 2, 3], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}] * 2))
     decision = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
@@ -126,8 +160,23 @@ def test_yaml_config_files(tmp_path, script_runner):
     paper_instance(2, 0).save(inst)
     quick = tmp_path / "quick.yaml"  # tune_configs/train/quick.yaml without the cpu preset's warm start
     quick.write_text((ROOT / "tune_configs" / "train" / "quick.yaml").read_text() + "imitation_updates: 0\n")
-    run = script("train.py", "--method", "hpo", "--instance", inst, "--config", quick, "--updates", 2,
-                 "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run")
+    run = script(
+        "train.py",
+        "--method",
+        "hpo",
+        "--instance",
+        inst,
+        "--config",
+        quick,
+        "--updates",
+        2,
+        "--episodes",
+        2,
+        "--horizon",
+        3,
+        "--out",
+        tmp_path / "run",
+    )
     assert run.returncode == 0, run.stderr
     config = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["config"]
     assert (config.hidden, config.batch, config.updates, config.imitation_updates) == (64, 16, 2, 0)  # file over preset, flag over file
@@ -155,6 +204,10 @@ def test_a_checkpoint_naming_python_code_is_refused_without_running_it_or_echoin
     with pytest.raises(CheckpointError) as refused:
         load_checkpoint(tmp_path / "evil.pt")
     message = str(refused.value)
-    assert "not a checkpoint of this platform" in message and "the Python object posix.system" in message and "will not be unpickled" in message
+    assert (
+        "not a checkpoint of this platform" in message
+        and "the Python object posix.system" in message
+        and "will not be unpickled" in message
+    )
     assert "weights_only" not in message and "will likely succeed" not in message
     assert not ran.exists() and len(recwarn) == 0

@@ -53,7 +53,9 @@ def test_base_stock_and_can_order_decisions_by_hand():
     base = make_policy(ti, "base-stock", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
     y, q = base(state_of([[7.0, 4.5], [8.5, 4.5], [8.5, 3.0]]), ti)
     assert y.tolist() == [1, 0, 1]
-    np.testing.assert_allclose(q.numpy(), [[3.0, up_to[1] - 4.5], [3.0, up_to[1] - 4.5], [3.0, up_to[1] - 3.0]])  # item 0 capped at qbar = 3
+    np.testing.assert_allclose(
+        q.numpy(), [[3.0, up_to[1] - 4.5], [3.0, up_to[1] - 4.5], [3.0, up_to[1] - 3.0]]
+    )  # item 0 capped at qbar = 3
     # can-order: c = s + 0.5 (S - s) = [8 + (S_0 - 8)/2, 4 + (S_1 - 4)/2] = [., 5.0 + 1.118 + 0.395]; item 1 at 6.6 is above c_1.
     can_order_level = 4 + (up_to[1] - 4) / 2
     can = make_policy(ti, "can-order", {"reorder_z": 0.0, "can_order_fraction": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
@@ -66,12 +68,16 @@ def test_fraction_trigger_by_hand():
     inst = Instance(h=[1.0] * 4, b=[9.0] * 4, lam=[4.0] * 4, beta=[0.0] * 4, lead=[1] * 4, qbar=[50.0] * 4, K=10.0, gamma=0.9, rho=0.8)
     ti = inst.to_torch(dtype=torch.float64)
     # s_i = 8 (z = 0 over L + 1 = 2 periods); open when at least half of the 4 items are below 8.
-    policy = make_policy(ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.5, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    policy = make_policy(
+        ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.5, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+    )
     y, q = policy(state_of([[7.0, 9.0, 9.0, 9.0], [7.0, 7.9, 9.0, 9.0], [7.0, 7.0, 7.0, 9.0]]), ti)
     assert y.tolist() == [0, 1, 1]
     np.testing.assert_allclose(q[1].numpy(), [1.0, 0.1, 0.0, 0.0])  # raise to S = 8
     # fraction 0: like base-stock, any item below opens; no item below never opens
-    anyone = make_policy(ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    anyone = make_policy(
+        ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+    )
     assert anyone(state_of([[7.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]]), ti)[0].tolist() == [1, 0]
 
 
@@ -81,8 +87,12 @@ def test_cost_trigger_by_hand():
     position = np.array([[7.0, 3.0], [9.0, 5.0], [12.0, 8.0]])
     mean, sd = np.array([8.0, 4.0]), np.sqrt([8.0, 4.0])
     # E[(D - x)^+] for a normal D, by numerical integration of the density (independent of the closed form)
-    shortfall = np.array([[stats.norm(m, s).expect(lambda d, x=x: max(d - x, 0.0), lb=x, ub=m + 12 * s) for x, m, s in zip(row, mean, sd)]
-                          for row in position])
+    shortfall = np.array(
+        [
+            [stats.norm(m, s).expect(lambda d, x=x: max(d - x, 0.0), lb=x, ub=m + 12 * s) for x, m, s in zip(row, mean, sd)]
+            for row in position
+        ]
+    )
     backlog_cost = 9.0 * shortfall.sum(1)
     theta = float(backlog_cost[1]) / 10.0 * 1.001  # just above row 1's cost: rows 0 opens, 1 does not
     policy = make_policy(ti, "cost-trigger", {"theta": theta, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
@@ -90,7 +100,9 @@ def test_cost_trigger_by_hand():
     assert backlog_cost[0] > backlog_cost[1] > backlog_cost[2]
     assert y.tolist() == [1, 0, 0]
     np.testing.assert_allclose(q[0].numpy(), [1.0, 1.0])  # raise to S = mean over L + 1 = [8, 4]
-    at_row_2 = make_policy(ti, "cost-trigger", {"theta": float(backlog_cost[2]) / 10.0 * 0.999, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    at_row_2 = make_policy(
+        ti, "cost-trigger", {"theta": float(backlog_cost[2]) / 10.0 * 0.999, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+    )
     assert at_row_2(state_of(position.tolist()), ti)[0].tolist() == [1, 1, 1]
 
 

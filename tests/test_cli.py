@@ -47,12 +47,32 @@ def test_instance_and_evaluate_zero_policy_with_trace(tmp_path):
 def test_evaluate_classical_best_records_tuned_parameters(tmp_path):
     inst_path = tmp_path / "inst.json"
     paper_instance(4, 0).save(inst_path)
-    script("evaluate.py", "--instance", inst_path, "--policy", "classical-best", "--episodes", 8, "--horizon", 10, "--seed", 3, "--out", tmp_path / "best")
+    script(
+        "evaluate.py",
+        "--instance",
+        inst_path,
+        "--policy",
+        "classical-best",
+        "--episodes",
+        8,
+        "--horizon",
+        10,
+        "--seed",
+        3,
+        "--out",
+        tmp_path / "best",
+    )
     summary = json.loads((tmp_path / "best" / "summary.json").read_text())
     variants = set(POLICY_NAMES) - {"zero", "classical-best"}
     parameters = summary["parameters"]
     assert summary["seed"] == 3 and parameters["family"] in variants and parameters["tuning_seconds"] > 0
-    assert set(parameters) == {"family", *FAMILIES[parameters["family"].removesuffix("-factor")], "tuning_mean", "tuning_se", "tuning_seconds"}
+    assert set(parameters) == {
+        "family",
+        *FAMILIES[parameters["family"].removesuffix("-factor")],
+        "tuning_mean",
+        "tuning_se",
+        "tuning_seconds",
+    }
     assert not (tmp_path / "best" / "steps.parquet").exists()
 
 
@@ -63,14 +83,28 @@ def test_main_job_writes_what_evaluate_writes_for_each_classical_policy(tmp_path
     parameters, tuning cost and held-out costs (up to the float sums of another torch thread count)."""
     script("main.py", "--n", 2, "--episodes", 4, "--horizon", 5, "--out", tmp_path / "main")
     for name in ("classical-best", "base-stock-factor"):
-        script("evaluate.py", "--instance", tmp_path / "main" / "instance.json", "--policy", name, "--episodes", 4, "--horizon", 5,
-               "--out", tmp_path / name)
+        script(
+            "evaluate.py",
+            "--instance",
+            tmp_path / "main" / "instance.json",
+            "--policy",
+            name,
+            "--episodes",
+            4,
+            "--horizon",
+            5,
+            "--out",
+            tmp_path / name,
+        )
         main, alone = (json.loads((folder / "summary.json").read_text()) for folder in (tmp_path / "main" / name, tmp_path / name))
         assert set(main["parameters"]) == set(alone["parameters"]) and main["parameters"]["family"] == alone["parameters"]["family"]
         for key, value in alone["parameters"].items():
             if key not in ("family", "tuning_seconds"):
                 assert main["parameters"][key] == pytest.approx(value, rel=1e-5), (name, key)
-        costs = [pq.read_table(folder / "costs.parquet").column("discounted_cost").to_numpy() for folder in (tmp_path / "main" / name, tmp_path / name)]
+        costs = [
+            pq.read_table(folder / "costs.parquet").column("discounted_cost").to_numpy()
+            for folder in (tmp_path / "main" / name, tmp_path / name)
+        ]
         np.testing.assert_allclose(costs[0], costs[1], rtol=1e-5)
 
 
@@ -100,7 +134,9 @@ def test_bad_flags_give_one_clear_error(tmp_path, args, message, script_runner):
 
 def test_bad_instance_file_is_reported_and_nothing_written(tmp_path, script_runner):
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"K": 1, "gamma": 1.5, "rho": 0.5, "items": {"h": [1], "b": [1], "lam": [1], "beta": [0], "lead": [1], "qbar": [1]}}))
+    bad.write_text(
+        json.dumps({"K": 1, "gamma": 1.5, "rho": 0.5, "items": {"h": [1], "b": [1], "lam": [1], "beta": [0], "lead": [1], "qbar": [1]}})
+    )
     result = script_runner("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: instance field 'gamma': expected a number in (0, 1), got 1.5"
@@ -111,7 +147,21 @@ def test_evaluate_dp_optimal_on_one_item_matches_its_own_value(tmp_path):
     """evaluate.py --policy dp-optimal: the simulated cost agrees with the DP's expected value (the DP's own
     accuracy is tested in test_dp_optimal.py; this checks the wiring, horizon included)."""
     paper_instance(1, 0).save(tmp_path / "i.json")
-    script("evaluate.py", "--instance", tmp_path / "i.json", "--policy", "dp-optimal", "--episodes", 400, "--horizon", 20, "--seed", 5, "--out", tmp_path / "dp")
+    script(
+        "evaluate.py",
+        "--instance",
+        tmp_path / "i.json",
+        "--policy",
+        "dp-optimal",
+        "--episodes",
+        400,
+        "--horizon",
+        20,
+        "--seed",
+        5,
+        "--out",
+        tmp_path / "dp",
+    )
     summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
     assert summary["policy"] == "dp-optimal" and summary["horizon"] == 20
     assert abs(summary["mean"] - summary["parameters"]["expected_cost"]) < 3 * summary["se"] + 1.0

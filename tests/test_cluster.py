@@ -22,8 +22,17 @@ from conftest import ROOT
 
 from envs.errors import InputError
 from envs.results import write_parquet
-from sweeps.results_dir import (ATTEMPTS_SCHEMA, LOST, attempts_path, end_attempt, read_results, start_attempt, trial_attempts, write_record,
-                                write_tables)
+from sweeps.results_dir import (
+    ATTEMPTS_SCHEMA,
+    LOST,
+    attempts_path,
+    end_attempt,
+    read_results,
+    start_attempt,
+    trial_attempts,
+    write_record,
+    write_tables,
+)
 from sweeps.run import placement_problem, trial_resources
 from sweeps.spec import SweepSpec, Trial
 
@@ -31,8 +40,16 @@ HEAD = {"CPU": 0.0, "GPU": 0.0}
 
 
 def spec(resources: dict, **changes) -> SweepSpec:
-    return SweepSpec.from_dict({"sizes": [1], "seeds": 1, "methods": ["hpo"], "resources": {"all": resources},
-                                "baselines": {"classical_best": False, "dp_optimal": False}, **changes})
+    return SweepSpec.from_dict(
+        {
+            "sizes": [1],
+            "seeds": 1,
+            "methods": ["hpo"],
+            "resources": {"all": resources},
+            "baselines": {"classical_best": False, "dp_optimal": False},
+            **changes,
+        }
+    )
 
 
 # ---- placement: what a cluster of given nodes can hold ------------------------------------------------
@@ -54,27 +71,36 @@ def test_a_trial_on_ray_train_holds_no_cpu_of_its_worker_and_tune_accepts_its_re
     assert resource_dict_to_pg_factory(trial_resources({**config, "workers": 0, "cpus_per_worker": 2.0})).required_resources == {"CPU": 2.0}
 
 
-@pytest.mark.parametrize("nodes, resources, problem", [
-    # a head without CPUs and two 1-CPU workers: one Train worker of 1 CPU fits, on either node
-    ([HEAD, {"CPU": 1.0}, {"CPU": 1.0}], {"workers": 1, "cpus_per_worker": 1}, None),
-    # two workers of 1 CPU spread over the two nodes; three do not fit
-    ([HEAD, {"CPU": 1.0}, {"CPU": 1.0}], {"workers": 2, "cpus_per_worker": 1}, None),
-    ([HEAD, {"CPU": 1.0}, {"CPU": 1.0}], {"workers": 3, "cpus_per_worker": 1},
-     "a hpo trial trains on 3 Ray Train workers of 1 CPU and 0 GPU on one node each; the cluster's 3 nodes: 1 with 0 CPU and 0 GPU, "
-     "2 with 1 CPU and 0 GPU, room for 2"),
-    # 1.5 CPUs on each of two nodes: 3 CPUs in all, but room for one 1-CPU worker per node, and for no 2-CPU worker
-    ([{"CPU": 1.5}, {"CPU": 1.5}], {"workers": 3, "cpus_per_worker": 1}, "room for 2"),
-    ([{"CPU": 1.5}, {"CPU": 1.5}], {"workers": 1, "cpus_per_worker": 2}, "room for 0"),
-    # no CPUs besides the head's none
-    ([HEAD], {"workers": 1, "cpus_per_worker": 1}, "the cluster's 1 node: 1 with 0 CPU and 0 GPU, room for 0"),
-    # a trial that trains in its own process needs its CPUs on one node
-    ([HEAD, {"CPU": 1.0}], {"workers": 0, "cpus_per_worker": 1}, None),
-    ([HEAD, {"CPU": 1.0}, {"CPU": 1.0}], {"workers": 0, "cpus_per_worker": 2},
-     "a hpo trial's process asks for 2 CPU and 0 GPU on one node; the cluster's 3 nodes"),
-    # GPUs: two half-GPU workers share one GPU; two whole-GPU workers need two
-    ([{"CPU": 4.0, "GPU": 1.0}], {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}, None),
-    ([{"CPU": 4.0, "GPU": 1.0}], {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 1}, "room for 1"),
-])
+@pytest.mark.parametrize(
+    "nodes, resources, problem",
+    [
+        # a head without CPUs and two 1-CPU workers: one Train worker of 1 CPU fits, on either node
+        ([HEAD, {"CPU": 1.0}, {"CPU": 1.0}], {"workers": 1, "cpus_per_worker": 1}, None),
+        # two workers of 1 CPU spread over the two nodes; three do not fit
+        ([HEAD, {"CPU": 1.0}, {"CPU": 1.0}], {"workers": 2, "cpus_per_worker": 1}, None),
+        (
+            [HEAD, {"CPU": 1.0}, {"CPU": 1.0}],
+            {"workers": 3, "cpus_per_worker": 1},
+            "a hpo trial trains on 3 Ray Train workers of 1 CPU and 0 GPU on one node each; the cluster's 3 nodes: 1 with 0 CPU and 0 GPU, "
+            "2 with 1 CPU and 0 GPU, room for 2",
+        ),
+        # 1.5 CPUs on each of two nodes: 3 CPUs in all, but room for one 1-CPU worker per node, and for no 2-CPU worker
+        ([{"CPU": 1.5}, {"CPU": 1.5}], {"workers": 3, "cpus_per_worker": 1}, "room for 2"),
+        ([{"CPU": 1.5}, {"CPU": 1.5}], {"workers": 1, "cpus_per_worker": 2}, "room for 0"),
+        # no CPUs besides the head's none
+        ([HEAD], {"workers": 1, "cpus_per_worker": 1}, "the cluster's 1 node: 1 with 0 CPU and 0 GPU, room for 0"),
+        # a trial that trains in its own process needs its CPUs on one node
+        ([HEAD, {"CPU": 1.0}], {"workers": 0, "cpus_per_worker": 1}, None),
+        (
+            [HEAD, {"CPU": 1.0}, {"CPU": 1.0}],
+            {"workers": 0, "cpus_per_worker": 2},
+            "a hpo trial's process asks for 2 CPU and 0 GPU on one node; the cluster's 3 nodes",
+        ),
+        # GPUs: two half-GPU workers share one GPU; two whole-GPU workers need two
+        ([{"CPU": 4.0, "GPU": 1.0}], {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}, None),
+        ([{"CPU": 4.0, "GPU": 1.0}], {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 1}, "room for 1"),
+    ],
+)
 def test_a_sweep_that_no_node_can_hold_is_refused_naming_what_it_needs_and_what_the_cluster_has(nodes, resources, problem):
     device = {"device": "cuda"} if resources.get("gpus_per_worker") else {}
     found = placement_problem(spec(resources, **device), nodes)
@@ -84,10 +110,13 @@ def test_a_sweep_that_no_node_can_hold_is_refused_naming_what_it_needs_and_what_
 def test_the_solver_pool_needs_a_node_with_a_cpu():
     milp = {"baselines": {"classical_best": False, "dp_optimal": False, "milp": [{"name": "m"}]}}
     assert placement_problem(spec({"workers": 1}, **milp), [HEAD, {"CPU": 1.0}]) is None
-    gpu_trials = spec({"workers": 1, "cpus_per_worker": 0.5, "gpus_per_worker": 1}, device="cuda", **milp)  # the trials fit, the pool does not
+    gpu_trials = spec(
+        {"workers": 1, "cpus_per_worker": 0.5, "gpus_per_worker": 1}, device="cuda", **milp
+    )  # the trials fit, the pool does not
     assert placement_problem(gpu_trials, [HEAD, {"CPU": 0.5, "GPU": 1.0}]) == (
         "sweep: the solver workers of the baselines (m) ask for 1 CPU on one node; the cluster's 2 nodes: 1 with 0 CPU and 0 GPU, "
-        "1 with 0.5 CPU and 1 GPU")
+        "1 with 0.5 CPU and 1 GPU"
+    )
 
 
 # ---- the record of attempts ---------------------------------------------------------------------------
@@ -105,7 +134,10 @@ def test_every_attempt_is_recorded_with_its_node_and_a_lost_one_is_told_apart(tm
     end_attempt(tmp_path, trial.name, 3, "completed", [])
     rows = trial_attempts(tmp_path, trial)
     assert [(r["attempt"], r["node_name"], r["pid"], r["outcome"], r["train_node_names"]) for r in rows] == [
-        (1, "worker-1", 11, LOST, []), (2, "worker-2", 12, "failed: TrainingFailedError", ["worker-3"]), (3, "worker-2", 13, "completed", [])]
+        (1, "worker-1", 11, LOST, []),
+        (2, "worker-2", 12, "failed: TrainingFailedError", ["worker-3"]),
+        (3, "worker-2", 13, "completed", []),
+    ]
     assert rows[0]["ended"] is None and rows[2]["ended"] is not None and pa.Table.from_pylist(rows, schema=ATTEMPTS_SCHEMA).num_rows == 3
 
 
@@ -120,7 +152,12 @@ def test_the_tables_carry_the_attempts_and_a_directory_of_version_1_still_reads(
     [row] = write_tables(s, tmp_path, {})
     assert (row["attempts"], row["node_name"], row["status"]) == (2, "worker-2", "pending")
     assert [a["node_name"] for a in pq.read_table(tmp_path / "attempts.parquet").to_pylist()] == ["worker-1", "worker-2"]
-    record = {"format": "or-transformer-platform/sweep", "version": 2, "sweep": sweep, "instance_hashes": {"n1": paper_instance(1, 0).content_hash()}}
+    record = {
+        "format": "or-transformer-platform/sweep",
+        "version": 2,
+        "sweep": sweep,
+        "instance_hashes": {"n1": paper_instance(1, 0).content_hash()},
+    }
     write_record(tmp_path, record)
     results = read_results(tmp_path)
     assert results.trials[0]["attempts"] == 2 and len(results.attempts) == 2
@@ -144,7 +181,9 @@ def test_every_solver_record_names_the_node_and_process_that_made_it(tmp_path, r
 
     inst, options = paper_instance(1, 0), SolverOptions(gap=0.0)
     pool = Pool(1)
-    records = run_bounds(inst, sample_paths(inst, 1, 2, 4), options, pool, Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 1, 4, options)))
+    records = run_bounds(
+        inst, sample_paths(inst, 1, 2, 4), options, pool, Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 1, 4, options))
+    )
     node = ray_session.get_runtime_context().get_node_id()  # the embedded Ray's one node
     name = next(n["NodeName"] for n in ray_session.nodes() if n["NodeID"] == node)
     assert [(r["node_id"], r["node_name"], r["pid"]) for r in records] == [(node, name, ray_session.get(pool.actors[0].pid.remote()))] * 2
@@ -157,14 +196,32 @@ def test_every_solver_record_names_the_node_and_process_that_made_it(tmp_path, r
 UPDATES = 40
 EPISODES, HORIZON = 4, 25
 SWEEP = {
-    "sizes": [1], "seeds": 2, "methods": ["hpo"],
-    "overrides": {"all": {"batch": 8, "updates": UPDATES, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32,
-                          "checkpoint_every": 5, "imitation_updates": 0}},
+    "sizes": [1],
+    "seeds": 2,
+    "methods": ["hpo"],
+    "overrides": {
+        "all": {
+            "batch": 8,
+            "updates": UPDATES,
+            "blocks": 1,
+            "width": 16,
+            "heads": 2,
+            "feed_forward": 32,
+            "hidden": 32,
+            "checkpoint_every": 5,
+            "imitation_updates": 0,
+        }
+    },
     "resources": {"all": {"workers": 1, "cpus_per_worker": 1}},
     "evaluation": {"episodes": 4, "horizon": 5},
-    "baselines": {"classical_best": False, "dp_optimal": False, "solver_workers": 2,
-                  "milp": [{"name": "milp", "scenarios": 3, "plan_horizon": 4, "time_limit": 2, "episodes": EPISODES, "horizon": HORIZON}]},
-    "concurrency": 2, "retries": 3,
+    "baselines": {
+        "classical_best": False,
+        "dp_optimal": False,
+        "solver_workers": 2,
+        "milp": [{"name": "milp", "scenarios": 3, "plan_horizon": 4, "time_limit": 2, "episodes": EPISODES, "horizon": HORIZON}],
+    },
+    "concurrency": 2,
+    "retries": 3,
 }
 
 
@@ -172,8 +229,13 @@ class HostedCluster:
     """A cluster held by tests/cluster_host.py in a process of its own (the test process holds no second Ray)."""
 
     def __init__(self, workers: int, cpus: int):
-        self.process = subprocess.Popen([sys.executable, str(ROOT / "tests" / "cluster_host.py"), str(workers), str(cpus)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "cluster_host.py"), str(workers), str(cpus)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.state = self.answer()
 
     def answer(self) -> dict:
@@ -227,7 +289,9 @@ def wait_for(condition, process, what: str, timeout: float = 400):
 
 
 def journal(results) -> list[dict]:
-    lines = (results / "baselines" / "n1" / "milp" / "decisions.jsonl").read_text().splitlines()[1:] if (results / "baselines").exists() else []
+    lines = (
+        (results / "baselines" / "n1" / "milp" / "decisions.jsonl").read_text().splitlines()[1:] if (results / "baselines").exists() else []
+    )
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
@@ -241,14 +305,32 @@ def stop(process: subprocess.Popen) -> None:
 def start_sweep(tmp_path, cluster: HostedCluster, sweep: dict, *flags) -> subprocess.Popen:
     """platform/sweep.py --address against the cluster, with its authentication settings, as a user would run it."""
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    return subprocess.Popen([sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", str(tmp_path / "sweep.yaml"), "--out",
-                             str(tmp_path / "results"), "--address", cluster.address, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, env={**os.environ, **cluster.state["environment"], "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "platform" / "sweep.py"),
+            "--config",
+            str(tmp_path / "sweep.yaml"),
+            "--out",
+            str(tmp_path / "results"),
+            "--address",
+            cluster.address,
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **cluster.state["environment"], "OMP_NUM_THREADS": "1"},
+    )
 
 
 def check_every_update_and_decision_once(results) -> None:
     trials = pq.read_table(results / "trials.parquet").to_pylist()
-    assert sorted((t["method"], t["seed"], t["status"], t["updates"]) for t in trials) == [("hpo", 0, "completed", UPDATES), ("hpo", 1, "completed", UPDATES)]
+    assert sorted((t["method"], t["seed"], t["status"], t["updates"]) for t in trials) == [
+        ("hpo", 0, "completed", UPDATES),
+        ("hpo", 1, "completed", UPDATES),
+    ]
     curves = pq.read_table(results / "curves.parquet").to_pylist()
     for seed in (0, 1):
         assert [c["update"] for c in curves if c["seed"] == seed] == list(range(1, UPDATES + 1))
@@ -272,7 +354,11 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
         solver_node = first["node_name"]
         cluster.send(f"kill {solver_node}")
         cluster.send("add")
-        wait_for(lambda: any((results / "trials" / f"hpo-n1-s{s}" / "checkpoint.pt").exists() for s in (0, 1)), process, "a trial's first checkpoint")
+        wait_for(
+            lambda: any((results / "trials" / f"hpo-n1-s{s}" / "checkpoint.pt").exists() for s in (0, 1)),
+            process,
+            "a trial's first checkpoint",
+        )
         train_node = wait_for(lambda: cluster.running("RayTrainWorker"), process, "a Train worker")
         train_node_id = cluster.node(train_node)["node_id"]
         cluster.send(f"kill {train_node}")
@@ -304,8 +390,11 @@ def test_losing_the_head_ends_the_driver_and_resume_finishes_without_rerunning_f
     cluster, process = HostedCluster(2, 1), None
     try:
         process = start_sweep(tmp_path, cluster, sweep)
-        done = wait_for(lambda: [s for s in (0, 1) if (results / "trials" / f"hpo-n1-s{s}" / "sampled" / "summary.json").exists()],
-                        process, "the first finished trial")
+        done = wait_for(
+            lambda: [s for s in (0, 1) if (results / "trials" / f"hpo-n1-s{s}" / "sampled" / "summary.json").exists()],
+            process,
+            "the first finished trial",
+        )
         finished = {p: p.stat().st_mtime_ns for p in (results / "trials" / f"hpo-n1-s{done[0]}").rglob("*.json")}
         cluster.send("kill head")
         output, _ = process.communicate(timeout=300)

@@ -82,8 +82,11 @@ def test_the_rayjob_ships_its_code_and_sets_token_auth_everywhere(rayjob):
     assert runtime_env["working_dir"].endswith(".zip")
     assert any(runtime_env["working_dir"] in package for package in runtime_env["pip"]["packages"])  # one commit
     cluster = spec["rayClusterSpec"]
-    containers = [c for t in [spec["submitterPodTemplate"], cluster["headGroupSpec"]["template"],
-                              *[g["template"] for g in cluster["workerGroupSpecs"]]] for c in t["spec"]["containers"]]
+    containers = [
+        c
+        for t in [spec["submitterPodTemplate"], cluster["headGroupSpec"]["template"], *[g["template"] for g in cluster["workerGroupSpecs"]]]
+        for c in t["spec"]["containers"]
+    ]
     for env in [c["env"] for c in containers] + [cluster["autoscalerOptions"]["env"]]:
         values = {e["name"]: e.get("value") or e.get("valueFrom") for e in env}
         assert values["RAY_AUTH_MODE"] == "token"

@@ -35,9 +35,16 @@ def fake_trial(name: str, failures: int = 0, error: str = None, tmp_path: Path =
     error_file = None
     if error is not None:
         error_file = tmp_path / f"{name}-error.txt"
-        error_file.write_text(f"Failure # {failures} (occurred at 2026-01-01_00-00-00)\nTraceback (most recent call last):\n  File \"x.py\"\n{error}\n\n")
-    return FakeTrial(name=name, run_metadata=SimpleNamespace(num_failures=failures), last_result=result, error_file=error_file and str(error_file),
-                     status="TERMINATED" if error is None else "ERROR")
+        error_file.write_text(
+            f'Failure # {failures} (occurred at 2026-01-01_00-00-00)\nTraceback (most recent call last):\n  File "x.py"\n{error}\n\n'
+        )
+    return FakeTrial(
+        name=name,
+        run_metadata=SimpleNamespace(num_failures=failures),
+        last_result=result,
+        error_file=error_file and str(error_file),
+        status="TERMINATED" if error is None else "ERROR",
+    )
 
 
 def test_one_line_per_finished_retried_or_failed_trial_with_its_error(tmp_path):
@@ -52,7 +59,8 @@ def test_one_line_per_finished_retried_or_failed_trial_with_its_error(tmp_path):
     callback.on_experiment_end([done, failed])
     assert lines == [
         "trial hpo-n1-s0 finished: 20 updates, greedy cost 467.7, 72 s",
-        "trial ppo-n4-s1 failed (attempt 1 of 3), retrying from its last checkpoint: ray.exceptions.ActorDiedError: The actor died unexpectedly",
+        "trial ppo-n4-s1 failed (attempt 1 of 3), retrying from its last checkpoint: ray.exceptions.ActorDiedError: The actor "
+        "died unexpectedly",
         f"trial ppo-n4-s0 failed after 3 attempts, no retry left: ValueError: cost is nan (details: {tmp_path / 'ppo-n4-s0-error.txt'})",
         "trial      status      failures  updates  greedy cost",
         "hpo-n1-s0  TERMINATED         0       20        467.7",
@@ -62,8 +70,14 @@ def test_one_line_per_finished_retried_or_failed_trial_with_its_error(tmp_path):
 
 def test_a_lost_node_is_said_once(monkeypatch):
     answers = iter([[("a", True), ("b", True)], [("a", True), ("b", True)], [("a", True), ("b", False)], [("a", True), ("b", False)]])
-    monkeypatch.setattr(console.ray, "nodes", lambda: [{"NodeID": f"{n}" * 20, "Alive": alive, "NodeManagerAddress": f"10.0.0.{n}", "NodeName": f"worker-{n}"}
-                                                       for n, alive in next(answers)])
+    monkeypatch.setattr(
+        console.ray,
+        "nodes",
+        lambda: [
+            {"NodeID": f"{n}" * 20, "Alive": alive, "NodeManagerAddress": f"10.0.0.{n}", "NodeName": f"worker-{n}"}
+            for n, alive in next(answers)
+        ],
+    )
     monkeypatch.setattr(console, "NODE_CHECK_SECONDS", 0.0)
     lines = []
     callback = console.TrialLines(lines.append, retries=0)
@@ -80,16 +94,28 @@ def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
 
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
-    loggers = {name: list(logging.getLogger(name).handlers) for name in ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]}
+    loggers = {
+        name: list(logging.getLogger(name).handlers)
+        for name in ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
+    }
     handlers, showwarning = list(dispatcher.handlers), warnings.showwarning
     log = console.SweepLog(tmp_path, verbose=False)
     try:
-        assert log.connect(lambda: dispatcher.add_handler("ray_print_logs", lambda batch: print(*batch["lines"]))) is None  # as ray.init does
-        dispatcher.emit({"pid": 20634, "ip": "127.0.0.1", "actor_name": "PlacementGroupCleaner", "is_err": True,
-                         "lines": ["Failed to query Ray Train Controller actor state."]})
+        assert (
+            log.connect(lambda: dispatcher.add_handler("ray_print_logs", lambda batch: print(*batch["lines"]))) is None
+        )  # as ray.init does
+        dispatcher.emit(
+            {
+                "pid": 20634,
+                "ip": "127.0.0.1",
+                "actor_name": "PlacementGroupCleaner",
+                "is_err": True,
+                "lines": ["Failed to query Ray Train Controller actor state."],
+            }
+        )
         dispatcher.emit({"pid": 19163, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS 1.16.0"]})
         logging.getLogger("ray.tune").error("Trial task failed for trial hpo-n1-s0")
-        warnings.warn("`RLModule(config=...)` has been deprecated", DeprecationWarning)
+        warnings.warn("`RLModule(config=...)` has been deprecated", DeprecationWarning, stacklevel=2)
     finally:
         dispatcher.handlers = handlers
         warnings.showwarning = showwarning
@@ -110,11 +136,17 @@ SWEEP = {  # a Ray Train method and an RLlib one, and a HiGHS MILP: each of Ray'
     "sizes": [1],
     "seeds": 1,
     "methods": ["hpo", "ppo"],
-    "overrides": {"all": {"batch": 8, "updates": 6, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32},
-                  "hpo": {"checkpoint_every": 3, "imitation_updates": 0}},
+    "overrides": {
+        "all": {"batch": 8, "updates": 6, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32},
+        "hpo": {"checkpoint_every": 3, "imitation_updates": 0},
+    },
     "resources": {"all": {"workers": 1, "cpus_per_worker": 1}},
     "evaluation": {"episodes": 8, "horizon": 10},
-    "baselines": {"classical_best": True, "dp_optimal": False, "milp": [{"scenarios": 3, "plan_horizon": 5, "time_limit": 2, "episodes": 2, "horizon": 3}]},
+    "baselines": {
+        "classical_best": True,
+        "dp_optimal": False,
+        "milp": [{"scenarios": 3, "plan_horizon": 5, "time_limit": 2, "episodes": 2, "horizon": 3}],
+    },
     "concurrency": 2,
     "retries": 1,
 }
@@ -137,7 +169,7 @@ def machine_addresses() -> list[tuple]:
             found.add((socket.AF_INET, line.split()[-1], 0))
     for line in Path("/proc/net/if_inet6").read_text().splitlines():
         raw, index, _, scope, _, name = line.split()
-        address = ":".join(raw[i:i + 4] for i in range(0, 32, 4))
+        address = ":".join(raw[i : i + 4] for i in range(0, 32, 4))
         if name != "lo":
             found.add((socket.AF_INET6, address, int(index, 16) if int(scope, 16) == 0x20 else 0))
     return sorted(found)
@@ -165,8 +197,8 @@ def scalar_tags(events: Path) -> set[str]:
 
     data, tags, at = events.read_bytes(), set(), 0
     while at < len(data):
-        (length,) = struct.unpack("<Q", data[at:at + 8])
-        event = Event.FromString(data[at + 12:at + 12 + length])
+        (length,) = struct.unpack("<Q", data[at : at + 8])
+        event = Event.FromString(data[at + 12 : at + 12 + length])
         tags |= {value.tag for value in event.summary.value}
         at += 12 + length + 4
     return tags
@@ -179,8 +211,20 @@ def test_a_sweep_prints_few_lines_and_shows_its_dashboard_on_loopback_only(tmp_p
     results, output_file = tmp_path / "results", tmp_path / "console.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")}
     with output_file.open("w") as output:
-        sweep = subprocess.Popen([sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", str(tmp_path / "sweep.yaml"), "--out", str(results),
-                                  "--dashboard"], stdout=output, stderr=subprocess.STDOUT, env={**env, "OMP_NUM_THREADS": "1"})
+        sweep = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "platform" / "sweep.py"),
+                "--config",
+                str(tmp_path / "sweep.yaml"),
+                "--out",
+                str(results),
+                "--dashboard",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**env, "OMP_NUM_THREADS": "1"},
+        )
     try:
         end, url, seen = time.time() + 300, None, {}
         while not {"job", "trial"} <= seen.keys():

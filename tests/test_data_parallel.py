@@ -40,8 +40,13 @@ def worker(rank, world, init_file, checkpoint, results):
         resumed = PathwiseTrainer(CONFIG, INSTANCE.to_torch())
         resumed.load_state_dict(read_checkpoint(checkpoint)["trainer"])
         local = torch.full((2, 3), float(rank))  # rank 0 holds zeros, rank 1 ones
-        results[rank] = {"weights": flat, "standardized": standardize(local), "inv": trainer.state.inv.clone(), "curve": uninterrupted,
-                         "resumed": curve(resumed, CONFIG.updates - CHECKPOINT_AT)}
+        results[rank] = {
+            "weights": flat,
+            "standardized": standardize(local),
+            "inv": trainer.state.inv.clone(),
+            "curve": uninterrupted,
+            "resumed": curve(resumed, CONFIG.updates - CHECKPOINT_AT),
+        }
     finally:
         dist.destroy_process_group()
 

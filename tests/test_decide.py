@@ -21,7 +21,11 @@ QBAR, BOUND = INSTANCE.qbar.tolist(), (10_000 * (INSTANCE.qbar + INSTANCE.lam)).
 STATES = [
     {"inventory": [1, 2], "in_transit": [[0, 0, 0], [3, 1, 0]], "factor": 0.5},
     {"inventory": [-40, 80.5], "in_transit": [[24.8, 0, 0], [0, 22.4, 0]], "factor": -2},
-    {"inventory": [BOUND[0], -BOUND[1]], "in_transit": [[QBAR[0], QBAR[0], 0], [QBAR[1], QBAR[1], 0]], "factor": 10},  # the edges of the bounds
+    {
+        "inventory": [BOUND[0], -BOUND[1]],
+        "in_transit": [[QBAR[0], QBAR[0], 0], [QBAR[1], QBAR[1], 0]],
+        "factor": 10,
+    },  # the edges of the bounds
     {"inventory": [-BOUND[0], BOUND[1]], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": -10.0},
 ]
 
@@ -81,7 +85,9 @@ def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path, script_runner)
     assert result.stdout == "" and "gives a non-finite open probability or quantity for state 0" in result.stderr
 
 
-LEAD_ONE = Instance(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8)
+LEAD_ONE = Instance(
+    h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8
+)
 VALID = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [16, 16, 16]], "factor": 0}
 
 

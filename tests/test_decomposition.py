@@ -12,8 +12,17 @@ from scipy import stats
 from envs import dp_optimal
 from envs.exogenous import sample_paths
 from envs.instance import Instance
-from solver_workers.decomposition import (DecompositionOptions, best_split, combine, item_figures, item_instance, item_values, refine,
-                                          search_split, split_upper_bound)
+from solver_workers.decomposition import (
+    DecompositionOptions,
+    best_split,
+    combine,
+    item_figures,
+    item_instance,
+    item_values,
+    refine,
+    search_split,
+    split_upper_bound,
+)
 
 TINY = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=1.0, rounds=6, tolerance=1e-6)
 
@@ -26,6 +35,7 @@ def two_items(beta: float = 0.0, K: float = 6.0, rho: float = 0.5) -> Instance:
 def serial_values(instance: Instance, horizon: int, points: int, options: DecompositionOptions):
     def values_of(round_, grids):
         return [item_values(instance, i, g, horizon, points, options) if g else [] for i, g in enumerate(grids)]
+
     return values_of
 
 
@@ -49,7 +59,7 @@ def joint_optimum(instance: Instance, horizon: int, points: int, width: float = 
     I1, I2 = np.meshgrid(np.arange(lo[0], hi[0] + 1), np.arange(lo[1], hi[1] + 1), indexing="ij")
     actions = [(0, 0, 0)] + [(1, q1, q2) for q1 in range(caps[0] + 1) for q2 in range(caps[1] + 1)]
     value = np.zeros((len(grid.points), *size))  # V_T = 0
-    for t in range(horizon - 1, -1, -1):
+    for _t in range(horizon - 1, -1, -1):
         new = np.empty_like(value)
         for f in range(len(grid.points)):
             p = [stats.poisson.pmf(np.arange(dtop + 1), rates[f][i]) for i in range(2)]
@@ -60,13 +70,17 @@ def joint_optimum(instance: Instance, horizon: int, points: int, width: float = 
             after = np.zeros(I1.shape)  # E[V_{t+1}(z - D)] at every post-order level z
             for d1, d2 in itertools.product(range(dtop + 1), repeat=2):
                 w = p[0][d1] * p[1][d2]
-                stage += w * (instance.h[0] * np.maximum(I1 - d1, 0) + instance.b[0] * np.maximum(d1 - I1, 0)
-                              + instance.h[1] * np.maximum(I2 - d2, 0) + instance.b[1] * np.maximum(d2 - I2, 0))
-                after += w * padded[dtop - d1:dtop - d1 + size[0], dtop - d2:dtop - d2 + size[1]]
+                stage += w * (
+                    instance.h[0] * np.maximum(I1 - d1, 0)
+                    + instance.b[0] * np.maximum(d1 - I1, 0)
+                    + instance.h[1] * np.maximum(I2 - d2, 0)
+                    + instance.b[1] * np.maximum(d2 - I2, 0)
+                )
+                after += w * padded[dtop - d1 : dtop - d1 + size[0], dtop - d2 : dtop - d2 + size[1]]
             best = np.full(I1.shape, np.inf)
             for y, q1, q2 in actions:
                 shifted = np.full(I1.shape, np.nan)  # after[I + q]
-                shifted[:size[0] - q1, :size[1] - q2] = after[q1:, q2:]
+                shifted[: size[0] - q1, : size[1] - q2] = after[q1:, q2:]
                 best = np.fmin(best, instance.K * y + instance.gamma * shifted)
             new[f] = stage + best
         value = new
@@ -122,7 +136,9 @@ def test_integer_cap_relaxation_lies_below_the_exact_item_optimum():
     inst = Instance(h=[1.0], b=[9.0], lam=[1.25], beta=[0.0], lead=[1], qbar=[2.5], K=4.0, gamma=0.9, rho=0.5)
     relaxed = dp_optimal.solve(inst, 8, factor_points=1, integer_cap=True)
     exact = dp_optimal.solve(inst, 8, factor_points=1)
-    raised = dp_optimal.solve(Instance(h=[1.0], b=[9.0], lam=[1.25], beta=[0.0], lead=[1], qbar=[3.0], K=4.0, gamma=0.9, rho=0.5), 8, factor_points=1)
+    raised = dp_optimal.solve(
+        Instance(h=[1.0], b=[9.0], lam=[1.25], beta=[0.0], lead=[1], qbar=[3.0], K=4.0, gamma=0.9, rho=0.5), 8, factor_points=1
+    )
     assert relaxed.expected_cost <= exact.expected_cost + 1e-12
     assert relaxed.expected_cost == pytest.approx(raised.expected_cost, rel=1e-10)
     assert list(np.unique(np.mod(relaxed.positions, 1.0))) == [0.0, 0.5] and relaxed.window == 6
@@ -147,7 +163,9 @@ def test_values_are_concave_in_the_setup_cost_with_the_order_count_as_slope():
     ks = np.linspace(0.0, 20.0, 9)
     v = dp_optimal.expected_costs(inst, 20, ks, factor_points=9)
     assert (np.diff(v, 2) <= 1e-9).all() and (np.diff(v) > 0).all()
-    slope = (dp_optimal.expected_costs(inst, 20, [8.25], factor_points=9) - dp_optimal.expected_costs(inst, 20, [7.75], factor_points=9))[0] / 0.5
+    slope = (dp_optimal.expected_costs(inst, 20, [8.25], factor_points=9) - dp_optimal.expected_costs(inst, 20, [7.75], factor_points=9))[
+        0
+    ] / 0.5
     record = item_figures(inst, 0, {"k": 8.0}, 20, sample_paths(inst, 5, 2000, 20), DecompositionOptions(factor_points=9, coarse_points=5))
     assert record["k"]["discounted_orders"] == pytest.approx(slope, rel=0.05)
 
@@ -185,8 +203,10 @@ def test_refine_adds_points_beside_the_share():
 
 def test_conservative_figure_subtracts_twice_the_estimated_grid_error():
     """Grid steps in the ratio r = 2: the remaining error is |coarse - fine| / 3 (Richardson, O(step^2))."""
-    records = [{"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]}},
-               {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}}]
+    records = [
+        {"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]}},
+        {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}},
+    ]
     figures = combine(records, "best", DecompositionOptions(factor_points=41, coarse_points=21))
     assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["conservative"] == pytest.approx(148.0)
     np.testing.assert_array_equal(figures["costs"], [4.0, 7.0])
@@ -244,15 +264,27 @@ def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkey
     monkeypatch.setitem(tr.SWEEP, "baselines", {**tr.SWEEP["baselines"], "decomposition": {"factor_points": 41, "coarse_points": 21}})
     root = tmp_path / "results"
     tr.write_results(root)
-    figures = {"dp_value": 96.0, "conservative_value": 94.5, "equal_shares": {"value": 93.0, "conservative": 91.0},
-               "cumulative_cost": [float(10 * (t + 1)) for t in range(tr.HORIZON)]}
+    figures = {
+        "dp_value": 96.0,
+        "conservative_value": 94.5,
+        "equal_shares": {"value": 93.0, "conservative": 91.0},
+        "cumulative_cost": [float(10 * (t + 1)) for t in range(tr.HORIZON)],
+    }
     for n, mean in ((1, 95.0), (4, 390.0)):
-        write_evaluation(root / "baselines" / f"n{n}" / "decomposition-bound", "decomposition-bound", tr.evaluation(mean, tr.D), HELDOUT_SEED, {},
-                         None, {"kind": "lower-bound", **figures}, instance=tr.paper_instance(n, 0))
+        write_evaluation(
+            root / "baselines" / f"n{n}" / "decomposition-bound",
+            "decomposition-bound",
+            tr.evaluation(mean, tr.D),
+            HELDOUT_SEED,
+            {},
+            None,
+            {"kind": "lower-bound", **figures},
+            instance=tr.paper_instance(n, 0),
+        )
     report = rp.build_report(root)
     assert ("decomposition-bound", "bound") in report.columns and all(e.column != "decomposition-bound" for e in report.ranked(1))
     gaps = {(r["n"], r["column"]): r for r in report.bound_gaps}
-    (_, classical), = gaps[(1, "classical-best")]["paired"]
+    ((_, classical),) = gaps[(1, "classical-best")]["paired"]
     assert classical.mean_difference == pytest.approx(15.0) and classical.ci_high - 15.0 == pytest.approx(0.63197, abs=1e-5)
     table = rn.bound_gap_table(report)
     row = next(r for r in table.rows if r[0] == "1" and r[1] == "classical-best")

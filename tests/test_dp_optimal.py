@@ -6,7 +6,7 @@ the tuned classical policies on common paths."""
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -62,12 +62,12 @@ def brute_force(inst: Instance, horizon: int, q_step: float, f, trans, init, tai
     pmf = [stats.poisson.pmf(np.arange(dmax + 1), r) for r in rates]
     assert all(1 - p.sum() < 1e-14 for p in pmf)
 
-    @lru_cache(maxsize=None)
+    @cache
     def next_value(t: int, inv: float, pipe: tuple, i: int) -> float:
         """E[J(t, inv, pipe, F_t) | F_{t-1} = f_i]."""
         return sum(trans[i, j] * cost_to_go(t, inv, pipe, j) for j in range(len(f)) if trans[i, j] > 0)
 
-    @lru_cache(maxsize=None)
+    @cache
     def cost_to_go(t: int, inv: float, pipe: tuple, i: int) -> float:
         if t == horizon:
             return 0.0

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-
 from conftest import single_item
+
 from envs.dynamics import State, initial_state, step
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths
@@ -54,7 +54,7 @@ def test_order_first_usable_after_lead_time(lead):
     rows = run(single_item(lead=lead), [1] + [0] * (steps - 1), [5] + [0] * (steps - 1), [0] * steps)
     mu = 2.0 * (lead + 1)
     inventory = [r[0] for r in rows]
-    assert inventory[:lead + 1] == [mu] * lead + [mu + 5]
+    assert inventory[: lead + 1] == [mu] * lead + [mu + 5]
     assert inventory[lead:] == [mu + 5] * (len(inventory) - lead)
 
 
@@ -78,8 +78,17 @@ def reference_step(h, b, lead, K, inv, pipe, y, q, d):
 def test_batched_step_matches_reference_loop(n):
     rng = np.random.default_rng(n)
     B = 7
-    inst = Instance(h=rng.uniform(0.5, 2, n), b=rng.uniform(5, 12, n), lam=rng.uniform(1, 8, n), beta=rng.uniform(0, 0.6, n),
-                    lead=np.resize(np.arange(1, LMAX + 1), n), qbar=rng.uniform(5, 30, n), K=10.0 * n, gamma=0.95, rho=0.8)
+    inst = Instance(
+        h=rng.uniform(0.5, 2, n),
+        b=rng.uniform(5, 12, n),
+        lam=rng.uniform(1, 8, n),
+        beta=rng.uniform(0, 0.6, n),
+        lead=np.resize(np.arange(1, LMAX + 1), n),
+        qbar=rng.uniform(5, 30, n),
+        K=10.0 * n,
+        gamma=0.95,
+        rho=0.8,
+    )
     ti = inst.to_torch(dtype=torch.float64)
     inv = rng.normal(0, 10, (B, n))
     pipe = rng.uniform(0, 10, (B, n, LMAX - 1))
@@ -100,8 +109,17 @@ def test_batched_step_matches_reference_loop(n):
 def test_cost_gradient_matches_finite_differences():
     rng = np.random.default_rng(3)
     n, T = 4, 6
-    inst = Instance(h=[1.0, 0.7, 1.5, 2.0], b=[9.0, 6.0, 11.0, 8.0], lam=[3.0, 5.0, 2.0, 4.0], beta=[0.3] * 4,
-                    lead=[1, 2, 3, 4], qbar=[12.0, 20.0, 8.0, 16.0], K=40.0, gamma=0.95, rho=0.8)
+    inst = Instance(
+        h=[1.0, 0.7, 1.5, 2.0],
+        b=[9.0, 6.0, 11.0, 8.0],
+        lam=[3.0, 5.0, 2.0, 4.0],
+        beta=[0.3] * 4,
+        lead=[1, 2, 3, 4],
+        qbar=[12.0, 20.0, 8.0, 16.0],
+        K=40.0,
+        gamma=0.95,
+        rho=0.8,
+    )
     ti = inst.to_torch(dtype=torch.float64)
     # Non-integer demands keep Z away from the kink at 0, where the cost is not differentiable.
     demand = torch.tensor(rng.uniform(0, 8, (1, T, n)) + 0.37)
@@ -114,7 +132,7 @@ def test_cost_gradient_matches_finite_differences():
         state = State(inv, pipe, torch.zeros(1, dtype=torch.float64))
         acc = 0.0
         for t in range(T):
-            state, cost = step(ti, state, opens[t:t + 1], q[t:t + 1], demand[:, t], torch.zeros(1, dtype=torch.float64))
+            state, cost = step(ti, state, opens[t : t + 1], q[t : t + 1], demand[:, t], torch.zeros(1, dtype=torch.float64))
             acc = acc + 0.95**t * cost.sum()
         return acc
 

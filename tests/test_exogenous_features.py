@@ -49,14 +49,33 @@ def test_episode_paths_depend_only_on_seed_and_episode():
 
 
 def test_item_and_global_tokens_by_hand():
-    inst = Instance(h=[1.0, 3.0], b=[9.0, 7.0], lam=[3.0, 8.0], beta=[0.2, 0.5], lead=[1, 3], qbar=[12.0, 32.0], K=20.0, gamma=0.95, rho=0.8)
+    inst = Instance(
+        h=[1.0, 3.0], b=[9.0, 7.0], lam=[3.0, 8.0], beta=[0.2, 0.5], lead=[1, 3], qbar=[12.0, 32.0], K=20.0, gamma=0.95, rho=0.8
+    )
     ti = inst.to_torch(dtype=torch.float64)
-    state = State(torch.tensor([[4.0, -2.0]], dtype=torch.float64), torch.tensor([[[1.0, 2.0, 3.0], [0.0, 5.0, 0.0]]], dtype=torch.float64),
-                  torch.tensor([0.7], dtype=torch.float64))
-    mu = np.array([6.0, 32.0]); sigma = np.sqrt(mu)
-    c_scale = 10.0; sigma_ref = sigma.mean()
+    state = State(
+        torch.tensor([[4.0, -2.0]], dtype=torch.float64),
+        torch.tensor([[[1.0, 2.0, 3.0], [0.0, 5.0, 0.0]]], dtype=torch.float64),
+        torch.tensor([0.7], dtype=torch.float64),
+    )
+    mu = np.array([6.0, 32.0])
+    sigma = np.sqrt(mu)
+    c_scale = 10.0
+    sigma_ref = sigma.mean()
     x = item_tokens(ti, state)[0].numpy()
-    expected0 = [(4 - 6) / sigma[0], 1 / sigma[0], 2 / sigma[0], 3 / sigma[0], 0.1, 0.9, math.log(4), math.sqrt(3) / sigma_ref, 12 / sigma[0], 0.2, 1]
+    expected0 = [
+        (4 - 6) / sigma[0],
+        1 / sigma[0],
+        2 / sigma[0],
+        3 / sigma[0],
+        0.1,
+        0.9,
+        math.log(4),
+        math.sqrt(3) / sigma_ref,
+        12 / sigma[0],
+        0.2,
+        1,
+    ]
     expected1 = [(-2 - 32) / sigma[1], 0, 5 / sigma[1], 0, 0.3, 0.7, math.log(9), math.sqrt(8) / sigma_ref, 32 / sigma[1], 0.5, 3]
     np.testing.assert_allclose(x, [expected0, expected1], rtol=1e-12)
     g = global_token(ti, state)[0].numpy()
@@ -69,7 +88,9 @@ def test_permuting_items_permutes_item_tokens_only():
     rng = np.random.default_rng(0)
     inst = paper_instance(9, 2)
     perm = rng.permutation(inst.n)
-    permuted = Instance(**{k: getattr(inst, k)[perm] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho)
+    permuted = Instance(
+        **{k: getattr(inst, k)[perm] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho
+    )
     ti, tp = inst.to_torch(dtype=torch.float64), permuted.to_torch(dtype=torch.float64)
     state = State(torch.tensor(rng.normal(0, 5, (3, 9))), torch.tensor(rng.uniform(0, 5, (3, 9, 3))), torch.tensor(rng.normal(size=3)))
     state_p = State(state.inv[:, perm], state.pipe[:, perm], state.factor)
@@ -103,7 +124,9 @@ def test_an_instance_whose_costs_overflow_float32_is_refused_before_any_path(mon
     """Issue 16: h = 1e308 evaluated to a NaN mean (inf * 0 in float32). The field bounds refuse it now, and every
     fixed-horizon simulation starts with check_cost_range (sample_paths), the backstop over the horizon."""
     with pytest.raises(InstanceError, match="instance field 'h'"):
-        Instance(h=[1e308, 1e308], b=[8.6, 6.5], lam=[6.2, 5.6], beta=[0.27, 0.45], lead=[2, 3], qbar=[24.8, 22.4], K=20.0, gamma=0.95, rho=0.8)
+        Instance(
+            h=[1e308, 1e308], b=[8.6, 6.5], lam=[6.2, 5.6], beta=[0.27, 0.45], lead=[2, 3], qbar=[24.8, 22.4], K=20.0, gamma=0.95, rho=0.8
+        )
     paper = paper_instance(2, 0)
     with monkeypatch.context() as patch:
         patch.setattr(exogenous, "COST_LIMIT", 100.0)

@@ -30,8 +30,10 @@ def weights(model):
 
 def test_an_or_transformer_starts_from_a_run_at_another_size(trained_paths):
     fresh = PathwiseTrainer(method_config("or-transformer", "cpu", {**FINE_TUNE, "seed": 5}), paper_instance(6, 0).to_torch())
-    tuned = PathwiseTrainer(method_config("or-transformer", "cpu", {**FINE_TUNE, "seed": 5, "initial_weights": trained_paths["or-transformer"]}),
-                            paper_instance(6, 0).to_torch())
+    tuned = PathwiseTrainer(
+        method_config("or-transformer", "cpu", {**FINE_TUNE, "seed": 5, "initial_weights": trained_paths["or-transformer"]}),
+        paper_instance(6, 0).to_torch(),
+    )
     saved = load_checkpoint(trained_paths["or-transformer"])["trainer"]["model"]
     got = weights(tuned.model)
     assert got.keys() == saved.keys() and all(torch.equal(got[k], saved[k]) for k in saved)
@@ -42,11 +44,15 @@ def test_an_or_transformer_starts_from_a_run_at_another_size(trained_paths):
 def test_another_network_is_refused_naming_the_field(trained_paths):
     path = trained_paths["or-transformer"]
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*width 16 \(this run: 32\)"):
-        PathwiseTrainer(method_config("or-transformer", "cpu", {**FINE_TUNE, "width": 32, "initial_weights": path}), paper_instance(2, 0).to_torch())
+        PathwiseTrainer(
+            method_config("or-transformer", "cpu", {**FINE_TUNE, "width": 32, "initial_weights": path}), paper_instance(2, 0).to_torch()
+        )
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*method 'or-transformer' \(this run: 'hpo'\)"):
         PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": path}), paper_instance(2, 0).to_torch())
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*does not fit this network"):  # HPO's input is 11 n + 4
-        PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0).to_torch())
+        PathwiseTrainer(
+            method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0).to_torch()
+        )
 
 
 def test_a_fine_tune_resumes_without_its_initial_weights_file(trained_paths, tmp_path):
@@ -56,8 +62,13 @@ def test_a_fine_tune_resumes_without_its_initial_weights_file(trained_paths, tmp
     config = method_config("or-transformer", "cpu", {**FINE_TUNE, "updates": 1, "initial_weights": str(source)})
     train(config, paper_instance(4, 0), tmp_path / "ft", progress=False)
     source.unlink()
-    resumed = train(method_config("or-transformer", "cpu", {**FINE_TUNE, "updates": 2, "initial_weights": str(source)}), paper_instance(4, 0),
-                    tmp_path / "ft", mode="resume", progress=False)
+    resumed = train(
+        method_config("or-transformer", "cpu", {**FINE_TUNE, "updates": 2, "initial_weights": str(source)}),
+        paper_instance(4, 0),
+        tmp_path / "ft",
+        mode="resume",
+        progress=False,
+    )
     assert resumed["status"] == "completed" and resumed["updates_done"] == 2 and resumed["attempts"] == [0, 1]
 
 
@@ -67,13 +78,45 @@ def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, 
     inst, config = tmp_path / "i6.json", tmp_path / "network.yaml"
     paper_instance(6, 0).save(inst)
     config.write_text(yaml.safe_dump(NETWORK))
-    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained_paths["or-transformer"],
-               "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft", check=True)
+    run_script(
+        "train.py",
+        "--method",
+        "or-transformer",
+        "--instance",
+        inst,
+        "--config",
+        config,
+        "--initial-weights",
+        trained_paths["or-transformer"],
+        "--episodes",
+        2,
+        "--horizon",
+        3,
+        "--out",
+        tmp_path / "ft",
+        check=True,
+    )
     assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["config"].imitation_updates == 0
     assert "warm_start" not in json.loads((tmp_path / "ft" / "training.json").read_text())
     config.write_text(yaml.safe_dump({**NETWORK, "imitation_updates": 2}))  # unless the config asks for one
-    run_script("train.py", "--method", "or-transformer", "--instance", inst, "--config", config, "--initial-weights", trained_paths["or-transformer"],
-               "--episodes", 2, "--horizon", 3, "--out", tmp_path / "ft2", check=True)
+    run_script(
+        "train.py",
+        "--method",
+        "or-transformer",
+        "--instance",
+        inst,
+        "--config",
+        config,
+        "--initial-weights",
+        trained_paths["or-transformer"],
+        "--episodes",
+        2,
+        "--horizon",
+        3,
+        "--out",
+        tmp_path / "ft2",
+        check=True,
+    )
     assert json.loads((tmp_path / "ft2" / "training.json").read_text())["warm_start"]["updates"] == 2
 
 
@@ -81,11 +124,18 @@ def test_a_refused_initial_weights_leaves_no_run_folder(trained_paths, tmp_path,
     """The checkpoint is checked before the run folder is made (the script and the library alike)."""
     inst = tmp_path / "i4.json"
     paper_instance(4, 0).save(inst)
-    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--initial-weights", trained_paths["or-transformer"],
-                        "--out", tmp_path / "ft")
-    assert result.returncode == 2 and "holds another network: method 'or-transformer' (this run: 'hpo')" in result.stderr, result.stderr[-2000:]
+    result = script_runner(
+        "train.py", "--method", "hpo", "--instance", inst, "--initial-weights", trained_paths["or-transformer"], "--out", tmp_path / "ft"
+    )
+    assert result.returncode == 2 and "holds another network: method 'or-transformer' (this run: 'hpo')" in result.stderr, result.stderr[
+        -2000:
+    ]
     assert not (tmp_path / "ft").exists()
     with pytest.raises(ConfigError, match="does not fit this network"):
-        train(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}), paper_instance(6, 0), tmp_path / "lib",
-              progress=False)
+        train(
+            method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": trained_paths["hpo"]}),
+            paper_instance(6, 0),
+            tmp_path / "lib",
+            progress=False,
+        )
     assert not (tmp_path / "lib").exists()

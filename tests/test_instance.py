@@ -119,7 +119,10 @@ def test_item_table_errors(tmp_path):
     path.write_text("h,b,lam,beta,lead\n1,7,3,0.2,1\n")
     with pytest.raises(InstanceError, match=r"missing keys \['qbar'\]"):
         Instance.from_table(path, K=1, gamma=0.9, rho=0.5)
-    pq.write_table(pa.table({"h": [1.0, None], "b": [7.0, 8], "lam": [3.0, 3], "beta": [0.1, 0], "lead": [1, 2], "qbar": [9.0, 9]}), tmp_path / "t.parquet")
+    pq.write_table(
+        pa.table({"h": [1.0, None], "b": [7.0, 8], "lam": [3.0, 3], "beta": [0.1, 0], "lead": [1, 2], "qbar": [9.0, 9]}),
+        tmp_path / "t.parquet",
+    )
     with pytest.raises(InstanceError, match="'h': 1 missing values"):
         Instance.from_table(tmp_path / "t.parquet", K=1, gamma=0.9, rho=0.5)
     path.write_text('h,b,lam,beta,lead,qbar\n1,7,3,0.2,1,12\n"1,5",7,3,0.2,1,12\n')  # a decimal comma: the column is text
@@ -147,7 +150,7 @@ def test_paper_family_ranges_and_nesting():
     assert big.beta.min() >= 0.2 and big.beta.max() <= 0.6
     assert set(big.lead.tolist()) == {1.0, 2.0, 3.0, 4.0}
     np.testing.assert_array_equal(big.qbar, 4 * big.lam)
-    assert len({(h, b, l) for h, b, l in zip(big.h, big.b, big.lam)}) == 1024
+    assert len({(h, b, lam) for h, b, lam in zip(big.h, big.b, big.lam)}) == 1024
     small = paper_instance(16, 5)
     np.testing.assert_array_equal(small.lam, big.lam[:16])
     assert small.K == 160

@@ -29,8 +29,10 @@ from envs.job_output import JOB_CONFIG_ENV, resolve_out
 from envs.results import read_evaluation
 
 # What Ray 2.60's job supervisor put in a driver's environment, measured with `ray job submit --working-dir .`
-JOB_CONFIG = {"runtime_env": {"working_dir": "gcs://_ray_pkg_890f426c47b4ed0b.zip", "env_vars": {}},
-              "metadata": {"job_submission_id": "raysubmit_CPUycuYd4MhqGvAF", "job_name": "raysubmit_CPUycuYd4MhqGvAF"}}
+JOB_CONFIG = {
+    "runtime_env": {"working_dir": "gcs://_ray_pkg_890f426c47b4ed0b.zip", "env_vars": {}},
+    "metadata": {"job_submission_id": "raysubmit_CPUycuYd4MhqGvAF", "job_name": "raysubmit_CPUycuYd4MhqGvAF"},
+}
 BIN = Path(sys.executable).parent
 
 
@@ -63,9 +65,12 @@ def test_a_job_refuses_a_relative_out_and_one_inside_its_working_dir_copy(tmp_pa
     monkeypatch.chdir(copy)
     monkeypatch.setenv(JOB_CONFIG_ENV, json.dumps(JOB_CONFIG))
     for relative in ("runs/x", ".", "../x"):
-        with pytest.raises(InputError, match=rf"--out '{re.escape(relative)}' is relative, and this script runs as a Ray job: .*"
-                                             rf"'{re.escape(str(copy))}' \(Ray's temporary copy of --working-dir, which Ray deletes\)"
-                                             ".*give an absolute path"):
+        with pytest.raises(
+            InputError,
+            match=rf"--out '{re.escape(relative)}' is relative, and this script runs as a Ray job: .*"
+            rf"'{re.escape(str(copy))}' \(Ray's temporary copy of --working-dir, which Ray deletes\)"
+            ".*give an absolute path",
+        ):
             resolve_out(relative)
     with pytest.raises(InputError, match=r"--out 'table.md' is relative"):
         resolve_out("table.md", is_file=True)
@@ -101,8 +106,17 @@ def test_every_script_that_writes_results_refuses_a_relative_out_under_a_job(tmp
         "instance.py": ["--n", "2", "--out", "runs/x.json"],
         "sweep.py": ["--config", ROOT / "tune_configs/quick.yaml", "--out", "runs/x"],
     }
-    procs = {name: subprocess.Popen([sys.executable, str(ROOT / "platform" / name), *map(str, args)], cwd=tmp_path, env=env,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for name, args in cases.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, str(ROOT / "platform" / name), *map(str, args)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in cases.items()
+    }
     for name, proc in procs.items():
         _, stderr = proc.communicate(timeout=300)
         out = "runs/x.md" if name == "report.py" else "runs/x.json" if name == "instance.py" else "runs/x"
@@ -125,9 +139,20 @@ def check_results(out: Path) -> None:
     trials = pq.read_table(out / "trials.parquet").to_pylist()
     assert len(trials) == 16 and {r["status"] for r in trials} <= {"completed", "diverged"}
     names = {(r["n"], r["name"]) for r in pq.read_table(out / "baselines.parquet").to_pylist()}
-    assert names == {(1, "classical-best"), (1, "dp-optimal"), (1, "bound"), (1, "milp-highs"), (4, "classical-best"), (4, "bound"), (4, "milp-highs")}
+    assert names == {
+        (1, "classical-best"),
+        (1, "dp-optimal"),
+        (1, "bound"),
+        (1, "milp-highs"),
+        (4, "classical-best"),
+        (4, "bound"),
+        (4, "milp-highs"),
+    }
     for n in (1, 4):
-        assert read_evaluation(out / "baselines" / f"n{n}" / "classical-best")["summary"]["instance_hash"] == paper_instance(n, 0).content_hash()
+        assert (
+            read_evaluation(out / "baselines" / f"n{n}" / "classical-best")["summary"]["instance_hash"]
+            == paper_instance(n, 0).content_hash()
+        )
 
 
 def free_ports(count: int) -> list[int]:
@@ -161,15 +186,40 @@ def cluster():
     (temp / "home").mkdir()
     gcs, dashboard, agent_listen, agent_grpc, runtime_env, metrics, node_manager, object_manager, client = free_ports(9)
     token = secrets.token_hex(32)
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("RAY_")}, "HOME": str(temp / "home"),
-           "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token,
-           "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard}"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RAY_")},
+        "HOME": str(temp / "home"),
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{dashboard}",
+    }
     head = subprocess.Popen(
-        [str(BIN / "ray"), "start", "--head", "--block", f"--temp-dir={temp / 'ray'}", "--num-cpus=2", "--disable-usage-stats",
-         f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}", f"--dashboard-agent-listen-port={agent_listen}",
-         f"--dashboard-agent-grpc-port={agent_grpc}", f"--runtime-env-agent-port={runtime_env}", f"--metrics-export-port={metrics}",
-         f"--node-manager-port={node_manager}", f"--object-manager-port={object_manager}", f"--ray-client-server-port={client}"],
-        cwd=temp, env=env, stdout=open(temp / "head.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            f"--temp-dir={temp / 'ray'}",
+            "--num-cpus=2",
+            "--disable-usage-stats",
+            f"--port={gcs}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            f"--dashboard-agent-listen-port={agent_listen}",
+            f"--dashboard-agent-grpc-port={agent_grpc}",
+            f"--runtime-env-agent-port={runtime_env}",
+            f"--metrics-export-port={metrics}",
+            f"--node-manager-port={node_manager}",
+            f"--object-manager-port={object_manager}",
+            f"--ray-client-server-port={client}",
+        ],
+        cwd=temp,
+        env=env,
+        stdout=open(temp / "head.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         request = urllib.request.Request(f"http://127.0.0.1:{dashboard}/api/version", headers={"Authorization": f"Bearer {token}"})
         deadline = time.monotonic() + 120

@@ -44,21 +44,26 @@ def textbook_lp_value(inst, inventory, in_transit, demand, opens):
                 c[names[("Rm", w, i, u)]] = g * inst.b[i]
                 bounds[names[("I", w, i, u)]] = (None, None)
                 # Rp >= I - D, Rm >= D - I
-                A_ub.append(row([(("I", w, i, u), 1), (("Rp", w, i, u), -1)])); b_ub.append(demand[w, u, i])
-                A_ub.append(row([(("I", w, i, u), -1), (("Rm", w, i, u), -1)])); b_ub.append(-demand[w, u, i])
+                A_ub.append(row([(("I", w, i, u), 1), (("Rp", w, i, u), -1)]))
+                b_ub.append(demand[w, u, i])
+                A_ub.append(row([(("I", w, i, u), -1), (("Rm", w, i, u), -1)]))
+                b_ub.append(-demand[w, u, i])
                 # 0 <= O <= qbar Y, tail fixing O = 0 for u >= H - L_i
                 cap = inst.qbar[i] * opens[w, u] if u < H - lead[i] else 0.0
                 bounds[names[("O", w, i, u)]] = (0, cap)
                 if u == 0:
-                    A_eq.append(row([(("I", w, i, 0), 1)])); b_eq.append(inventory[i])
+                    A_eq.append(row([(("I", w, i, 0), 1)]))
+                    b_eq.append(inventory[i])
                     if w > 0:  # non-anticipativity of the root quantity
-                        A_eq.append(row([(("O", w, i, 0), 1), (("O", 0, i, 0), -1)])); b_eq.append(0.0)
+                        A_eq.append(row([(("O", w, i, 0), 1), (("O", 0, i, 0), -1)]))
+                        b_eq.append(0.0)
                 if u < H - 1:
                     pipe = in_transit[i, u] if u + 1 <= LMAX - 1 else 0.0
                     entries = [(("I", w, i, u + 1), 1), (("I", w, i, u), -1)]
                     if u + 1 - lead[i] >= 0:
                         entries.append((("O", w, i, u + 1 - lead[i]), -1))
-                    A_eq.append(row(entries)); b_eq.append(pipe - demand[w, u, i])
+                    A_eq.append(row(entries))
+                    b_eq.append(pipe - demand[w, u, i])
     res = linprog(c, A_ub=np.array(A_ub), b_ub=b_ub, A_eq=np.array(A_eq), b_eq=b_eq, bounds=bounds, method="highs")
     assert res.status == 0
     K = sum(inst.K * inst.gamma**u / S * opens[w, u] for w in range(S) for u in range(H))
@@ -91,8 +96,17 @@ CASES = [
 @pytest.mark.parametrize("n, S, H, leads, seed", CASES)
 def test_highs_gurobi_and_brute_force_agree(n, S, H, leads, seed):
     rng = np.random.default_rng(seed)
-    inst = Instance(h=rng.uniform(0.6, 2, n), b=rng.uniform(6, 11, n), lam=rng.uniform(2, 7, n), beta=rng.uniform(0.2, 0.6, n),
-                    lead=leads, qbar=rng.uniform(8, 28, n), K=10.0 * n, gamma=0.95, rho=0.8)
+    inst = Instance(
+        h=rng.uniform(0.6, 2, n),
+        b=rng.uniform(6, 11, n),
+        lam=rng.uniform(2, 7, n),
+        beta=rng.uniform(0.2, 0.6, n),
+        lead=leads,
+        qbar=rng.uniform(8, 28, n),
+        K=10.0 * n,
+        gamma=0.95,
+        rho=0.8,
+    )
     inventory = rng.normal(3, 4, n)
     in_transit = np.where(np.arange(LMAX - 1)[None] < (inst.lead[:, None] - 1), rng.uniform(0, 6, (n, LMAX - 1)), 0.0)
     demand = sample_scenarios(inst, 0.4, S, H, rng)
@@ -108,8 +122,17 @@ def test_highs_gurobi_and_brute_force_agree(n, S, H, leads, seed):
 def test_first_period_dynamics_equal_the_environment_step():
     rng = np.random.default_rng(5)
     n = 4
-    inst = Instance(h=[1.0, 0.8, 1.5, 2.0], b=[9.0, 7.0, 11.0, 6.0], lam=[3.0, 5.0, 2.0, 6.0], beta=[0.3] * 4, lead=[1, 2, 3, 4],
-                    qbar=[12.0, 20.0, 8.0, 24.0], K=40.0, gamma=0.95, rho=0.8)
+    inst = Instance(
+        h=[1.0, 0.8, 1.5, 2.0],
+        b=[9.0, 7.0, 11.0, 6.0],
+        lam=[3.0, 5.0, 2.0, 6.0],
+        beta=[0.3] * 4,
+        lead=[1, 2, 3, 4],
+        qbar=[12.0, 20.0, 8.0, 24.0],
+        K=40.0,
+        gamma=0.95,
+        rho=0.8,
+    )
     inventory = np.array([4.0, -2.0, 6.0, 1.0])
     in_transit = np.array([[0, 0, 0], [3.0, 0, 0], [2.0, 5.0, 0], [1.0, 2.0, 4.0]])
     demand = sample_scenarios(inst, 0.0, 1, 6, rng)
@@ -119,10 +142,17 @@ def test_first_period_dynamics_equal_the_environment_step():
     open_order, quantity = model.root_action(x, inst.qbar)
     ti = inst.to_torch(dtype=torch.float64)
     state = State(torch.tensor(inventory[None]), torch.tensor(in_transit[None]), torch.zeros(1, dtype=torch.float64))
-    nxt, cost = step(ti, state, torch.tensor([float(open_order)]), torch.tensor(quantity[None]), torch.tensor(demand[:, 0]), torch.zeros(1, dtype=torch.float64))
+    nxt, cost = step(
+        ti,
+        state,
+        torch.tensor([float(open_order)]),
+        torch.tensor(quantity[None]),
+        torch.tensor(demand[:, 0]),
+        torch.zeros(1, dtype=torch.float64),
+    )
     # the model's post-demand stock at u = 0 and u = 1 against the step: N_0 = I - D_0, I_1 = N_0 + P_1 + 1{L=1} O_0
-    plus = x[model.shape[1] - 2 * n * 6:model.shape[1] - n * 6].reshape(n, 6)
-    minus = x[model.shape[1] - n * 6:].reshape(n, 6)
+    plus = x[model.shape[1] - 2 * n * 6 : model.shape[1] - n * 6].reshape(n, 6)
+    minus = x[model.shape[1] - n * 6 :].reshape(n, 6)
     post = plus - minus
     np.testing.assert_allclose(post[:, 0], inventory - demand[0, 0], atol=1e-9)
     np.testing.assert_allclose(post[:, 1] + demand[0, 1], nxt.inv[0].numpy(), atol=1e-7)
@@ -140,7 +170,9 @@ def test_tail_fixing_removes_late_columns():
     assert (model.root_quantity >= 0).all()
 
 
-@pytest.mark.parametrize("field, value", [("time_limit", float("inf")), ("time_limit", float("nan")), ("seed", -1), ("seed", 2**31), ("gap", 1.0)])
+@pytest.mark.parametrize(
+    "field, value", [("time_limit", float("inf")), ("time_limit", float("nan")), ("seed", -1), ("seed", 2**31), ("gap", 1.0)]
+)
 def test_solver_options_refuse_what_a_solver_would_reject(field, value):
     with pytest.raises(ValueError, match=field):
         SolverOptions(**{field: value})

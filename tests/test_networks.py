@@ -13,12 +13,17 @@ SMALL = TransformerShape(blocks=2, width=32, heads=4, feed_forward=64)
 
 def random_state(n, batch=5, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return State(torch.randn(batch, n, generator=g, dtype=torch.float64) * 5, torch.rand(batch, n, 3, generator=g, dtype=torch.float64) * 4,
-                 torch.randn(batch, generator=g, dtype=torch.float64))
+    return State(
+        torch.randn(batch, n, generator=g, dtype=torch.float64) * 5,
+        torch.rand(batch, n, 3, generator=g, dtype=torch.float64) * 4,
+        torch.randn(batch, generator=g, dtype=torch.float64),
+    )
 
 
 def permuted(inst: Instance, perm):
-    return Instance(**{k: getattr(inst, k)[perm.numpy()] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho)
+    return Instance(
+        **{k: getattr(inst, k)[perm.numpy()] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho
+    )
 
 
 def test_permutation_property_on_random_states():

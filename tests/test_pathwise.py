@@ -109,8 +109,20 @@ def test_tiny_training_comes_close_to_classical_best(method, tuned):
     torch.manual_seed(0)
     instance = paper_instance(1, 0)
     inst = instance.to_torch()
-    cfg = TrainConfig(method=method, batch=64, rollout=10, updates=120, blocks=1, width=32, heads=2, feed_forward=64, hidden=64, warmup=10,
-                      learning_rate=1e-3, final_learning_rate=1e-4)
+    cfg = TrainConfig(
+        method=method,
+        batch=64,
+        rollout=10,
+        updates=120,
+        blocks=1,
+        width=32,
+        heads=2,
+        feed_forward=64,
+        hidden=64,
+        warmup=10,
+        learning_rate=1e-3,
+        final_learning_rate=1e-4,
+    )
     trainer = PathwiseTrainer(cfg, inst)
     for _ in range(cfg.updates):
         trainer.step()

@@ -32,7 +32,7 @@ def full_decision(model, tinst, state: State):
 def half_opening(model, tinst, state: State):
     """Shift the open head's bias so that half of the batch (even size) opens, none within 1e-3 of p = 0.5."""
     logit, _ = full_decision(model, tinst, state)
-    middle = logit.sort().values[len(logit) // 2 - 1: len(logit) // 2 + 1].mean()
+    middle = logit.sort().values[len(logit) // 2 - 1 : len(logit) // 2 + 1].mean()
     with torch.no_grad():
         model.open_net.head.bias -= middle
     logit, _ = full_decision(model, tinst, state)
@@ -117,5 +117,3 @@ def test_evaluation_costs_equal_the_full_path():
     opened = fast.trace.open.astype(bool)
     np.testing.assert_allclose(fast.trace.quantity[opened], full.trace.quantity[opened], rtol=1e-6, atol=0)
     assert not fast.trace.quantity[~opened].any()
-
-

@@ -88,7 +88,7 @@ def listening_sockets() -> dict[str, ipaddress.IPv4Address | ipaddress.IPv6Addre
             fields = line.split()
             if fields[3] == "0A":  # TCP_LISTEN
                 raw = bytes.fromhex(fields[1].split(":")[0])
-                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # host-order 32-bit words
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # host-order 32-bit words
                 found[fields[9]] = ipaddress.ip_address(raw)
     return found
 
@@ -116,8 +116,15 @@ def is_loopback(address: str) -> bool:
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux /proc")
 def test_embedded_ray_listens_on_loopback_only_and_writes_no_token_to_home(tmp_path):
     log = (tmp_path / "driver.log").open("w")
-    driver = subprocess.Popen([sys.executable, "-c", EMBEDDED], cwd=ROOT, env=clean_env(tmp_path), text=True,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", EMBEDDED],
+        cwd=ROOT,
+        env=clean_env(tmp_path),
+        text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=log,
+    )
     try:
         assert driver.stdout.readline().strip() == "ready", (tmp_path / "driver.log").read_text()[-3000:]
         listeners = listeners_of([driver.pid, *descendants(driver.pid)])
@@ -152,8 +159,14 @@ def refusals(tmp_path_factory) -> dict[tuple[str, str], dict]:
     """init_ray(1, address or None) for every case below, one after the other in one fresh interpreter (none
     starts Ray, so each meets the state the one before it found): {(address, RAY_ADDRESS): {error, started}}."""
     cases = [("", NOTHING_LISTENS["RAY_ADDRESS"]), (NOTHING_LISTENS["flag"], ""), *((address, "") for address, _ in NO_GCS_ADDRESS)]
-    result = subprocess.run([sys.executable, "-c", CONNECT, json.dumps(cases)], cwd=ROOT, env=clean_env(tmp_path_factory.mktemp("home")),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", CONNECT, json.dumps(cases)],
+        cwd=ROOT,
+        env=clean_env(tmp_path_factory.mktemp("home")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return dict(zip(cases, map(json.loads, result.stdout.splitlines())))
 
@@ -163,7 +176,9 @@ def test_an_address_where_nothing_listens_is_refused_without_starting_ray(refusa
     address = NOTHING_LISTENS["RAY_ADDRESS" if via_env else "flag"]
     result = refusals[("", address) if via_env else (address, "")]
     where = f"RAY_ADDRESS={address}" if via_env else f"--address {address}"
-    assert result["error"] == f"envs.errors.InputError: {where}: no Ray cluster answers there (Connection refused)", result  # the address as given
+    assert result["error"] == f"envs.errors.InputError: {where}: no Ray cluster answers there (Connection refused)", (
+        result
+    )  # the address as given
     assert not result["started"]
 
 
@@ -185,8 +200,9 @@ def test_the_processes_of_a_dead_embedded_session_are_ended_and_no_others(tmp_pa
     sessions = {"dead": (driver.pid, driver_start, "deadnode"), "live": (os.getpid(), process_start(os.getpid()), "livenode")}
     for name, (pid, start, node) in sessions.items():
         (tmp_path / f"session_{name}" / "logs").mkdir(parents=True)
-        (tmp_path / f"session_{name}" / SESSION_RECORD).write_text(json.dumps({"driver_pid": pid, "driver_start": start, "node_id": node,
-                                                                               "raylet_pid": 4_000_000 + len(name)}))
+        (tmp_path / f"session_{name}" / SESSION_RECORD).write_text(
+            json.dumps({"driver_pid": pid, "driver_start": start, "node_id": node, "raylet_pid": 4_000_000 + len(name)})
+        )
     cases = {  # (session whose log is the process's stdout, environment): ended?
         "agent of the dead session": ("dead", {"RAY_NODE_ID": "deadnode"}, True),
         "worker of the dead session": ("dead", {"RAY_RAYLET_PID": str(4_000_004)}, True),
@@ -256,8 +272,9 @@ def test_the_next_start_ends_what_a_killed_drivers_embedded_ray_left_and_nothing
     start ends exactly these, and the processes of a live session (this test session's Ray) keep running."""
     node = ray_session._private.worker.global_worker.node
     own = processes_of(Path(node.get_session_dir_path()))
-    driver = subprocess.Popen([sys.executable, "-c", KILLED], cwd=ROOT, env=clean_env(tmp_path), text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", KILLED], cwd=ROOT, env=clean_env(tmp_path), text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
     left = set()
     try:
         session = Path(driver.stdout.readline().strip())
@@ -268,7 +285,9 @@ def test_the_next_start_ends_what_a_killed_drivers_embedded_ray_left_and_nothing
         left = processes_of(session)
         names = {Path(f"/proc/{pid}/cmdline").read_text().split("\0")[0] for pid in left}
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
-        restart = subprocess.run([sys.executable, "-c", RESTART], cwd=ROOT, env=clean_env(tmp_path), text=True, capture_output=True, timeout=120)
+        restart = subprocess.run(
+            [sys.executable, "-c", RESTART], cwd=ROOT, env=clean_env(tmp_path), text=True, capture_output=True, timeout=120
+        )
         assert restart.returncode == 0, restart.stderr[-3000:]
         ended = re.search(r"ended \d+ processes left by the embedded Ray of a killed driver: PIDs ([\d ]+)", restart.stderr)
         assert ended and set(map(int, ended.group(1).split())) == left, restart.stderr[-3000:]

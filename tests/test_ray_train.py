@@ -18,8 +18,19 @@ from trainers.config import ConfigError
 from trainers.pathwise import PathwiseTrainer, TrainConfig
 from trainers.run import train
 
-CONFIG = TrainConfig(batch=8, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, hidden=32, warmup=2, updates=12, learning_rate=1e-3,
-                     checkpoint_every=5)
+CONFIG = TrainConfig(
+    batch=8,
+    rollout=5,
+    blocks=1,
+    width=16,
+    heads=2,
+    feed_forward=32,
+    hidden=32,
+    warmup=2,
+    updates=12,
+    learning_rate=1e-3,
+    checkpoint_every=5,
+)
 INSTANCE = paper_instance(3, 0)
 
 
@@ -104,10 +115,15 @@ def dying_worker_loop(killed, rank: int, update: int):
 
 @pytest.mark.slow  # 20-40 s; a killed Tune trial is retried from its checkpoint in make test (tests/test_sweep.py)
 def test_a_killed_worker_is_replaced_and_the_run_continues_from_its_checkpoint(ray_session, tmp_path, monkeypatch):
-    monkeypatch.setattr(ray_train, "worker_loop", dying_worker_loop(tmp_path / "killed", rank=1, update=7))  # after the checkpoint of update 5
+    monkeypatch.setattr(
+        ray_train, "worker_loop", dying_worker_loop(tmp_path / "killed", rank=1, update=7)
+    )  # after the checkpoint of update 5
     summary = ray_train.train_data_parallel(CONFIG, INSTANCE, tmp_path / "run", workers=2, progress=False, max_failures=1)
     assert (tmp_path / "killed").exists()
-    assert (tmp_path / "killed.starts").read_text().split() == ["1", "6"]  # the second worker group started after the checkpoint of update 5
+    assert (tmp_path / "killed.starts").read_text().split() == [
+        "1",
+        "6",
+    ]  # the second worker group started after the checkpoint of update 5
     assert (summary["status"], summary["updates_done"], summary["attempts"]) == ("completed", CONFIG.updates, [0, 5])
     updates, cost10 = curve_of(tmp_path / "run")
     assert updates == list(range(1, CONFIG.updates + 1))

@@ -26,7 +26,6 @@ from trainers.config import ConfigError, TrainerConfig
 from trainers.experiment import run_experiment
 from trainers.pathwise import TrainConfig
 
-
 # ---- the registry ---------------------------------------------------------------------------------
 
 
@@ -37,8 +36,11 @@ def test_one_preset_table_for_both_families():
         for name in set(shared) - set(table["pathwise"]) - set(table["rllib"]):  # a family may set a shared field for itself
             assert len({getattr(c, name) for c in configs.values()}) == 1, (preset, name)
     cpu = {method: registry.method_config(method, "cpu") for method in METHODS}
-    # the cpu preset (trainers/registry.py, docs/methods.md): B 128, 1,280 updates, 2 blocks of width 64, 4 heads, feed-forward 256, hidden 256
-    assert {(c.batch, c.updates, c.blocks, c.width, c.heads, c.feed_forward, c.hidden) for c in cpu.values()} == {(128, 1280, 2, 64, 4, 256, 256)}
+    # the cpu preset (trainers/registry.py, docs/methods.md): B 128, 1,280 updates, 2 blocks of width 64, 4 heads,
+    # feed-forward 256, hidden 256
+    assert {(c.batch, c.updates, c.blocks, c.width, c.heads, c.feed_forward, c.hidden) for c in cpu.values()} == {
+        (128, 1280, 2, 64, 4, 256, 256)
+    }
     assert cpu["or-transformer"].checkpoint_every == cpu["hpo"].checkpoint_every == 250
     # the pathwise methods start by imitating classical-best (docs/experiments.md); the paper preset does not
     assert cpu["or-transformer"].imitation_updates == cpu["hpo"].imitation_updates == 300
@@ -47,7 +49,12 @@ def test_one_preset_table_for_both_families():
     assert registry.method_config("or-transformer", "paper").imitation_updates == 0
     assert (cpu["ppo"].epochs, cpu["ppo"].minibatches) == (cpu["transformer-ppo"].epochs, cpu["transformer-ppo"].minibatches) == (2, 2)
     paper = registry.method_config("hpo", "paper")
-    assert (paper.batch, paper.updates, paper.width, paper.checkpoint_every) == (1024, 16_000, 128, 500)  # the paper's table, the config's defaults
+    assert (paper.batch, paper.updates, paper.width, paper.checkpoint_every) == (
+        1024,
+        16_000,
+        128,
+        500,
+    )  # the paper's table, the config's defaults
     from trainers import pathwise, rllib_ppo
 
     assert not {"PRESETS", "preset"} & set(vars(pathwise)) and not {"PPO_PRESETS", "ppo_preset"} & set(vars(rllib_ppo))
@@ -66,14 +73,20 @@ def test_every_method_has_its_config_class():
     assert families == {"pathwise": set(pathwise.METHODS), "rllib": set(rllib_ppo.NETWORKS)}  # what each config class accepts
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: registry.method_config("dqn"), r"method: expected one of \['or-transformer', 'transformer-ppo', 'hpo', 'ppo'\], got 'dqn'"),
-    (lambda: registry.method_config("hpo", "huge"), r"preset: expected one of \['paper', 'cpu'\], got 'huge'"),
-    (lambda: registry.method_config("ppo", "cpu", {"lr": 1}), r"unknown keys \['lr'\]; allowed keys are \["),
-    (lambda: registry.method_config("ppo", "cpu", {"method": "hpo"}), r"overrides: 'method' is not a field to override"),
-    (lambda: registry.config_from_dict({"method": ["hpo"]}), r"method: expected one of .* got \['hpo'\]"),
-    (lambda: registry.train(TrainConfig(), INSTANCE, "x", workers=0), r"workers: expected None .* or an integer >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: registry.method_config("dqn"),
+            r"method: expected one of \['or-transformer', 'transformer-ppo', 'hpo', 'ppo'\], got 'dqn'",
+        ),
+        (lambda: registry.method_config("hpo", "huge"), r"preset: expected one of \['paper', 'cpu'\], got 'huge'"),
+        (lambda: registry.method_config("ppo", "cpu", {"lr": 1}), r"unknown keys \['lr'\]; allowed keys are \["),
+        (lambda: registry.method_config("ppo", "cpu", {"method": "hpo"}), r"overrides: 'method' is not a field to override"),
+        (lambda: registry.config_from_dict({"method": ["hpo"]}), r"method: expected one of .* got \['hpo'\]"),
+        (lambda: registry.train(TrainConfig(), INSTANCE, "x", workers=0), r"workers: expected None .* or an integer >= 1, got 0"),
+    ],
+)
 def test_unknown_names_are_config_errors(call, message):
     with pytest.raises(ConfigError, match=message):
         call()
@@ -109,11 +122,13 @@ def trainer_imports() -> dict[str, set[str]]:
 
 def test_the_trainers_import_each_other_without_a_circle():
     graph = trainer_imports()
-    assert "trainers.rllib_ppo" in graph["trainers.registry"] and "trainers.run" in graph["trainers.rllib_ppo"]  # the graph sees lazy imports
+    assert (
+        "trainers.rllib_ppo" in graph["trainers.registry"] and "trainers.run" in graph["trainers.rllib_ppo"]
+    )  # the graph sees lazy imports
 
     def circle(module, path):
         if module in path:
-            return path[path.index(module):] + [module]
+            return path[path.index(module) :] + [module]
         for other in sorted(graph.get(module, ())):
             if found := circle(other, path + [module]):
                 return found
@@ -125,9 +140,11 @@ def test_the_trainers_import_each_other_without_a_circle():
 
 
 def test_the_registry_imports_no_rllib():
-    code = ("import sys, trainers.registry, trainers.experiment; "
-            "assert not [m for m in sys.modules if m.startswith('ray.rllib')], 'RLlib imported'; "
-            "trainers.registry.method_config('hpo'); assert not [m for m in sys.modules if m.startswith('ray.rllib')]")
+    code = (
+        "import sys, trainers.registry, trainers.experiment; "
+        "assert not [m for m in sys.modules if m.startswith('ray.rllib')], 'RLlib imported'; "
+        "trainers.registry.method_config('hpo'); assert not [m for m in sys.modules if m.startswith('ray.rllib')]"
+    )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -166,7 +183,12 @@ def test_run_experiment_trains_and_evaluates_every_method(trained, method):
     for mode in ("greedy", "sampled"):
         summary = read_evaluation(out / mode)["summary"]
         assert result[mode] == summary
-        assert (summary["policy"], summary["episodes"], summary["horizon"], summary["seed"]) == (f"{method}-{mode}", EPISODES, HORIZON, HELDOUT_SEED)
+        assert (summary["policy"], summary["episodes"], summary["horizon"], summary["seed"]) == (
+            f"{method}-{mode}",
+            EPISODES,
+            HORIZON,
+            HELDOUT_SEED,
+        )
         assert summary["instance_hash"] == INSTANCE.content_hash() and summary["training"]["updates_done"] == 2
         by_hand = evaluate(rebuilt_policy(method, ckpt["trainer"]["model"], ckpt["config"], mode), INSTANCE.to_torch(), paths)
         assert summary["mean"] == pytest.approx(by_hand.mean, rel=1e-9)
@@ -197,8 +219,21 @@ def test_evaluate_script_on_every_methods_checkpoint(trained, tmp_path, script_r
     runs = [(method, mode) for method in METHODS for mode in ("greedy", "sampled")]
 
     def evaluate_script(method, mode):
-        return script_runner("evaluate.py", "--instance", tmp_path / "inst.json", "--policy", f"checkpoint:{trained[method].checkpoint}",
-                          "--mode", mode, "--episodes", EPISODES, "--horizon", HORIZON, "--out", tmp_path / f"{method}-{mode}")
+        return script_runner(
+            "evaluate.py",
+            "--instance",
+            tmp_path / "inst.json",
+            "--policy",
+            f"checkpoint:{trained[method].checkpoint}",
+            "--mode",
+            mode,
+            "--episodes",
+            EPISODES,
+            "--horizon",
+            HORIZON,
+            "--out",
+            tmp_path / f"{method}-{mode}",
+        )
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda run: evaluate_script(*run), runs))
@@ -220,8 +255,17 @@ def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(traine
     with pytest.raises(InputError, match="already holds a run"):
         run_experiment("hpo", INSTANCE, out, overrides=tiny("hpo"), episodes=EPISODES, horizon=HORIZON, progress=False)
     calls = []
-    again = run_experiment("hpo", INSTANCE, out, overrides=tiny("hpo"), mode="resume", episodes=EPISODES, horizon=HORIZON, progress=False,
-                           on_update=lambda *a: calls.append(a))
+    again = run_experiment(
+        "hpo",
+        INSTANCE,
+        out,
+        overrides=tiny("hpo"),
+        mode="resume",
+        episodes=EPISODES,
+        horizon=HORIZON,
+        progress=False,
+        on_update=lambda *a: calls.append(a),
+    )
     assert calls == [] and {name: (out / name).read_bytes() for name in before} == before
     for mode in ("greedy", "sampled"):
         assert read_evaluation(out / mode)["summary"]["mean"] == trained["hpo"].result[mode]["mean"] == again[mode]["mean"]
@@ -238,8 +282,17 @@ def test_workers_train_a_pathwise_method_with_ray_train(monkeypatch, tmp_path):
 
     monkeypatch.setitem(sys.modules, "trainers.ray_train", types.SimpleNamespace(train_data_parallel=train_data_parallel))
     updates = []
-    result = run_experiment("hpo", INSTANCE, tmp_path, overrides=tiny("hpo"), episodes=EPISODES, horizon=HORIZON, progress=False, workers=2,
-                            on_update=lambda *a: updates.append(a))
+    result = run_experiment(
+        "hpo",
+        INSTANCE,
+        tmp_path,
+        overrides=tiny("hpo"),
+        episodes=EPISODES,
+        horizon=HORIZON,
+        progress=False,
+        workers=2,
+        on_update=lambda *a: updates.append(a),
+    )
     assert calls == [("hpo", "new", 2, False, False)]
     assert updates == []  # Ray Train workers report to ray.train.report, not to this process's hook
     assert result["training"]["updates_done"] == 2 and read_evaluation(tmp_path / "greedy")["summary"] == result["greedy"]

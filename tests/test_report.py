@@ -37,9 +37,15 @@ SWEEP = {
     "methods": ["hpo", "or-transformer"],
     "overrides": {"all": RUN},
     "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
-    "baselines": {"classical_best": True, "dp_optimal": True, "bound": {"time_limit": 10},
-                  "milp": [{"name": "milp-highs", "scenarios": 3, "plan_horizon": 5, "time_limit": 2},
-                           {"name": "milp-short", "episodes": 2, "horizon": 5, "sizes": [4]}]},
+    "baselines": {
+        "classical_best": True,
+        "dp_optimal": True,
+        "bound": {"time_limit": 10},
+        "milp": [
+            {"name": "milp-highs", "scenarios": 3, "plan_horizon": 5, "time_limit": 2},
+            {"name": "milp-short", "episodes": 2, "horizon": 5, "sizes": [4]},
+        ],
+    },
 }
 D = np.array([-3, -2, -1, 0, 0, 1, 2, 3], dtype=float)  # mean 0, s.d. 2: s.e. over 8 episodes 2 / sqrt(8) = 0.7071
 E = np.array([-2, -2, -1, -1, 1, 1, 2, 2], dtype=float)  # classical-best's: mean 0, s.e. sqrt(20 / 7) / sqrt(8) = 0.5976
@@ -49,13 +55,18 @@ CLASSICAL = {"family": "base-stock", "reorder_z": 0.0, "cover": 2, "order_up_to_
 
 # (method, n, seed): status, held-out mean of the greedy opening (the sampled one is 1 higher), reason
 TRIALS = {
-    ("or-transformer", 1, 0): ("completed", 100.0, None), ("or-transformer", 1, 1): ("completed", 102.0, None),
+    ("or-transformer", 1, 0): ("completed", 100.0, None),
+    ("or-transformer", 1, 1): ("completed", 102.0, None),
     ("or-transformer", 1, 2): ("completed", 104.0, None),
-    ("hpo", 1, 0): ("completed", 101.0, None), ("hpo", 1, 1): ("diverged", 110.4, "cost above the threshold"),
+    ("hpo", 1, 0): ("completed", 101.0, None),
+    ("hpo", 1, 1): ("diverged", 110.4, "cost above the threshold"),
     ("hpo", 1, 2): ("failed", None, "RuntimeError: worker died"),
-    ("or-transformer", 4, 0): ("completed", 400.0, None), ("or-transformer", 4, 1): ("failed", None, "OSError: disk full"),
+    ("or-transformer", 4, 0): ("completed", 400.0, None),
+    ("or-transformer", 4, 1): ("failed", None, "OSError: disk full"),
     ("or-transformer", 4, 2): ("interrupted", None, "the sweep stopped before this trial finished; --resume continues it"),
-    ("hpo", 4, 0): ("failed", None, "ValueError: a"), ("hpo", 4, 1): ("failed", None, "ValueError: b"), ("hpo", 4, 2): ("failed", None, "ValueError: c"),
+    ("hpo", 4, 0): ("failed", None, "ValueError: a"),
+    ("hpo", 4, 1): ("failed", None, "ValueError: b"),
+    ("hpo", 4, 2): ("failed", None, "ValueError: c"),
 }
 # n -> baseline: (mean, offsets); milp-short at n = 4 runs 2 episodes x 5 decisions
 BASELINES = {
@@ -83,11 +94,15 @@ def write_results(root) -> None:
             row |= {"greedy_mean": mean, "sampled_mean": mean + 1, "checkpoint": str(folder.relative_to(root) / "checkpoint.pt")}
             if seed == 0:  # the decision time loads the first finished seed's policy
                 config = method_config(method, "cpu", {**RUN, "seed": seed})
-                save_checkpoint(folder / "checkpoint.pt", config, insts[n], {"model": build_network(config, n).state_dict(), "update": 40}, status)
+                save_checkpoint(
+                    folder / "checkpoint.pt", config, insts[n], {"model": build_network(config, n).state_dict(), "update": 40}, status
+                )
         rows.append(row)
         cost10 = 300.0 + 10 * seed if (method, n) == ("or-transformer", 1) else 1000.0 / (1 + seed)
         updates = 40 if status == "completed" else 20
-        curves += [{"method": method, "n": n, "seed": seed, "update": u, "cost10": cost10, "wall_seconds": float(u)} for u in range(1, updates + 1)]
+        curves += [
+            {"method": method, "n": n, "seed": seed, "update": u, "cost10": cost10, "wall_seconds": float(u)} for u in range(1, updates + 1)
+        ]
     write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), root / "trials.parquet")
     write_parquet(pa.Table.from_pylist(curves, schema=CURVES_SCHEMA), root / "curves.parquet")
     summary_rows = []
@@ -96,23 +111,65 @@ def write_results(root) -> None:
             horizon = 5 if name == "milp-short" else HORIZON
             tables, extra, policy, params = None, None, name, None
             if name.startswith("milp"):
-                decisions = [{"episode": e, "decision": t, "open": 0, "status": "optimal", "solve_seconds": SOLVE_SECONDS[n][(e * horizon + t) % len(SOLVE_SECONDS[n])],
-                              "build_seconds": BUILD_SECONDS[n], "objective": 0.0, "bound": 0.0, "gap": 0.0, "time_limited": False, "fallback": False,
-                              "rows": 1, "columns": 1, "nonzeros": 1, "quantity": [1.0] * n} for e in range(len(offsets)) for t in range(horizon)]
+                decisions = [
+                    {
+                        "episode": e,
+                        "decision": t,
+                        "open": 0,
+                        "status": "optimal",
+                        "solve_seconds": SOLVE_SECONDS[n][(e * horizon + t) % len(SOLVE_SECONDS[n])],
+                        "build_seconds": BUILD_SECONDS[n],
+                        "objective": 0.0,
+                        "bound": 0.0,
+                        "gap": 0.0,
+                        "time_limited": False,
+                        "fallback": False,
+                        "rows": 1,
+                        "columns": 1,
+                        "nonzeros": 1,
+                        "quantity": [1.0] * n,
+                    }
+                    for e in range(len(offsets))
+                    for t in range(horizon)
+                ]
                 tables = {"decisions.parquet": pa.Table.from_pylist(decisions).select([*DECISION_COLUMNS, "quantity"])}
                 extra = decision_summary(decisions)  # as solver_workers.runs.run_milp writes it
             elif name == "bound":
                 policy, extra = "perfect-information-bound", {"kind": "lower-bound"}
             elif name == "classical-best":
                 params = {**CLASSICAL, "tuning_mean": 1.0, "tuning_se": 0.1}
-            s = write_evaluation(root / "baselines" / f"n{n}" / name, policy, evaluation(mean, offsets, horizon), HELDOUT_SEED, {}, params, extra,
-                                 instance=insts[n], tables=tables)
-            summary_rows.append({"n": n, "name": name, "mean": s["mean"], "se": s["se"], "episodes": s["episodes"], "horizon": horizon,
-                                 "seconds_per_decision": None})
+            s = write_evaluation(
+                root / "baselines" / f"n{n}" / name,
+                policy,
+                evaluation(mean, offsets, horizon),
+                HELDOUT_SEED,
+                {},
+                params,
+                extra,
+                instance=insts[n],
+                tables=tables,
+            )
+            summary_rows.append(
+                {
+                    "n": n,
+                    "name": name,
+                    "mean": s["mean"],
+                    "se": s["se"],
+                    "episodes": s["episodes"],
+                    "horizon": horizon,
+                    "seconds_per_decision": None,
+                }
+            )
     write_parquet(pa.Table.from_pylist(summary_rows, schema=BASELINES_SCHEMA), root / "baselines.parquet")
-    record = {"format": "or-transformer-platform/sweep", "version": 1, "sweep": SWEEP, "started": "2026-01-28T10:00:00+0000",
-              **manifest(SWEEP), "instance_hashes": {f"n{n}": inst.content_hash() for n, inst in insts.items()},
-              "finished": "2026-01-28T11:00:00+0000"}
+    record = {
+        "format": "or-transformer-platform/sweep",
+        "version": 1,
+        "sweep": SWEEP,
+        "started": "2026-01-28T10:00:00+0000",
+        **manifest(SWEEP),
+        "instance_hashes": {f"n{n}": inst.content_hash() for n, inst in insts.items()},
+        "finished": "2026-01-28T11:00:00+0000",
+    }
     (root / "sweep.json").write_text(json.dumps(record))
 
 
@@ -131,13 +188,25 @@ def report(results):
 def cells(table: rn.Table) -> dict[tuple[str, str], str]:
     """(row's first cell, header) -> cell, with the best cell as **x** and the second as <ins>x</ins> (as in table.md)."""
     marked = {"best": "**{}**", "second": "<ins>{}</ins>"}
-    return {(row[0], h): marked[table.styles[(i, j)]].format(c) if (i, j) in table.styles else c
-            for i, row in enumerate(table.rows) for j, (h, c) in enumerate(zip(table.header, row))}
+    return {
+        (row[0], h): marked[table.styles[(i, j)]].format(c) if (i, j) in table.styles else c
+        for i, row in enumerate(table.rows)
+        for j, (h, c) in enumerate(zip(table.header, row))
+    }
 
 
 def test_cost_table_cells_by_hand(report):
     got = cells(rn.cost_table(report))
-    assert rn.cost_table(report).header == ["n", "OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal", "bound"]
+    assert rn.cost_table(report).header == [
+        "n",
+        "OR-Transformer",
+        "HPO",
+        "classical-best",
+        "milp-highs",
+        "milp-short",
+        "dp-optimal",
+        "bound",
+    ]
     # n = 1: OR-Transformer's seeds 100, 102, 104: mean 102, s.e. across seeds 2 / sqrt(3) = 1.15; HPO's finished seeds 101 and
     # 110.4 (diverged): 105.7 ± 4.7; dp-optimal (99) is the best policy, OR-Transformer second; the bound is never ranked.
     assert got[("1", "OR-Transformer")] == "<ins>102.0 ± 1.2</ins>"
@@ -166,11 +235,35 @@ def test_per_item_reduction_gap_and_divergence_by_hand(report):
     assert per_item[("4", "OR-Transformer")] == "100.00 ± 0.18" and per_item[("4", "classical-best")] == "110.00 ± 0.15"
     assert per_item[("4", "HPO")] == "failed (3 of 3 seeds)"
     reduction = cells(rn.reduction_table(report))  # 1 - OR-Transformer / method
-    assert [reduction[("1", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == ["3.5%", "7.3%", "8.9%", "n/a", "-3.0%"]
-    assert [reduction[("4", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == ["n/a", "9.1%", "9.2%", "n/a", "n/a"]
+    assert [reduction[("1", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == [
+        "3.5%",
+        "7.3%",
+        "8.9%",
+        "n/a",
+        "-3.0%",
+    ]
+    assert [reduction[("4", h)] for h in ("HPO", "classical-best", "milp-highs", "milp-short", "dp-optimal")] == [
+        "n/a",
+        "9.1%",
+        "9.2%",
+        "n/a",
+        "n/a",
+    ]
     gap = cells(rn.gap_table(report))  # method / bound - 1
-    assert [gap[("1", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "dp-optimal")] == ["13.3%", "17.4%", "22.2%", "24.4%", "10.0%"]
-    assert [gap[("4", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short")] == ["5.3%", "n/a", "15.8%", "15.9%", "n/a"]
+    assert [gap[("1", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "dp-optimal")] == [
+        "13.3%",
+        "17.4%",
+        "22.2%",
+        "24.4%",
+        "10.0%",
+    ]
+    assert [gap[("4", h)] for h in ("OR-Transformer", "HPO", "classical-best", "milp-highs", "milp-short")] == [
+        "5.3%",
+        "n/a",
+        "15.8%",
+        "15.9%",
+        "n/a",
+    ]
     diverged = cells(rn.diverged_table(report))
     assert diverged[("1", "HPO")] == "1 of 3 (33.3%)" and diverged[("1", "OR-Transformer")] == "0 of 3 (0.0%)"
 
@@ -181,7 +274,10 @@ def test_csv_holds_every_cell_with_its_numbers(report):
     ours = rows[("1", "or-transformer")]
     assert float(ours["mean"]) == pytest.approx(102) and float(ours["se"]) == pytest.approx(2 / math.sqrt(3)) and ours["se_over"] == "seeds"
     assert ours["rank"] == "2" and float(ours["gap_to_bound"]) == pytest.approx(102 / 90 - 1) and ours["opening"] == "greedy"
-    assert rows[("4", "or-transformer")]["se_over"] == "episodes of one seed" and rows[("4", "or-transformer")]["not_finished"] == "1 failed; 1 interrupted"
+    assert (
+        rows[("4", "or-transformer")]["se_over"] == "episodes of one seed"
+        and rows[("4", "or-transformer")]["not_finished"] == "1 failed; 1 interrupted"
+    )
     assert rows[("4", "hpo")]["cell"] == "failed (3 of 3 seeds)" and rows[("4", "hpo")]["mean"] == ""
     assert float(rows[("4", "milp-highs")]["reduction_by_or_transformer"]) == pytest.approx(1 - 400 / 440.3)
     assert rows[("4", "milp-short")]["rank"] == "" and rows[("4", "milp-short")]["horizon"] == "5"
@@ -190,11 +286,25 @@ def test_csv_holds_every_cell_with_its_numbers(report):
 def test_paired_comparisons_by_hand(report):
     table = rn.paired_table(report)
     got = {(r[0], r[1]): r for r in table.rows}
-    assert set(got) == {("1", "OR-Transformer"), ("1", "HPO"), ("1", "milp-highs"), ("1", "dp-optimal"), ("4", "OR-Transformer"), ("4", "HPO"),
-                        ("4", "milp-highs"), ("4", "milp-short")}
+    assert set(got) == {
+        ("1", "OR-Transformer"),
+        ("1", "HPO"),
+        ("1", "milp-highs"),
+        ("1", "dp-optimal"),
+        ("4", "OR-Transformer"),
+        ("4", "HPO"),
+        ("4", "milp-highs"),
+        ("4", "milp-short"),
+    }
     # every interval is the difference of the means ± 0.632 (above)
     assert got[("1", "OR-Transformer")][2:4] == ["3", "-8.00"] and got[("1", "OR-Transformer")][5:] == ["3 of 3", "0 of 3"]
-    assert got[("1", "HPO")][2:] == ["2", "-4.30", "s0: -9.00 [-9.63, -8.37]; s1: +0.40 [-0.23, +1.03]", "1 of 2", "0 of 2"]  # 101 - 110, 110.4 - 110
+    assert got[("1", "HPO")][2:] == [
+        "2",
+        "-4.30",
+        "s0: -9.00 [-9.63, -8.37]; s1: +0.40 [-0.23, +1.03]",
+        "1 of 2",
+        "0 of 2",
+    ]  # 101 - 110, 110.4 - 110
     assert got[("1", "milp-highs")][2:] == ["1", "+2.00", "+2.00 [+1.37, +2.63]", "0 of 1", "1 of 1"]
     assert got[("4", "milp-highs")][3:] == ["+0.30", "+0.30 [-0.33, +0.93]", "0 of 1", "0 of 1"]
     assert got[("4", "HPO")][2:5] == ["0", "n/a", "failed (3 of 3 seeds)"]
@@ -285,8 +395,9 @@ class Page(HTMLParser):
 
 def test_outputs_and_the_self_contained_page(report, tmp_path):
     written = rn.write_report(report, tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["table.md", "table.csv", "curves.png", "curves.svg", "decision_time.png",
-                                                                           "index.html"])
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        ["table.md", "table.csv", "curves.png", "curves.svg", "decision_time.png", "index.html"]
+    )
     assert written["curves.png"].read_bytes().startswith(b"\x89PNG") and b"<svg" in written["curves.svg"].read_bytes()
     md = written["table.md"].read_text()
     assert "| 1 | <ins>102.0 ± 1.2</ins> | 105.7 ± 4.7 (2 of 3 seeds; 1 failed) |" in md and "(greedy opening)" in md
@@ -312,7 +423,10 @@ def test_sampled_opening_is_selectable_and_stated(results):
 def test_results_markdown_writes_the_command_above_each_table(report):
     text = rn.results_markdown(report, "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md")
     sections = text.split("## ")[1:]
-    assert [s.splitlines()[0] for s in sections] == ["Mean discounted cost over 10 decisions (greedy opening)", "Paired comparisons against classical-best"]
+    assert [s.splitlines()[0] for s in sections] == [
+        "Mean discounted cost over 10 decisions (greedy opening)",
+        "Paired comparisons against classical-best",
+    ]
     for section in sections:
         assert section.index("--markdown docs/results.md") < section.index("| n |")
 
@@ -338,7 +452,9 @@ def test_a_finished_trial_without_its_evaluation_is_an_error(results, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(results, broken)
     (broken / "trials" / "hpo-n1-s1" / "greedy" / "costs.parquet").write_bytes(b"changed")
-    with pytest.raises(InputError, match="trial hpo-n1-s1 is diverged in trials.parquet, but its greedy evaluation does not read: .*checksum"):
+    with pytest.raises(
+        InputError, match="trial hpo-n1-s1 is diverged in trials.parquet, but its greedy evaluation does not read: .*checksum"
+    ):
         rp.build_report(broken)
 
 
@@ -347,12 +463,19 @@ def test_script_modes_and_errors(results, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "| 4 | **400.00 ± 0.71† (1 of 3 seeds; 1 failed, 1 interrupted)** | failed (3 of 3 seeds) |" in done.stdout
     assert f"report: {results / 'report' / 'index.html'}" in done.stdout and (results / "report" / "curves.svg").is_file()
-    assert f"python platform/report.py {results} --out {results / 'report'} --markdown {tmp_path / 'results.md'}" in (tmp_path / "results.md").read_text()
+    assert (
+        f"python platform/report.py {results} --out {results / 'report'} --markdown {tmp_path / 'results.md'}"
+        in (tmp_path / "results.md").read_text()
+    )
     (tmp_path / "nothing").mkdir()
-    for args, message in (([tmp_path / "nothing"], "holds neither sweep.json (a results directory of platform/sweep.py) nor summary.json"),
-                          ([results, "--bound", results], "--bound compares evaluation folders")):
+    for args, message in (
+        ([tmp_path / "nothing"], "holds neither sweep.json (a results directory of platform/sweep.py) nor summary.json"),
+        ([results, "--bound", results], "--bound compares evaluation folders"),
+    ):
         bad = run_script("report.py", *args)
-        assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+        assert bad.returncode == 2 and bad.stderr.startswith("error: ") and message in bad.stderr and "Traceback" not in bad.stderr, (
+            bad.stderr
+        )
 
 
 def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_path, monkeypatch):
@@ -364,31 +487,54 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     from sweeps.spec import SweepSpec
     from trainers import pathwise, registry
 
-    monkeypatch.setitem(registry.METHODS, "fake", registry.Method("fake", "pathwise", fixed_size=False, label="Fake-Former", throughput=1000.0))
+    monkeypatch.setitem(
+        registry.METHODS, "fake", registry.Method("fake", "pathwise", fixed_size=False, label="Fake-Former", throughput=1000.0)
+    )
     monkeypatch.setattr(pathwise, "METHODS", (*pathwise.METHODS, "fake"))
     monkeypatch.setattr(spec_module, "METHOD_NAMES", tuple(registry.METHODS))
     # the dry run: 1000 updates x 64 rollouts x 10 steps at 1000 transitions/s is 640 s at n = 1, and twice that at n = 32
     # (the throughput taken as inversely proportional to n above 16): 1920 s = 0.533 learner-hours
-    spec = SweepSpec.from_dict({"sizes": [1, 32], "seeds": 1, "methods": ["fake"], "overrides": {"fake": {"updates": 1000, "batch": 64}},
-                                "baselines": {"classical_best": False, "dp_optimal": False}})
+    spec = SweepSpec.from_dict(
+        {
+            "sizes": [1, 32],
+            "seeds": 1,
+            "methods": ["fake"],
+            "overrides": {"fake": {"updates": 1000, "batch": 64}},
+            "baselines": {"classical_best": False, "dp_optimal": False},
+        }
+    )
     assert sum(training_hours(spec, t) for t in spec.trials()) == pytest.approx(1920 / 3600)
     lines = dry_run(spec, [{"CPU": 2.0, "GPU": 0.0}])
     assert "  fake: 1 CPU, 0 GPU per trial (1 Ray Train workers)" in lines and any("about 0.5 learner-hours" in line for line in lines)
     # the report: HPO's only seed failed, the fake method's finished with the costs 50 + D
-    sweep = {"sizes": [1], "seeds": 1, "methods": ["fake", "hpo"], "overrides": {"all": RUN}, "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
-             "baselines": {"classical_best": False, "dp_optimal": False}}
+    sweep = {
+        "sizes": [1],
+        "seeds": 1,
+        "methods": ["fake", "hpo"],
+        "overrides": {"all": RUN},
+        "evaluation": {"episodes": EPISODES, "horizon": HORIZON},
+        "baselines": {"classical_best": False, "dp_optimal": False},
+    }
     root, inst = tmp_path / "results", paper_instance(1, 0)
     folder = root / "trials" / "fake-n1-s0"
     for opening in ("greedy", "sampled"):
         write_evaluation(folder / opening, f"fake-{opening}", evaluation(50.0, D), HELDOUT_SEED, {}, instance=inst)
     config = method_config("fake", "cpu", {**RUN, "seed": 0})
     save_checkpoint(folder / "checkpoint.pt", config, inst, {"model": build_network(config, 1).state_dict(), "update": 40}, "completed")
-    rows = [{"method": "fake", "n": 1, "seed": 0, "status": "completed", "updates": 40, "greedy_mean": 50.0},
-            {"method": "hpo", "n": 1, "seed": 0, "status": "failed", "reason": "ValueError: a", "updates": 3}]
+    rows = [
+        {"method": "fake", "n": 1, "seed": 0, "status": "completed", "updates": 40, "greedy_mean": 50.0},
+        {"method": "hpo", "n": 1, "seed": 0, "status": "failed", "reason": "ValueError: a", "updates": 3},
+    ]
     write_parquet(pa.Table.from_pylist(rows, schema=TRIALS_SCHEMA), root / "trials.parquet")
     write_parquet(CURVES_SCHEMA.empty_table(), root / "curves.parquet")
     write_parquet(BASELINES_SCHEMA.empty_table(), root / "baselines.parquet")
-    record = {"format": "or-transformer-platform/sweep", "version": 1, "sweep": sweep, **manifest(sweep), "instance_hashes": {"n1": inst.content_hash()}}
+    record = {
+        "format": "or-transformer-platform/sweep",
+        "version": 1,
+        "sweep": sweep,
+        **manifest(sweep),
+        "instance_hashes": {"n1": inst.content_hash()},
+    }
     (root / "sweep.json").write_text(json.dumps(record))
     report = rp.build_report(root)
     assert report.columns == [("hpo", "learned"), ("fake", "learned")]  # the registry's order: the new method last
@@ -408,6 +554,16 @@ def test_milp_seconds_per_decision_is_build_plus_solve_in_the_table_and_the_repo
     shutil.copytree(results, copy)
     write_tables(read_results(copy).spec, copy, {})
     table = {(r["n"], r["name"]): r["seconds_per_decision"] for r in pq.read_table(copy / "baselines.parquet").to_pylist()}
-    assert table == {(1, "classical-best"): None, (1, "milp-highs"): pytest.approx(2.5), (1, "dp-optimal"): None, (1, "bound"): None,
-                     (4, "classical-best"): None, (4, "milp-highs"): pytest.approx(5.0), (4, "milp-short"): pytest.approx(5.0), (4, "bound"): None}
-    assert {(n, m): t for n, times in report.milp_times.items() for m, t in times.items()} == {k: v for k, v in table.items() if v is not None}
+    assert table == {
+        (1, "classical-best"): None,
+        (1, "milp-highs"): pytest.approx(2.5),
+        (1, "dp-optimal"): None,
+        (1, "bound"): None,
+        (4, "classical-best"): None,
+        (4, "milp-highs"): pytest.approx(5.0),
+        (4, "milp-short"): pytest.approx(5.0),
+        (4, "bound"): None,
+    }
+    assert {(n, m): t for n, times in report.milp_times.items() for m, t in times.items()} == {
+        k: v for k, v in table.items() if v is not None
+    }

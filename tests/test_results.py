@@ -77,11 +77,14 @@ def test_a_replaced_file_fails_its_checksum(tmp_path):
     results.read_evaluation(tmp_path / "b")
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "is not valid JSON"),
-    ('{"policy": "zero"}', "not a results summary of this platform"),
-    (json.dumps({"format": results.FORMAT, "version": 1}), "field 'version' is 1"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"policy": "zero"}', "not a results summary of this platform"),
+        (json.dumps({"format": results.FORMAT, "version": 1}), "field 'version' is 1"),
+    ],
+)
 def test_malformed_summaries_are_named(tmp_path, content, message):
     write(tmp_path / "ev", 4)
     (tmp_path / "ev" / "summary.json").write_text(content)
@@ -102,8 +105,20 @@ def test_a_summary_missing_a_field_is_named(tmp_path):
 def test_report_refuses_to_pair_evaluations_of_different_instances(tmp_path):
     for n in (2, 4):
         run_script("instance.py", "--n", n, "--out", tmp_path / f"i{n}.json", check=True)
-        run_script("evaluate.py", "--instance", tmp_path / f"i{n}.json", "--policy", "zero", "--episodes", 4, "--horizon", 5,
-                   "--out", tmp_path / f"zero{n}", check=True)
+        run_script(
+            "evaluate.py",
+            "--instance",
+            tmp_path / f"i{n}.json",
+            "--policy",
+            "zero",
+            "--episodes",
+            4,
+            "--horizon",
+            5,
+            "--out",
+            tmp_path / f"zero{n}",
+            check=True,
+        )
     same = run_script("report.py", tmp_path / "zero2", tmp_path / "zero2")
     assert same.returncode == 0, same.stderr
     mixed = run_script("report.py", tmp_path / "zero2", tmp_path / "zero4")

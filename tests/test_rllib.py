@@ -10,8 +10,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from ray.train.constants import DEFAULT_STORAGE_PATH
 from conftest import TINY
+from ray.train.constants import DEFAULT_STORAGE_PATH
 from scipy import stats
 
 from envs.dynamics import State
@@ -36,7 +36,9 @@ def test_distribution_log_probability_by_hand():
     value = (torch.tensor([1]), torch.tensor([[0.25, 0.8]], dtype=torch.float64))
     softplus = lambda x: np.log1p(np.exp(x))  # noqa: E731
     expected = np.log(1 / (1 + np.exp(-0.3)))
-    expected += stats.beta.logpdf(0.25, 1 + softplus(0.2), 1 + softplus(-1.0)) + stats.beta.logpdf(0.8, 1 + softplus(2.0), 1 + softplus(0.5))
+    expected += stats.beta.logpdf(0.25, 1 + softplus(0.2), 1 + softplus(-1.0)) + stats.beta.logpdf(
+        0.8, 1 + softplus(2.0), 1 + softplus(0.5)
+    )
     assert dist.logp(value).item() == pytest.approx(expected)
     greedy_open, greedy_fraction = dist.to_deterministic().sample()
     assert greedy_open.item() == 1
@@ -65,7 +67,9 @@ def test_transformer_ppo_module_is_permutation_equivariant():
     torch.manual_seed(1)
     inst = paper_instance(6, 0)
     perm = np.random.default_rng(0).permutation(6)
-    permuted = Instance(**{k: getattr(inst, k)[perm] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho)
+    permuted = Instance(
+        **{k: getattr(inst, k)[perm] for k in ("h", "b", "lam", "beta", "lead", "qbar")}, K=inst.K, gamma=inst.gamma, rho=inst.rho
+    )
     module = build_module(PPOTrainConfig(method="transformer-ppo", **RUN), 6)
     g = torch.Generator().manual_seed(0)
     state = State(torch.randn(3, 6, generator=g) * 4, torch.rand(3, 6, 3, generator=g) * 3, torch.randn(3, generator=g))
@@ -75,8 +79,12 @@ def test_transformer_ppo_module_is_permutation_equivariant():
     torch.testing.assert_close(out_p[:, 0], out[:, 0], rtol=1e-5, atol=1e-5)  # open logit invariant
     per_item = out[:, 1:].reshape(3, 6, 2)
     torch.testing.assert_close(out_p[:, 1:].reshape(3, 6, 2), per_item[:, perm], rtol=1e-5, atol=1e-5)  # Beta parameters follow the items
-    torch.testing.assert_close(module.compute_values({"obs": flat_features(permuted.to_torch(), state_p)}),
-                               module.compute_values({"obs": flat_features(inst.to_torch(), state)}), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        module.compute_values({"obs": flat_features(permuted.to_torch(), state_p)}),
+        module.compute_values({"obs": flat_features(inst.to_torch(), state)}),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +127,16 @@ def test_checkpoint_round_trip_and_resume(tiny_run, tmp_path, monkeypatch):
     small = PPOTrainConfig(method="transformer-ppo", **RUN, updates=2)
     monkeypatch.chdir(tmp_path.parent)  # a relative run directory, as from the command line
     train_ppo(small, paper_instance(2, 0), tmp_path.name, progress=False)
-    resumed = train_ppo(PPOTrainConfig(method="transformer-ppo", **RUN, updates=3), paper_instance(2, 0), tmp_path.name, mode="resume", progress=False)
+    resumed = train_ppo(
+        PPOTrainConfig(method="transformer-ppo", **RUN, updates=3), paper_instance(2, 0), tmp_path.name, mode="resume", progress=False
+    )
     assert resumed["updates_done"] == 3
     assert pq.read_table(tmp_path / "curve.parquet").to_pydict()["update"] == [1, 2, 3]
-    assert (tmp_path / "tensorboard").exists() and (tmp_path / "rllib" / "algorithm-3").is_dir() and not (tmp_path / "rllib" / "algorithm-2").exists()
+    assert (
+        (tmp_path / "tensorboard").exists()
+        and (tmp_path / "rllib" / "algorithm-3").is_dir()
+        and not (tmp_path / "rllib" / "algorithm-2").exists()
+    )
 
 
 def test_rllib_writes_nothing_to_ray_results(tiny_run):
@@ -155,15 +169,18 @@ def test_an_interrupt_saves_the_update_under_way_and_the_run_resumes(tmp_path, m
     assert sorted(p.name for p in (tmp_path / "rllib").iterdir()) == ["algorithm-4", "logs"]
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("epochs", True, "an integer >= 1, got a boolean true"),
-    ("minibatches", 0, "an integer >= 1, got 0"),
-    ("minibatches", 5, "must divide batch x rollout = 24, got 5"),
-    ("clip", 0, "a number > 0, got 0"),
-    ("value_weight", -0.1, "a number >= 0, got -0.1"),
-    ("entropy", "lots", "a number >= 0, got a string \"lots\""),
-    ("method", "dqn", "one of ['ppo', 'transformer-ppo'], got a string \"dqn\""),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("epochs", True, "an integer >= 1, got a boolean true"),
+        ("minibatches", 0, "an integer >= 1, got 0"),
+        ("minibatches", 5, "must divide batch x rollout = 24, got 5"),
+        ("clip", 0, "a number > 0, got 0"),
+        ("value_weight", -0.1, "a number >= 0, got -0.1"),
+        ("entropy", "lots", 'a number >= 0, got a string "lots"'),
+        ("method", "dqn", "one of ['ppo', 'transformer-ppo'], got a string \"dqn\""),
+    ],
+)
 def test_every_ppo_config_field_is_checked(field, value, message):
     with pytest.raises(ConfigError, match=re.escape(f"config field '{field}': ") + "(expected )?" + re.escape(message)):
         PPOTrainConfig.from_dict({**RUN, field: value})

@@ -80,7 +80,9 @@ def service(ray_session, trained):
     from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
 
     checkpoint = trained["or-transformer"].checkpoint
-    config = ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, batch_wait_ms=BATCH_WAIT_MS, max_body_bytes=MAX_BODY)
+    config = ServiceConfig(
+        policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, batch_wait_ms=BATCH_WAIT_MS, max_body_bytes=MAX_BODY
+    )
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
     serve.run(application(config, config.decider()), name="test-decisions", route_prefix="/")
@@ -119,29 +121,118 @@ BAD_REQUESTS = [  # id, method, path, body, content type, status, what the messa
     ("malformed-json", "POST", "/decide", body('{"inventory": [1, 2],'), "application/json", 400, "request 'body' is not valid JSON"),
     ("not-utf8", "POST", "/decide", b'{"inventory": "\xff"}', "application/json", 400, "request 'body' is not valid UTF-8"),
     ("nested-too-deeply", "POST", "/decide", body("[" * 3000), "application/json", 400, "nests lists or objects too deeply"),
-    ("key-written-twice", "POST", "/decide", body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "factor": 1}'),
-     "application/json", 400, "request 'body': key 'factor' is written twice in one object"),
+    (
+        "key-written-twice",
+        "POST",
+        "/decide",
+        body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0, "factor": 1}'),
+        "application/json",
+        400,
+        "request 'body': key 'factor' is written twice in one object",
+    ),
     ("text-content-type", "POST", "/decide", state_with(), "text/plain", 415, "header 'Content-Type': expected application/json"),
     ("no-content-type", "POST", "/decide", state_with(), None, 415, "header 'Content-Type'"),
-    ("body-over-the-limit", "POST", "/decide", json.dumps([STATES[0]] * 60).encode(), "application/json", 413, f"limit of {MAX_BODY} bytes"),
-    ("wrong-item-count", "POST", "/decide", state_with(inventory=[1, 2, 3]), "application/json", 422, "state 0 field 'inventory': expected 2 numbers"),
-    ("in-transit-ragged", "POST", "/decide", state_with(in_transit=[[0, 0, 0], [0, 0]]), "application/json", 422,
-     "state 0 field 'in_transit'[1]: expected 3 numbers"),
-    ("in-transit-negative", "POST", "/decide", state_with(in_transit=[[-1, 0, 0], [0, 0, 0]]), "application/json", 422,
-     "state 0 field 'in_transit'[0][0]: -1 is negative"),
-    ("in-transit-beyond-the-lead-time", "POST", "/decide", state_with(in_transit=[[0, 0, 5], [0, 0, 0]]), "application/json", 422,
-     "state 0 field 'in_transit'[0][2]: expected 0, got 5: item 0 has lead time L = 3"),
-    ("in-transit-over-qbar", "POST", "/decide", state_with(in_transit=[[30, 0, 0], [0, 0, 0]]), "application/json", 422, "exceeds qbar_0 = 24.8"),
-    ("inventory-nan", "POST", "/decide", body('{"inventory": [1, NaN], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0}'), "application/json", 422,
-     "state 0 field 'inventory'[1]: expected a number, got NaN"),
-    ("factor-overflows", "POST", "/decide", body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 1e400}'), "application/json",
-     422, "state 0 field 'factor': expected a number, got Infinity"),
-    ("factor-outside-the-stationary-range", "POST", "/decide", state_with(factor=11), "application/json", 422, "'factor': 11 is outside [-10, 10]"),
-    ("inventory-text", "POST", "/decide", state_with(inventory=[1, "2"]), "application/json", 422, "'inventory'[1]: expected a number, got a string"),
+    (
+        "body-over-the-limit",
+        "POST",
+        "/decide",
+        json.dumps([STATES[0]] * 60).encode(),
+        "application/json",
+        413,
+        f"limit of {MAX_BODY} bytes",
+    ),
+    (
+        "wrong-item-count",
+        "POST",
+        "/decide",
+        state_with(inventory=[1, 2, 3]),
+        "application/json",
+        422,
+        "state 0 field 'inventory': expected 2 numbers",
+    ),
+    (
+        "in-transit-ragged",
+        "POST",
+        "/decide",
+        state_with(in_transit=[[0, 0, 0], [0, 0]]),
+        "application/json",
+        422,
+        "state 0 field 'in_transit'[1]: expected 3 numbers",
+    ),
+    (
+        "in-transit-negative",
+        "POST",
+        "/decide",
+        state_with(in_transit=[[-1, 0, 0], [0, 0, 0]]),
+        "application/json",
+        422,
+        "state 0 field 'in_transit'[0][0]: -1 is negative",
+    ),
+    (
+        "in-transit-beyond-the-lead-time",
+        "POST",
+        "/decide",
+        state_with(in_transit=[[0, 0, 5], [0, 0, 0]]),
+        "application/json",
+        422,
+        "state 0 field 'in_transit'[0][2]: expected 0, got 5: item 0 has lead time L = 3",
+    ),
+    (
+        "in-transit-over-qbar",
+        "POST",
+        "/decide",
+        state_with(in_transit=[[30, 0, 0], [0, 0, 0]]),
+        "application/json",
+        422,
+        "exceeds qbar_0 = 24.8",
+    ),
+    (
+        "inventory-nan",
+        "POST",
+        "/decide",
+        body('{"inventory": [1, NaN], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0}'),
+        "application/json",
+        422,
+        "state 0 field 'inventory'[1]: expected a number, got NaN",
+    ),
+    (
+        "factor-overflows",
+        "POST",
+        "/decide",
+        body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 1e400}'),
+        "application/json",
+        422,
+        "state 0 field 'factor': expected a number, got Infinity",
+    ),
+    (
+        "factor-outside-the-stationary-range",
+        "POST",
+        "/decide",
+        state_with(factor=11),
+        "application/json",
+        422,
+        "'factor': 11 is outside [-10, 10]",
+    ),
+    (
+        "inventory-text",
+        "POST",
+        "/decide",
+        state_with(inventory=[1, "2"]),
+        "application/json",
+        422,
+        "'inventory'[1]: expected a number, got a string",
+    ),
     ("empty-list", "POST", "/decide", body("[]"), "application/json", 422, "request body: an empty list"),
     ("not-a-state", "POST", "/decide", body('"state"'), "application/json", 422, "request body: expected a state object or a list of them"),
-    ("second-state-misses-a-key", "POST", "/decide", json.dumps([STATES[0], {"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]]}]).encode(),
-     "application/json", 422, "state 1: missing keys ['factor']"),
+    (
+        "second-state-misses-a-key",
+        "POST",
+        "/decide",
+        json.dumps([STATES[0], {"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]]}]).encode(),
+        "application/json",
+        422,
+        "state 1: missing keys ['factor']",
+    ),
     ("unknown-key", "POST", "/decide", state_with(time=3), "application/json", 422, "state 0: unknown keys ['time']"),
     ("get-decide", "GET", "/decide", None, None, 405, "/decide: expected POST, got GET"),
     ("post-info", "POST", "/info", state_with(), "application/json", 405, "/info: expected GET, got POST"),
@@ -150,7 +241,9 @@ BAD_REQUESTS = [  # id, method, path, body, content type, status, what the messa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, path, payload, content_type, status, message", [row[1:] for row in BAD_REQUESTS], ids=[row[0] for row in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    "method, path, payload, content_type, status, message", [row[1:] for row in BAD_REQUESTS], ids=[row[0] for row in BAD_REQUESTS]
+)
 def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payload, content_type, status, message):
     got, answer = call(service[0], method, path, payload, content_type)
     assert (got, list(answer)) == (status, ["error"]) and message in answer["error"], answer
@@ -165,8 +258,14 @@ def test_concurrent_requests_share_policy_calls(service, script_runner, tmp_path
         answers = list(pool.map(lambda state: call(port, "POST", "/decide", json.dumps(state).encode()), requests))
     after = call(port, "GET", "/info")[1]["counters"]
     assert all(status == 200 for status, _ in answers)
-    assert_same_answers([answer for _, answer in answers], {k: [v[i % 4] for i in range(16)] for k, v in decide_py(script_runner, checkpoint, STATES, tmp_path).items()
-                                                           if isinstance(v, list)})
+    assert_same_answers(
+        [answer for _, answer in answers],
+        {
+            k: [v[i % 4] for i in range(16)]
+            for k, v in decide_py(script_runner, checkpoint, STATES, tmp_path).items()
+            if isinstance(v, list)
+        },
+    )
     assert after["requests"] - before["requests"] == 16 and after["states"] - before["states"] == 16
     assert after["forward_passes"] - before["forward_passes"] <= 8  # 16 without batching
 
@@ -183,8 +282,15 @@ def test_a_replica_copy_of_the_decider_answers_each_request_as_decide_py(method,
         copy = pickle.loads(pickle.dumps(alone))
         for together, state in zip(copy.decide_many([first, second]), (first, second)):
             expected = alone.decide(state)
-            assert_same_answers(together.records(), {"open": expected.open.tolist(), "open_probability": expected.probability.tolist(),
-                                                     "quantity": expected.quantity.tolist(), "order": expected.order.tolist()})
+            assert_same_answers(
+                together.records(),
+                {
+                    "open": expected.open.tolist(),
+                    "open_probability": expected.probability.tolist(),
+                    "quantity": expected.quantity.tolist(),
+                    "order": expected.order.tolist(),
+                },
+            )
         assert copy.forward_passes == (1 if mode == "greedy" else 2)
 
 
@@ -232,19 +338,23 @@ def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
     module, _, name = application.import_path.partition(":")
     assert module == "serving.app" and getattr(app, name) is app.build_app
     assert app.ServiceConfig.from_dict(application.args) == app.ServiceConfig(
-        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=2.0, max_body_bytes=8 * 2**20)
+        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=2.0, max_body_bytes=8 * 2**20
+    )
     assert config.http_options.host == "127.0.0.1" and config.http_options.request_timeout_s == app.REQUEST_TIMEOUT_S
 
 
-@pytest.mark.parametrize("args, message", [
-    ({"policy": "classical-best", "replica": 2}, r"service args: unknown keys \['replica'\]; allowed keys are"),
-    ({"mode": "greedy"}, r"missing keys \['policy'\]"),
-    ({"policy": "best"}, r"field 'policy': expected one of .*'dp-optimal'\] or checkpoint:PATH, got a string \"best\""),
-    ({"policy": "zero", "replicas": 0}, r"field 'replicas': expected an integer >= 1, got 0"),
-    ({"policy": "zero", "max_batch_size": 2.5}, r"field 'max_batch_size': expected an integer >= 1, got 2.5"),
-    ({"policy": "zero", "batch_wait_ms": -1}, r"field 'batch_wait_ms': expected a number >= 0, got -1"),
-    ({"policy": "zero", "mode": "greedy-ish"}, r"field 'mode': expected one of \['greedy', 'sampled'\]"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"policy": "classical-best", "replica": 2}, r"service args: unknown keys \['replica'\]; allowed keys are"),
+        ({"mode": "greedy"}, r"missing keys \['policy'\]"),
+        ({"policy": "best"}, r"field 'policy': expected one of .*'dp-optimal'\] or checkpoint:PATH, got a string \"best\""),
+        ({"policy": "zero", "replicas": 0}, r"field 'replicas': expected an integer >= 1, got 0"),
+        ({"policy": "zero", "max_batch_size": 2.5}, r"field 'max_batch_size': expected an integer >= 1, got 2.5"),
+        ({"policy": "zero", "batch_wait_ms": -1}, r"field 'batch_wait_ms': expected a number >= 0, got -1"),
+        ({"policy": "zero", "mode": "greedy-ish"}, r"field 'mode': expected one of \['greedy', 'sampled'\]"),
+    ],
+)
 def test_bad_service_args_are_refused_naming_the_field(args, message):
     from serving.app import ServiceConfig
 
@@ -278,8 +388,21 @@ def test_serve_py_serves_until_ctrl_c(trained, tmp_path):
     port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, str(ROOT / "platform" / "serve.py"), "--checkpoint", str(trained["hpo"].checkpoint),
-                                    "--port", str(port), "--max-batch-size", "1"], stdout=out, stderr=subprocess.STDOUT, env=os.environ)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "platform" / "serve.py"),
+                "--checkpoint",
+                str(trained["hpo"].checkpoint),
+                "--port",
+                str(port),
+                "--max-batch-size",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=os.environ,
+        )
     try:
         deadline = time.monotonic() + 180
         while f"http://127.0.0.1:{port}/decide" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:

@@ -43,8 +43,25 @@ def test_milp_cli_writes_the_evaluation_format_and_decisions(solved):
 def test_rerun_resumes_from_the_journal(solved):
     tmp, _, _ = solved
     before = (tmp / "milp" / "decisions.jsonl").read_text()
-    again = script("milp.py", "--instance", tmp / "inst.json", "--episodes", 3, "--horizon", 4, "--workers", 1, "--scenarios", 2,
-                   "--plan-horizon", 5, "--time-limit", 10, "--out", tmp / "milp")
+    again = script(
+        "milp.py",
+        "--instance",
+        tmp / "inst.json",
+        "--episodes",
+        3,
+        "--horizon",
+        4,
+        "--workers",
+        1,
+        "--scenarios",
+        2,
+        "--plan-horizon",
+        5,
+        "--time-limit",
+        10,
+        "--out",
+        tmp / "milp",
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp / "milp" / "decisions.jsonl").read_text() == before  # nothing solved again
 
@@ -61,8 +78,9 @@ def test_bound_cli_and_report_gap(solved):
     report = script("report.py", tmp / "best", tmp / "milp", "--bound", tmp / "bound", "--out", tmp / "table.md")
     assert report.returncode == 0, report.stderr
     assert "| milp-highs |" in report.stdout and "gap to bound" in report.stdout and (tmp / "table.md").exists()
-    other = script("evaluate.py", "--instance", tmp / "inst.json", "--policy", "zero", "--episodes", 2, "--horizon", 4, "--out", tmp / "zero2")
+    other = script(
+        "evaluate.py", "--instance", tmp / "inst.json", "--policy", "zero", "--episodes", 2, "--horizon", 4, "--out", tmp / "zero2"
+    )
     assert other.returncode == 0
     refused = script("report.py", tmp / "best", tmp / "zero2")
     assert refused.returncode == 2 and "differ from the reference" in refused.stderr
-

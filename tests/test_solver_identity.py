@@ -57,24 +57,37 @@ def runs(tmp_path_factory, ray_session):
     paper_instance(2, 1).save(tmp / "same-n.json")
     paper_instance(1, 0).save(tmp / "other-n.json")
     pool = Pool(1)
-    run_rolling(inst, sample_paths(inst, SEED, 1, 2), MILP_OPTIONS, pool,
-                Journal(tmp / "milp" / "decisions.jsonl", decision_key, rolling_identity(inst, SEED, MILP_OPTIONS)))
-    run_bounds(inst, sample_paths(inst, SEED, 1, 6), BOUND_OPTIONS, pool,
-               Journal(tmp / "bound" / "bounds.jsonl", episode_key, bound_identity(inst, SEED, 6, BOUND_OPTIONS)))
+    run_rolling(
+        inst,
+        sample_paths(inst, SEED, 1, 2),
+        MILP_OPTIONS,
+        pool,
+        Journal(tmp / "milp" / "decisions.jsonl", decision_key, rolling_identity(inst, SEED, MILP_OPTIONS)),
+    )
+    run_bounds(
+        inst,
+        sample_paths(inst, SEED, 1, 6),
+        BOUND_OPTIONS,
+        pool,
+        Journal(tmp / "bound" / "bounds.jsonl", episode_key, bound_identity(inst, SEED, 6, BOUND_OPTIONS)),
+    )
     return tmp
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"--scenarios": 3}, "scenarios 2 there, 3 here"),
-    ({"--plan-horizon": 4}, "plan_horizon 3 there, 4 here"),
-    ({"--solver-seed": 1}, "solver_seed 0 there, 1 here"),
-    ({"--seed": SEED + 1}, f"seed {SEED} there, {SEED + 1} here"),
-    ({"--solver": "gurobi"}, 'solver "highs" there, "gurobi" here'),
-    ({"--gap": 0.01}, "gap 0.0 there, 0.01 here"),
-    ({"--time-limit": 11}, "time_limit 10.0 there, 11.0 here"),
-    ({"--threads": 2}, "threads 1 there, 2 here"),
-    ({"--no-warm-start": None}, "warm_start true there, false here"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"--scenarios": 3}, "scenarios 2 there, 3 here"),
+        ({"--plan-horizon": 4}, "plan_horizon 3 there, 4 here"),
+        ({"--solver-seed": 1}, "solver_seed 0 there, 1 here"),
+        ({"--seed": SEED + 1}, f"seed {SEED} there, {SEED + 1} here"),
+        ({"--solver": "gurobi"}, 'solver "highs" there, "gurobi" here'),
+        ({"--gap": 0.01}, "gap 0.0 there, 0.01 here"),
+        ({"--time-limit": 11}, "time_limit 10.0 there, 11.0 here"),
+        ({"--threads": 2}, "threads 1 there, 2 here"),
+        ({"--no-warm-start": None}, "warm_start true there, false here"),
+    ],
+)
 def test_milp_rerun_with_another_setting_is_refused(runs, change, field):
     before = lines(runs / "milp" / "decisions.jsonl")
     with pytest.raises(InputError, match="belongs to a run with other settings") as refused:
@@ -84,13 +97,16 @@ def test_milp_rerun_with_another_setting_is_refused(runs, change, field):
     assert lines(runs / "milp" / "decisions.jsonl") == before
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"--horizon": 7}, "horizon 6 there, 7 here"),
-    ({"--seed": SEED + 1}, f"seed {SEED} there, {SEED + 1} here"),
-    ({"--time-limit": 11}, "time_limit 10.0 there, 11.0 here"),
-    ({"--threads": 2}, "threads 1 there, 2 here"),
-    ({"--solver": "gurobi"}, 'solver "highs" there, "gurobi" here'),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"--horizon": 7}, "horizon 6 there, 7 here"),
+        ({"--seed": SEED + 1}, f"seed {SEED} there, {SEED + 1} here"),
+        ({"--time-limit": 11}, "time_limit 10.0 there, 11.0 here"),
+        ({"--threads": 2}, "threads 1 there, 2 here"),
+        ({"--solver": "gurobi"}, 'solver "highs" there, "gurobi" here'),
+    ],
+)
 def test_bound_rerun_with_another_setting_is_refused(runs, change, field):
     before = lines(runs / "bound" / "bounds.jsonl")
     with pytest.raises(InputError, match="belongs to a run with other settings") as refused:
@@ -151,8 +167,9 @@ def test_more_episodes_extend_the_bound_journal(runs):
 def run_until_first_decision(command: list, journal) -> subprocess.Popen:
     # Ctrl-C as a terminal delivers it: the child starts with SIGINT's default action even if an earlier test
     # left this process ignoring SIGINT (an ignored signal is inherited across exec)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
     deadline = time.monotonic() + 120
     while not (journal.exists() and len(lines(journal)) >= 2):  # the identity and one decision
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-2000:]
@@ -165,8 +182,26 @@ def test_interrupted_milp_keeps_the_journal_and_resumes(tmp_path, signum, ray_se
     """Two decisions of an n = 4 model (S = H = 30, exact gap) that run into their 1 s time limit: the
     signal comes while the second is being solved."""
     paper_instance(4, 0).save(tmp_path / "inst.json")
-    args = ["--instance", tmp_path / "inst.json", "--episodes", 1, "--horizon", 2, "--scenarios", 30, "--plan-horizon", 30, "--gap", 0,
-            "--time-limit", 1, "--workers", 1, "--out", tmp_path / "out"]
+    args = [
+        "--instance",
+        tmp_path / "inst.json",
+        "--episodes",
+        1,
+        "--horizon",
+        2,
+        "--scenarios",
+        30,
+        "--plan-horizon",
+        30,
+        "--gap",
+        0,
+        "--time-limit",
+        1,
+        "--workers",
+        1,
+        "--out",
+        tmp_path / "out",
+    ]
     journal = tmp_path / "out" / "decisions.jsonl"
     process = run_until_first_decision([sys.executable, str(ROOT / "platform" / "milp.py"), *map(str, args)], journal)
     kept = lines(journal)
@@ -174,9 +209,12 @@ def test_interrupted_milp_keeps_the_journal_and_resumes(tmp_path, signum, ray_se
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
-    assert last == f"interrupted: no results written; journal '{journal}' keeps {len(kept) - 1} of 2 decisions; re-run the same command to resume"
-    assert lines(journal)[:len(kept)] == kept and not (tmp_path / "out" / "summary.json").exists()
+    assert (
+        last
+        == f"interrupted: no results written; journal '{journal}' keeps {len(kept) - 1} of 2 decisions; re-run the same command to resume"
+    )
+    assert lines(journal)[: len(kept)] == kept and not (tmp_path / "out" / "summary.json").exists()
     if signum == signal.SIGINT:
         main_of("milp.py", *args)
-        assert lines(journal)[:len(kept)] == kept and len(lines(journal)) == 1 + 2
+        assert lines(journal)[: len(kept)] == kept and len(lines(journal)) == 1 + 2
         assert json.loads((tmp_path / "out" / "summary.json").read_text())["decisions"]["count"] == 2

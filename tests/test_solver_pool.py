@@ -39,9 +39,17 @@ def test_journal_keeps_the_first_record_and_skips_a_torn_line(tmp_path):
 def test_results_of_another_identity_are_not_stored(tmp_path):
     inst = paper_instance(2, 0)
     with pytest.raises(ValueError, match="another identity"):
-        run_rolling(inst, sample_paths(inst, 6, 1, 2), FAST, None, decisions(tmp_path / "a.jsonl", inst, 5))  # paths of seed 6, journal of seed 5
+        run_rolling(
+            inst, sample_paths(inst, 6, 1, 2), FAST, None, decisions(tmp_path / "a.jsonl", inst, 5)
+        )  # paths of seed 6, journal of seed 5
     with pytest.raises(ValueError, match="another identity"):
-        run_bounds(inst, sample_paths(inst, 5, 1, 9), FAST.solver, None, Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 5, 8, FAST.solver)))
+        run_bounds(
+            inst,
+            sample_paths(inst, 5, 1, 9),
+            FAST.solver,
+            None,
+            Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 5, 8, FAST.solver)),
+        )
     assert not list(tmp_path.iterdir())
 
 

@@ -21,12 +21,18 @@ SWEEP = {
     "sizes": [1],
     "seeds": 1,
     "methods": ["hpo", "ppo"],
-    "overrides": {"all": {"batch": 8, "updates": UPDATES, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32},
-                  "hpo": {"checkpoint_every": 5, "imitation_updates": 0}},
+    "overrides": {
+        "all": {"batch": 8, "updates": UPDATES, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "hidden": 32},
+        "hpo": {"checkpoint_every": 5, "imitation_updates": 0},
+    },
     "resources": {"all": {"workers": 0, "cpus_per_worker": 1}},
     "evaluation": {"episodes": 8, "horizon": 10},
-    "baselines": {"classical_best": True, "dp_optimal": True, "bound": {"time_limit": 10},
-                  "milp": [{"scenarios": 3, "plan_horizon": 5, "time_limit": 2, "episodes": 2, "horizon": 3}]},
+    "baselines": {
+        "classical_best": True,
+        "dp_optimal": True,
+        "bound": {"time_limit": 10},
+        "milp": [{"scenarios": 3, "plan_horizon": 5, "time_limit": 2, "episodes": 2, "horizon": 3}],
+    },
     "concurrency": 1,
     "retries": 2,
 }
@@ -34,9 +40,22 @@ SWEEP = {
 
 def start(tmp_path, sweep: dict, *flags) -> subprocess.Popen:
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    return subprocess.Popen([sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", str(tmp_path / "sweep.yaml"), "--out",
-                             str(tmp_path / "results"), *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "platform" / "sweep.py"),
+            "--config",
+            str(tmp_path / "sweep.yaml"),
+            "--out",
+            str(tmp_path / "results"),
+            *flags,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def finish(process: subprocess.Popen, timeout: float = 400) -> str:
@@ -90,7 +109,10 @@ def wait_for(condition, timeout: float = 300) -> None:
 def check_results(results) -> None:
     """The schema every reader relies on, and each (method, n, seed, update) exactly once."""
     trials = pq.read_table(results / "trials.parquet").to_pylist()
-    assert sorted((r["method"], r["status"], r["updates"]) for r in trials) == [("hpo", "completed", UPDATES), ("ppo", "completed", UPDATES)]
+    assert sorted((r["method"], r["status"], r["updates"]) for r in trials) == [
+        ("hpo", "completed", UPDATES),
+        ("ppo", "completed", UPDATES),
+    ]
     for r in trials:
         greedy = read_evaluation(results / "trials" / f"{r['method']}-n1-s0" / "greedy")["summary"]
         assert r["greedy_mean"] == greedy["mean"] and greedy["episodes"] == 8 and r["transitions_per_second"] > 0
@@ -111,7 +133,9 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_anything(tmp_path):
     first = start(tmp_path, SWEEP)
     wait_for(lambda: (results / "trials" / "hpo-n1-s0" / "sampled" / "summary.json").exists() or first.poll() is not None)
     kill_tree(first)
-    finished = {p: p.stat().st_mtime_ns for p in [*results.glob("baselines/n1/*/summary.json"), *results.glob("trials/hpo-n1-s0/**/*.json")]}
+    finished = {
+        p: p.stat().st_mtime_ns for p in [*results.glob("baselines/n1/*/summary.json"), *results.glob("trials/hpo-n1-s0/**/*.json")]
+    }
     assert finished, "the first trial and the baselines were done before the kill"
     output = finish(start(tmp_path, SWEEP, "--resume"))
     assert "1 trials to run (1 finished)" in output
@@ -126,8 +150,12 @@ def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
     """The trial's process is killed just after its first checkpoint (update 50 of 600); the retry's attempt
     starts from a checkpoint's update (training.json's attempts), so it makes the remaining updates only."""
     results, updates, every = tmp_path / "results", 600, 50
-    sweep = {**SWEEP, "methods": ["hpo"], "baselines": {"classical_best": False, "dp_optimal": False},
-             "overrides": {"all": {**SWEEP["overrides"]["all"], "updates": updates}, "hpo": {"checkpoint_every": every, "imitation_updates": 0}}}
+    sweep = {
+        **SWEEP,
+        "methods": ["hpo"],
+        "baselines": {"classical_best": False, "dp_optimal": False},
+        "overrides": {"all": {**SWEEP["overrides"]["all"], "updates": updates}, "hpo": {"checkpoint_every": every, "imitation_updates": 0}},
+    }
     process = start(tmp_path, sweep)
     folder = results / "trials" / "hpo-n1-s0"
     end = time.time() + 300
@@ -154,8 +182,12 @@ def test_ctrl_c_says_how_to_resume_and_exits_130(tmp_path):
     (which ended the run normally, with exit status 0 and a Tuner.restore hint): one `interrupted:` line with the
     exact command that resumes, exit status 130."""
     results = tmp_path / "results"
-    sweep = {**SWEEP, "methods": ["hpo"], "overrides": {**SWEEP["overrides"], "all": {**SWEEP["overrides"]["all"], "updates": 10_000}},
-             "baselines": {"classical_best": False, "dp_optimal": False}}
+    sweep = {
+        **SWEEP,
+        "methods": ["hpo"],
+        "overrides": {**SWEEP["overrides"], "all": {**SWEEP["overrides"]["all"], "updates": 10_000}},
+        "baselines": {"classical_best": False, "dp_optimal": False},
+    }
     process = start(tmp_path, sweep)
     wait_for(lambda: (results / "trials" / "hpo-n1-s0").exists() or process.poll() is not None)
     os.killpg(process.pid, signal.SIGINT)

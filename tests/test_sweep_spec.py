@@ -41,36 +41,54 @@ def test_every_shipped_config_file_is_valid(path):
 
 
 def test_trials_seeds_and_scoped_overrides():
-    spec = SweepSpec.from_dict({**MINIMAL, "seeds": [3, 7], "overrides": {"all": {"updates": 5}, "hpo": {"updates": 9, "batch": 8}},
-                                "resources": {"ppo": {"workers": 0, "cpus_per_worker": 2}}})
-    assert [t.name for t in spec.trials()] == ["hpo-n1-s3", "hpo-n1-s7", "ppo-n1-s3", "ppo-n1-s7", "hpo-n4-s3", "hpo-n4-s7", "ppo-n4-s3", "ppo-n4-s7"]
+    spec = SweepSpec.from_dict(
+        {
+            **MINIMAL,
+            "seeds": [3, 7],
+            "overrides": {"all": {"updates": 5}, "hpo": {"updates": 9, "batch": 8}},
+            "resources": {"ppo": {"workers": 0, "cpus_per_worker": 2}},
+        }
+    )
+    assert [t.name for t in spec.trials()] == [
+        "hpo-n1-s3",
+        "hpo-n1-s7",
+        "ppo-n1-s3",
+        "ppo-n1-s7",
+        "hpo-n4-s3",
+        "hpo-n4-s7",
+        "ppo-n4-s3",
+        "ppo-n4-s7",
+    ]
     assert spec.overrides_of("hpo") == {"updates": 9, "batch": 8} and spec.overrides_of("ppo") == {"updates": 5}
     assert spec.resources_of("ppo").cpus_per_worker == 2 and spec.resources_of("hpo").workers == 1
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"sizes": []}, "sweep field 'sizes': expected a non-empty list"),
-    ({"sizes": [0, 4]}, "sweep field 'sizes': expected an integer in [1, 42075], got 0"),
-    ({"sizes": [4, 4]}, "sweep field 'sizes': each entry once"),
-    ({"seeds": 0}, "sweep field 'seeds': expected an integer in [1, 1000], got 0"),
-    ({"seeds": [1, 1]}, "sweep field 'seeds': each seed once"),
-    ({"seeds": "3"}, "sweep field 'seeds': expected a count >= 1 or a non-empty list"),
-    ({"methods": ["or-transformers"]}, "sweep field 'methods': expected one of ['or-transformer', 'transformer-ppo', 'hpo', 'ppo']"),
-    ({"methods": [], "baselines": {"classical_best": False, "dp_optimal": False}}, "the grid is empty"),
-    ({"size": [1]}, "unknown keys ['size']; allowed keys are"),
-    ({"overrides": {"hpo2": {}}}, "sweep field 'overrides': unknown keys ['hpo2']"),
-    ({"resources": {"all": {"workers": -1}}}, "sweep field 'resources.all.workers': expected an integer >= 0"),
-    ({"resources": {"all": {"gpus": 1}}}, "sweep field 'resources.all': unknown keys ['gpus']"),
-    ({"evaluation": {"episodes": 0}}, "sweep field 'evaluation.episodes': expected an integer >= 1"),
-    ({"baselines": {"bound": {"time_limit": 0}}}, "sweep field 'baselines.bound.time_limit': expected a number in (0, 604800], got 0"),
-    ({"baselines": {"milp": [{"solver": "cplex"}]}}, "sweep field 'baselines.milp[0].solver': expected one of ['highs', 'gurobi']"),
-    ({"baselines": {"milp": [{}, {}]}}, "names must differ"),
-    ({"concurrency": 0}, "sweep field 'concurrency': expected an integer >= 1"),
-    ({"retries": True}, "sweep field 'retries': expected an integer >= 0, got a boolean true"),
-    ({"device": "tpu"}, "sweep field 'device': expected one of ['cpu', 'cuda']"),
-    ({"seeds_per_size": {16: 1}}, "sweep field 'seeds_per_size': unknown keys [16]"),
-    ({"resources": {"all": {"gpus_per_worker": 0.5}}}, "gpus_per_worker > 0 needs device: cuda"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"sizes": []}, "sweep field 'sizes': expected a non-empty list"),
+        ({"sizes": [0, 4]}, "sweep field 'sizes': expected an integer in [1, 42075], got 0"),
+        ({"sizes": [4, 4]}, "sweep field 'sizes': each entry once"),
+        ({"seeds": 0}, "sweep field 'seeds': expected an integer in [1, 1000], got 0"),
+        ({"seeds": [1, 1]}, "sweep field 'seeds': each seed once"),
+        ({"seeds": "3"}, "sweep field 'seeds': expected a count >= 1 or a non-empty list"),
+        ({"methods": ["or-transformers"]}, "sweep field 'methods': expected one of ['or-transformer', 'transformer-ppo', 'hpo', 'ppo']"),
+        ({"methods": [], "baselines": {"classical_best": False, "dp_optimal": False}}, "the grid is empty"),
+        ({"size": [1]}, "unknown keys ['size']; allowed keys are"),
+        ({"overrides": {"hpo2": {}}}, "sweep field 'overrides': unknown keys ['hpo2']"),
+        ({"resources": {"all": {"workers": -1}}}, "sweep field 'resources.all.workers': expected an integer >= 0"),
+        ({"resources": {"all": {"gpus": 1}}}, "sweep field 'resources.all': unknown keys ['gpus']"),
+        ({"evaluation": {"episodes": 0}}, "sweep field 'evaluation.episodes': expected an integer >= 1"),
+        ({"baselines": {"bound": {"time_limit": 0}}}, "sweep field 'baselines.bound.time_limit': expected a number in (0, 604800], got 0"),
+        ({"baselines": {"milp": [{"solver": "cplex"}]}}, "sweep field 'baselines.milp[0].solver': expected one of ['highs', 'gurobi']"),
+        ({"baselines": {"milp": [{}, {}]}}, "names must differ"),
+        ({"concurrency": 0}, "sweep field 'concurrency': expected an integer >= 1"),
+        ({"retries": True}, "sweep field 'retries': expected an integer >= 0, got a boolean true"),
+        ({"device": "tpu"}, "sweep field 'device': expected one of ['cpu', 'cuda']"),
+        ({"seeds_per_size": {16: 1}}, "sweep field 'seeds_per_size': unknown keys [16]"),
+        ({"resources": {"all": {"gpus_per_worker": 0.5}}}, "gpus_per_worker > 0 needs device: cuda"),
+    ],
+)
 def test_bad_sweep_files_are_refused_naming_the_field(change, message):
     with pytest.raises(SweepError) as err:
         SweepSpec.from_dict({**MINIMAL, **change})
@@ -78,12 +96,19 @@ def test_bad_sweep_files_are_refused_naming_the_field(change, message):
 
 
 def test_dry_run_counts_trials_and_refuses_trials_larger_than_the_cluster():
-    spec = SweepSpec.from_dict({**MINIMAL, "device": "cuda", "resources": {"all": {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}}})
+    spec = SweepSpec.from_dict(
+        {**MINIMAL, "device": "cuda", "resources": {"all": {"workers": 2, "cpus_per_worker": 1, "gpus_per_worker": 0.5}}}
+    )
     lines = dry_run(spec, [{"CPU": 8, "GPU": 1}])
     assert lines[0].startswith("8 trials (2 methods x 2 sizes x 2 seeds)")
-    assert "hpo: 2 CPU, 1 GPU per trial (2 Ray Train workers)" in lines[1] and "ppo: 1 CPU, 0.5 GPU per trial (the trial process)" in lines[2]
-    with pytest.raises(InputError, match="a hpo trial trains on 2 Ray Train workers of 1 CPU and 0.5 GPU on one node each; "
-                                         "the cluster's 1 node: 1 with 8 CPU and 0 GPU, room for 0"):
+    assert (
+        "hpo: 2 CPU, 1 GPU per trial (2 Ray Train workers)" in lines[1] and "ppo: 1 CPU, 0.5 GPU per trial (the trial process)" in lines[2]
+    )
+    with pytest.raises(
+        InputError,
+        match="a hpo trial trains on 2 Ray Train workers of 1 CPU and 0.5 GPU on one node each; "
+        "the cluster's 1 node: 1 with 8 CPU and 0 GPU, room for 0",
+    ):
         dry_run(spec, [{"CPU": 8, "GPU": 0}])
 
 
@@ -114,20 +139,38 @@ def test_sweep_script_dry_run_and_a_bad_file(tmp_path):
     assert result.returncode == 2 and "sweep field 'methods'" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"baselines": {"milp": [{"gap": 5}]}}, "sweep field 'baselines.milp[0].gap': expected a number in [0, 1), got 5 (a relative gap"),
-    ({"baselines": {"milp": [{"scenarios": 10**12}]}}, "sweep field 'baselines.milp[0].scenarios': expected an integer in [1, 10000], got 1000000000000 ("),
-    ({"baselines": {"milp": [{"plan_horizon": 10**9}]}}, "sweep field 'baselines.milp[0].plan_horizon': expected an integer in [1, 10000], got 1000000000 ("),
-    ({"baselines": {"milp": [{"time_limit": 1e300}]}}, "sweep field 'baselines.milp[0].time_limit': expected a number in (0, 604800], got 1e+300 (a week"),
-    ({"baselines": {"milp": [{"sizes": [100_000]}]}}, "sweep field 'baselines.milp[0].sizes': expected an integer in [1, 42075], got 100000"),
-    ({"sizes": [100_000]}, "sweep field 'sizes': expected an integer in [1, 42075], got 100000 (the paper family has 42,075 distinct"),
-    ({"seeds": [2**31]}, "sweep field 'seeds': expected an integer in [0, 2147483647], got 2147483648"),
-    ({"instance_seed": 2**32 - 1}, "sweep field 'instance_seed': expected an integer in [0, 2147483647], got 4294967295"),
-    ({"evaluation": {"horizon": 10**9}}, "sweep field 'evaluation.horizon': expected an integer in [1, 10000], got 1000000000"),
-    ({"overrides": {"all": {"batch": 10**8}}}, "config field 'batch': expected an integer in [1, 65536], got 100000000 (memory"),
-    ({"sizes": [4096], "baselines": {"milp": [{"scenarios": 10_000, "plan_horizon": 50}]}},
-     "sweep field 'baselines.milp[0]': the rolling-horizon MILP of n = 4,096 items, S = 10,000 scenarios and H = 50 steps holds at least 8,110,080,000 non-zeros"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"baselines": {"milp": [{"gap": 5}]}}, "sweep field 'baselines.milp[0].gap': expected a number in [0, 1), got 5 (a relative gap"),
+        (
+            {"baselines": {"milp": [{"scenarios": 10**12}]}},
+            "sweep field 'baselines.milp[0].scenarios': expected an integer in [1, 10000], got 1000000000000 (",
+        ),
+        (
+            {"baselines": {"milp": [{"plan_horizon": 10**9}]}},
+            "sweep field 'baselines.milp[0].plan_horizon': expected an integer in [1, 10000], got 1000000000 (",
+        ),
+        (
+            {"baselines": {"milp": [{"time_limit": 1e300}]}},
+            "sweep field 'baselines.milp[0].time_limit': expected a number in (0, 604800], got 1e+300 (a week",
+        ),
+        (
+            {"baselines": {"milp": [{"sizes": [100_000]}]}},
+            "sweep field 'baselines.milp[0].sizes': expected an integer in [1, 42075], got 100000",
+        ),
+        ({"sizes": [100_000]}, "sweep field 'sizes': expected an integer in [1, 42075], got 100000 (the paper family has 42,075 distinct"),
+        ({"seeds": [2**31]}, "sweep field 'seeds': expected an integer in [0, 2147483647], got 2147483648"),
+        ({"instance_seed": 2**32 - 1}, "sweep field 'instance_seed': expected an integer in [0, 2147483647], got 4294967295"),
+        ({"evaluation": {"horizon": 10**9}}, "sweep field 'evaluation.horizon': expected an integer in [1, 10000], got 1000000000"),
+        ({"overrides": {"all": {"batch": 10**8}}}, "config field 'batch': expected an integer in [1, 65536], got 100000000 (memory"),
+        (
+            {"sizes": [4096], "baselines": {"milp": [{"scenarios": 10_000, "plan_horizon": 50}]}},
+            "sweep field 'baselines.milp[0]': the rolling-horizon MILP of n = 4,096 items, S = 10,000 scenarios and H = 50 "
+            "steps holds at least 8,110,080,000 non-zeros",
+        ),
+    ],
+)
 def test_every_sweep_value_is_bounded_with_its_reason(change, message):
     with pytest.raises(InputError) as err:
         SweepSpec.from_dict({**MINIMAL, **change})
@@ -136,9 +179,16 @@ def test_every_sweep_value_is_bounded_with_its_reason(change, message):
 
 def test_sweep_files_read_numbers_like_train_configs(tmp_path):
     path = tmp_path / "s.yaml"
-    path.write_text("sizes: [1]\nseeds: 1\nmethods: [hpo]\noverrides: {all: {learning_rate: 5e-3}}\nbaselines:\n  milp: [{gap: 5e-3, time_limit: 1e2}]\n")
+    path.write_text(
+        "sizes: [1]\nseeds: 1\nmethods: [hpo]\noverrides: {all: {learning_rate: 5e-3}}\n"
+        "baselines:\n  milp: [{gap: 5e-3, time_limit: 1e2}]\n"
+    )
     spec, data = read_spec(path)
-    assert spec.overrides_of("hpo") == {"learning_rate": 0.005} and spec.baselines.milp[0].gap == 0.005 and spec.baselines.milp[0].time_limit == 100.0
+    assert (
+        spec.overrides_of("hpo") == {"learning_rate": 0.005}
+        and spec.baselines.milp[0].gap == 0.005
+        and spec.baselines.milp[0].time_limit == 100.0
+    )
     assert method_config("hpo", "cpu", spec.overrides_of("hpo")).learning_rate == 0.005
     path.write_text("sizes: [1]\nseeds: 1\nmethods: [hpo]\nseeds: 2\n")
     with pytest.raises(InputError, match=r"sweep file '.*s.yaml': key 'seeds' is written twice \(lines 2 and 4\)"):
@@ -146,15 +196,28 @@ def test_sweep_files_read_numbers_like_train_configs(tmp_path):
 
 
 def test_the_dry_run_notes_a_gurobi_baseline_above_the_licence_exactly_where_milp_py_would():
-    spec = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10},
-                                                                  {"name": "h", "solver": "highs", "scenarios": 10, "plan_horizon": 10}]}})
+    spec = SweepSpec.from_dict(
+        {
+            **MINIMAL,
+            "baselines": {
+                "milp": [
+                    {"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10},
+                    {"name": "h", "solver": "highs", "scenarios": 10, "plan_horizon": 10},
+                ]
+            },
+        }
+    )
     notes = [line for line in dry_run(spec, [{"CPU": 8, "GPU": 0}]) if "note:" in line]
     # n = 1: 2 S n H = 200 stock columns, under 2,000; n = 4: 800, also under; highs never
     assert notes == []
-    spec = SweepSpec.from_dict({**MINIMAL, "sizes": [4, 16], "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10}]}})
+    spec = SweepSpec.from_dict(
+        {**MINIMAL, "sizes": [4, 16], "baselines": {"milp": [{"name": "g", "solver": "gurobi", "scenarios": 10, "plan_horizon": 10}]}}
+    )
     notes = [line for line in dry_run(spec, [{"CPU": 8, "GPU": 0}]) if "note:" in line]
-    assert notes == ["g at n = 16: note: these Gurobi models hold at least 3,200 variables, above the PyPI licence's limit of 2,000 variables "
-                     "and constraints: without your own licence every solve is recorded with status 'licence-limit' and executes the zero fallback"]
+    assert notes == [
+        "g at n = 16: note: these Gurobi models hold at least 3,200 variables, above the PyPI licence's limit of 2,000 variables "
+        "and constraints: without your own licence every solve is recorded with status 'licence-limit' and executes the zero fallback"
+    ]
 
 
 def test_resuming_with_another_sweep_file_names_every_field_that_differs(tmp_path):
@@ -164,4 +227,6 @@ def test_resuming_with_another_sweep_file_names_every_field_that_differs(tmp_pat
     other = {**MINIMAL, "seeds": 3, "baselines": {"milp": [{"gap": 0.01}]}}
     with pytest.raises(InputError) as err:
         open_results(out, other, resume=True)
-    assert "its sweep file differs from this one in baselines (absent) there, {\"milp\": [{\"gap\": 0.01}]} here; seeds 2 there, 3 here" in str(err.value)
+    assert 'its sweep file differs from this one in baselines (absent) there, {"milp": [{"gap": 0.01}]} here; seeds 2 there, 3 here' in str(
+        err.value
+    )

@@ -43,8 +43,11 @@ def test_a_new_run_refuses_a_folder_that_holds_a_run(tmp_path):
     instance = paper_instance(2, 0)
     train(TrainConfig(**RUN, updates=2), instance, tmp_path / "run", progress=False)
     before = (tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")
-    with pytest.raises(InputError, match=r"run folder '.*run' already holds a run \(checkpoint.pt, curve.parquet, tensorboard, training.json\): "
-                                         r"continue it with --resume or replace it with --overwrite"):
+    with pytest.raises(
+        InputError,
+        match=r"run folder '.*run' already holds a run \(checkpoint.pt, curve.parquet, tensorboard, training.json\): "
+        r"continue it with --resume or replace it with --overwrite",
+    ):
         train(TrainConfig(**RUN, updates=3, seed=1), instance, tmp_path / "run", progress=False)
     assert ((tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")) == before
     for name in ("greedy", "tensorboard"):  # any one of a run's files is enough
@@ -90,7 +93,9 @@ def test_resume_refuses_a_curve_that_lacks_updates_of_the_checkpoint(tmp_path):
     rows = pq.read_table(tmp_path / "curve.parquet")
     checkpoint = (tmp_path / "checkpoint.pt").read_bytes()
     (tmp_path / "curve.parquet").unlink()
-    with pytest.raises(InputError, match=r"curve '.*curve.parquet' is missing: the checkpoint holds update 2 and the curve cannot be rebuilt.*--overwrite"):
+    with pytest.raises(
+        InputError, match=r"curve '.*curve.parquet' is missing: the checkpoint holds update 2 and the curve cannot be rebuilt.*--overwrite"
+    ):
         train(cfg, instance, tmp_path, mode="resume", progress=False)
     pq.write_table(rows.slice(1), tmp_path / "curve.parquet")  # update 1 lost
     with pytest.raises(InputError, match=r"holds 1 of the updates 1..2"):
@@ -115,7 +120,9 @@ def test_resume_of_a_run_that_ended_trains_nothing(tmp_path):
         train(TrainConfig(**RUN, updates=1), instance, done, mode="resume", progress=False)
     (done / "training.json").unlink()  # a run killed between its last checkpoint and training.json
     rebuilt = train(TrainConfig(**RUN, updates=2), instance, done, mode="resume", progress=False)
-    assert {k: rebuilt[k] for k in ("status", "updates_done", "final_cost10")} == {k: summary[k] for k in ("status", "updates_done", "final_cost10")}
+    assert {k: rebuilt[k] for k in ("status", "updates_done", "final_cost10")} == {
+        k: summary[k] for k in ("status", "updates_done", "final_cost10")
+    }
     diverged = tmp_path / "diverged"
     first = train(TrainConfig(**RUN, updates=5, divergence_cost=1e-6), instance, diverged, progress=False)
     again = train(TrainConfig(**RUN, updates=9, divergence_cost=1e-6), instance, diverged, mode="resume", progress=False)
@@ -196,8 +203,20 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
     config.write_text("".join(f"{k}: {v}\n" for k, v in fields.items() if k != "method"))
     assert yaml.safe_load(config.read_text())["learning_rate"] == "3e-4"  # YAML 1.1 reads it as a string; train.py takes the number
     run, log = tmp_path / "run", tmp_path / "stderr.txt"
-    flags = {"--method": "hpo", "--instance": str(inst), "--preset": "paper", "--seed": "3", "--config": str(config), "--updates": "200",
-             "--batch": "4", "--initial-weights": str(source / "checkpoint.pt"), "--episodes": "2", "--horizon": "3", "--device": "cpu", "--out": str(run)}
+    flags = {
+        "--method": "hpo",
+        "--instance": str(inst),
+        "--preset": "paper",
+        "--seed": "3",
+        "--config": str(config),
+        "--updates": "200",
+        "--batch": "4",
+        "--initial-weights": str(source / "checkpoint.pt"),
+        "--episodes": "2",
+        "--horizon": "3",
+        "--device": "cpu",
+        "--out": str(run),
+    }
     argv = [sys.executable, str(ROOT / "platform" / "train.py"), *[part for flag in flags.items() for part in flag]]
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny tensors: the same numbers, and no thread contention on a busy machine
     with open(log, "w") as stderr:
@@ -238,11 +257,27 @@ def test_a_refused_resume_names_the_fields_that_differ_and_both_values(tmp_path)
     paper_instance(2, 0).save(inst)
     train(TrainConfig(**RUN, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
-    common = ["--instance", inst, "--preset", "paper", "--updates", 3, "--episodes", 2, "--horizon", 3, "--out", tmp_path / "run", "--resume"]
+    common = [
+        "--instance",
+        inst,
+        "--preset",
+        "paper",
+        "--updates",
+        3,
+        "--episodes",
+        2,
+        "--horizon",
+        3,
+        "--out",
+        tmp_path / "run",
+        "--resume",
+    ]
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({k: v for k, v in RUN.items() if k != "method"}))
-    for flags, differs in ((["--method", "hpo", "--config", config, "--batch", 4, "--seed", 1], "batch 8 there, 4 here; seed 0 there, 1 here"),
-                           (["--method", "ppo", "--batch", 8], 'method "hpo" there, "ppo" here)')):
+    for flags, differs in (
+        (["--method", "hpo", "--config", config, "--batch", 4, "--seed", 1], "batch 8 there, 4 here; seed 0 there, 1 here"),
+        (["--method", "ppo", "--batch", 8], 'method "hpo" there, "ppo" here)'),
+    ):
         result = run_script("train.py", *flags, *common)
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
         assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -254,8 +289,12 @@ def test_sigterm_while_train_py_starts_says_so_and_leaves_nothing(tmp_path):
     """SIGTERM while the script imports its libraries, as soon as it catches the signal (/proc's SigCgt mask)."""
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
-    process = subprocess.Popen([sys.executable, str(ROOT / "platform" / "train.py"), "--method", "hpo", "--instance", str(inst), "--out", str(tmp_path / "run")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "platform" / "train.py"), "--method", "hpo", "--instance", str(inst), "--out", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         caught = [line for line in open(f"/proc/{process.pid}/status") if line.startswith("SigCgt:")]
@@ -264,43 +303,52 @@ def test_sigterm_while_train_py_starts_says_so_and_leaves_nothing(tmp_path):
         time.sleep(0.001)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130 and stderr.splitlines() == ["interrupted: stopped while starting, before any work; nothing was written"], stderr
+    assert process.returncode == 130 and stderr.splitlines() == [
+        "interrupted: stopped while starting, before any work; nothing was written"
+    ], stderr
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("checkpoint_every", -1, "an integer >= 0, got -1"),
-    ("warmup", -3, "an integer >= 0, got -3"),
-    ("batch", True, "an integer in [1, 65536], got a boolean true"),
-    ("batch", 100_000_000, "an integer in [1, 65536], got 100000000 (memory: a pathwise update keeps B x n x d activations"),
-    ("width", 2.5, "an integer in [1, 4096], got 2.5"),
-    ("width", 1_000_000, "an integer in [1, 4096], got 1000000 (memory: the weights grow as d^2"),
-    ("feed_forward", 16_385, "an integer in [1, 16384], got 16385 (memory: "),
-    ("hidden", 10**6, "an integer in [1, 16384], got 1000000 (memory: "),
-    ("updates", 20.0, "an integer >= 1, got 20.0"),
-    ("rollout", "10", "an integer in [1, 10000], got a string \"10\""),
-    ("rollout", 10_001, "an integer in [1, 10000], got 10001 (the instance bounds keep costs finite in float32 over at most 10,000 steps)"),
-    ("seed", -1, "an integer in [0, 2147483647], got -1"),
-    ("seed", 2**31, "an integer in [0, 2147483647], got 2147483648 (the largest seed HiGHS and Gurobi accept)"),
-    ("learning_rate", "abc", "a number > 0, got a string \"abc\""),
-    ("learning_rate", True, "a number > 0, got a boolean true"),
-    ("learning_rate", 0, "a number > 0, got 0"),
-    ("learning_rate", "3e-4", "a number > 0, got a string \"3e-4\""),
-    ("learning_rate", math.inf, "a number > 0, got Infinity"),
-    ("learning_rate", 10**400, "a number > 0, got 1000"),
-    ("gae_lambda", 1.5, "a number in [0, 1], got 1.5"),
-    ("gae_lambda", "0.9x", "a number in [0, 1], got a string \"0.9x\""),
-    ("grad_clip", -5, "a number > 0, got -5"),
-    ("divergence_cost", 0.0, "a number > 0, got 0.0"),
-    ("entropy_start", -0.01, "a number >= 0, got -0.01"),
-    ("entropy_end", math.nan, "a number >= 0, got NaN"),
-    ("pathwise_weight", -1, "a number >= 0, got -1"),
-    ("critic_weight", [0.1], "a number >= 0, got a list of 1: [0.1]"),
-    ("final_learning_rate", 0, "a number > 0, got 0"),
-    ("adam_eps", None, "a number > 0, got null"),
-    ("device", "gpu", "cpu, cuda or cuda:K, got a string \"gpu\""),
-    ("method", ["hpo"], "one of ['or-transformer', 'hpo'], got a list of 1: [\"hpo\"]"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("checkpoint_every", -1, "an integer >= 0, got -1"),
+        ("warmup", -3, "an integer >= 0, got -3"),
+        ("batch", True, "an integer in [1, 65536], got a boolean true"),
+        ("batch", 100_000_000, "an integer in [1, 65536], got 100000000 (memory: a pathwise update keeps B x n x d activations"),
+        ("width", 2.5, "an integer in [1, 4096], got 2.5"),
+        ("width", 1_000_000, "an integer in [1, 4096], got 1000000 (memory: the weights grow as d^2"),
+        ("feed_forward", 16_385, "an integer in [1, 16384], got 16385 (memory: "),
+        ("hidden", 10**6, "an integer in [1, 16384], got 1000000 (memory: "),
+        ("updates", 20.0, "an integer >= 1, got 20.0"),
+        ("rollout", "10", 'an integer in [1, 10000], got a string "10"'),
+        (
+            "rollout",
+            10_001,
+            "an integer in [1, 10000], got 10001 (the instance bounds keep costs finite in float32 over at most 10,000 steps)",
+        ),
+        ("seed", -1, "an integer in [0, 2147483647], got -1"),
+        ("seed", 2**31, "an integer in [0, 2147483647], got 2147483648 (the largest seed HiGHS and Gurobi accept)"),
+        ("learning_rate", "abc", 'a number > 0, got a string "abc"'),
+        ("learning_rate", True, "a number > 0, got a boolean true"),
+        ("learning_rate", 0, "a number > 0, got 0"),
+        ("learning_rate", "3e-4", 'a number > 0, got a string "3e-4"'),
+        ("learning_rate", math.inf, "a number > 0, got Infinity"),
+        ("learning_rate", 10**400, "a number > 0, got 1000"),
+        ("gae_lambda", 1.5, "a number in [0, 1], got 1.5"),
+        ("gae_lambda", "0.9x", 'a number in [0, 1], got a string "0.9x"'),
+        ("grad_clip", -5, "a number > 0, got -5"),
+        ("divergence_cost", 0.0, "a number > 0, got 0.0"),
+        ("entropy_start", -0.01, "a number >= 0, got -0.01"),
+        ("entropy_end", math.nan, "a number >= 0, got NaN"),
+        ("pathwise_weight", -1, "a number >= 0, got -1"),
+        ("critic_weight", [0.1], "a number >= 0, got a list of 1: [0.1]"),
+        ("final_learning_rate", 0, "a number > 0, got 0"),
+        ("adam_eps", None, "a number > 0, got null"),
+        ("device", "gpu", 'cpu, cuda or cuda:K, got a string "gpu"'),
+        ("method", ["hpo"], "one of ['or-transformer', 'hpo'], got a list of 1: [\"hpo\"]"),
+    ],
+)
 def test_every_config_field_is_checked(field, value, message):
     with pytest.raises(ConfigError, match=re.escape(f"config field '{field}': expected {message}")):
         TrainConfig.from_dict({field: value})

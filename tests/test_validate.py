@@ -36,7 +36,9 @@ def test_reals_take_ints_and_floats_but_never_strings_booleans_or_non_finite_num
 
 def test_the_shared_rules():
     assert validate.seed(2**31 - 1, "s") == validate.SEED_MAX == 2_147_483_647
-    with pytest.raises(InputError, match=r"expected an integer in \[0, 2147483647\], got 2147483648 \(the largest seed HiGHS and Gurobi accept\)"):
+    with pytest.raises(
+        InputError, match=r"expected an integer in \[0, 2147483647\], got 2147483648 \(the largest seed HiGHS and Gurobi accept\)"
+    ):
         validate.seed(2**31, "s")
     assert validate.mip_gap(0, "g") == 0.0 and validate.mip_gap(0.999, "g") == 0.999
     for gap in (1, 5, -0.1):
@@ -72,9 +74,9 @@ def test_differences_name_every_changed_field_with_both_values():
     here = {"sizes": [1, 4, 16], "seeds": 2, "baselines": {"milp": [{"gap": 0.01, "solver": "highs"}]}, "device": "cuda", "hash": "b" * 64}
     assert validate.differences(there, here) == [
         "baselines.milp[0].gap 0.005 there, 0.01 here",
-        "device (absent) there, \"cuda\" here",
+        'device (absent) there, "cuda" here',
         f"hash {'a' * 16}… there, {'b' * 16}… here",
-        "preset \"cpu\" there, (absent) here",
+        'preset "cpu" there, (absent) here',
         "sizes [1, 4] there, [1, 4, 16] here",
     ]
     assert validate.differences(there, dict(there)) == []
@@ -86,15 +88,27 @@ def load(text):
 
 def test_yaml_numbers_are_read_as_written():
     assert load("a: 5e-3\nb: 1E3\nc: -2.5e+2\nd: 16\ne: +0\nf: '5e-3'\ng: [1, 0.5]\n") == {
-        "a": 0.005, "b": 1000.0, "c": -250.0, "d": 16, "e": 0, "f": "5e-3", "g": [1, 0.5]}
+        "a": 0.005,
+        "b": 1000.0,
+        "c": -250.0,
+        "d": 16,
+        "e": 0,
+        "f": "5e-3",
+        "g": [1, 0.5],
+    }
     assert yaml.safe_load("a: 5e-3") == {"a": "5e-3"}  # YAML 1.1, which the loader corrects; yaml.safe_load itself is untouched
     assert load("") is None
 
 
-@pytest.mark.parametrize("text, read_as", [("0x10", "16"), ("017", "15"), ("0b11", "3"), ("1:30", "90"), ("1_000", "1000"), ("1_0.5", "10.5")])
+@pytest.mark.parametrize(
+    "text, read_as", [("0x10", "16"), ("017", "15"), ("0b11", "3"), ("1:30", "90"), ("1_000", "1000"), ("1_0.5", "10.5")]
+)
 def test_yaml_numbers_not_written_in_decimal_are_refused(text, read_as):
-    with pytest.raises(InputError, match=rf"^config file 'c.yaml': field 'learning_rate' \(line 2\): expected a number written in decimal .*, got {text}, "
-                                         rf"which YAML 1.1 reads as {read_as}"):
+    with pytest.raises(
+        InputError,
+        match=rf"^config file 'c.yaml': field 'learning_rate' \(line 2\): expected a number written in decimal .*, got {text}, "
+        rf"which YAML 1.1 reads as {read_as}",
+    ):
         load(f"batch: 4\nlearning_rate: {text}\n")
     with pytest.raises(InputError, match=r"field 'baselines.milp\[1\]'"):
         load(f"baselines:\n  milp: [1, {text}]\n")

@@ -204,7 +204,12 @@ def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypat
 
     monkeypatch.setattr(pathwise, "imitation_losses", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train(TrainConfig(**RUN, updates=2, imitation_updates=3, imitation_teacher="base-stock"), paper_instance(2, 0), tmp_path / "run", progress=False)
+        train(
+            TrainConfig(**RUN, updates=2, imitation_updates=3, imitation_teacher="base-stock"),
+            paper_instance(2, 0),
+            tmp_path / "run",
+            progress=False,
+        )
     assert run_files(tmp_path / "run") == []
 
 
@@ -235,22 +240,26 @@ def test_a_checkpoint_written_before_the_warm_start_existed_still_resumes(tmp_pa
         train(TrainConfig(**RUN, updates=3, imitation_updates=2), inst, tmp_path / "run", mode="resume", progress=False)
 
 
-@pytest.mark.parametrize("field, value, allowed", [
-    ("imitation_updates", -1, "expected an integer >= 0, got -1"),
-    ("imitation_updates", 2.5, "expected an integer >= 0, got 2.5"),
-    ("imitation_updates", True, "expected an integer >= 0, got a boolean true"),
-    ("imitation_teacher", "zero", r"expected one of \['base-stock', .*'classical-best'\], got a string \"zero\""),
-    ("imitation_teacher", "dp-optimal", "expected one of .*, got a string \"dp-optimal\""),
-    ("imitation_learning_rate", 0, "expected a number > 0, got 0"),
-    ("imitation_learning_rate", "fast", "expected a number > 0, got a string \"fast\""),
-])
+@pytest.mark.parametrize(
+    "field, value, allowed",
+    [
+        ("imitation_updates", -1, "expected an integer >= 0, got -1"),
+        ("imitation_updates", 2.5, "expected an integer >= 0, got 2.5"),
+        ("imitation_updates", True, "expected an integer >= 0, got a boolean true"),
+        ("imitation_teacher", "zero", r"expected one of \['base-stock', .*'classical-best'\], got a string \"zero\""),
+        ("imitation_teacher", "dp-optimal", 'expected one of .*, got a string "dp-optimal"'),
+        ("imitation_learning_rate", 0, "expected a number > 0, got 0"),
+        ("imitation_learning_rate", "fast", 'expected a number > 0, got a string "fast"'),
+    ],
+)
 def test_bad_warm_start_fields_are_refused_naming_the_field(field, value, allowed):
     with pytest.raises(ConfigError, match=f"config field '{field}': {allowed}"):
         TrainConfig(**{field: value})
 
 
-WORLD_CONFIG = TrainConfig(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, updates=1, imitation_updates=6,
-                           imitation_teacher="base-stock-factor")
+WORLD_CONFIG = TrainConfig(
+    batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, updates=1, imitation_updates=6, imitation_teacher="base-stock-factor"
+)
 WORLD_INSTANCE = paper_instance(3, 0)
 
 

@@ -12,7 +12,7 @@ import re
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -27,13 +27,28 @@ class CheckpointError(InputError):
     """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
 
 
-def save_checkpoint(path: str | os.PathLike, config, instance: Instance, trainer_state: dict[str, Any], status: str, reason: Optional[str] = None,
-                    attempts: Optional[list[int]] = None) -> None:
+def save_checkpoint(
+    path: str | os.PathLike,
+    config,
+    instance: Instance,
+    trainer_state: dict[str, Any],
+    status: str,
+    reason: str | None = None,
+    attempts: list[int] | None = None,
+) -> None:
     """Write atomically (temporary file, then rename). `status` is the run's (running, completed, diverged,
     interrupted) at the checkpoint's update; `reason` says why it diverged; `attempts` the update each training
     attempt of the run started from (trainers.run), [0] when not given."""
-    payload = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "instance": instance.to_dict(), "status": status, "reason": reason,
-               "trainer": trainer_state, "attempts": list(attempts or [0])}
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "config": config.to_dict(),
+        "instance": instance.to_dict(),
+        "status": status,
+        "reason": reason,
+        "trainer": trainer_state,
+        "attempts": list(attempts or [0]),
+    }
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
@@ -52,8 +67,10 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     except pickle.UnpicklingError as exc:  # torch's message advises weights_only=False, which would run the file's code
         named = re.search(r"GLOBAL (\S+)", str(exc))
         holds = f"the Python object {named.group(1)}" if named else "data other than tensors and plain values"
-        raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform: it holds {holds}, "
-                              "and it will not be unpickled (unpickling can run any code a file names)") from None
+        raise CheckpointError(
+            f"checkpoint '{path}' is truncated or not a checkpoint of this platform: it holds {holds}, "
+            "and it will not be unpickled (unpickling can run any code a file names)"
+        ) from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform ({first_line})") from None
@@ -75,5 +92,11 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
             raise ValueError(f"field 'attempts' is {attempts!r}")
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint '{path}': malformed content ({exc})") from None
-    return {"config": config, "instance": instance, "status": payload.get("status"), "reason": payload.get("reason"), "trainer": trainer,
-            "attempts": attempts}
+    return {
+        "config": config,
+        "instance": instance,
+        "status": payload.get("status"),
+        "reason": payload.get("reason"),
+        "trainer": trainer,
+        "attempts": attempts,
+    }

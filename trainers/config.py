@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 from envs import validate
 from envs.errors import InputError
@@ -30,7 +30,7 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def require_int(self, name: str, low: int, high: Optional[int] = None, why: str = "") -> None:
+    def require_int(self, name: str, low: int, high: int | None = None, why: str = "") -> None:
         """Field `name` is an int in [low, high] (no upper limit without `high`; `why` says why `high`)."""
         validate.integer(getattr(self, name), f"config field '{name}'", low, high, why=why, error=ConfigError)
 
@@ -44,14 +44,20 @@ class RunConfig:
 
 
 BATCH_MAX = 65_536
-BATCH_WHY = ("memory: a pathwise update keeps B x n x d activations of every block and step for its backward pass, "
-             "at B = 65,536, n = 16, d = 128 already 0.5 GB each")
+BATCH_WHY = (
+    "memory: a pathwise update keeps B x n x d activations of every block and step for its backward pass, "
+    "at B = 65,536, n = 16, d = 128 already 0.5 GB each"
+)
 WIDTH_MAX = 4_096
-WIDTH_WHY = ("memory: the weights grow as d^2; at d = 4,096 every block of the three networks holds 0.2 billion "
-             "(3.2 GB with gradients and Adam's moments)")
+WIDTH_WHY = (
+    "memory: the weights grow as d^2; at d = 4,096 every block of the three networks holds 0.2 billion "
+    "(3.2 GB with gradients and Adam's moments)"
+)
 LAYER_MAX = 16_384
-LAYER_WHY = ("memory: a layer of this width holds width^2 (perceptrons) or d x width (feed-forward) weights; at 16,384 the "
-             "three perceptrons hold 0.8 billion (13 GB with gradients and Adam's moments)")
+LAYER_WHY = (
+    "memory: a layer of this width holds width^2 (perceptrons) or d x width (feed-forward) weights; at 16,384 the "
+    "three perceptrons hold 0.8 billion (13 GB with gradients and Adam's moments)"
+)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ class TrainerConfig(RunConfig):
             raise validate.refuse("config field 'device'", "cpu, cuda or cuda:K", validate.describe(self.device), error=ConfigError)
 
 
-def divergence_reason(metrics: dict[str, float], c_ref: float, gamma: float, rollout: int, threshold: float) -> Optional[str]:
+def divergence_reason(metrics: dict[str, float], c_ref: float, gamma: float, rollout: int, threshold: float) -> str | None:
     """A run has diverged when a metric is not finite or the mean normalised step cost of the update's
     rollouts (cost10 / c_ref / sum_{t<T} gamma^t) exceeds `threshold`; returns the reason or None."""
     if not all(math.isfinite(v) for v in metrics.values()):

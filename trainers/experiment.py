@@ -11,7 +11,7 @@ finished training, so `mode="resume"` of a run that has ended trains nothing and
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range, check_path_size, sample_paths
@@ -26,15 +26,30 @@ ARGUMENT_FIELDS = ("method", "seed", "device")
 """Config fields that are arguments of run_experiment, never overrides."""
 
 
-def run_experiment(method: str, instance: Instance, out_dir: str | os.PathLike, *, preset: str = "cpu", seed: int = 0,
-                   overrides: Optional[dict[str, Any]] = None, mode: str = "new", episodes: int = HELDOUT_EPISODES,
-                   horizon: int = EVAL_HORIZON, device: str = "cpu", progress: bool = True, workers: Optional[int] = None,
-                   use_gpu: bool = False, on_update: registry.OnUpdate = None, resources_per_worker: Optional[dict[str, float]] = None) -> dict[str, Any]:
+def run_experiment(
+    method: str,
+    instance: Instance,
+    out_dir: str | os.PathLike,
+    *,
+    preset: str = "cpu",
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+    mode: str = "new",
+    episodes: int = HELDOUT_EPISODES,
+    horizon: int = EVAL_HORIZON,
+    device: str = "cpu",
+    progress: bool = True,
+    workers: int | None = None,
+    use_gpu: bool = False,
+    on_update: registry.OnUpdate = None,
+    resources_per_worker: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Train `method` on `instance` in the run folder `out_dir` with the config `preset` + `overrides` (config
     fields) + `seed` and `device`, then evaluate it on `episodes` held-out episodes of `horizon` steps.
     `mode`: new, resume or overwrite (trainers.run); `workers`, `use_gpu`, `on_update`, `resources_per_worker`: registry.train.
-    The config, the instance's cost range over `horizon` and the run folder are checked before anything is written. Returns {training: training.json's
-    content, greedy: summary, sampled: summary} (the summaries as in OUT/greedy/summary.json, OUT/sampled/...)."""
+    The config, the instance's cost range over `horizon` and the run folder are checked before anything is written.
+    Returns {training: training.json's content, greedy: summary, sampled: summary} (the summaries as in
+    OUT/greedy/summary.json, OUT/sampled/...)."""
     overrides = dict(overrides or {})
     if given := [k for k in ARGUMENT_FIELDS if k in overrides]:
         raise ConfigError(f"overrides: {given} are arguments of the experiment, not overrides")
@@ -42,10 +57,32 @@ def run_experiment(method: str, instance: Instance, out_dir: str | os.PathLike, 
     check_cost_range(instance, horizon)
     check_path_size(instance.n, episodes, horizon)
     out = check_run_dir(out_dir, mode)
-    training = registry.train(config, instance, out, mode=mode, progress=progress, workers=workers, use_gpu=use_gpu, on_update=on_update,
-                              resources_per_worker=resources_per_worker)
-    settings = {"method": method, "preset": preset, "seed": seed, "overrides": overrides, "run_mode": mode, "episodes": episodes, "horizon": horizon,
-                "device": device, "workers": workers, "use_gpu": use_gpu, "out": str(out), "n": instance.n, "training_config": training["manifest"]["config"]}
+    training = registry.train(
+        config,
+        instance,
+        out,
+        mode=mode,
+        progress=progress,
+        workers=workers,
+        use_gpu=use_gpu,
+        on_update=on_update,
+        resources_per_worker=resources_per_worker,
+    )
+    settings = {
+        "method": method,
+        "preset": preset,
+        "seed": seed,
+        "overrides": overrides,
+        "run_mode": mode,
+        "episodes": episodes,
+        "horizon": horizon,
+        "device": device,
+        "workers": workers,
+        "use_gpu": use_gpu,
+        "out": str(out),
+        "n": instance.n,
+        "training_config": training["manifest"]["config"],
+    }
     paths = sample_paths(instance, HELDOUT_SEED, episodes, horizon, device)
     tinst = instance.to_torch(device)
     summaries = {}
@@ -53,6 +90,14 @@ def run_experiment(method: str, instance: Instance, out_dir: str | os.PathLike, 
         policy, _ = registry.load_policy(out / "checkpoint.pt", policy_mode, device, instance)
         result = evaluate(policy, tinst, paths, progress=f"evaluate {policy_mode}" if progress else None)
         extra = {"training": {k: training[k] for k in ("status", "reason", "updates_done", "wall_seconds")}}
-        summaries[policy_mode] = write_evaluation(out / policy_mode, f"{method}-{policy_mode}", result, HELDOUT_SEED, {**settings, "mode": policy_mode},
-                                                  {"checkpoint": str(out / "checkpoint.pt"), "preset": preset}, extra, instance=instance)
+        summaries[policy_mode] = write_evaluation(
+            out / policy_mode,
+            f"{method}-{policy_mode}",
+            result,
+            HELDOUT_SEED,
+            {**settings, "mode": policy_mode},
+            {"checkpoint": str(out / "checkpoint.pt"), "preset": preset},
+            extra,
+            instance=instance,
+        )
     return {"training": training, **summaries}

@@ -54,8 +54,9 @@ class TeacherSteps(NamedTuple):
     cost_to_go: torch.Tensor  # [b T]   G_t in c_ref units
 
 
-def teacher_rollout(teacher: Policy, instance: TensorInstance, state: State, factor: torch.Tensor, stream: FactorDemandStream,
-                    steps: int, rows: slice) -> tuple[TeacherSteps, State, torch.Tensor]:
+def teacher_rollout(
+    teacher: Policy, instance: TensorInstance, state: State, factor: torch.Tensor, stream: FactorDemandStream, steps: int, rows: slice
+) -> tuple[TeacherSteps, State, torch.Tensor]:
     """`steps` steps of the teacher from `state` (this rank's `rows`; `factor` is F_t of the whole batch), then
     `lookahead` more steps whose costs complete the cost-to-go. Returns the steps' states and targets, and the
     state (rows) and factor (whole batch) after `steps` steps: the stream and the teacher's clock are left there

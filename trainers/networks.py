@@ -16,7 +16,7 @@ less attention. Training runs outside inference mode and computes every row, as 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +51,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(width, 3 * width, bias=False)
         self.out = nn.Linear(width, width)
 
-    def forward(self, x: torch.Tensor, keep: Optional[torch.Tensor], rows: slice = slice(None)) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None, rows: slice = slice(None)) -> torch.Tensor:
         B, S, d = x.shape
         q, k, v = self.qkv(x).view(B, S, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, dh]
         mask = None if keep is None else keep[:, None, None, :]  # [B, 1, 1, S]
@@ -132,7 +132,11 @@ class FlatPerceptron(nn.Module):
         super().__init__()
         self.n, self.per_item = n, per_item
         self.net = nn.Sequential(
-            nn.Linear(ITEM_FEATURES * n + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, max(n * per_item, 1))
+            nn.Linear(ITEM_FEATURES * n + GLOBAL_FEATURES, hidden),
+            nn.Tanh(),
+            nn.Linear(hidden, hidden),
+            nn.Tanh(),
+            nn.Linear(hidden, max(n * per_item, 1)),
         )
 
     def forward(self, items, glob, item_mask=None):
@@ -172,7 +176,9 @@ class ThreeNetworks(nn.Module):
         return self.critic_net(items, glob, item_mask)
 
     def forward(self, items, glob, item_mask=None) -> PolicyOutputs:
-        return PolicyOutputs(self.open_logit(items, glob, item_mask), self.quantity_fraction(items, glob, item_mask), self.value(items, glob, item_mask))
+        return PolicyOutputs(
+            self.open_logit(items, glob, item_mask), self.quantity_fraction(items, glob, item_mask), self.value(items, glob, item_mask)
+        )
 
 
 class ORTransformer(ThreeNetworks):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -120,7 +120,9 @@ def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
     try:
         model.load_state_dict(ckpt["trainer"]["model"])
     except RuntimeError as exc:
-        raise ConfigError(f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({str(exc).splitlines()[0]})") from None
+        raise ConfigError(
+            f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({str(exc).splitlines()[0]})"
+        ) from None
 
 
 def tokens(instance: TensorInstance, state: State):
@@ -153,7 +155,9 @@ class Rollout(NamedTuple):
     final_state: State
 
 
-def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, stream: FactorDemandStream, steps: int, generator: torch.Generator) -> Rollout:
+def rollout(
+    model: ThreeNetworks, instance: TensorInstance, state: State, stream: FactorDemandStream, steps: int, generator: torch.Generator
+) -> Rollout:
     """Simulate `steps` steps of this rank's rollouts (`state`): Q from the quantity network on s_t (pathwise),
     Y ~ Bernoulli(p(sg(s_t))) as Y = 1{U < p}. The factor path is exogenous, so every rank carries the whole
     batch's (`stream` is sized B), draws its Poisson demands and the uniforms U for all B rollouts, and keeps its rows."""
@@ -164,7 +168,9 @@ def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, stream
         items, glob = tokens(instance, state)
         items_sg, glob_sg = items.detach(), glob.detach()
         logit = model.open_logit(items_sg, glob_sg)
-        uniform = torch.rand(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)  # [B]: the whole batch's (trainers.streams)
+        uniform = torch.rand(
+            factor.shape, generator=generator, device=factor.device, dtype=factor.dtype
+        )  # [B]: the whole batch's (trainers.streams)
         open_order = (uniform[rows] < torch.sigmoid(logit).detach()).to(logit.dtype)
         distribution = torch.distributions.Bernoulli(logits=logit)
         opens.append(open_order)
@@ -241,7 +247,11 @@ def average_gradients(params: list[torch.nn.Parameter], world: int) -> None:
 
 def standardize(advantage: torch.Tensor) -> torch.Tensor:
     """Eq. (standardized_advantage) over all B T_roll pairs (of every rank when data-parallel)."""
-    stats = _global_sum(torch.stack([advantage.sum(), (advantage**2).sum(), torch.tensor(float(advantage.numel()), device=advantage.device, dtype=advantage.dtype)]))
+    stats = _global_sum(
+        torch.stack(
+            [advantage.sum(), (advantage**2).sum(), torch.tensor(float(advantage.numel()), device=advantage.device, dtype=advantage.dtype)]
+        )
+    )
     mean = stats[0] / stats[2]
     std = (stats[1] / stats[2] - mean**2).clamp_min(0).sqrt()
     return (advantage - mean) / (std + 1e-8)
@@ -292,7 +302,7 @@ class PathwiseTrainer:
         self.generator.manual_seed(stream_seed(config.seed, OPEN_UNIFORMS))
         self.state = initial_state(instance, self.stream.initial_factor()[self.rows])
         self.update = 0
-        self.warm_start_record: Optional[dict[str, Any]] = None
+        self.warm_start_record: dict[str, Any] | None = None
         """What the warm start did (teacher, final losses, seconds), once it is done; part of the checkpoint."""
 
     def warm_start_due(self) -> bool:
@@ -304,7 +314,10 @@ class PathwiseTrainer:
         and its parameters, the last update's losses and greedy agreement (before that update's step), seconds."""
         config, instance = self.config, self.instance
         if not self.warm_start_due():
-            raise RuntimeError(f"no warm start is due: config field 'imitation_updates' is {config.imitation_updates}, done: {self.warm_start_record is not None}")
+            raise RuntimeError(
+                f"no warm start is due: config field 'imitation_updates' is {config.imitation_updates}, done: "
+                f"{self.warm_start_record is not None}"
+            )
         started = time.perf_counter()
         teacher, parameters = tuned_policy(source, config.imitation_teacher, EVAL_HORIZON, device=instance.device)
         tuning_seconds = time.perf_counter() - started
@@ -322,9 +335,12 @@ class PathwiseTrainer:
                 dist.broadcast(tensor, src=0)
         final = (_global_sum(torch.stack([value.detach().double() for value in loss[1:]])) / world).tolist()
         self.warm_start_record = {
-            "updates": config.imitation_updates, "teacher": config.imitation_teacher, "teacher_parameters": parameters,
+            "updates": config.imitation_updates,
+            "teacher": config.imitation_teacher,
+            "teacher_parameters": parameters,
             **dict(zip(("open_loss", "quantity_loss", "critic_loss", "open_agreement"), final)),
-            "tuning_seconds": tuning_seconds, "seconds": time.perf_counter() - started,
+            "tuning_seconds": tuning_seconds,
+            "seconds": time.perf_counter() - started,
         }
         return self.warm_start_record
 
@@ -369,7 +385,7 @@ class PathwiseTrainer:
         optimizer.step()
         return norms
 
-    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+    def diverged(self, metrics: dict[str, float]) -> str | None:
         return divergence_reason(metrics, self.instance.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)
 
     # ---- checkpoint state (plain tensors and primitives only) ----------------------------------
@@ -381,7 +397,11 @@ class PathwiseTrainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "update": self.update,
-            "rollout_state": {"inv": all_gather_rows(self.state.inv), "pipe": all_gather_rows(self.state.pipe), "factor": all_gather_rows(self.state.factor)},
+            "rollout_state": {
+                "inv": all_gather_rows(self.state.inv),
+                "pipe": all_gather_rows(self.state.pipe),
+                "factor": all_gather_rows(self.state.factor),
+            },
             "stream_rng": self.stream.generator.get_state(),
             "open_rng": self.generator.get_state(),
             "warm_start": self.warm_start_record,
@@ -391,7 +411,9 @@ class PathwiseTrainer:
         """Load a checkpoint's state; this rank takes its rows of the whole batch's rollout state."""
         s = data["rollout_state"]
         if s["inv"].shape[0] != self.config.batch:
-            raise InputError(f"checkpoint: its rollout state holds {s['inv'].shape[0]} rollouts, this run's config field 'batch' is {self.config.batch}")
+            raise InputError(
+                f"checkpoint: its rollout state holds {s['inv'].shape[0]} rollouts, this run's config field 'batch' is {self.config.batch}"
+            )
         self.model.load_state_dict(data["model"])
         self.optimizer.load_state_dict(data["optimizer"])
         self.update = int(data["update"])

@@ -8,7 +8,7 @@ that open: the evaluator executes O = Y Q, so Q of a state with Y = 0 is never u
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -38,7 +38,7 @@ class LearnedPolicy:
         self.model = model.eval()
         self.mode = mode
         self.seed = seed
-        self.generator: Optional[torch.Generator] = None
+        self.generator: torch.Generator | None = None
 
     def reset(self) -> None:
         """Restart the sampling stream, so a sampled evaluation is reproducible."""

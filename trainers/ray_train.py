@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import ray.train
 import torch
@@ -53,8 +53,17 @@ the previous one, so a report every update would hold fast updates up to 2 s eac
 0.6). The run folder's curve and TensorBoard hold every update."""
 
 
-def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: str = "new", workers: int = 1, use_gpu: bool = False,
-                        resources_per_worker: Optional[dict[str, float]] = None, progress: bool = True, max_failures: int = 0) -> dict[str, Any]:
+def train_data_parallel(
+    config: TrainConfig,
+    instance: Instance,
+    out_dir,
+    mode: str = "new",
+    workers: int = 1,
+    use_gpu: bool = False,
+    resources_per_worker: dict[str, float] | None = None,
+    progress: bool = True,
+    max_failures: int = 0,
+) -> dict[str, Any]:
     """Train a pathwise run in `out_dir` on `workers` Ray Train workers (`mode` and the run folder: trainers.run);
     returns training.json's content. With `use_gpu` (config device cuda) each worker takes a GPU;
     `resources_per_worker` as in ScalingConfig (e.g. {"CPU": 2}, or {"GPU": 0.25} to share a GPU); a worker
@@ -64,8 +73,10 @@ def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: 
     if config.batch % workers:
         raise ConfigError(f"config field 'batch': {config.batch} rollouts do not split evenly over {workers} workers")
     if use_gpu != config.device.startswith("cuda"):
-        raise ConfigError(f"config field 'device': {config.device!r} with use_gpu={use_gpu}: Ray Train gives each worker a GPU exactly when "
-                          "use_gpu, so train on cuda with use_gpu and on cpu without")
+        raise ConfigError(
+            f"config field 'device': {config.device!r} with use_gpu={use_gpu}: Ray Train gives each worker a GPU exactly when "
+            "use_gpu, so train on cuda with use_gpu and on cpu without"
+        )
     if not isinstance(max_failures, int) or isinstance(max_failures, bool) or max_failures < -1:
         raise InputError(f"max_failures: expected an integer >= 0 (or -1: retry without limit), got {max_failures!r}")
     with open_run(out_dir, mode, config, instance, PathwiseRun(config, instance)) as (out, start):
@@ -77,17 +88,29 @@ def train_data_parallel(config: TrainConfig, instance: Instance, out_dir, mode: 
     raise KeyboardInterrupt  # fit also returns when Ray's SIGINT handler has aborted the run
 
 
-def fit(config: TrainConfig, instance: Instance, out: Path, workers: int, use_gpu: bool, resources_per_worker: Optional[dict[str, float]],
-        progress: bool, max_failures: int) -> None:
+def fit(
+    config: TrainConfig,
+    instance: Instance,
+    out: Path,
+    workers: int,
+    use_gpu: bool,
+    resources_per_worker: dict[str, float] | None,
+    progress: bool,
+    max_failures: int,
+) -> None:
     """Run `worker_loop` on a TorchTrainer of `workers` workers until the run ends, fails or Ctrl-C aborts it."""
     init_ray(workers)
     trainer = TorchTrainer(
         worker_loop,
         train_loop_config={"config": config.to_dict(), "instance": instance.to_dict(), "out": str(out), "progress": progress},
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu, resources_per_worker=resources_per_worker),
-        run_config=RunConfig(name=re.sub(r"[^\w.-]", "_", out.name) or "run", storage_path=str(out / STORAGE),
-                             failure_config=FailureConfig(max_failures=max_failures), checkpoint_config=CheckpointConfig(num_to_keep=1),
-                             callbacks=[TuneReportCallback()] if _in_tune_session() else None),
+        run_config=RunConfig(
+            name=re.sub(r"[^\w.-]", "_", out.name) or "run",
+            storage_path=str(out / STORAGE),
+            failure_config=FailureConfig(max_failures=max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+            callbacks=[TuneReportCallback()] if _in_tune_session() else None,
+        ),
     )
     main_thread = threading.current_thread() is threading.main_thread()  # not in a Tune trial
     handler = signal.getsignal(signal.SIGINT)
@@ -123,7 +146,7 @@ class WorkerRun(PathwiseRun):
         self.lead = ray.train.get_context().get_world_rank() == 0
         self.report = UpdateReport(device)
 
-    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
         self.out = out
         super().build(out, checkpoint)
 
@@ -145,7 +168,7 @@ class UpdateReport:
 
     def __init__(self, device):
         self.device = device
-        self.pending: Optional[dict[str, float]] = None
+        self.pending: dict[str, float] | None = None
         self.last = time.monotonic()
 
     def hold(self, update: int, metrics: dict[str, float]) -> None:
@@ -159,7 +182,7 @@ class UpdateReport:
             dist.broadcast(due, src=0)
         return bool(due)
 
-    def send(self, checkpoint: Optional[ray.train.Checkpoint] = None) -> None:
+    def send(self, checkpoint: ray.train.Checkpoint | None = None) -> None:
         if self.pending is not None:
             ray.train.report(self.pending, checkpoint=checkpoint)
             self.pending = None

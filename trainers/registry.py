@@ -16,8 +16,9 @@ trainers.ray_train <- this registry <- trainers.experiment, the scripts and the 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,7 +29,7 @@ from trainers.config import ConfigError
 from trainers.pathwise import TrainConfig, build_network
 from trainers.policy import LearnedPolicy
 
-OnUpdate = Optional[Callable[[int, dict[str, float]], None]]
+OnUpdate = Callable[[int, dict[str, float]], None] | None
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,15 @@ class Method:
     for the sweep's dry-run estimate of training hours only."""
 
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("or-transformer", "pathwise", fixed_size=False, label="OR-Transformer", throughput=1662.0),
-    Method("transformer-ppo", "rllib", fixed_size=True, label="Transformer-PPO", throughput=536.0),
-    Method("hpo", "pathwise", fixed_size=True, label="HPO", throughput=25375.0),
-    Method("ppo", "rllib", fixed_size=True, label="PPO", throughput=4381.0),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method("or-transformer", "pathwise", fixed_size=False, label="OR-Transformer", throughput=1662.0),
+        Method("transformer-ppo", "rllib", fixed_size=True, label="Transformer-PPO", throughput=536.0),
+        Method("hpo", "pathwise", fixed_size=True, label="HPO", throughput=25375.0),
+        Method("ppo", "rllib", fixed_size=True, label="PPO", throughput=4381.0),
+    )
+}
 """In the paper's column order (table "Mean discounted cost"), which the report keeps."""
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
@@ -90,20 +94,39 @@ class Family(NamedTuple):
     """(model, mode, seed) -> a policy for the shared evaluator and decide.py."""
 
 
-def _train_pathwise(config: TrainConfig, instance: Instance, out_dir, mode: str, progress: bool, workers: Optional[int], use_gpu: bool,
-                    on_update: OnUpdate, resources_per_worker: Optional[dict[str, float]]) -> dict[str, Any]:
+def _train_pathwise(
+    config: TrainConfig,
+    instance: Instance,
+    out_dir,
+    mode: str,
+    progress: bool,
+    workers: int | None,
+    use_gpu: bool,
+    on_update: OnUpdate,
+    resources_per_worker: dict[str, float] | None,
+) -> dict[str, Any]:
     """In this process (workers None), or on `workers` Ray Train workers, each simulating its shard of the
     B rollouts; their metrics go to ray.train.report (and on to Tune inside a trial), not to `on_update`."""
     if workers is None:
         return run.train(config, instance, out_dir, mode, progress, on_update)
     from trainers.ray_train import train_data_parallel  # imports Ray Train
 
-    return train_data_parallel(config, instance, out_dir, mode=mode, workers=workers, use_gpu=use_gpu, resources_per_worker=resources_per_worker,
-                               progress=progress)
+    return train_data_parallel(
+        config, instance, out_dir, mode=mode, workers=workers, use_gpu=use_gpu, resources_per_worker=resources_per_worker, progress=progress
+    )
 
 
-def _train_rllib(config, instance: Instance, out_dir, mode: str, progress: bool, workers: Optional[int], use_gpu: bool,
-                 on_update: OnUpdate, resources_per_worker: Optional[dict[str, float]]) -> dict[str, Any]:
+def _train_rllib(
+    config,
+    instance: Instance,
+    out_dir,
+    mode: str,
+    progress: bool,
+    workers: int | None,
+    use_gpu: bool,
+    on_update: OnUpdate,
+    resources_per_worker: dict[str, float] | None,
+) -> dict[str, Any]:
     """RLlib's driver runs in this process, and its env runners and learners too unless the config asks for
     remote ones or `workers` is given: then, as a Ray Train worker holds a simulator shard and a learner
     replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`).
@@ -136,7 +159,7 @@ def family(name: str) -> Family:
 # ---- configs, training, checkpoints, policies ---------------------------------------------------------
 
 
-def method_config(name: str, preset: str = "cpu", overrides: Optional[dict[str, Any]] = None):
+def method_config(name: str, preset: str = "cpu", overrides: dict[str, Any] | None = None):
     """The typed config of method `name`: the config's defaults (the paper's), then the preset's shared and
     family fields, then `overrides` (config fields; unknown ones are refused, naming the allowed ones)."""
     entry = method(name)
@@ -156,8 +179,18 @@ def config_from_dict(data: dict[str, Any]):
     return family(method(data.get("method")).family).config_class.from_dict(data)
 
 
-def train(config, instance: Instance, out_dir: str | os.PathLike, *, mode: str = "new", progress: bool = True, workers: Optional[int] = None,
-          use_gpu: bool = False, on_update: OnUpdate = None, resources_per_worker: Optional[dict[str, float]] = None) -> dict[str, Any]:
+def train(
+    config,
+    instance: Instance,
+    out_dir: str | os.PathLike,
+    *,
+    mode: str = "new",
+    progress: bool = True,
+    workers: int | None = None,
+    use_gpu: bool = False,
+    on_update: OnUpdate = None,
+    resources_per_worker: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """Train `config`'s method in the run folder `out_dir` (modes and files: trainers.run); returns training.json's
     content. `workers` None trains in this process (on config.device); k trains on k Ray processes, a GPU
     each with `use_gpu` (pathwise: Ray Train workers; RLlib: env runners and learners). `on_update(update,
@@ -166,7 +199,9 @@ def train(config, instance: Instance, out_dir: str | os.PathLike, *, mode: str =
     ray.train.ScalingConfig, e.g. {"CPU": 2, "GPU": 0.25}."""
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
-    return family(method(config.method).family).train(config, instance, out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker)
+    return family(method(config.method).family).train(
+        config, instance, out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker
+    )
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
@@ -179,15 +214,18 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     return {**ckpt, "config": config}
 
 
-def load_policy(path: str | os.PathLike, mode: str = "greedy", device: str | torch.device = "cpu",
-                instance: Optional[Instance] = None) -> tuple[Any, dict[str, Any]]:
+def load_policy(
+    path: str | os.PathLike, mode: str = "greedy", device: str | torch.device = "cpu", instance: Instance | None = None
+) -> tuple[Any, dict[str, Any]]:
     """A checkpoint as a policy (greedy or sampled), and the checkpoint. With `instance`, a policy of fixed
     input size is checked against its item count (OR-Transformer acts on any n)."""
     ckpt = load_checkpoint(path, device)
     config, n = ckpt["config"], ckpt["instance"].n
     entry = method(config.method)
     if instance is not None and entry.fixed_size and instance.n != n:
-        raise CheckpointError(f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}")
+        raise CheckpointError(
+            f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}"
+        )
     implementation = family(entry.family)
     model = implementation.build_model(config, n).to(device)
     try:

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -53,7 +54,7 @@ _BETA_EPS = 1e-6
 
 def split_tokens(obs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The flat observation (item tokens item-major, then the global token) as ([B, n, 11], [B, 4])."""
-    return obs[:, : ITEM_FEATURES * n].reshape(obs.shape[0], n, ITEM_FEATURES), obs[:, ITEM_FEATURES * n:]
+    return obs[:, : ITEM_FEATURES * n].reshape(obs.shape[0], n, ITEM_FEATURES), obs[:, ITEM_FEATURES * n :]
 
 
 class JRPActionDistribution(Distribution):
@@ -67,7 +68,7 @@ class JRPActionDistribution(Distribution):
         self.fraction = torch.distributions.Beta(1 + F.softplus(shape[..., 0]), 1 + F.softplus(shape[..., 1]))
 
     @classmethod
-    def from_logits(cls, logits: torch.Tensor, **kwargs) -> "JRPActionDistribution":
+    def from_logits(cls, logits: torch.Tensor, **kwargs) -> JRPActionDistribution:
         return cls(logits)
 
     @staticmethod
@@ -87,11 +88,11 @@ class JRPActionDistribution(Distribution):
     def entropy(self, **kwargs) -> torch.Tensor:
         return self.open.entropy() + self.fraction.entropy().sum(-1)
 
-    def kl(self, other: "JRPActionDistribution", **kwargs) -> torch.Tensor:
+    def kl(self, other: JRPActionDistribution, **kwargs) -> torch.Tensor:
         kl = torch.distributions.kl.kl_divergence
         return kl(self.open, other.open) + kl(self.fraction, other.fraction).sum(-1)
 
-    def to_deterministic(self) -> "JRPGreedyAction":
+    def to_deterministic(self) -> JRPGreedyAction:
         return JRPGreedyAction(self.open.probs, self.fraction.mean)
 
 
@@ -207,7 +208,9 @@ class PPOTrainConfig(TrainerConfig):
         self.require_int("epochs", 1)
         self.require_int("minibatches", 1)
         if (self.batch * self.rollout) % self.minibatches:
-            raise ConfigError(f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}, got {self.minibatches}")
+            raise ConfigError(
+                f"config field 'minibatches': must divide batch x rollout = {self.batch * self.rollout}, got {self.minibatches}"
+            )
         self.require_real("clip", 0, low_open=True)
         self.require_real("value_weight", 0)
         self.require_real("entropy", 0)
@@ -217,20 +220,34 @@ class PPOTrainConfig(TrainerConfig):
         if self.env_runners and self.batch % self.env_runners:
             raise ConfigError(f"config field 'env_runners': must divide batch = {self.batch}, got {self.env_runners}")
         if self.learners and (self.batch * self.rollout) % (self.minibatches * self.learners):
-            raise ConfigError(f"config field 'learners': must divide batch x rollout / minibatches = {self.batch * self.rollout / self.minibatches:g}, "
-                              f"got {self.learners}")
+            raise ConfigError(
+                f"config field 'learners': must divide batch x rollout / minibatches = {self.batch * self.rollout / self.minibatches:g}, "
+                f"got {self.learners}"
+            )
         if self.gpus_per_learner and not self.learners:
-            raise ConfigError(f"config field 'gpus_per_learner': needs learners >= 1 (the driver's learner runs on 'device'), got {self.gpus_per_learner:g}")
+            raise ConfigError(
+                f"config field 'gpus_per_learner': needs learners >= 1 (the driver's learner runs on 'device'), got "
+                f"{self.gpus_per_learner:g}"
+            )
 
     def model_config(self, n: int) -> dict[str, Any]:
-        return {"n": n, "network": NETWORKS[self.method], "hidden": self.hidden, "blocks": self.blocks, "width": self.width,
-                "heads": self.heads, "feed_forward": self.feed_forward}
+        return {
+            "n": n,
+            "network": NETWORKS[self.method],
+            "hidden": self.hidden,
+            "blocks": self.blocks,
+            "width": self.width,
+            "heads": self.heads,
+            "feed_forward": self.feed_forward,
+        }
 
 
 def make_env(env_config: dict) -> JRPVectorEnv:
     """RLlib's env creator: the batched simulator as one vector env (called with num_envs)."""
     instance = Instance.from_dict(env_config["instance"])
-    env = JRPVectorEnv(instance, num_envs=int(env_config["num_envs"]), horizon=int(env_config["horizon"]), reward_scale=1.0 / env_config["c_ref"])
+    env = JRPVectorEnv(
+        instance, num_envs=int(env_config["num_envs"]), horizon=int(env_config["horizon"]), reward_scale=1.0 / env_config["c_ref"]
+    )
     env.reset(seed=int(env_config["seed"]))
     return env
 
@@ -242,16 +259,39 @@ def algorithm_config(config: PPOTrainConfig, instance: Instance) -> PPOConfig:
     learner_gpus = config.gpus_per_learner if config.learners else (1 if config.device.startswith("cuda") else 0)
     return (
         PPOConfig()
-        .environment(env=ENV_ID, env_config={"instance": instance.to_dict(), "horizon": (config.updates + 1) * config.rollout, "seed": config.seed,
-                                             "c_ref": instance.to_torch().c_ref},
-                     normalize_actions=False, clip_actions=False)
-        .env_runners(num_env_runners=config.env_runners, num_envs_per_env_runner=config.batch // max(config.env_runners, 1),
-                     rollout_fragment_length=config.rollout, gym_env_vectorize_mode="vector_entry_point")
+        .environment(
+            env=ENV_ID,
+            env_config={
+                "instance": instance.to_dict(),
+                "horizon": (config.updates + 1) * config.rollout,
+                "seed": config.seed,
+                "c_ref": instance.to_torch().c_ref,
+            },
+            normalize_actions=False,
+            clip_actions=False,
+        )
+        .env_runners(
+            num_env_runners=config.env_runners,
+            num_envs_per_env_runner=config.batch // max(config.env_runners, 1),
+            rollout_fragment_length=config.rollout,
+            gym_env_vectorize_mode="vector_entry_point",
+        )
         .learners(num_learners=config.learners, num_gpus_per_learner=learner_gpus)
-        .training(train_batch_size_per_learner=per_learner, minibatch_size=per_learner // config.minibatches, num_epochs=config.epochs,
-                  lr=config.learning_rate, gamma=instance.gamma, lambda_=config.gae_lambda, clip_param=config.clip,
-                  vf_loss_coeff=config.value_weight, vf_clip_param=float("inf"), entropy_coeff=config.entropy, grad_clip=config.grad_clip, grad_clip_by="global_norm",
-                  use_kl_loss=False)
+        .training(
+            train_batch_size_per_learner=per_learner,
+            minibatch_size=per_learner // config.minibatches,
+            num_epochs=config.epochs,
+            lr=config.learning_rate,
+            gamma=instance.gamma,
+            lambda_=config.gae_lambda,
+            clip_param=config.clip,
+            vf_loss_coeff=config.value_weight,
+            vf_clip_param=float("inf"),
+            entropy_coeff=config.entropy,
+            grad_clip=config.grad_clip,
+            grad_clip_by="global_norm",
+            use_kl_loss=False,
+        )
         .rl_module(rl_module_spec=RLModuleSpec(module_class=JRPModule, model_config=config.model_config(instance.n)))
         .callbacks(RolloutCost)
         .debugging(seed=config.seed, log_level="ERROR")
@@ -321,17 +361,19 @@ class PPORun(MethodRun):
         self.config, self.instance = config, instance
         self.checkpoint_every = max(config.updates // 5, 1)
         self.c_ref = instance.to_torch().c_ref
-        self.algo: Optional[PPO] = None
+        self.algo: PPO | None = None
         self.done = 0
         self.written: set[int] = set()
         """Updates whose algorithm-<k> this attempt wrote or restored (any other one there is a leftover)."""
 
-    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
         self.algorithms = out / "rllib"
         self.done = 0 if checkpoint is None else int(checkpoint["trainer"]["update"])
         restored = self.algorithms / f"algorithm-{self.done}"
         if checkpoint is not None and not restored.is_dir():
-            raise CheckpointError(f"RLlib checkpoint '{restored}' of the checkpoint's update {self.done} is missing: start anew with --overwrite")
+            raise CheckpointError(
+                f"RLlib checkpoint '{restored}' of the checkpoint's update {self.done} is missing: start anew with --overwrite"
+            )
         init_ray(1)
         torch.manual_seed(self.config.seed)
         self.algo = build_algorithm(self.config, self.instance, str(self.algorithms / "logs"))
@@ -353,7 +395,7 @@ class PPORun(MethodRun):
                 metrics[key] = float(learner[key])
         return metrics
 
-    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+    def diverged(self, metrics: dict[str, float]) -> str | None:
         return divergence_reason(metrics, self.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)
 
     def save(self, write) -> None:
@@ -372,8 +414,14 @@ class PPORun(MethodRun):
             self.algo.stop()
 
 
-def train_ppo(config: PPOTrainConfig, instance: Instance, out_dir, mode: str = "new", progress: bool = True,
-              on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+def train_ppo(
+    config: PPOTrainConfig,
+    instance: Instance,
+    out_dir,
+    mode: str = "new",
+    progress: bool = True,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
     """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
     own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
     names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run

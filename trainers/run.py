@@ -29,8 +29,9 @@ warm-started model, so a resume neither repeats nor skips it. The curve's wall_s
 of the run, the warm start included.
 
 A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
-method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then `continue_run` (return at once when the run
-has ended; build, warm start, update-0 checkpoint, `training_loop`); `train_run` is the two in one process.
+method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then
+`continue_run` (return at once when the run has ended; build, warm start, update-0 checkpoint, `training_loop`);
+`train_run` is the two in one process.
 A method supplies its parts as a `MethodRun` (build, step, save, ...): `PathwiseRun` below,
 trainers.rllib_ppo's PPO run, and trainers.ray_train's worker, whose driver opens the run and whose every
 start of the workers continues it. Each call of `continue_run` that trains is an attempt: the checkpoint and
@@ -47,10 +48,11 @@ import signal
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -59,8 +61,8 @@ from tqdm.auto import tqdm
 
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text, written_by_atomic_write
-from envs.validate import differences
 from envs.results import manifest, write_parquet
+from envs.validate import differences
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network, load_initial_weights
 
@@ -83,7 +85,9 @@ def check_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
     out = Path(out_dir)
     found = run_files(out)
     if mode == "new" and found:
-        raise InputError(f"run folder '{out}' already holds a run ({', '.join(found)}): continue it with --resume or replace it with --overwrite")
+        raise InputError(
+            f"run folder '{out}' already holds a run ({', '.join(found)}): continue it with --resume or replace it with --overwrite"
+        )
     if mode == "resume" and not (out / "checkpoint.pt").is_file():
         hint = "start anew with --overwrite" if found else "run without --resume to start it"
         raise InputError(f"run folder '{out}' has no checkpoint.pt to resume: {hint}")
@@ -115,24 +119,32 @@ def check_resumable(ckpt: dict[str, Any], config, instance: Instance, path: Path
     if stored["method"] != wanted["method"]:
         stored, wanted = {"method": stored["method"]}, {"method": wanted["method"]}
     if changed := differences(stored, wanted):
-        raise CheckpointError(f"checkpoint '{path}' belongs to a run with other settings ({'; '.join(changed)}): only 'updates' may change on resume; "
-                              "resume with its settings, or start anew with --overwrite")
+        raise CheckpointError(
+            f"checkpoint '{path}' belongs to a run with other settings ({'; '.join(changed)}): only 'updates' may change on resume; "
+            "resume with its settings, or start anew with --overwrite"
+        )
     if ckpt["instance"].to_dict() != instance.to_dict():
         raise CheckpointError(f"checkpoint '{path}': it was trained on a different instance")
     done = int(ckpt["trainer"]["update"])
     if done > config.updates:
-        raise CheckpointError(f"checkpoint '{path}' holds update {done}, more than this run's {config.updates} updates: resume with at least {done}")
+        raise CheckpointError(
+            f"checkpoint '{path}' holds update {done}, more than this run's {config.updates} updates: resume with at least {done}"
+        )
 
 
 def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
     """The curve rows of updates 1..done (a checkpoint's update); refused when any is missing, since they cannot be rebuilt."""
-    cannot = f"the checkpoint holds update {done} and the curve cannot be rebuilt, so the run cannot be resumed: start anew with --overwrite"
+    cannot = (
+        f"the checkpoint holds update {done} and the curve cannot be rebuilt, so the run cannot be resumed: start anew with --overwrite"
+    )
     if not path.is_file():
         raise InputError(f"curve '{path}' is missing: {cannot}")
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"curve '{path}' is not readable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {cannot}") from None
+        raise InputError(
+            f"curve '{path}' is not readable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {cannot}"
+        ) from None
     if set(table.column_names) != set(CURVE_COLUMNS):
         raise InputError(f"curve '{path}': expected the columns {list(CURVE_COLUMNS)}, got {table.column_names}: {cannot}")
     rows = [r for r in table.to_pylist() if r["update"] is not None and r["update"] <= done]
@@ -141,16 +153,31 @@ def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
     return rows
 
 
-def wall_seconds(rows: list[dict[str, Any]], warm_start: Optional[dict[str, Any]]) -> float:
+def wall_seconds(rows: list[dict[str, Any]], warm_start: dict[str, Any] | None) -> float:
     """The run's seconds so far: the last curve row's, or before update 1 the warm start's (0 without one)."""
     return rows[-1]["wall_seconds"] if rows else (warm_start or {}).get("seconds", 0.0)
 
 
-def write_summary(out: Path, config, n: int, status: str, reason: Optional[str], updates_done: int, rows: list[dict[str, Any]],
-                  attempts: list[int], warm_start: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def write_summary(
+    out: Path,
+    config,
+    n: int,
+    status: str,
+    reason: str | None,
+    updates_done: int,
+    rows: list[dict[str, Any]],
+    attempts: list[int],
+    warm_start: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Write training.json (with the warm start's record when there is one); returns its content."""
     summary = {
-        "method": config.method, "n": n, "seed": config.seed, "status": status, "reason": reason, "updates_done": updates_done, "attempts": attempts,
+        "method": config.method,
+        "n": n,
+        "seed": config.seed,
+        "status": status,
+        "reason": reason,
+        "updates_done": updates_done,
+        "attempts": attempts,
         "final_cost10": rows[-1]["cost10"] if rows else None,
         "wall_seconds": wall_seconds(rows, warm_start),
         **({"warm_start": warm_start} if warm_start else {}),
@@ -160,7 +187,7 @@ def write_summary(out: Path, config, n: int, status: str, reason: Optional[str],
     return summary
 
 
-def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """For a run with nothing left to train (it diverged, or completed config.updates updates): its
     training.json, written anew only when missing or not of this checkpoint. None while there is training to do."""
     done, status = int(ckpt["trainer"]["update"]), ckpt["status"]
@@ -180,8 +207,16 @@ class RunRecorder:
     done, `attempts` the run's attempts so far (this one last), `warm_start` the record of the run's warm start
     (its seconds start the wall clock)."""
 
-    def __init__(self, out: Path, config, n: int, rows: list[dict[str, Any]], progress: bool, attempts: list[int],
-                 warm_start: Optional[dict[str, Any]] = None):
+    def __init__(
+        self,
+        out: Path,
+        config,
+        n: int,
+        rows: list[dict[str, Any]],
+        progress: bool,
+        attempts: list[int],
+        warm_start: dict[str, Any] | None = None,
+    ):
         from tensorboardX import SummaryWriter
 
         self.out, self.config, self.n, self.attempts, self.warm_start = out, config, n, attempts, warm_start
@@ -195,7 +230,16 @@ class RunRecorder:
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
         wall = self.wall_offset + time.perf_counter() - self.start
-        self.rows.append({"method": self.config.method, "n": self.n, "seed": self.config.seed, "update": update, "cost10": metrics["cost10"], "wall_seconds": wall})
+        self.rows.append(
+            {
+                "method": self.config.method,
+                "n": self.n,
+                "seed": self.config.seed,
+                "update": update,
+                "cost10": metrics["cost10"],
+                "wall_seconds": wall,
+            }
+        )
         for key, value in metrics.items():
             self.writer.add_scalar(f"train/{key}", value, update)
         self.bar.update(1)
@@ -203,20 +247,25 @@ class RunRecorder:
 
     def write_curve(self) -> None:
         rows = self.rows
-        write_parquet(pa.table({
-            "method": pa.array([r["method"] for r in rows], pa.string()),
-            "n": pa.array([r["n"] for r in rows], pa.int64()),
-            "seed": pa.array([r["seed"] for r in rows], pa.int64()),
-            "update": pa.array([r["update"] for r in rows], pa.int64()),
-            "cost10": pa.array([r["cost10"] for r in rows], pa.float64()),
-            "wall_seconds": pa.array([r["wall_seconds"] for r in rows], pa.float64()),
-        }), self.out / "curve.parquet")
+        write_parquet(
+            pa.table(
+                {
+                    "method": pa.array([r["method"] for r in rows], pa.string()),
+                    "n": pa.array([r["n"] for r in rows], pa.int64()),
+                    "seed": pa.array([r["seed"] for r in rows], pa.int64()),
+                    "update": pa.array([r["update"] for r in rows], pa.int64()),
+                    "cost10": pa.array([r["cost10"] for r in rows], pa.float64()),
+                    "wall_seconds": pa.array([r["wall_seconds"] for r in rows], pa.float64()),
+                }
+            ),
+            self.out / "curve.parquet",
+        )
 
     def close(self) -> None:
         self.bar.close()
         self.writer.close()
 
-    def summary(self, status: str, reason: Optional[str], updates_done: int) -> dict[str, Any]:
+    def summary(self, status: str, reason: str | None, updates_done: int) -> dict[str, Any]:
         """Write training.json; returns its content."""
         return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows, self.attempts, self.warm_start)
 
@@ -236,7 +285,7 @@ class PeerRecorder:
     def close(self) -> None:
         pass
 
-    def summary(self, status: str, reason: Optional[str], updates_done: int) -> None:
+    def summary(self, status: str, reason: str | None, updates_done: int) -> None:
         return None
 
 
@@ -251,7 +300,7 @@ class StopRequest:
         self.requested = False
         self.previous: dict[int, Any] = {}
 
-    def __enter__(self) -> "StopRequest":
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 self.previous[sig] = signal.signal(sig, self.request)
@@ -271,9 +320,15 @@ class StopRequest:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def training_loop(recorder: RunRecorder, done: int, step: Callable[[], dict[str, float]], diverged: Callable[[dict[str, float]], Optional[str]],
-                  save: Callable[[str, Optional[str]], None], checkpoint_every: int,
-                  on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+def training_loop(
+    recorder: RunRecorder,
+    done: int,
+    step: Callable[[], dict[str, float]],
+    diverged: Callable[[dict[str, float]], str | None],
+    save: Callable[[str, str | None], None],
+    checkpoint_every: int,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
     """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the checkpoint
     (`save(status, reason)`), the curve and training.json; returns training.json's content. Interruptions:
     module docstring."""
@@ -313,9 +368,9 @@ class RunStart(NamedTuple):
     """Where a training attempt starts: the run folder's checkpoint (None: anew), the curve rows of its updates,
     and training.json's content when the run has ended (nothing left to train)."""
 
-    checkpoint: Optional[dict[str, Any]]
+    checkpoint: dict[str, Any] | None
     rows: list[dict[str, Any]]
-    ended: Optional[dict[str, Any]]
+    ended: dict[str, Any] | None
 
 
 def run_start(out: Path, config, instance: Instance) -> RunStart:
@@ -338,14 +393,14 @@ class MethodRun(ABC):
     """Updates between periodic checkpoints (0: only at the end)."""
     lead: bool = True
     """Whether this process writes the run folder (rank 0 of a data-parallel run)."""
-    warm_start_record: Optional[dict[str, Any]] = None
+    warm_start_record: dict[str, Any] | None = None
     """The record of the run's warm start once there is one (training.json and the checkpoint hold it)."""
 
     def check(self) -> None:
         """Check the inputs the config names (files) before a run that starts anew makes its folder."""
 
     @abstractmethod
-    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
         """Make the trainer in the run folder `out`: anew, or continuing `checkpoint` (trainers.checkpoint)."""
 
     @property
@@ -362,7 +417,7 @@ class MethodRun(ABC):
         """One update; its metrics (with cost10)."""
 
     @abstractmethod
-    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+    def diverged(self, metrics: dict[str, float]) -> str | None:
         """Why the run has diverged after an update with these metrics, or None."""
 
     @abstractmethod
@@ -393,8 +448,15 @@ def open_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, 
             out.rmdir()
 
 
-def continue_run(out: Path, config, instance: Instance, start: RunStart, method: MethodRun, progress: bool = True,
-                 on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> Optional[dict[str, Any]]:
+def continue_run(
+    out: Path,
+    config,
+    instance: Instance,
+    start: RunStart,
+    method: MethodRun,
+    progress: bool = True,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any] | None:
     """One training attempt from `start` (module docstring): training.json's content at once when the run has
     ended; else build the trainer, warm-start it when due (before any file is written), save the update-0
     checkpoint after a warm start, and run `training_loop`. The attempt is recorded in the checkpoint and in
@@ -412,7 +474,7 @@ def continue_run(out: Path, config, instance: Instance, start: RunStart, method:
     else:
         recorder = PeerRecorder(config)
 
-    def save(status: str, reason: Optional[str]) -> None:
+    def save(status: str, reason: str | None) -> None:
         def write(state: dict[str, Any]) -> None:
             if method.lead:
                 save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason, attempts)
@@ -425,8 +487,15 @@ def continue_run(out: Path, config, instance: Instance, start: RunStart, method:
     return training_loop(recorder, method.update, method.step, method.diverged, save, method.checkpoint_every, on_update)
 
 
-def train_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun, progress: bool = True,
-              on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+def train_run(
+    out_dir: str | os.PathLike,
+    mode: str,
+    config,
+    instance: Instance,
+    method: MethodRun,
+    progress: bool = True,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
     """A run's life in this process: `open_run`, then `continue_run`; returns training.json's content."""
     with open_run(out_dir, mode, config, instance, method) as (out, start):
         try:
@@ -438,17 +507,17 @@ def train_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance,
 class PathwiseRun(MethodRun):
     """OR-Transformer and HPO (trainers.pathwise) on `device` (default: the config's)."""
 
-    def __init__(self, config: TrainConfig, instance: Instance, device: Optional[str | torch.device] = None):
+    def __init__(self, config: TrainConfig, instance: Instance, device: str | torch.device | None = None):
         self.config, self.instance = config, instance
         self.device = config.device if device is None else device
         self.checkpoint_every = config.checkpoint_every
-        self.trainer: Optional[PathwiseTrainer] = None
+        self.trainer: PathwiseTrainer | None = None
 
     def check(self) -> None:
         if self.config.initial_weights:
             load_initial_weights(build_network(self.config, self.instance.n), self.config)
 
-    def build(self, out: Path, checkpoint: Optional[dict[str, Any]]) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
         self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device), fresh=checkpoint is None)
         if checkpoint is not None:
             self.trainer.load_state_dict(checkpoint["trainer"])
@@ -458,7 +527,7 @@ class PathwiseRun(MethodRun):
         return self.trainer.update
 
     @property
-    def warm_start_record(self) -> Optional[dict[str, Any]]:
+    def warm_start_record(self) -> dict[str, Any] | None:
         return self.trainer.warm_start_record
 
     def warm_start(self) -> bool:
@@ -470,15 +539,21 @@ class PathwiseRun(MethodRun):
     def step(self) -> dict[str, float]:
         return self.trainer.step()
 
-    def diverged(self, metrics: dict[str, float]) -> Optional[str]:
+    def diverged(self, metrics: dict[str, float]) -> str | None:
         return self.trainer.diverged(metrics)
 
     def save(self, write: Callable[[dict[str, Any]], None]) -> None:
         write(self.trainer.state_dict())
 
 
-def train(config: TrainConfig, instance: Instance, out_dir: str | Path, mode: str = "new", progress: bool = True,
-          on_update: Optional[Callable[[int, dict[str, float]], None]] = None) -> dict[str, Any]:
+def train(
+    config: TrainConfig,
+    instance: Instance,
+    out_dir: str | Path,
+    mode: str = "new",
+    progress: bool = True,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
     """Train a pathwise run (OR-Transformer or HPO) in this process in `out_dir`: a new run, the resumption of
     the run there, or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns
     training.json's content."""

@@ -1,5 +1,5 @@
 """Pathwise training on Ray Train against the plain process: transitions per second (B x T_roll per update)
-of the plain process (trainers.run.train), of Ray Train with 1 worker and with 2 workers, all with the same
+of the plain process (trainers.pathwise.train), of Ray Train with 1 worker and with 2 workers, all with the same
 torch threads per worker, measured after start-up from the run's curve (its wall seconds of every update, the
 first `--skip` left out); the overhead of the 1-worker Ray Train path against the plain process (goal: <= 10%
 at n = 16, B = 128); and the fixed start-up seconds of a Ray Train run (the call's wall time less its updates').
@@ -21,10 +21,9 @@ import torch
 
 from envs.instance import paper_instance
 from solver_workers.ray_session import init_ray
-from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise import PathwiseTrainer, train
 from trainers.ray_train import train_data_parallel
 from trainers.registry import method_config
-from trainers.run import train
 
 
 def steady_rate(run: Path, transitions: int, skip: int) -> tuple[float, float]:

@@ -10,9 +10,8 @@ from conftest import ROOT, TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.checkpoint import CheckpointError, save_checkpoint
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.registry import load_checkpoint, load_policy
-from trainers.run import train
 
 RUN = {**TINY, "warmup": 2, "checkpoint_every": 2}
 

@@ -15,8 +15,7 @@ from envs.instance import paper_instance
 from trainers import ray_train
 from trainers.checkpoint import read_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig
-from trainers.run import train
+from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 
 CONFIG = TrainConfig(
     batch=8,

@@ -20,7 +20,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import read_evaluation
-from trainers import registry, run
+from trainers import pathwise, registry
 from trainers.checkpoint import CheckpointError
 from trainers.config import ConfigError, TrainerConfig
 from trainers.experiment import run_experiment
@@ -278,7 +278,7 @@ def test_workers_train_a_pathwise_method_with_ray_train(monkeypatch, tmp_path):
 
     def train_data_parallel(config, instance, out_dir, mode="new", workers=1, use_gpu=False, resources_per_worker=None, progress=True):
         calls.append((config.method, mode, workers, use_gpu, progress))
-        return run.train(config, instance, out_dir, mode, progress)
+        return pathwise.train(config, instance, out_dir, mode, progress)
 
     monkeypatch.setitem(sys.modules, "trainers.ray_train", types.SimpleNamespace(train_data_parallel=train_data_parallel))
     updates = []

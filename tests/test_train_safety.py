@@ -24,9 +24,8 @@ from envs.errors import InputError
 from envs.instance import paper_instance
 from envs.validate import load_yaml
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.registry import load_checkpoint, method_config
-from trainers.run import train
 
 RUN = {**TINY, "method": "hpo", "warmup": 2, "checkpoint_every": 2}
 

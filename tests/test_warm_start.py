@@ -20,8 +20,8 @@ from envs.instance import paper_instance
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.imitation import imitation_losses, lookahead, teacher_rollout
-from trainers.pathwise import PathwiseTrainer, TrainConfig
-from trainers.run import run_files, train
+from trainers.pathwise import PathwiseTrainer, TrainConfig, train
+from trainers.run import run_files
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -45,6 +47,7 @@ from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.imitation import TEACHERS, imitation_losses, teacher_rollout
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
+from trainers.run import MethodRun, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
 
 METHODS = ("or-transformer", "hpo")
@@ -422,3 +425,59 @@ class PathwiseTrainer:
         self.stream.generator.set_state(data["stream_rng"])
         self.generator.set_state(data["open_rng"])
         self.warm_start_record = data.get("warm_start")  # absent from checkpoints older than the warm start
+
+
+class PathwiseRun(MethodRun):
+    """OR-Transformer and HPO (trainers.pathwise) on `device` (default: the config's)."""
+
+    def __init__(self, config: TrainConfig, instance: Instance, device: str | torch.device | None = None):
+        self.config, self.instance = config, instance
+        self.device = config.device if device is None else device
+        self.checkpoint_every = config.checkpoint_every
+        self.trainer: PathwiseTrainer | None = None
+
+    def check(self) -> None:
+        if self.config.initial_weights:
+            load_initial_weights(build_network(self.config, self.instance.n), self.config)
+
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
+        self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device), fresh=checkpoint is None)
+        if checkpoint is not None:
+            self.trainer.load_state_dict(checkpoint["trainer"])
+
+    @property
+    def update(self) -> int:
+        return self.trainer.update
+
+    @property
+    def warm_start_record(self) -> dict[str, Any] | None:
+        return self.trainer.warm_start_record
+
+    def warm_start(self) -> bool:
+        if not self.trainer.warm_start_due():
+            return False
+        self.trainer.warm_start(self.instance)
+        return True
+
+    def step(self) -> dict[str, float]:
+        return self.trainer.step()
+
+    def diverged(self, metrics: dict[str, float]) -> str | None:
+        return self.trainer.diverged(metrics)
+
+    def save(self, write: Callable[[dict[str, Any]], None]) -> None:
+        write(self.trainer.state_dict())
+
+
+def train(
+    config: TrainConfig,
+    instance: Instance,
+    out_dir: str | Path,
+    mode: str = "new",
+    progress: bool = True,
+    on_update: Callable[[int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """Train a pathwise run (OR-Transformer or HPO) in this process in `out_dir`: a new run, the resumption of
+    the run there, or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns
+    training.json's content."""
+    return train_run(out_dir, mode, config, instance, PathwiseRun(config, instance), progress, on_update)

@@ -41,8 +41,8 @@ from envs.errors import InputError
 from envs.instance import Instance
 from solver_workers.ray_session import init_ray
 from trainers.config import ConfigError
-from trainers.pathwise import TrainConfig, rank_and_world
-from trainers.run import PathwiseRun, continue_run, open_run, run_start
+from trainers.pathwise import PathwiseRun, TrainConfig, rank_and_world
+from trainers.run import continue_run, open_run, run_start
 
 STORAGE = "ray_train"
 """Ray Train's storage inside the run folder (one of trainers.run.RUN_FILES)."""

@@ -4,8 +4,8 @@ here; nothing else branches on a method's name.
 
 This module imports no RLlib: the RLlib family (trainers.rllib_ppo) is imported when one of its methods
 is used. Layers, each importing only those below it (tests/test_registry.py checks there is no circle):
-trainers.checkpoint (the file format) and trainers.pathwise (the pathwise update, over trainers.streams) <-
-trainers.run (run folders and a run's life, pathwise training in this process) <- trainers.rllib_ppo,
+trainers.checkpoint (the file format) <- trainers.run (run folders and a run's life, for every method) <-
+trainers.pathwise (the pathwise update, over trainers.streams, and its training in this process), trainers.rllib_ppo,
 trainers.ray_train <- this registry <- trainers.experiment, the scripts and the sweep.
 
   method_config("ppo", "cpu", {"updates": 40})              typed config: the preset, then the overrides
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import torch
 
 from envs.instance import Instance
-from trainers import run
+from trainers import pathwise
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.pathwise import TrainConfig, build_network
@@ -108,7 +108,7 @@ def _train_pathwise(
     """In this process (workers None), or on `workers` Ray Train workers, each simulating its shard of the
     B rollouts; their metrics go to ray.train.report (and on to Tune inside a trial), not to `on_update`."""
     if workers is None:
-        return run.train(config, instance, out_dir, mode, progress, on_update)
+        return pathwise.train(config, instance, out_dir, mode, progress, on_update)
     from trainers.ray_train import train_data_parallel  # imports Ray Train
 
     return train_data_parallel(

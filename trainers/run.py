@@ -32,7 +32,7 @@ A run's life is written once, here, for every method: `open_run` (check the fold
 method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then
 `continue_run` (return at once when the run has ended; build, warm start, update-0 checkpoint, `training_loop`);
 `train_run` is the two in one process.
-A method supplies its parts as a `MethodRun` (build, step, save, ...): `PathwiseRun` below,
+A method supplies its parts as a `MethodRun` (build, step, save, ...): trainers.pathwise's `PathwiseRun`,
 trainers.rllib_ppo's PPO run, and trainers.ray_train's worker, whose driver opens the run and whose every
 start of the workers continues it. Each call of `continue_run` that trains is an attempt: the checkpoint and
 training.json's `attempts` list the update each attempt started from ([0, 40]: the first attempt's updates
@@ -56,7 +56,6 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from tqdm.auto import tqdm
 
 from envs.errors import InputError
@@ -64,7 +63,6 @@ from envs.instance import Instance, atomic_write_text, written_by_atomic_write
 from envs.results import manifest, write_parquet
 from envs.validate import differences
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
-from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network, load_initial_weights
 
 MODES = ("new", "resume", "overwrite")
 RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train")
@@ -502,59 +500,3 @@ def train_run(
             return continue_run(out, config, instance, start, method, progress, on_update)
         finally:
             method.close()
-
-
-class PathwiseRun(MethodRun):
-    """OR-Transformer and HPO (trainers.pathwise) on `device` (default: the config's)."""
-
-    def __init__(self, config: TrainConfig, instance: Instance, device: str | torch.device | None = None):
-        self.config, self.instance = config, instance
-        self.device = config.device if device is None else device
-        self.checkpoint_every = config.checkpoint_every
-        self.trainer: PathwiseTrainer | None = None
-
-    def check(self) -> None:
-        if self.config.initial_weights:
-            load_initial_weights(build_network(self.config, self.instance.n), self.config)
-
-    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
-        self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device), fresh=checkpoint is None)
-        if checkpoint is not None:
-            self.trainer.load_state_dict(checkpoint["trainer"])
-
-    @property
-    def update(self) -> int:
-        return self.trainer.update
-
-    @property
-    def warm_start_record(self) -> dict[str, Any] | None:
-        return self.trainer.warm_start_record
-
-    def warm_start(self) -> bool:
-        if not self.trainer.warm_start_due():
-            return False
-        self.trainer.warm_start(self.instance)
-        return True
-
-    def step(self) -> dict[str, float]:
-        return self.trainer.step()
-
-    def diverged(self, metrics: dict[str, float]) -> str | None:
-        return self.trainer.diverged(metrics)
-
-    def save(self, write: Callable[[dict[str, Any]], None]) -> None:
-        write(self.trainer.state_dict())
-
-
-def train(
-    config: TrainConfig,
-    instance: Instance,
-    out_dir: str | Path,
-    mode: str = "new",
-    progress: bool = True,
-    on_update: Callable[[int, dict[str, float]], None] | None = None,
-) -> dict[str, Any]:
-    """Train a pathwise run (OR-Transformer or HPO) in this process in `out_dir`: a new run, the resumption of
-    the run there, or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns
-    training.json's content."""
-    return train_run(out_dir, mode, config, instance, PathwiseRun(config, instance), progress, on_update)

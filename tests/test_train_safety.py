@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import runpy
 import shlex
 import signal
 import subprocess
@@ -371,3 +372,26 @@ def test_curve_columns_are_checked(tmp_path):
     pq.write_table(pa.table({"update": [1, 2]}), tmp_path / "curve.parquet")
     with pytest.raises(InputError, match=r"expected the columns \['method', 'n', 'seed', 'update', 'cost10', 'wall_seconds'\]"):
         train(TrainConfig(**RUN, updates=3), instance, tmp_path, mode="resume", progress=False)
+
+
+def test_ctrl_c_during_the_last_update_reports_a_completed_run_not_a_resume(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the last update runs: that update finishes and the run is saved as completed, so train.py
+    says training completed and how to evaluate it, never "stopped ... resume with" (catches a loop that calls a
+    completed run interrupted, or a message that offers to resume a run with nothing left to train)."""
+    inst = tmp_path / "inst.json"
+    paper_instance(2, 0).save(inst)
+    run, updates = tmp_path / "run", 3
+    config = tmp_path / "tiny.yaml"
+    config.write_text("".join(f"{k}: {v}\n" for k, v in {**RUN, "imitation_updates": 0}.items() if k != "method"))
+    interrupt_at(monkeypatch, updates - 1, signals=1)  # at the start of the last update
+    flags = ["--method", "hpo", "--instance", inst, "--config", config, "--updates", updates, "--episodes", 2, "--horizon", 3]
+    monkeypatch.setattr(sys, "argv", ["train.py", *map(str, flags), "--out", str(run)])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(ROOT / "platform" / "train.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    ckpt = load_checkpoint(run / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"]) == ("completed", updates)
+    lines = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert stop.value.code == 130 and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(f"interrupted: training completed after {updates} updates") and "resume with" not in lines[0], lines[0]
+    assert "--resume" in lines[0]  # evaluating it is a resume of the completed run

@@ -143,14 +143,19 @@ class WorkerRun(PathwiseRun):
     def __init__(self, config: TrainConfig, instance: Instance):
         device = ray.train.torch.get_device() if config.device != "cpu" else torch.device("cpu")
         super().__init__(config, instance, device)
-        self.lead = ray.train.get_context().get_world_rank() == 0
+        self.rank = ray.train.get_context().get_world_rank()
         self.report = UpdateReport(device)
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
 
     def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
         self.out = out
         super().build(out, checkpoint)
 
     def save(self, write) -> None:
+        """checkpoint.pt, then a Train checkpoint of it and of the curve (written before: trainers.run.continue_run)."""
         write(self.trainer.state_dict())  # on every rank: it gathers the whole batch's rollout state
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -63,6 +63,7 @@ from envs.instance import Instance, atomic_write_text, written_by_atomic_write
 from envs.results import manifest, write_parquet
 from envs.validate import differences
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from trainers.config import TrainerConfig
 
 MODES = ("new", "resume", "overwrite")
 RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train")
@@ -106,7 +107,7 @@ def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
     return out
 
 
-def check_resumable(ckpt: dict[str, Any], config, instance: Instance, path: Path) -> None:
+def check_resumable(ckpt: dict[str, Any], config: TrainerConfig, instance: Instance, path: Path) -> None:
     """Only `updates` may change between a checkpoint (its config as stored) and the run that resumes it, and
     not below the checkpoint's update. A field the stored config lacks (added to the config after the
     checkpoint was written) counts as its default, the value that run had. A refusal names the fields that
@@ -158,7 +159,7 @@ def wall_seconds(rows: list[dict[str, Any]], warm_start: dict[str, Any] | None) 
 
 def write_summary(
     out: Path,
-    config,
+    config: TrainerConfig,
     n: int,
     status: str,
     reason: str | None,
@@ -185,7 +186,7 @@ def write_summary(
     return summary
 
 
-def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def ended_summary(out: Path, ckpt: dict[str, Any], config: TrainerConfig, n: int, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """For a run with nothing left to train (it diverged, or completed config.updates updates): its
     training.json, written anew only when missing or not of this checkpoint. None while there is training to do."""
     done, status = int(ckpt["trainer"]["update"]), ckpt["status"]
@@ -200,6 +201,23 @@ def ended_summary(out: Path, ckpt: dict[str, Any], config, n: int, rows: list[di
     return write_summary(out, config, n, status, ckpt["reason"], done, rows, ckpt["attempts"], ckpt["trainer"].get("warm_start"))
 
 
+class Recorder(Protocol):
+    """What `training_loop` records of a run: RunRecorder on the process that writes the run folder, PeerRecorder
+    on the other ranks of a data-parallel run."""
+
+    def record(self, update: int, metrics: dict[str, float]) -> None:
+        """Keep update `update`'s metrics (curve row, TensorBoard, progress bar)."""
+
+    def write_curve(self) -> None:
+        """Write curve.parquet with every update recorded so far."""
+
+    def close(self) -> None:
+        """End the progress bar and the TensorBoard writer."""
+
+    def summary(self, status: str, reason: str | None, updates_done: int) -> dict[str, Any] | None:
+        """Write training.json; returns its content, or None where this process does not write the run folder."""
+
+
 class RunRecorder:
     """Curve rows, TensorBoard scalars and the progress bar of one run; `rows` are those of the updates already
     done, `attempts` the run's attempts so far (this one last), `warm_start` the record of the run's warm start
@@ -208,7 +226,7 @@ class RunRecorder:
     def __init__(
         self,
         out: Path,
-        config,
+        config: TrainerConfig,
         n: int,
         rows: list[dict[str, Any]],
         progress: bool,
@@ -269,10 +287,7 @@ class RunRecorder:
 
 
 class PeerRecorder:
-    """The recorder of a data-parallel run's ranks other than 0 (RunRecorder's methods): rank 0 alone writes the run folder."""
-
-    def __init__(self, config):
-        self.config = config
+    """The recorder of a data-parallel run's ranks other than 0: it keeps nothing, since rank 0 alone writes the run folder."""
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
         pass
@@ -319,22 +334,22 @@ class StopRequest:
 
 
 def training_loop(
-    recorder: RunRecorder,
+    recorder: Recorder,
+    updates: int,
     done: int,
     step: Callable[[], dict[str, float]],
     diverged: Callable[[dict[str, float]], str | None],
     save: Callable[[str, str | None], None],
     checkpoint_every: int,
     on_update: Callable[[int, dict[str, float]], None] | None = None,
-) -> dict[str, Any]:
-    """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the checkpoint
-    (`save(status, reason)`), the curve and training.json; returns training.json's content. Interruptions:
-    module docstring."""
-    config = recorder.config
+) -> dict[str, Any] | None:
+    """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the run
+    (`save(status, reason)`: the curve and the checkpoint) and training.json; returns training.json's content
+    (`recorder.summary`'s). Interruptions: module docstring."""
     status, reason, update = "completed", None, done
     with StopRequest() as stop:
         try:
-            while update < config.updates and not stop.requested:
+            while update < updates and not stop.requested:
                 metrics = step()
                 update += 1
                 recorder.record(update, metrics)
@@ -345,11 +360,9 @@ def training_loop(
                     status = "diverged"
                     break
                 if checkpoint_every and update % checkpoint_every == 0:
-                    recorder.write_curve()
                     save("running", None)
-            if status == "completed" and update < config.updates:
+            if status == "completed" and update < updates:
                 status = "interrupted"
-            recorder.write_curve()
             save(status, reason)
         finally:
             recorder.close()
@@ -371,7 +384,7 @@ class RunStart(NamedTuple):
     ended: dict[str, Any] | None
 
 
-def run_start(out: Path, config, instance: Instance) -> RunStart:
+def run_start(out: Path, config: TrainerConfig, instance: Instance) -> RunStart:
     """The start that the run folder `out` offers: its checkpoint.pt, checked against this run's config and
     instance, with its curve (module docstring), or anew when it holds no checkpoint."""
     path = out / "checkpoint.pt"
@@ -388,11 +401,18 @@ class MethodRun(ABC):
     the trainer is built (anew or from a checkpoint), warm-started, updated and saved."""
 
     checkpoint_every: int
-    """Updates between periodic checkpoints (0: only at the end)."""
-    lead: bool = True
-    """Whether this process writes the run folder (rank 0 of a data-parallel run)."""
-    warm_start_record: dict[str, Any] | None = None
-    """The record of the run's warm start once there is one (training.json and the checkpoint hold it)."""
+    """Updates between periodic checkpoints (0: only at the end); set by each method's constructor."""
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes the run folder (rank 0 of a data-parallel run; a run in one process: always)."""
+        return True
+
+    @property
+    def warm_start_record(self) -> dict[str, Any] | None:
+        """The record of the run's warm start once there is one (training.json and the checkpoint hold it); None
+        for a method without a warm start."""
+        return None
 
     def check(self) -> None:
         """Check the inputs the config names (files) before a run that starts anew makes its folder."""
@@ -421,14 +441,17 @@ class MethodRun(ABC):
     @abstractmethod
     def save(self, write: Callable[[dict[str, Any]], None]) -> None:
         """Save the run at its update: call `write(trainer state)`, which writes checkpoint.pt (on the lead
-        process), with whatever the method keeps beside it."""
+        process), with whatever the method keeps beside it. curve.parquet of this update is already written
+        (`continue_run`'s save)."""
 
     def close(self) -> None:
         """Release what `build` holds."""
 
 
 @contextmanager
-def open_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, method: MethodRun) -> Iterator[tuple[Path, RunStart]]:
+def open_run(
+    out_dir: str | os.PathLike, mode: str, config: TrainerConfig, instance: Instance, method: MethodRun
+) -> Iterator[tuple[Path, RunStart]]:
     """`with open_run(...) as (out, start):` check the run folder for `mode` and, for a run that starts anew, the
     method's inputs, before anything is written; then prepare the folder (`start_run_dir`) and read where
     training starts. A folder that this made and the block leaves empty (it stopped before its first file) is
@@ -448,7 +471,7 @@ def open_run(out_dir: str | os.PathLike, mode: str, config, instance: Instance, 
 
 def continue_run(
     out: Path,
-    config,
+    config: TrainerConfig,
     instance: Instance,
     start: RunStart,
     method: MethodRun,
@@ -465,30 +488,35 @@ def continue_run(
     method.build(out, start.checkpoint)
     warm_started = method.warm_start()  # before any file: an interruption here leaves the folder as the last attempt left it
     attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]
+    recorder: Recorder
     if method.lead:
         if start.checkpoint is None:
             shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the events of an attempt that stopped before its first checkpoint
         recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method.warm_start_record)
     else:
-        recorder = PeerRecorder(config)
+        recorder = PeerRecorder()
 
     def save(status: str, reason: str | None) -> None:
+        """Save the run at its update, in this order: curve.parquet first, then the method's save, which writes
+        checkpoint.pt (a checkpoint never names an update that the curve on disk lacks) and may copy both
+        (trainers.ray_train's Train checkpoint)."""
+
         def write(state: dict[str, Any]) -> None:
             if method.lead:
                 save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason, attempts)
 
+        recorder.write_curve()
         method.save(write)
 
     if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
-        recorder.write_curve()
         save("running", None)
-    return training_loop(recorder, method.update, method.step, method.diverged, save, method.checkpoint_every, on_update)
+    return training_loop(recorder, config.updates, method.update, method.step, method.diverged, save, method.checkpoint_every, on_update)
 
 
 def train_run(
     out_dir: str | os.PathLike,
     mode: str,
-    config,
+    config: TrainerConfig,
     instance: Instance,
     method: MethodRun,
     progress: bool = True,

@@ -1,17 +1,21 @@
 """Report on a sweep's results directory, or compare evaluation folders pairwise.
 
   python platform/report.py RESULTS_DIR [--out RESULTS_DIR/report] [--opening greedy|sampled] [--markdown docs/results.md]
+                            [--decision-times [--device cpu|cuda]]
   python platform/report.py EVAL_DIR [EVAL_DIR ...] [--reference EVAL_DIR] [--bound EVAL_DIR] [--out table.md]
 
 A single directory holding sweep.json is a results directory of platform/sweep.py: the report writes
-table.md, table.csv, curves.png, curves.svg, decision_time.png and index.html (one self-contained page)
-into --out, and prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --markdown
-also writes the cost table and the paired comparisons, each under the command that regenerates them
-(docs/results.md).
+table.md, table.csv, curves.png, curves.svg and index.html (one self-contained page) into --out, and
+prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --decision-times also times
+each learned policy's decisions on --device (it loads and runs the first finished seed's policy) against
+the MILPs' seconds per decision: a table on the page and decision_time.png. --markdown also writes the
+cost table and the paired comparisons, each under the command that regenerates them (docs/results.md).
 
 Otherwise every argument is an evaluation folder written by evaluate.py, train.py (its greedy/ or
-sampled/), milp.py or bound.py: mean ± s.e., the paired 95% CI against the reference and the gap to
-the bound, printed and with --out written as Markdown. All must evaluate the same instance
+sampled/), milp.py or bound.py: mean ± s.e., the paired 95% CI against the reference and, with --bound,
+the figure of the bound's kind: a perfect-information bound's gap (mean / bound's mean - 1), or the paired
+difference to a decomposition bound's relaxed policies with the bound, its DP value, under the table
+(solver_workers.decomposition.PAIRED_DIFFERENCE); printed and with --out written as Markdown. All must evaluate the same instance
 (summary.json records its content hash) on the same episodes, horizon and seed; anything else is
 refused, and so is an incomplete or modified folder.
 """
@@ -27,6 +31,8 @@ from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
 from envs.job_output import out_argument, resolve_out
 from envs.results import read_evaluation
+from solver_workers.decomposition import NAME as DECOMPOSITION
+from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, dp_figures
 
 
 def load(directory: str) -> dict:
@@ -56,9 +62,68 @@ def check_comparable(run: dict, reference: dict) -> None:
         )
 
 
+def load_bound(directory: str) -> dict:
+    """The evaluation folder of --bound: a bound of platform/bound.py (summary.json's kind lower-bound), else refused."""
+    bound = load(directory)
+    if bound["summary"].get("kind") != "lower-bound":
+        raise InputError(
+            f"--bound '{directory}' holds the evaluation of the policy {bound['name']!r}, not a bound: give a folder of platform/bound.py "
+            "(--kind perfect-information or decomposition)"
+        )
+    return bound
+
+
+def paired_cell(run: dict, other: dict) -> str:
+    """The paired difference run - other on the same episodes, with its 95% t-interval (envs.evaluation.paired_comparison)."""
+    cmp = paired_comparison(run["cost"], other["cost"])
+    return f"{cmp.mean_difference:+.2f} [{cmp.ci_low:+.2f}, {cmp.ci_high:+.2f}]"
+
+
+def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> list[str]:
+    """The lines of the pairwise table: each run's mean, s.e. and paired difference to the reference, and with a bound
+    its figure by the bound's kind. A perfect-information bound is a per-episode bound: its row is the bound, and each
+    run's gap is mean / bound's mean - 1. A decomposition bound's per-episode costs are its relaxed policies' (a
+    policy of the relaxed problem, not the bound): each run gets the paired difference to them (PAIRED_DIFFERENCE),
+    and the bound, its DP value, is written under the table."""
+    decomposition = bound is not None and bound["name"].startswith(DECOMPOSITION)
+    gap_header = " paired difference to the relaxed policies (95% CI, % of their mean) |" if decomposition else " gap to bound |"
+    s = reference["summary"]
+    lines = [
+        f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}; reference: {reference['name']}",
+        "",
+        "| method | mean | s.e. | vs reference (95% CI) |" + (gap_header if bound else ""),
+        "| --- | ---: | ---: | --- |" + ((" --- |" if decomposition else " ---: |") if bound else ""),
+    ]
+    for run in runs:
+        ci = "reference" if run["dir"] == reference["dir"] else paired_cell(run, reference)
+        if decomposition:
+            share = paired_comparison(run["cost"], bound["cost"]).mean_difference / bound["cost"].mean()
+            gap = f" {paired_cell(run, bound)} ({100 * share:.1f}%) |"
+        else:
+            gap = f" {100 * (run['cost'].mean() / bound['cost'].mean() - 1):.1f}% |" if bound else ""
+        status = run["summary"].get("training", {}).get("status")
+        name = run["name"] + (f" ({status})" if status and status != "completed" else "")
+        lines.append(f"| {name} | {run['cost'].mean():.2f} | {standard_error(run['cost']):.2f} | {ci} |{gap}")
+    if decomposition:
+        b = bound["summary"]
+        lines += [
+            f"| {RELAXED_POLICIES} (simulated) | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | "
+            f"{paired_cell(bound, reference)} | 0 |",
+            "",
+            f"decomposition bound: {dp_figures(b['dp_value'], b['conservative_value'])} (an expected cost: the bound)",
+            "",
+            PAIRED_DIFFERENCE,
+        ]
+    elif bound:
+        lines.append(
+            f"| perfect-information bound | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | (lower bound) | 0.0% |"
+        )
+    return lines
+
+
 def sweep_report(args: argparse.Namespace) -> None:
     from sweeps.render import cost_table, markdown, write_report
-    from sweeps.report import build_report
+    from sweeps.report import build_report, time_decisions
 
     root = args.runs[0]
     given = [flag for flag in ("reference", "bound") if getattr(args, flag)]
@@ -69,7 +134,11 @@ def sweep_report(args: argparse.Namespace) -> None:
         resolve_out(args.markdown, "--markdown", is_file=True)
         if Path(args.markdown).is_dir():
             raise InputError(f"--markdown '{args.markdown}' is a directory, expected a file name for the Markdown tables")
-    report = build_report(root, args.opening or "greedy", args.device or "cpu")
+    if args.device and not args.decision_times:
+        raise InputError("--device is the device of the decision times: give it with --decision-times")
+    report = build_report(root, args.opening or "greedy")
+    if args.decision_times:
+        time_decisions(report, args.device or "cpu")
     command = " ".join(
         [
             "python platform/report.py",
@@ -78,6 +147,8 @@ def sweep_report(args: argparse.Namespace) -> None:
             str(out),
             *(["--opening", args.opening] if args.opening else []),
             *(["--markdown", args.markdown] if args.markdown else []),
+            *(["--decision-times"] if args.decision_times else []),
+            *(["--device", args.device] if args.device else []),
         ]
     )
     written = write_report(report, out, args.markdown, command)
@@ -99,44 +170,31 @@ def main() -> None:
     sweep.add_argument(
         "--markdown", type=out_argument, help="also write the cost table and paired comparisons as Markdown (docs/results.md)"
     )
-    sweep.add_argument("--device", type=device, help="device of the decision-time measurement (default cpu)")
+    sweep.add_argument(
+        "--decision-times",
+        action="store_true",
+        help="also time each learned policy's decisions (one state and the held-out batch) against the MILPs' seconds per decision",
+    )
+    sweep.add_argument("--device", type=device, help="device of --decision-times (default cpu)")
     pairwise = parser.add_argument_group("evaluation folders")
     pairwise.add_argument("--reference", help="evaluation folder of the reference method (default: the first)")
     pairwise.add_argument("--bound", help="evaluation folder of platform/bound.py, for the optimality gap")
     args = parser.parse_args()
     if len(args.runs) == 1 and (Path(args.runs[0]) / "sweep.json").is_file():
         return sweep_report(args)
-    given = [flag for flag in ("opening", "markdown", "device") if getattr(args, flag)]
+    given = [flag for flag in ("opening", "markdown", "decision_times", "device") if getattr(args, flag)]
     if given:
-        raise InputError(f"--{given[0]} needs a sweep's results directory (a directory holding sweep.json), given alone")
+        raise InputError(f"--{given[0].replace('_', '-')} needs a sweep's results directory (a directory holding sweep.json), given alone")
     if args.out:
         resolve_out(args.out, is_file=True)
         if Path(args.out).is_dir():
             raise InputError(f"--out '{args.out}' is a directory, expected a file name for the Markdown table")
     runs = [load(d) for d in args.runs]
     reference = load(args.reference) if args.reference else runs[0]
-    bound = load(args.bound) if args.bound else None
+    bound = load_bound(args.bound) if args.bound else None
     for other in runs + ([bound] if bound else []):
         check_comparable(other, reference)
-    s = reference["summary"]
-    lines = [
-        f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}; reference: {reference['name']}",
-        "",
-        "| method | mean | s.e. | vs reference (95% CI) |" + (" gap to bound |" if bound else ""),
-        "| --- | ---: | ---: | --- |" + (" ---: |" if bound else ""),
-    ]
-    for run in runs:
-        cmp = paired_comparison(run["cost"], reference["cost"])
-        ci = "reference" if run["dir"] == reference["dir"] else f"{cmp.mean_difference:+.2f} [{cmp.ci_low:+.2f}, {cmp.ci_high:+.2f}]"
-        gap = f" {100 * (run['cost'].mean() / bound['cost'].mean() - 1):.1f}% |" if bound else ""
-        status = run["summary"].get("training", {}).get("status")
-        name = run["name"] + (f" ({status})" if status and status != "completed" else "")
-        lines.append(f"| {name} | {run['cost'].mean():.2f} | {standard_error(run['cost']):.2f} | {ci} |{gap}")
-    if bound:
-        lines.append(
-            f"| perfect-information bound | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | (lower bound) | 0.0% |"
-        )
-    text = "\n".join(lines)
+    text = "\n".join(pairwise_table(runs, reference, bound))
     print(text)
     if args.out:
         atomic_write_text(Path(args.out), text + "\n")

@@ -46,6 +46,21 @@ from envs.exogenous import ExogenousPaths
 from envs.instance import ITEM_COLUMNS, Instance
 
 NAME = "decomposition-bound"
+RELAXED_POLICIES = "decomposition bound's relaxed policies"
+"""What the bound's costs.parquet and its mean and s.e. are: the relaxed policies simulated on the held-out episodes."""
+PAIRED_DIFFERENCE = (
+    "Paired difference to the relaxed policies: a policy's cost minus the decomposition bound's relaxed policies' cost on the "
+    "same held-out episodes, with its 95% t-interval over the episodes. It estimates the policy's expected cost minus the relaxed "
+    "policies' expected cost, which is at most the policy's distance to the bound, since a relaxed policy costs at least the "
+    "relaxation's optimum. The bound itself is the DP value, an expected cost (its conservative figure is the one to quote); "
+    "a held-out mean minus the DP value would mix the episodes' luck with an expectation."
+)
+"""The one definition of the decomposition bound's paired figure, for every table, page and docs/methods.md."""
+
+
+def dp_figures(value: float, conservative: float) -> str:
+    """The bound's certified figures as the reports write them."""
+    return f"DP value {value:,.1f}, conservatively {conservative:,.1f}"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The report on a sweep's results directory (computed by sweeps/report.py) as text and figures: the
-paper's cost table and the others, Markdown, CSV, one self-contained HTML page and the figures.
-platform/report.py RESULTS_DIR runs it.
+paper's cost table and the others, Markdown, CSV, one self-contained HTML page and the figures. Every number
+is computed in sweeps/report.py; this module only formats them. platform/report.py RESULTS_DIR runs it.
 
-  write_report(report, "results/quick/report")      table.md, table.csv, curves.png/.svg, decision_time.png, index.html
+  write_report(report, "results/quick/report")      table.md, table.csv, curves.png/.svg, index.html, and decision_time.png
+                                                    when the report holds decision times (sweeps.report.time_decisions)
   results_markdown(report, command)                 the cost table and paired comparisons for docs/results.md
 
 How cells are shown:
@@ -29,6 +30,7 @@ import numpy as np
 import yaml
 
 from envs.instance import atomic_write, atomic_write_text
+from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, dp_figures
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
 from trainers.registry import METHODS
@@ -118,16 +120,24 @@ def cost_table(report: Report) -> Table:
     if any(e.absent == "—" for e in cells):
         table.notes.append("— not part of the sweep at this size (dp-optimal exists at n = 1 only; a MILP may be limited to some sizes).")
     for n in spec.sizes:
-        bound = report.entries.get((n, DECOMPOSITION))
-        if bound is not None and bound.runs:
-            s = bound.runs[0].summary
+        if (figures := dp_value(report, n)) is not None:
+            s = report.entries[(n, DECOMPOSITION)].runs[0].summary
             table.notes.append(
-                f"decomposition-bound at n = {n}: its cell is its relaxed policies' simulated cost on these episodes; its DP value "
-                f"is {s['dp_value']:,.1f} at the best split, conservatively {s['conservative_value']:,.1f} (equal shares: "
-                f"{s['equal_shares']['value']:,.1f}, conservatively {s['equal_shares']['conservative']:,.1f})."
+                f"{DECOMPOSITION} at n = {n}: its cell is the {RELAXED_POLICIES}' simulated cost on these episodes, not the bound; "
+                f"the bound is its {figures} at the best split (equal shares: "
+                f"{dp_figures(s['equal_shares']['value'], s['equal_shares']['conservative'])})."
             )
     table.notes += report.notes
     return table
+
+
+def dp_value(report: Report, n: int) -> str | None:
+    """The decomposition bound's certified figures at size n (its DP value, conservatively), None without them."""
+    bound = report.entries.get((n, DECOMPOSITION))
+    if bound is None or not bound.runs:
+        return None
+    s = bound.runs[0].summary
+    return dp_figures(s["dp_value"], s["conservative_value"])
 
 
 def per_item_table(report: Report) -> Table:
@@ -146,12 +156,7 @@ def reduction_table(report: Report) -> Table | None:
     others = [c for c, kind in report.columns if c != "or-transformer" and kind != "bound"]
     table = Table("Cost reduction of OR-Transformer (1 - OR-Transformer / method)", ["n", *(label(c) for c in others)], [])
     for n in report.results.spec.sizes:
-        ours = report.entries[(n, "or-transformer")]
-        row = [str(n)]
-        for c in others:
-            other = report.entries[(n, c)]
-            row.append(percent(1 - ours.mean / other.mean) if ours.on_heldout_set and other.on_heldout_set else "n/a")
-        table.rows.append(row)
+        table.rows.append([str(n), *(percent(report.reductions[(n, c)]) if (n, c) in report.reductions else "n/a" for c in others)])
     table.notes.append("n/a: one of the two has no evaluation on the sweep's held-out episodes and horizon.")
     return table
 
@@ -163,11 +168,7 @@ def gap_table(report: Report) -> Table | None:
     others = [c for c, kind in report.columns if kind != "bound"]
     table = Table("Gap to the perfect-information bound (method / bound - 1)", ["n", *(label(c) for c in others)], [])
     for n in report.results.spec.sizes:
-        bound = report.entries[(n, "bound")]
-        entries = [report.entries[(n, c)] for c in others]
-        table.rows.append(
-            [str(n), *(percent(e.mean / bound.mean - 1) if e.on_heldout_set and bound.on_heldout_set else "n/a" for e in entries)]
-        )
+        table.rows.append([str(n), *(percent(report.bound_ratios[(n, c)]) if (n, c) in report.bound_ratios else "n/a" for c in others)])
     table.notes.append("n/a: the method or the bound has no evaluation on the sweep's held-out episodes and horizon.")
     return table
 
@@ -200,45 +201,52 @@ def paired_table(report: Report) -> Table:
     return table
 
 
-def bound_gap_table(report: Report) -> Table | None:
-    """Every policy's paired gap to the decomposition bound, with its share of the bound's mean."""
+RELAXED_DIFFERENCE_HEADER = "mean paired difference (% of the relaxed policies' mean)"
+BOUND_HEADER = "the bound: DP value (conservatively)"
+
+
+def relaxed_difference_table(report: Report) -> Table | None:
+    """Every policy's paired difference to the decomposition bound's relaxed policies (PAIRED_DIFFERENCE), with the
+    bound, its DP value, beside it."""
     if report.results.spec.baselines.decomposition is None:
         return None
     table = Table(
-        "Gap to the decomposition bound (paired)",
-        ["n", "method", "seeds paired", "mean gap", "95% CI of each seed", "CI below zero", "CI above zero"],
+        f"Paired difference to the {RELAXED_POLICIES}",
+        ["n", "method", "seeds paired", RELAXED_DIFFERENCE_HEADER, "95% CI of each seed", "CI below zero", "CI above zero", BOUND_HEADER],
         [],
     )
-    table.intro = (
-        "cost - the decomposition bound's per-episode cost (its relaxed policies simulated on the same held-out episodes), "
-        "95% t-interval over episodes, and in % of the bound's mean: how much any policy could still gain, at most, by this "
-        "bound. The bound's DP value and conservative figure are under the cost table."
-    )
-    _paired_rows(table, report.bound_gaps, {n: report.entries[(n, DECOMPOSITION)].mean for n in report.results.spec.sizes})
+    table.intro = PAIRED_DIFFERENCE
+    _paired_rows(table, report.relaxed_differences, share=True)
+    for row in table.rows:
+        row.append(dp_value(report, int(row[0])) or "n/a")
     return table
 
 
-def _paired_rows(table: Table, paired: list, relative_to: dict | None = None) -> None:
-    """One row per (n, method) of report.paired-style rows; `relative_to` (by n) adds the mean in % of it."""
+def paired_intervals(row: dict) -> tuple[str, str]:
+    """A paired_rows row's mean and each seed's 95% CI as text, with the decimals of the intervals' half-widths."""
+    d = decimals(float(np.mean([(c.ci_high - c.ci_low) / 2 for _, c in row["paired"]])))
+    seeds = "; ".join(
+        ("" if seed is None else f"s{seed}: ") + f"{c.mean_difference:+,.{d}f} [{c.ci_low:+,.{d}f}, {c.ci_high:+,.{d}f}]"
+        for seed, c in row["paired"]
+    )
+    return f"{row['mean']:+,.{d}f}", seeds
+
+
+def _paired_rows(table: Table, paired: list, share: bool = False) -> None:
+    """One row per (n, method) of report.paired-style rows; with `share`, the mean also in % of the reference's mean."""
     for row in paired:
         k = len(row["paired"])
         if not k:
             table.rows.append([str(row["n"]), label(row["column"]), "0", "n/a", row["not_paired"] or "n/a", "n/a", "n/a"])
             continue
         diffs = [c for _, c in row["paired"]]
-        d = decimals(float(np.mean([(c.ci_high - c.ci_low) / 2 for c in diffs])))
-        seeds = "; ".join(
-            ("" if seed is None else f"s{seed}: ") + f"{c.mean_difference:+,.{d}f} [{c.ci_low:+,.{d}f}, {c.ci_high:+,.{d}f}]"
-            for seed, c in row["paired"]
-        )
-        mean = float(np.mean([c.mean_difference for c in diffs]))
-        share = f" ({percent(mean / relative_to[row['n']])})" if relative_to and relative_to.get(row["n"]) else ""
+        mean, seeds = paired_intervals(row)
         table.rows.append(
             [
                 str(row["n"]),
                 label(row["column"]),
                 str(k),
-                f"{mean:+,.{d}f}{share}",
+                mean + (f" ({percent(row['share'])})" if share and row["share"] is not None else ""),
                 seeds,
                 f"{sum(c.ci_high < 0 for c in diffs)} of {k}",
                 f"{sum(c.ci_low > 0 for c in diffs)} of {k}",
@@ -255,7 +263,10 @@ def ratio(value: float) -> str:
     return f"{value:,.0f}x" if value >= 100 else f"{value:.2g}x"
 
 
-def decision_table(report: Report) -> Table:
+def decision_table(report: Report) -> Table | None:
+    """The decision times (None when the report was not timed: sweeps.report.time_decisions)."""
+    if report.timings is None:
+        return None
     milps = [m.name for m in report.results.spec.baselines.milp]
     header = ["n", "policy", "one state", "held-out batch", *(h for m in milps for h in (f"{m} per decision", f"{m} / one state"))]
     table = Table(f"Decision time ({report.device}, median of {REPEATS} calls)", header, [])
@@ -286,7 +297,7 @@ def tables(report: Report) -> list[Table]:
             gap_table(report),
             diverged_table(report),
             paired_table(report),
-            bound_gap_table(report),
+            relaxed_difference_table(report),
             decision_table(report),
         )
         if t is not None
@@ -347,7 +358,8 @@ def results_markdown(report: Report, command: str) -> str:
 
 
 def csv_text(report: Report) -> str:
-    """The cost table in long form: one row per size and column, with every number behind the cell."""
+    """The cost table in long form: one row per size and column, with every number behind the cell, and the paired
+    difference to the decomposition bound's relaxed policies as in its table (PAIRED_DIFFERENCE), the bound beside it."""
     spec = report.results.spec
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -371,24 +383,19 @@ def csv_text(report: Report) -> str:
             "rank",
             "reduction_by_or_transformer",
             "gap_to_bound",
-            "gap_to_decomposition_bound",
+            "paired_difference_to_relaxed_policies",
+            "paired_difference_share",
+            "paired_difference_ci",
+            "decomposition_bound",
         ]
     )
-    paired_gap = {
-        (r["n"], r["column"]): float(np.mean([c.mean_difference for _, c in r["paired"]])) for r in report.bound_gaps if r["paired"]
-    }
+    relaxed = {(r["n"], r["column"]): r for r in report.relaxed_differences if r["paired"]}
     for n in spec.sizes:
         ranked = [e.column for e in report.ranked(n)]
-        ours, bound = report.entries.get((n, "or-transformer")), report.entries.get((n, "bound"))
         for column, kind in report.columns:
             e = report.entries[(n, column)]
             over = "" if not e.runs else "episodes" if kind != "learned" else "seeds" if len(e.runs) > 1 else "episodes of one seed"
-            reduction = (
-                (1 - ours.mean / e.mean)
-                if ours is not None and column != "or-transformer" and kind != "bound" and ours.on_heldout_set and e.on_heldout_set
-                else None
-            )
-            gap = (e.mean / bound.mean - 1) if bound is not None and kind != "bound" and e.on_heldout_set and bound.on_heldout_set else None
+            difference = relaxed.get((n, column))
             writer.writerow(
                 [
                     n,
@@ -407,9 +414,12 @@ def csv_text(report: Report) -> str:
                     e.runs[0].summary["episodes"] if e.runs else None,
                     e.horizon,
                     ranked.index(column) + 1 if column in ranked else None,
-                    reduction,
-                    gap,
-                    paired_gap[(n, column)] / report.entries[(n, DECOMPOSITION)].mean if (n, column) in paired_gap else None,
+                    report.reductions.get((n, column)),
+                    report.bound_ratios.get((n, column)),
+                    difference and difference["mean"],
+                    difference and difference["share"],
+                    difference and paired_intervals(difference)[1],
+                    dp_value(report, n),
                 ]
             )
     return out.getvalue()
@@ -452,6 +462,7 @@ def html_page(report: Report, images: dict[str, bytes]) -> str:
         f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{base64.b64encode(images[name]).decode()}'>"
         f"<figcaption>{html.escape(caption)}</figcaption></figure>\n"
         for name, caption in FIGURES.items()
+        if name in images
     )
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in report.reference_notes)
     body = [
@@ -563,17 +574,17 @@ def decision_figure(report: Report):
 
 
 def write_report(report: Report, out, markdown_file=None, command: str | None = None) -> dict[str, Path]:
-    """Write every output into `out` (each file atomically); with `markdown_file`, also results_markdown there."""
+    """Write every output into `out` (each file atomically; decision_time.png only when the report holds decision times);
+    with `markdown_file`, also results_markdown there."""
     plt = _pyplot()
     out = Path(out)
-    curves, decisions = curves_figure(report), decision_figure(report)
-    images = {
-        "curves.png": figure_bytes(curves, "png"),
-        "curves.svg": figure_bytes(curves, "svg"),
-        "decision_time.png": figure_bytes(decisions, "png"),
-    }
+    curves = curves_figure(report)
+    images = {"curves.png": figure_bytes(curves, "png"), "curves.svg": figure_bytes(curves, "svg")}
     plt.close(curves)
-    plt.close(decisions)
+    if report.timings is not None:
+        decisions = decision_figure(report)
+        images["decision_time.png"] = figure_bytes(decisions, "png")
+        plt.close(decisions)
     texts = {"table.md": markdown_report(report), "table.csv": csv_text(report), "index.html": html_page(report, images)}
     written = {}
     for name, data in images.items():

@@ -3,6 +3,7 @@ method's evaluations at each size, paired comparisons against classical-best, th
 paper's Figure 1) and their reference lines, and the decision time against the MILP.
 
   report = build_report("results/quick", opening="greedy")     reads sweeps.results_dir.read_results
+  time_decisions(report, device="cpu")                          the decision times (a separate step: it loads and runs policies)
 
 The paper's conventions, and the choices where it is silent (how cells are shown: sweeps/render.py):
 
@@ -25,12 +26,17 @@ The paper's conventions, and the choices where it is silent (how cells are shown
   only, so the report recomputes it: classical-best from its stored tuned parameters on 10 steps of the
   same held-out paths (a path's prefix does not depend on its length), a MILP by replaying the first 10
   decisions recorded in its decisions.parquet on those paths (a MILP run of fewer decisions gets no line).
+* Reductions (1 - OR-Transformer's mean / the policy's) and gaps to the perfect-information bound (the
+  policy's mean / the bound's mean - 1) are computed here once, for entries on the sweep's held-out set.
 * The decomposition bound (solver_workers/decomposition.py) is a bound column: its cell is its relaxed
-  policies' simulated cost on the held-out episodes, and every policy's gap to it is paired on those
-  episodes (cost - bound, 95% t-interval, and in % of the bound's mean); its DP value and conservative
-  figure are noted under the cost table. Its Figure 1 line is its relaxed policies' mean cost over the
-  first 10 decisions (summary.json's cumulative_cost).
-* Decision time: the policy of the first finished seed on `device`, the median of REPEATS timed calls
+  policies' simulated cost on the held-out episodes, not the bound; the bound is its DP value (and the
+  conservative figure), noted under the cost table and beside every paired difference. Each policy's paired
+  difference to the relaxed policies (solver_workers.decomposition.PAIRED_DIFFERENCE: cost - their cost on
+  the same episodes, 95% t-interval, and in % of their mean) estimates its expected distance to their
+  expected cost, at most its distance to the bound. Its Figure 1 line is its relaxed policies' mean cost
+  over the first 10 decisions (summary.json's cumulative_cost).
+* Decision time (`time_decisions`, only when asked: platform/report.py --decision-times): the policy of
+  the first finished seed on `device`, the median of REPEATS timed calls
   after a warm-up, on one state (the first held-out episode's initial state) and on the batch of every
   held-out episode's initial state; a MILP's time is its seconds per decision
   (sweeps.results_dir.seconds_per_decision: build + solve, as in baselines.parquet).
@@ -211,18 +217,23 @@ def baseline_entry(results: Results, column: str, kind: str, n: int, notes: list
 class Report:
     results: Results
     opening: str
-    device: str
     entries: dict[tuple[int, str], Entry]
     notes: list[str]
     """Failed trials' reasons and missing baselines."""
     paired: list[dict[str, Any]]
-    bound_gaps: list[dict[str, Any]]
-    """paired_rows against the decomposition bound (empty without it)."""
+    """paired_rows against classical-best."""
+    relaxed_differences: list[dict[str, Any]]
+    """paired_rows against the decomposition bound's relaxed policies (empty without the bound)."""
+    reductions: dict[tuple[int, str], float]
+    """`reductions`."""
+    bound_ratios: dict[tuple[int, str], float]
+    """`bound_ratios`."""
     references: dict[int, dict[str, float]]
     reference_notes: list[str]
-    timings: list[dict[str, Any]]
-    """decision_times."""
     milp_times: dict[int, dict[str, float]]
+    device: str | None = None
+    timings: list[dict[str, Any]] | None = None
+    """decision_times on `device`, once `time_decisions` has run (None before)."""
 
     @property
     def columns(self) -> list[tuple[str, str]]:
@@ -238,8 +249,9 @@ class Report:
 
 
 def paired_rows(results: Results, entries: dict[tuple[int, str], Entry], reference_column: str = "classical-best") -> list[dict[str, Any]]:
-    """Every policy against the reference (classical-best, or the decomposition bound) at each size: per seed
-    the 95% t-interval of the paired difference cost - the reference's cost."""
+    """Every policy against the reference (classical-best, or the decomposition bound's relaxed policies) at each
+    size: per seed the 95% t-interval of the paired difference cost - the reference's cost (`paired`), their mean
+    over the paired seeds (`mean`) and that mean in parts of the reference's mean (`share`); None without a pair."""
     rows = []
     for n in results.spec.sizes:
         reference = entries.get((n, reference_column))
@@ -263,8 +275,36 @@ def paired_rows(results: Results, entries: dict[tuple[int, str], Entry], referen
                     )
                     continue
                 row["paired"].append((run.seed, paired_comparison(run.evaluation["cost"], ref.evaluation["cost"])))
+            row["mean"] = float(np.mean([c.mean_difference for _, c in row["paired"]])) if row["paired"] else None
+            row["share"] = row["mean"] / reference.mean if row["paired"] and reference.mean else None
             rows.append(row)
     return rows
+
+
+def reductions(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[tuple[int, str], float]:
+    """(n, column) -> 1 - OR-Transformer's mean / the policy's mean, what OR-Transformer saves against each policy, where
+    both are on the sweep's held-out set (empty without OR-Transformer)."""
+    found = {}
+    for n in results.spec.sizes:
+        ours = entries.get((n, "or-transformer"))
+        for column, kind in columns(results.spec):
+            other = entries[(n, column)]
+            if ours is not None and column != "or-transformer" and kind != "bound" and ours.on_heldout_set and other.on_heldout_set:
+                found[(n, column)] = 1 - ours.mean / other.mean
+    return found
+
+
+def bound_ratios(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[tuple[int, str], float]:
+    """(n, column) -> the policy's mean / the perfect-information bound's mean - 1, where both are on the sweep's held-out
+    set (empty without the bound)."""
+    found = {}
+    for n in results.spec.sizes:
+        bound = entries.get((n, "bound"))
+        for column, kind in columns(results.spec):
+            entry = entries[(n, column)]
+            if bound is not None and kind != "bound" and entry.on_heldout_set and bound.on_heldout_set:
+                found[(n, column)] = entry.mean / bound.mean - 1
+    return found
 
 
 # ---- training curves (Figure 1) --------------------------------------------------------------------
@@ -448,8 +488,15 @@ def decision_times(results: Results, entries: dict[tuple[int, str], Entry], open
 # ---- the report -----------------------------------------------------------------------------------
 
 
-def build_report(root, opening: str = "greedy", device: str = "cpu") -> Report:
-    """Read the results directory `root` and compute every table, the curves' reference lines and the decision times."""
+def time_decisions(report: Report, device: str = "cpu") -> None:
+    """Time each learned policy's decisions on `device` (decision_times) into `report.timings`."""
+    report.device = device
+    report.timings = decision_times(report.results, report.entries, report.opening, device)
+
+
+def build_report(root, opening: str = "greedy") -> Report:
+    """Read the results directory `root` and compute every table's figures and the curves' reference lines (the
+    decision times are `time_decisions`)."""
     if opening not in OPENINGS:
         raise InputError(f"opening: expected one of {list(OPENINGS)}, got {opening!r}")
     results = read_results(root)
@@ -465,13 +512,13 @@ def build_report(root, opening: str = "greedy", device: str = "cpu") -> Report:
     return Report(
         results,
         opening,
-        device,
         entries,
         notes,
         paired_rows(results, entries),
         gaps,
+        reductions(results, entries),
+        bound_ratios(results, entries),
         references,
         reference_notes,
-        decision_times(results, entries, opening, device),
         milp_times(results, entries),
     )

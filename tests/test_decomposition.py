@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import ROOT
 from scipy import stats
 
 from envs import dp_optimal
@@ -247,18 +248,13 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
 # ---- in the sweep's report ----------------------------------------------------------------------------
 
 
-def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkeypatch):
-    """On test_report's synthetic results directory with a decomposition bound of hand-chosen per-episode
-    costs 95 + D at n = 1: classical-best (110 + E) is 15 above it, E - D = [1, 0, 0, -1, 1, 0, 0, -1], so
-    the 95% half-width is t(0.975, 7) sqrt(4 / 7) / sqrt(8) = 0.63197 (test_report's numbers); 15 / 95 =
-    15.8%. The Figure 1 line is the bound's mean cumulative cost at the 10th decision."""
-    import csv
-
+def decomposition_report(tmp_path, monkeypatch):
+    """test_report's synthetic results directory with a decomposition bound of hand-chosen per-episode costs 95 + D
+    (n = 1) and 390 + D (n = 4), DP value 96.0, conservatively 94.5; its report."""
     import test_report as tr
 
     from envs.exogenous import HELDOUT_SEED
     from envs.results import write_evaluation
-    from sweeps import render as rn
     from sweeps import report as rp
 
     monkeypatch.setitem(tr.SWEEP, "baselines", {**tr.SWEEP["baselines"], "decomposition": {"factor_points": 41, "coarse_points": 21}})
@@ -281,15 +277,55 @@ def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkey
             {"kind": "lower-bound", **figures},
             instance=tr.paper_instance(n, 0),
         )
-    report = rp.build_report(root)
+    return rp.build_report(root)
+
+
+def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkeypatch):
+    """decomposition_report: classical-best (110 + E) is 15 above the relaxed policies (95 + D) at n = 1,
+    E - D = [1, 0, 0, -1, 1, 0, 0, -1], so the 95% half-width is t(0.975, 7) sqrt(4 / 7) / sqrt(8) = 0.63197
+    (test_report's numbers); 15 / 95 = 15.8%. The Figure 1 line is the bound's mean cumulative cost at the 10th decision."""
+    import csv
+
+    from sweeps import render as rn
+
+    report = decomposition_report(tmp_path, monkeypatch)
     assert ("decomposition-bound", "bound") in report.columns and all(e.column != "decomposition-bound" for e in report.ranked(1))
-    gaps = {(r["n"], r["column"]): r for r in report.bound_gaps}
+    gaps = {(r["n"], r["column"]): r for r in report.relaxed_differences}
     ((_, classical),) = gaps[(1, "classical-best")]["paired"]
     assert classical.mean_difference == pytest.approx(15.0) and classical.ci_high - 15.0 == pytest.approx(0.63197, abs=1e-5)
-    table = rn.bound_gap_table(report)
+    table = rn.relaxed_difference_table(report)
     row = next(r for r in table.rows if r[0] == "1" and r[1] == "classical-best")
     assert row[3] == "+15.00 (15.8%)" and row[4] == "+15.00 [+14.37, +15.63]"
     assert report.references[1]["decomposition-bound"] == 100.0
-    assert any("its DP value is 96.0 at the best split, conservatively 94.5" in note for note in rn.cost_table(report).notes)
+    assert any("the bound is its DP value 96.0, conservatively 94.5 at the best split" in note for note in rn.cost_table(report).notes)
     rows = {(r["n"], r["column"]): r for r in csv.DictReader(rn.csv_text(report).splitlines())}
-    assert float(rows[("1", "classical-best")]["gap_to_decomposition_bound"]) == pytest.approx(15.0 / 95.0)
+    assert float(rows[("1", "classical-best")]["paired_difference_share"]) == pytest.approx(15.0 / 95.0)
+
+
+def test_the_page_the_csv_and_the_docs_give_the_paired_difference_one_definition(tmp_path, monkeypatch):
+    """The relaxed policies' paired difference and the bound (the DP value) are two figures, named by their definition
+    (solver_workers.decomposition.PAIRED_DIFFERENCE) in the page, in docs/methods.md, and with the same numbers in the
+    page and table.csv: catches the page calling the paired figure "how much any policy could still gain, at most"
+    while its DP value says otherwise (bad case 4 of issue 23), and a CSV column that holds another figure than the page."""
+    import csv
+    import html
+
+    from solver_workers.decomposition import PAIRED_DIFFERENCE
+    from sweeps import render as rn
+
+    report = decomposition_report(tmp_path, monkeypatch)
+    written = rn.write_report(report, tmp_path / "out")
+    page = html.unescape(written["index.html"].read_text())
+    assert PAIRED_DIFFERENCE in page and "could still gain" not in page
+    methods = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    assert PAIRED_DIFFERENCE in methods
+    rows = {(r["n"], r["column"]): r for r in csv.DictReader(written["table.csv"].read_text().splitlines())}
+    classical = rows[("1", "classical-best")]
+    assert float(classical["paired_difference_to_relaxed_policies"]) == pytest.approx(15.0)
+    assert (
+        classical["paired_difference_ci"] == "+15.00 [+14.37, +15.63]"
+        and classical["decomposition_bound"] == "DP value 96.0, conservatively 94.5"
+    )
+    row = next(r for r in rn.relaxed_difference_table(report).rows if r[:2] == ["1", "classical-best"])
+    assert row[3] == "+15.00 (15.8%)" and row[4] == classical["paired_difference_ci"] and row[7] == classical["decomposition_bound"]
+    assert all(f"<td>{cell}</td>" in page for cell in row)  # the page shows the table's row, numbers and bound alike

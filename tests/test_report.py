@@ -182,7 +182,9 @@ def results(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(results):
-    return rp.build_report(results)
+    report = rp.build_report(results)
+    rp.time_decisions(report, "cpu")
+    return report
 
 
 def cells(table: rn.Table) -> dict[tuple[str, str], str]:
@@ -537,6 +539,7 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     }
     (root / "sweep.json").write_text(json.dumps(record))
     report = rp.build_report(root)
+    rp.time_decisions(report, "cpu")
     assert report.columns == [("hpo", "learned"), ("fake", "learned")]  # the registry's order: the new method last
     table = rn.cost_table(report)
     assert table.header == ["n", "HPO", "Fake-Former"]

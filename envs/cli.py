@@ -47,6 +47,23 @@ mip_gap = _flag(validate.mip_gap)
 scenarios = _flag(validate.scenarios)
 
 
+def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
+    """The flags of the scripts that evaluate a policy or a bound on held-out episodes (evaluate.py, and with
+    `solver_pool` milp.py and bound.py, which also take --workers and --address), one help text each: --episodes,
+    --horizon, --seed (of the exogenous paths, the held-out set's by default) and --out."""
+    from envs.evaluation import EVAL_HORIZON  # imports torch: only once the script parses its flags
+    from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
+    from envs.job_output import out_argument  # imports this module
+
+    parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help=f"episodes (default {HELDOUT_EPISODES})")
+    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help=f"decisions per episode (default {EVAL_HORIZON})")
+    parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
+    if solver_pool:
+        parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
+        parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
+    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
+
+
 def device(text: str) -> str:
     """A torch device the scripts run on: cpu, cuda or cuda:K (CUDA only where it is available)."""
     import torch

@@ -25,11 +25,10 @@ re-run into the same --out with other settings is refused. Ctrl-C or SIGTERM kee
 
 import argparse
 
-from envs.cli import horizon, positive_int, positive_real, run_cli, seed, time_limit
-from envs.evaluation import EVAL_HORIZON
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range
+from envs.cli import held_out_flags, positive_int, positive_real, run_cli, time_limit
+from envs.exogenous import check_cost_range
 from envs.instance import Instance
-from envs.job_output import out_argument, resolve_out
+from envs.job_output import resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions
 from solver_workers.decomposition import DecompositionOptions
 from solver_workers.ray_session import init_ray, stop_ray
@@ -43,9 +42,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--kind", default=KINDS[0], choices=KINDS, help="which bound (default perfect-information)")
-    parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
-    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
-    parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     parser.add_argument("--solver", default="highs", choices=SOLVERS, help="perfect-information: MILP solver (default highs)")
     parser.add_argument("--time-limit", type=time_limit, default=300.0, help="perfect-information: seconds per episode (default 300)")
     parser.add_argument("--threads", type=positive_int, default=1, help="perfect-information: solver threads per worker (default 1)")
@@ -70,9 +66,7 @@ def main() -> None:
         default=DEFAULTS.tolerance,
         help=f"decomposition: relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})",
     )
-    parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
-    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
-    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
+    held_out_flags(parser, solver_pool=True)
     args = parser.parse_args()
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts

@@ -11,11 +11,11 @@ the evaluation. --seed picks the exogenous paths; its default is the documented 
 
 import argparse
 
-from envs.cli import device, horizon, positive_int, run_cli, seed
-from envs.evaluation import EVAL_HORIZON, evaluate
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.cli import device, held_out_flags, run_cli
+from envs.evaluation import evaluate
+from envs.exogenous import sample_paths
 from envs.instance import Instance
-from envs.job_output import out_argument, resolve_out
+from envs.job_output import resolve_out
 from envs.results import write_evaluation
 from serving.decisions import CHECKPOINT_PREFIX, named_policy, policy_name
 from trainers.policy import MODES
@@ -27,10 +27,7 @@ def main() -> None:
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
-    parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
-    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
-    parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
-    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
+    held_out_flags(parser, solver_pool=False)
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()

@@ -18,11 +18,10 @@ same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
 import argparse
 import json
 
-from envs.cli import horizon, mip_gap, positive_int, run_cli, scenarios, seed, time_limit
-from envs.evaluation import EVAL_HORIZON
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range
+from envs.cli import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, seed, time_limit
+from envs.exogenous import check_cost_range
 from envs.instance import Instance
-from envs.job_output import out_argument, resolve_out
+from envs.job_output import resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions, licence_note
 from solver_workers.model import check_size, stock_columns
 from solver_workers.ray_session import init_ray, stop_ray
@@ -41,12 +40,7 @@ def main() -> None:
     parser.add_argument("--threads", type=positive_int, default=1, help="solver threads per worker (default 1)")
     parser.add_argument("--no-warm-start", action="store_true", help="do not supply the all-zero plan as the initial incumbent")
     parser.add_argument("--solver-seed", type=seed, default=0, help="seed of the scenario sampling and the solver (default 0)")
-    parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
-    parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="decisions per episode (default 50)")
-    parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
-    parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
-    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
-    parser.add_argument("--out", type=out_argument, required=True, help="output directory")
+    held_out_flags(parser, solver_pool=True)
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     args = parser.parse_args()
     instance = Instance.load(args.instance)

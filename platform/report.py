@@ -129,13 +129,13 @@ def sweep_report(args: argparse.Namespace) -> None:
     given = [flag for flag in ("reference", "bound") if getattr(args, flag)]
     if given:
         raise InputError(f"--{given[0]} compares evaluation folders; '{root}' is a sweep's results directory, reported on alone")
+    if args.device and not args.decision_times:
+        raise InputError("--device is the device of --decision-times: give it with --decision-times, or leave it out")
     out = resolve_out(args.out or Path(root) / "report")
     if args.markdown:
         resolve_out(args.markdown, "--markdown", is_file=True)
         if Path(args.markdown).is_dir():
             raise InputError(f"--markdown '{args.markdown}' is a directory, expected a file name for the Markdown tables")
-    if args.device and not args.decision_times:
-        raise InputError("--device is the device of the decision times: give it with --decision-times")
     report = build_report(root, args.opening or "greedy")
     if args.decision_times:
         time_decisions(report, args.device or "cpu")

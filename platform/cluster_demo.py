@@ -50,15 +50,16 @@ def start_cluster(workers: int, cpus: int, log=print):
     The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings and
     its address (RAY_ADDRESS), and so do the processes it starts afterwards."""
     os.environ.update(cluster_environment())  # before Ray is imported: it reads the mode once
-    from ray._private.services import get_node_ip_address
     from ray.cluster_utils import Cluster
+
+    from solver_workers.ray_private import node_ip_address
 
     # Ray's own clients inside the cluster (Ray Train's placement-group cleaner asks the state API whether its
     # controller still lives) find their cluster through RAY_ADDRESS, else the most recent Ray on the machine,
     # which need not be this one: with a wrong answer, the cleaner never frees the workers' CPUs of a lost
     # controller. So the head's port is chosen first and every node process inherits the address.
     port = free_port()
-    os.environ["RAY_ADDRESS"] = f"{get_node_ip_address()}:{port}"
+    os.environ["RAY_ADDRESS"] = f"{node_ip_address()}:{port}"
     log(f"starting a head node without CPUs and {workers} worker nodes of {cpus} CPU{'s' if cpus > 1 else ''} each")
     cluster = Cluster(
         initialize_head=True,

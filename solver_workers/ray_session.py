@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray._private import ray_constants, services
 
 from envs.errors import InputError
+from solver_workers.ray_private import cluster_mode_off, gcs_address, local_node
 
 PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this; Ray itself retries for minutes
 
@@ -42,24 +42,20 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
 
     Ray 2.60 binds its gRPC servers (GCS, raylet, object manager, workers) to loopback only when the node IP is
     loopback, and ray.init turns a loopback node IP into the machine's address unless Ray's cluster mode is off
-    (ray_constants.ENABLE_RAY_CLUSTER, otherwise only read from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER when ray is
-    imported); Ray passes the node IP to every process it starts. Ray writes a new token to ~/.ray/auth_token
-    unless one is configured, so give it a token for this process in RAY_AUTH_TOKEN, which its processes inherit.
+    (solver_workers.ray_private.cluster_mode_off); Ray passes the node IP to every process it starts. Ray writes a
+    new token to ~/.ray/auth_token unless one is configured, so give it a token for this process in RAY_AUTH_TOKEN,
+    which its processes inherit.
     """
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    cluster_mode, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
-    try:
-        with keep_sigterm_handler():
-            context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = cluster_mode
-    node = ray._private.worker.global_worker.node
-    if ended := end_dead_sessions(Path(node.get_temp_dir_path())):
+    with cluster_mode_off(), keep_sigterm_handler():
+        context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
+    node = local_node()
+    if ended := end_dead_sessions(Path(node.temp_dir)):
         print(
             f"ended {len(ended)} processes left by the embedded Ray of a killed driver: PIDs {' '.join(map(str, ended))}", file=sys.stderr
         )
-    record_session(Path(node.get_session_dir_path()), node.node_id, node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+    record_session(Path(node.session_dir), node.node_id, node.raylet_pid)
     return f"http://{context.dashboard_url}" if dashboard and context.dashboard_url else None
 
 
@@ -178,7 +174,7 @@ def probe_address(address: str, where: str) -> None:
     """
     malformed = f"{where}: expected HOST:PORT (the cluster's GCS address, e.g. 10.0.0.5:6379) or auto"
     try:
-        target = services.canonicalize_bootstrap_address(address)
+        target = gcs_address(address)
     except ConnectionError as e:  # `auto` and no Ray on this machine
         raise InputError(f"{where}: no Ray cluster answers there ({e})") from e
     except ValueError as e:

@@ -18,8 +18,8 @@ from typing import TextIO
 
 import ray
 from ray import tune
-from ray._private.ray_logging import global_worker_stdstream_dispatcher
-from ray._private.worker import filter_autoscaler_events
+
+from solver_workers.ray_private import filter_autoscaler_events, route_worker_output
 
 LOG_NAME = "sweep.log"
 """Ray's output of every run of the sweep, appended (the results directory's log file)."""
@@ -86,8 +86,7 @@ class SweepLog:
             where = f"({who} pid={batch.get('pid')}, ip={batch.get('ip')})"
             self.file.write("".join(f"{where} {line}\n" for line in lines))
 
-        global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
-        global_worker_stdstream_dispatcher.add_handler("ray_print_logs", write)
+        route_worker_output(write)
 
 
 def tune_output(log: Callable[[str], None], retries: int, verbose: bool) -> dict:

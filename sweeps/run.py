@@ -175,10 +175,11 @@ def train_nodes() -> list[dict[str, str]]:
     Ray's actor table: the workers are actors of the Train controller, an actor of this process (Ray Train's
     own record of its workers is internal to it). Ray keeps dead actors in the table with their node."""
     import ray
-    from ray._private.state import actors
 
-    table = actors(job_id=ray.get_runtime_context().job_id).values()
-    me = actors(actor_id=ray.get_runtime_context().get_actor_id())["Address"]
+    from solver_workers.ray_private import actor_table
+
+    table = actor_table(job_id=ray.get_runtime_context().job_id).values()
+    me = actor_table(actor_id=ray.get_runtime_context().get_actor_id())["Address"]
 
     def owned_by(address: dict, kind: str) -> list[dict]:
         return [a for a in table if a["ActorClassName"] == kind and a["OwnerAddress"] == address]

@@ -35,10 +35,10 @@ import torch.distributed as dist
 from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
-from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 
 from envs.errors import InputError
 from envs.instance import Instance
+from solver_workers.ray_private import in_tune_session
 from solver_workers.ray_session import init_ray
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseRun, TrainConfig, rank_and_world
@@ -109,7 +109,7 @@ def fit(
             storage_path=str(out / STORAGE),
             failure_config=FailureConfig(max_failures=max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=1),
-            callbacks=[TuneReportCallback()] if _in_tune_session() else None,
+            callbacks=[TuneReportCallback()] if in_tune_session() else None,
         ),
     )
     main_thread = threading.current_thread() is threading.main_thread()  # not in a Tune trial

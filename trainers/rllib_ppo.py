@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
+from solver_workers.ray_private import logging_to
 from solver_workers.ray_session import init_ray
 from trainers.checkpoint import CheckpointError
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
@@ -303,12 +303,7 @@ def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> 
     """A PPO algorithm for `instance` whose logs (result.json, progress.csv, TensorBoard) go to `logdir`."""
     register_env(ENV_ID, make_env)
 
-    class RunPPO(PPO):
-        def _setup_logdir(self):  # Tune's default is ~/ray_results; keep everything in the run folder
-            self._logdir = logdir
-            os.makedirs(logdir, exist_ok=True)
-
-    return RunPPO(config=algorithm_config(config, instance))
+    return logging_to(PPO, logdir)(config=algorithm_config(config, instance))
 
 
 class RLModulePolicy:

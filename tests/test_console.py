@@ -117,17 +117,52 @@ def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
         logging.getLogger("ray.tune").error("Trial task failed for trial hpo-n1-s0")
         warnings.warn("`RLModule(config=...)` has been deprecated", DeprecationWarning, stacklevel=2)
     finally:
-        dispatcher.handlers = handlers
-        warnings.showwarning = showwarning
+        log.close()
+        dispatcher.handlers, warnings.showwarning = handlers, showwarning  # as before, also if close() did not
         for name, kept in loggers.items():
             logging.getLogger(name).handlers = kept
-        log.file.close()
     printed = capfd.readouterr()
     assert printed.out == printed.err == ""
     written = (tmp_path / console.LOG_NAME).read_text()
     assert "(PlacementGroupCleaner pid=20634, ip=127.0.0.1) Failed to query Ray Train Controller actor state.\n" in written
     assert "(SolverWorker pid=19163, ip=127.0.0.1) Running HiGHS 1.16.0\n" in written
     assert "ERROR ray.tune: Trial task failed for trial hpo-n1-s0" in written and "DeprecationWarning: `RLModule(config=...)`" in written
+
+
+def test_leaving_the_sweep_log_puts_back_what_it_replaced(tmp_path, capfd):
+    """Catches a SweepLog that leaves Python's warning printer, the handlers of Ray's loggers or Ray's handler of worker
+    output replaced after it is done: a warning after discard() raised AttributeError (the printer wrote to the closed
+    log), and Ray's records and its workers' output went nowhere."""
+    import logging
+    import warnings
+
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
+    loggers = {name: list(logging.getLogger(name).handlers) for name in names}
+    handlers, showwarning = list(dispatcher.handlers), warnings.showwarning
+
+    def ray_printer(batch):  # as ray.init installs its printer of the workers' output
+        print(*batch["lines"])
+
+    try:
+        with console.SweepLog(tmp_path / "out", verbose=False) as log:
+            log.connect(lambda: dispatcher.add_handler("ray_print_logs", ray_printer))
+            assert warnings.showwarning != showwarning and ("ray_print_logs", ray_printer) not in dispatcher.handlers  # it routed
+            log.discard(made=True)
+            with warnings.catch_warnings():  # not pytest.warns: its recorder would bypass the printer in place
+                warnings.simplefilter("always")
+                warnings.warn("after the sweep", UserWarning, stacklevel=1)  # raised AttributeError
+            assert not (tmp_path / "out").exists()
+        assert warnings.showwarning == showwarning
+        assert {name: logging.getLogger(name).handlers for name in names} == loggers
+        assert [(name, h) for name, h in dispatcher.handlers if name == "ray_print_logs"] == [("ray_print_logs", ray_printer)]
+        dispatcher.emit({"pid": 1, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS"]})
+        assert capfd.readouterr().out == "Running HiGHS\n"
+    finally:
+        dispatcher.handlers, warnings.showwarning = handlers, showwarning
+        for name, kept in loggers.items():
+            logging.getLogger(name).handlers = kept
 
 
 # ---- a real sweep ----------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import TextIO
 
 import ray
 from ray import tune
+from ray._private import worker as ray_worker
 from ray._private.ray_logging import global_worker_stdstream_dispatcher
 from ray._private.worker import filter_autoscaler_events
 
@@ -41,6 +42,8 @@ class SweepLog:
         """The handlers of each of Ray's loggers before they were routed into the log."""
         self.worker_printer: list[tuple[str, Callable]] = []
         """Ray's handler of its workers' output (name and function) that route_worker_output replaced."""
+        self.raylet_printer: Callable | None = None
+        """Ray's printer of the messages the raylet sends this job, which route_worker_output replaced."""
 
     def __enter__(self) -> SweepLog:
         return self
@@ -76,6 +79,9 @@ class SweepLog:
             for name, handler in self.worker_printer:
                 global_worker_stdstream_dispatcher.add_handler(name, handler)
         self.worker_printer = []
+        if self.raylet_printer is not None and ray_worker.print_to_stdstream == self.write_worker_output:
+            ray_worker.print_to_stdstream = self.raylet_printer
+        self.raylet_printer = None
         if self.file is not None:
             self.file.close()
             self.file = None
@@ -106,13 +112,18 @@ class SweepLog:
 
     def route_worker_output(self) -> None:
         """The driver relays every worker's stdout and stderr (log_to_driver) through Ray's stream dispatcher, whose
-        handler "ray_print_logs" prints them: replace it by write_worker_output."""
+        handler "ray_print_logs" prints them: replace it by write_worker_output. The messages that the raylet sends the
+        job (as "WARNING: 8 PYTHON worker processes have been started on node ...", its worker pool's size warning,
+        which a sweep on 2 cores triggers) bypass the dispatcher: the driver's thread listen_error_messages prints them
+        with ray._private.worker.print_to_stdstream, which write_worker_output replaces too."""
         self.worker_printer = [(name, h) for name, h in global_worker_stdstream_dispatcher.handlers if name == "ray_print_logs"]
         global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
         global_worker_stdstream_dispatcher.add_handler("ray_print_logs", self.write_worker_output)
+        self.raylet_printer, ray_worker.print_to_stdstream = ray_worker.print_to_stdstream, self.write_worker_output
 
-    def write_worker_output(self, batch: dict) -> None:
-        """One batch of a worker's output lines into the log, unabridged, each line after the worker's name, pid and IP."""
+    def write_worker_output(self, batch: dict, ignore_prefix: bool = False) -> None:
+        """One batch of a worker's output lines into the log, unabridged, each line after the worker's name, pid and IP
+        (`ignore_prefix`, of Ray's printer, is not used: the log always names the worker)."""
         lines = batch.get("lines", [])
         if batch.get("pid") == "autoscaler":  # its periodic status report too, unless filtered as Ray does
             lines = filter_autoscaler_events(lines)

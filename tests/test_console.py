@@ -87,18 +87,20 @@ def test_a_lost_node_is_said_once(monkeypatch):
 
 
 def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
-    """What Ray's driver relays (worker output batches, as its log thread hands them to the stream dispatcher), its
-    loggers and Python warnings reach sweep.log and not the terminal."""
+    """What Ray's driver relays (worker output batches, as its log thread hands them to the stream dispatcher, and the
+    raylet's messages to the job, as its error thread prints them), its loggers and Python warnings reach sweep.log
+    and not the terminal."""
     import logging
     import warnings
 
+    from ray._private import worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     loggers = {
         name: list(logging.getLogger(name).handlers)
         for name in ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
     }
-    handlers, showwarning = list(dispatcher.handlers), warnings.showwarning
+    handlers, showwarning, raylet_printer = list(dispatcher.handlers), warnings.showwarning, ray_worker.print_to_stdstream
     log = console.SweepLog(tmp_path, verbose=False)
     try:
         assert (
@@ -115,10 +117,15 @@ def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
         )
         dispatcher.emit({"pid": 19163, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS 1.16.0"]})
         logging.getLogger("ray.tune").error("Trial task failed for trial hpo-n1-s0")
+        ray_worker.print_to_stdstream(  # as the driver's thread listen_error_messages prints the raylet's messages
+            {"lines": ["WARNING: 8 PYTHON worker processes have been started on node: 4f2a"], "pid": "raylet", "is_err": False},
+            ignore_prefix=False,
+        )
         warnings.warn("`RLModule(config=...)` has been deprecated", DeprecationWarning, stacklevel=2)
     finally:
         log.close()
         dispatcher.handlers, warnings.showwarning = handlers, showwarning  # as before, also if close() did not
+        ray_worker.print_to_stdstream = raylet_printer
         for name, kept in loggers.items():
             logging.getLogger(name).handlers = kept
     printed = capfd.readouterr()
@@ -126,6 +133,7 @@ def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
     written = (tmp_path / console.LOG_NAME).read_text()
     assert "(PlacementGroupCleaner pid=20634, ip=127.0.0.1) Failed to query Ray Train Controller actor state.\n" in written
     assert "(SolverWorker pid=19163, ip=127.0.0.1) Running HiGHS 1.16.0\n" in written
+    assert "( pid=raylet, ip=None) WARNING: 8 PYTHON worker processes have been started on node: 4f2a\n" in written
     assert "ERROR ray.tune: Trial task failed for trial hpo-n1-s0" in written and "DeprecationWarning: `RLModule(config=...)`" in written
 
 
@@ -136,11 +144,12 @@ def test_leaving_the_sweep_log_puts_back_what_it_replaced(tmp_path, capfd):
     import logging
     import warnings
 
+    from ray._private import worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
     loggers = {name: list(logging.getLogger(name).handlers) for name in names}
-    handlers, showwarning = list(dispatcher.handlers), warnings.showwarning
+    handlers, showwarning, raylet_printer = list(dispatcher.handlers), warnings.showwarning, ray_worker.print_to_stdstream
 
     def ray_printer(batch):  # as ray.init installs its printer of the workers' output
         print(*batch["lines"])
@@ -154,13 +163,13 @@ def test_leaving_the_sweep_log_puts_back_what_it_replaced(tmp_path, capfd):
                 warnings.simplefilter("always")
                 warnings.warn("after the sweep", UserWarning, stacklevel=1)  # raised AttributeError
             assert not (tmp_path / "out").exists()
-        assert warnings.showwarning == showwarning
+        assert warnings.showwarning == showwarning and ray_worker.print_to_stdstream is raylet_printer
         assert {name: logging.getLogger(name).handlers for name in names} == loggers
         assert [(name, h) for name, h in dispatcher.handlers if name == "ray_print_logs"] == [("ray_print_logs", ray_printer)]
         dispatcher.emit({"pid": 1, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS"]})
         assert capfd.readouterr().out == "Running HiGHS\n"
     finally:
-        dispatcher.handlers, warnings.showwarning = handlers, showwarning
+        dispatcher.handlers, warnings.showwarning, ray_worker.print_to_stdstream = handlers, showwarning, raylet_printer
         for name, kept in loggers.items():
             logging.getLogger(name).handlers = kept
 

@@ -138,14 +138,15 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 async def receive(request: Request, limit: int) -> tuple[list[bytes], int]:
     """(the body's chunks, its size): all of a body within `limit`; none of a larger one, whose size is then counted
-    only up to the first chunk beyond DISCARD_BYTES (or its Content-Length, when that already says so)."""
-    length = request.headers.get("content-length")
-    if length is not None and int(length) > DISCARD_BYTES:
+    only up to the first chunk beyond DISCARD_BYTES or `limit`, the larger (or its Content-Length, when that already
+    says so)."""
+    length, most = request.headers.get("content-length"), max(limit, DISCARD_BYTES)
+    if length is not None and int(length) > most:
         return [], int(length)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > DISCARD_BYTES:
+        if size > most:
             break
         if size <= limit:
             chunks.append(chunk)

@@ -393,6 +393,47 @@ def test_each_request_of_a_shared_call_gets_its_own_answer_or_its_own_error():
         decider.decide(bad)
 
 
+def streamed_request(chunks: list[bytes], length: int | None = None):
+    """A starlette Request whose body arrives in `chunks` (announced as `length` bytes, if given), and the list of
+    chunks the service has not read yet."""
+    from starlette.requests import Request
+
+    unread = list(chunks)
+
+    async def receive():
+        return {"type": "http.request", "body": unread.pop(0) if unread else b"", "more_body": bool(unread)}
+
+    headers = [(b"content-length", str(length).encode())] if length is not None else []
+    return Request({"type": "http", "method": "POST", "path": "/decide", "headers": headers, "query_string": b""}, receive), unread
+
+
+@pytest.mark.parametrize(
+    "limit, chunks, length, status, unread",
+    [
+        (20, [b"x" * 6] * 3, None, None, 0),  # within the limit, over DISCARD_BYTES: taken whole
+        (5, [b"x" * 4] * 4, None, 413, 0),  # over the limit, within DISCARD_BYTES: read to its end, then refused
+        (5, [b"x" * 4] * 6, None, 413, 1),  # beyond DISCARD_BYTES: reading stops at the first chunk past it (the 5th)
+        (5, [b"x" * 4] * 6, 24, 413, 6),  # announced beyond DISCARD_BYTES: refused unread
+    ],
+)
+def test_a_body_over_the_limit_is_read_and_dropped_up_to_a_bound(monkeypatch, limit, chunks, length, status, unread):
+    """Catches a 413 answered with the body unread (the connection is then reset under a client still sending it), a
+    body within a limit larger than DISCARD_BYTES refused, and a body read without bound. DISCARD_BYTES is 16 here."""
+    import asyncio
+
+    from serving import app
+
+    monkeypatch.setattr(app, "DISCARD_BYTES", 16)
+    request, left = streamed_request(chunks, length)
+    if status is None:
+        assert asyncio.run(app.read_body(request, limit)) == b"".join(chunks)
+    else:
+        with pytest.raises(app.HTTPError, match=f"larger than the limit of {limit} bytes") as refused:
+            asyncio.run(app.read_body(request, limit))
+        assert refused.value.status == status
+    assert len(left) == unread
+
+
 def test_a_classical_answer_depends_on_the_state_alone():
     """A classical rule is deterministic: p = Y, O = Y Q. The periodic family reviews every `period` calls of its clock;
     the Decider restarts the clock for each batch, so asking twice gives the same (review-period) answer."""

@@ -5,9 +5,11 @@
 state.json: {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}, or a list of
 such objects for a batch (JSON, or YAML for other suffixes). The instance is the one stored in the
 checkpoint, or --instance. Works with checkpoints of every method (or-transformer, hpo, ppo,
-transformer-ppo). Prints JSON: open (Y), open_probability (p), quantity (Q, proposed; executed only if
-Y = 1), order (O = Y Q, what is placed), latency. In sampled mode the answer is the first draw of the
-checkpoint's seeded stream. For many decisions, serve the checkpoint instead (platform/serve.py).
+transformer-ppo). Prints on stdout the JSON that POST /decide of platform/serve.py answers: for one
+state object one answer object {"open": Y, "open_probability": p, "quantity": [Q_1..Q_n] (proposed;
+executed only if Y = 1), "order": [O_1..O_n] (O = Y Q, what is placed)}, for a list a list of them in
+the same order (docs/formats.md); on stderr one line with the latency. In sampled mode the answer is the
+first draw of the checkpoint's seeded stream. For many decisions, serve the checkpoint instead.
 
 A state must be one the instance can produce; anything else is refused, naming the state and field:
 * in_transit[i][l] (P_{i,l+1}, arriving in l + 1 periods) is in [0, qbar_i], and 0 in slots l >= L_i - 1;
@@ -19,6 +21,7 @@ with NaN weights) is an error too, never an answer.
 
 import argparse
 import json
+import sys
 import time
 
 from envs.cli import device, input_file, read_file, run_cli
@@ -39,24 +42,14 @@ def main() -> None:
     input_file(args.state, "state file")
     instance = Instance.load(args.instance) if args.instance else None
     decider = load_decider(CHECKPOINT_PREFIX + args.checkpoint, instance, args.mode, args.device)
-    state = read_states(read_file(args.state, "state file"), decider.instance, f"state file '{args.state}'")
+    data = read_file(args.state, "state file")
+    state = read_states(data, decider.instance, f"state file '{args.state}'")
     decider.decide(state)  # warm-up
     start = time.perf_counter()
     answer = decider.decide(state)  # the sampled answer is the stream's first draw: the decider restarts it
     latency = time.perf_counter() - start
-    print(
-        json.dumps(
-            {
-                "open": answer.open.tolist(),
-                "open_probability": answer.probability.tolist(),
-                "quantity": answer.quantity.tolist(),
-                "order": answer.order.tolist(),
-                "mode": args.mode,
-                "batch": state.batch,
-                "latency_ms": latency * 1e3,
-            }
-        )
-    )
+    print(json.dumps(answer.to_json(isinstance(data, dict))))
+    print(f"{state.batch} states decided in {latency * 1e3:.2f} ms ({args.mode}, after one warm-up call)", file=sys.stderr)
 
 
 if __name__ == "__main__":

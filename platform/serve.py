@@ -85,11 +85,13 @@ def main() -> None:
     )
     print(f"loading {policy}" + ("" if policy.startswith(CHECKPOINT_PREFIX) else " (tuned or solved on the instance first)"), flush=True)
     decider = config.decider(progress=True)
-    init_ray(args.replicas * args.threads, args.address)
-    from ray import serve
-
+    deploying = False
     try:
+        init_ray(args.replicas * args.threads, args.address)
+        from ray import serve
+
         serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": REQUEST_TIMEOUT_S})
+        deploying = True
         serve.run(application(config, decider), name=APP_NAME, route_prefix="/", blocking=False)
         host = f"[{args.host}]" if ":" in args.host else args.host
         print(f"serving {decider.info['method']} (n = {decider.instance.n}) at http://{host}:{args.port}/decide; Ctrl-C stops", flush=True)
@@ -97,10 +99,12 @@ def main() -> None:
             time.sleep(3600)
     except KeyboardInterrupt:
         print("stopping the service", flush=True)
-    finally:  # on a cluster, only this application goes: Serve and other applications stay
-        serve.delete(APP_NAME)
-        if embedded:
-            serve.shutdown()
+    finally:
+        # On a cluster only this application goes: Serve and other applications stay. An embedded Ray ends with all in
+        # it, Serve included, and its agents (stop_ray); serve.shutdown there would only add Ray's line "Task
+        # ServeController.graceful_shutdown failed ... killed by `ray.kill`" (the controller ends while it answers).
+        if deploying and not embedded:
+            serve.delete(APP_NAME)
         stop_ray()
     print("stopped", flush=True)
 

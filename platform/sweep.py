@@ -50,7 +50,16 @@ def main() -> None:
         print("\n".join(dry_run(spec, cluster_nodes())))
         return
     out = resolve_out(args.out)
-    sweep_log = SweepLog(Path(out).resolve(), args.verbose)
+    if not args.verbose:
+        # Tune's legacy output engine prints nothing at verbosity 0 (sweeps.console.tune_output); its default engine still
+        # prints the experiment's box, its TensorBoard line and a block per trial error.
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    with SweepLog(Path(out).resolve(), args.verbose) as sweep_log:
+        run(args, spec, data, out, sweep_log)
+
+
+def run(args: argparse.Namespace, spec, data: dict, out: str, sweep_log: SweepLog) -> None:
+    """Connect, run the sweep and print its end; a refused sweep leaves nothing, an interrupted one says how to resume."""
 
     def connect() -> None:
         url = sweep_log.connect(lambda: init_ray(1, args.address, dashboard=args.dashboard))

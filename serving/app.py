@@ -1,7 +1,7 @@
 """The decision service: one policy (a serving.decisions.Decider) behind HTTP on Ray Serve, with dynamic batching.
 
   POST /decide   a state, or a list of states (decide.py's format) -> an answer, or a list of answers
-  GET  /healthz  200 {"status": "ready"} once a replica answers
+  GET  /healthz  200 {"status": "ready"} once a replica answers (HEAD: 200 without a body)
   GET  /info     method, mode, n, instance_hash, checkpoint_sha256, the batching settings and this replica's counters
 
 The API, its status codes and its limits are in docs/formats.md. Bad input is a 4xx with one message naming the
@@ -15,6 +15,7 @@ application is built, and travels to every replica with the deployment's argumen
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -23,7 +24,7 @@ import torch
 from ray import serve
 from ray.serve import Application
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from envs import validate
 from envs.dynamics import State
@@ -34,6 +35,14 @@ from trainers.policy import MODES
 
 MAX_BODY_BYTES = 8 * 2**20
 """Default request body limit: 100 states at n = 1,024 take about 4 MiB of JSON."""
+DISCARD_BYTES = 64 * 2**20
+"""Most bytes of a body over the limit that are read and dropped before the 413, so that a client that sends its whole
+body before it reads the answer (urllib, requests) gets the 413: a server that answers and closes with the body
+unread resets the connection, and the client sees "Connection reset by peer". A body announced larger than this is
+refused without reading it."""
+BODY_TIMEOUT_S = 20.0
+"""A body not received within this time is refused (408, the API's JSON error), before Serve's proxy gives up on the
+request (REQUEST_TIMEOUT_S) with its own text answer."""
 REQUEST_TIMEOUT_S = 30.0
 """Serve's proxy answers 408 to a request not answered within this time (HTTP option request_timeout_s): no connection
 hangs, not even on a replica that died with the request."""
@@ -113,20 +122,35 @@ class HTTPError(Exception):
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) as soon as it is known to exceed `limit` bytes."""
+    """The request body; HTTPError 413 for one larger than `limit` bytes (read and dropped up to DISCARD_BYTES first),
+    408 for one not received within BODY_TIMEOUT_S."""
     length = request.headers.get("content-length")
-    too_large = f"request body: larger than the limit of {limit} bytes (max_body_bytes)"
     if length is not None and not length.isdigit():
         raise HTTPError(400, f"header 'Content-Length': expected a byte count, got {length!r}")
-    if length is not None and int(length) > limit:
-        raise HTTPError(413, too_large)
+    try:
+        chunks, size = await asyncio.wait_for(receive(request, limit), BODY_TIMEOUT_S)
+    except TimeoutError:
+        raise HTTPError(408, f"request body: not received within {BODY_TIMEOUT_S:g} s") from None
+    if size > limit:
+        raise HTTPError(413, f"request body: larger than the limit of {limit} bytes (max_body_bytes)")
+    return b"".join(chunks)
+
+
+async def receive(request: Request, limit: int) -> tuple[list[bytes], int]:
+    """(the body's chunks, its size): all of a body within `limit`; none of a larger one, whose size is then counted
+    only up to the first chunk beyond DISCARD_BYTES or `limit`, the larger (or its Content-Length, when that already
+    says so)."""
+    length, most = request.headers.get("content-length"), max(limit, DISCARD_BYTES)
+    if length is not None and int(length) > most:
+        return [], int(length)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, too_large)
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if size > most:
+            break
+        if size <= limit:
+            chunks.append(chunk)
+    return ([] if size > limit else chunks), size
 
 
 def parse_states(body: bytes, content_type: str | None, instance: Instance) -> tuple[State, bool]:
@@ -155,15 +179,17 @@ class DecisionService:
     def __init__(self, decider: Decider, config: ServiceConfig):
         torch.set_num_threads(config.threads)
         self.decider, self.config = decider, config
-        self.requests = self.states = self.refused = 0
+        self.requests = self.states = self.refused = self.batches = self.largest_batch = 0
         self.decide_batch.set_max_batch_size(config.max_batch_size)
         self.decide_batch.set_batch_wait_timeout_s(config.batch_wait_ms / 1000)
 
     async def __call__(self, request: Request) -> JSONResponse:
         try:
-            path = request.url.path
+            path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"  # below the route prefix
             if path not in ROUTES:
                 raise HTTPError(404, f"path {path!r}: expected one of {list(ROUTES)}")
+            if request.method == "HEAD" and ROUTES[path] == "GET":
+                return Response(status_code=200)
             if request.method != ROUTES[path]:
                 raise HTTPError(405, f"{path}: expected {ROUTES[path]}, got {request.method}")
             if path == "/healthz":
@@ -173,10 +199,11 @@ class DecisionService:
             state, single = parse_states(
                 await read_body(request, self.config.max_body_bytes), request.headers.get("content-type"), self.decider.instance
             )
-            answer = await self.decide_batch(state) if self.config.max_batch_size > 1 else self.decider.decide(state)
+            answer = await self.decide_batch(state) if self.config.max_batch_size > 1 else self.decide_alone(state)
+            if isinstance(answer, PolicyError):
+                raise answer
             self.requests, self.states = self.requests + 1, self.states + state.batch
-            records = answer.records()
-            return JSONResponse(records[0] if single else records)
+            return JSONResponse(answer.to_json(single))
         except HTTPError as exc:
             self.refused += 1
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
@@ -189,8 +216,18 @@ class DecisionService:
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
     async def decide_batch(self, states: list[State]) -> list:
-        """Concurrent requests' states in one policy call (Decider.decide_many); the settings are set per replica."""
+        """Concurrent requests' states in one policy call (Decider.decide_many): an answer or a PolicyError per request.
+        The settings are set per replica."""
+        self.count_batch(len(states))
         return self.decider.decide_many(states)
+
+    def decide_alone(self, state: State):
+        """One request's states in a policy call of their own (batching off)."""
+        self.count_batch(1)
+        return self.decider.decide(state)
+
+    def count_batch(self, requests: int) -> None:
+        self.batches, self.largest_batch = self.batches + 1, max(self.largest_batch, requests)
 
     def info(self) -> dict[str, Any]:
         replica = serve.get_replica_context().replica_id.to_full_id_str()
@@ -200,6 +237,8 @@ class DecisionService:
             "states": self.states,
             "refused": self.refused,
             "forward_passes": self.decider.forward_passes,
+            "batches": self.batches,
+            "largest_batch": self.largest_batch,
         }
         return {**self.decider.info, "settings": settings, "replica": replica, "counters": counters}
 

@@ -182,6 +182,12 @@ class Answer(NamedTuple):
             for y, p, q, o in zip(self.open.tolist(), self.probability.tolist(), self.quantity.tolist(), self.order.tolist())
         ]
 
+    def to_json(self, single: bool) -> dict[str, Any] | list[dict[str, Any]]:
+        """The answer as decide.py prints it and POST /decide returns it: one object for a request that was one state
+        object (`single`), else a list of objects in the order of the states (docs/formats.md)."""
+        records = self.records()
+        return records[0] if single else records
+
 
 @dataclass
 class Decider:
@@ -214,6 +220,23 @@ class Decider:
 
     def decide(self, state: State) -> Answer:
         """Y, p, Q and O for every state of the batch; a PolicyError if any of them is not finite."""
+        answer, finite = self.answer(state)
+        return self.checked(answer, finite)
+
+    def decide_many(self, states: list[State]) -> list[Answer | PolicyError]:
+        """The answers to several requests' batches: one policy call for all of them (`shares_batches`), else one each.
+        Each request is checked on its own: one whose decision is not finite gets its PolicyError (naming the state
+        by its index in that request) in place of its answer, and the other requests get theirs."""
+        if not self.shares_batches:
+            return [self.outcome(*self.answer(s)) for s in states]
+        merged, finite = self.answer(State(*(torch.cat(parts) for parts in zip(*((s.inv, s.pipe, s.factor) for s in states)))))
+        ends = np.cumsum([s.batch for s in states])
+        return [
+            self.outcome(Answer(*(x[end - s.batch : end] for x in merged)), finite[end - s.batch : end]) for s, end in zip(states, ends)
+        ]
+
+    def answer(self, state: State) -> tuple[Answer, torch.Tensor]:
+        """One policy call: Y, p, Q and O for every state of the batch (on the CPU), and which of them are finite [B]."""
         tinst = self.tensor_instance
         state = State(state.inv.to(self.device), state.pipe.to(self.device), state.factor.to(self.device))
         if hasattr(self.policy, "reset"):
@@ -224,24 +247,25 @@ class Decider:
         else:
             open_order, quantity = self.policy(state, tinst)
             probability = open_order
-        if open_order.is_cuda:
-            torch.cuda.synchronize()
         finite = torch.isfinite(probability) & torch.isfinite(quantity).all(-1)
+        open_order, probability, quantity, finite = (x.cpu() for x in (open_order, probability, quantity, finite))
+        return Answer(open_order.int(), probability, quantity, open_order[:, None] * quantity), finite
+
+    def checked(self, answer: Answer, finite: torch.Tensor) -> Answer:
+        """`answer`, or a PolicyError naming the first state (its index in `answer`) whose decision is not finite."""
         if not bool(finite.all()):
             k = int((~finite).nonzero()[0])
             raise PolicyError(
                 f"{self.label} gives a non-finite open probability or quantity for state {k}: its weights cannot act on this state"
             )
-        open_order, probability, quantity = (x.cpu() for x in (open_order, probability, quantity))
-        return Answer(open_order.int(), probability, quantity, open_order[:, None] * quantity)
+        return answer
 
-    def decide_many(self, states: list[State]) -> list[Answer]:
-        """The answers to several requests' batches: one policy call for all of them (`shares_batches`), else one each."""
-        if not self.shares_batches:
-            return [self.decide(s) for s in states]
-        merged = self.decide(State(*(torch.cat(parts) for parts in zip(*((s.inv, s.pipe, s.factor) for s in states)))))
-        ends = np.cumsum([s.batch for s in states])
-        return [Answer(*(x[end - s.batch : end] for x in merged)) for s, end in zip(states, ends)]
+    def outcome(self, answer: Answer, finite: torch.Tensor) -> Answer | PolicyError:
+        """`checked`, with the error returned instead of raised (one request's outcome in a shared batch)."""
+        try:
+            return self.checked(answer, finite)
+        except PolicyError as error:
+            return error
 
 
 def load_decider(policy: str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:

@@ -8,6 +8,7 @@ Written against Ray 2.60. The modules of ray.tune and ray.rllib are imported by 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import Any, NamedTuple
 from ray._private import ray_constants, services
 from ray._private import state as _state
 from ray._private import worker as _worker
+from ray._private.authentication import authentication_token_setup as _auth_setup
 from ray._private.ray_logging import global_worker_stdstream_dispatcher
 
 
@@ -40,12 +42,30 @@ class LocalNode(NamedTuple):
     raylet_pid: int
 
 
+def _local_node(node) -> LocalNode:
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
+    return LocalNode(node.get_session_dir_path(), node.get_temp_dir_path(), node.node_id, raylet.pid)
+
+
 def local_node() -> LocalNode:
     """The node of this process's embedded Ray (after ray.init(address="local")): ray._private.worker.global_worker.node,
     its session and temp folders, id, and the raylet's process (Node.all_processes)."""
-    node = _worker.global_worker.node
-    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process
-    return LocalNode(node.get_session_dir_path(), node.get_temp_dir_path(), node.node_id, raylet.pid)
+    return _local_node(_worker.global_worker.node)
+
+
+def starting_node() -> LocalNode | None:
+    """The local node that this process's ray.init is starting or started (ray._private.worker._global_node, set before
+    ray.init connects), or None while there is no node or no raylet yet (nothing that starts agents)."""
+    try:
+        return _local_node(_worker._global_node)
+    except (AttributeError, KeyError, IndexError):
+        return None
+
+
+def token_notice_logger() -> logging.Logger:
+    """The logger of Ray's notice that ray.init chose token authentication (ray._private.authentication.
+    authentication_token_setup)."""
+    return logging.getLogger(_auth_setup.__name__)
 
 
 def gcs_address(address: str) -> str:
@@ -68,11 +88,28 @@ def actor_table(job_id: str | None = None, actor_id: str | None = None) -> Any:
     return _state.actors(job_id=job_id)
 
 
-def route_worker_output(write: Callable[[dict], None]) -> None:
+def route_worker_output(write: Callable[..., None]) -> Callable[[], None]:
     """Send the workers' stdout and stderr that the driver relays (log_to_driver) to `write(batch)` instead of the
-    console: Ray's stream dispatcher prints them by its handler "ray_print_logs", replaced here."""
+    console, and the raylet's messages to the job too; returns the function that puts Ray's printers back.
+
+    Ray's stream dispatcher prints the workers' output by its handler "ray_print_logs". The raylet's messages (as
+    "WARNING: 8 PYTHON worker processes have been started on node ...", its worker pool's size warning) bypass the
+    dispatcher: the driver's thread listen_error_messages prints them with ray._private.worker.print_to_stdstream,
+    which is replaced too (it is called as print_to_stdstream(batch, ignore_prefix))."""
+    printers = [(name, h) for name, h in global_worker_stdstream_dispatcher.handlers if name == "ray_print_logs"]
     global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
     global_worker_stdstream_dispatcher.add_handler("ray_print_logs", write)
+    raylet_printer, _worker.print_to_stdstream = _worker.print_to_stdstream, write
+
+    def restore() -> None:
+        if any(handler == write for _, handler in global_worker_stdstream_dispatcher.handlers):
+            global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")  # Ray's disconnect removes it too
+            for name, handler in printers:
+                global_worker_stdstream_dispatcher.add_handler(name, handler)
+        if _worker.print_to_stdstream == write:
+            _worker.print_to_stdstream = raylet_printer
+
+    return restore
 
 
 def filter_autoscaler_events(lines: list[str]) -> list[str]:

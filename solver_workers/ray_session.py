@@ -4,6 +4,7 @@ or an embedded local Ray started for this process, reachable from this machine o
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
@@ -17,7 +18,7 @@ from typing import Any
 import ray
 
 from envs.errors import InputError
-from solver_workers.ray_private import cluster_mode_off, gcs_address, local_node
+from solver_workers.ray_private import cluster_mode_off, gcs_address, local_node, starting_node, token_notice_logger
 
 PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this; Ray itself retries for minutes
 
@@ -35,6 +36,17 @@ def keep_sigterm_handler():
             signal.signal(signal.SIGTERM, handler)
 
 
+TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+"""How ray.init begins the warning it logs on every start of a local Ray without RAY_AUTH_MODE ("... Set
+RAY_AUTH_MODE=disabled to opt out", from the logger solver_workers.ray_private.token_notice_logger)."""
+
+
+def without_token_notice(record: logging.LogRecord) -> bool:
+    """A filter of Ray's authentication logger: the embedded Ray has token authentication by this module's choice, so
+    Ray's notice that it chose it is dropped; every other record of that logger passes."""
+    return not record.getMessage().startswith(TOKEN_NOTICE)
+
+
 def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | None:
     """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token; with
     `dashboard`, Ray's dashboard too (on 127.0.0.1), whose URL is returned. Ends what an embedded Ray of a killed
@@ -48,14 +60,20 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
     """
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
-    with cluster_mode_off(), keep_sigterm_handler():
-        context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
+    token_notice_logger().addFilter(without_token_notice)  # a filter already there is not added twice
+    try:
+        with cluster_mode_off(), keep_sigterm_handler():
+            context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
+    except BaseException:  # Ctrl-C (or a failure) while Ray starts: end what it started so far, its agents included
+        end_session(starting_session())
+        raise
     node = local_node()
     if ended := end_dead_sessions(Path(node.temp_dir)):
         print(
             f"ended {len(ended)} processes left by the embedded Ray of a killed driver: PIDs {' '.join(map(str, ended))}", file=sys.stderr
         )
-    record_session(Path(node.session_dir), node.node_id, node.raylet_pid)
+    EMBEDDED[os.getpid()] = (Path(node.session_dir), node.node_id, node.raylet_pid)
+    record_session(*EMBEDDED[os.getpid()])
     return f"http://{context.dashboard_url}" if dashboard and context.dashboard_url else None
 
 
@@ -67,6 +85,30 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
 # clusters') and end exactly these.
 
 SESSION_RECORD = "embedded-driver.json"
+EMBEDDED: dict[int, tuple[Path, str, int]] = {}
+"""The embedded session this driver started and has not stopped, by the driver's PID (a forked child is not its driver):
+(session folder, node id, raylet PID), for stop_ray."""
+
+
+def starting_session() -> tuple[Path, str, int] | None:
+    """(session folder, node id, raylet PID) of the local Ray node this process starts or started, or None while it
+    has not got that far (no node, or no raylet yet: nothing that starts agents)."""
+    node = starting_node()
+    return None if node is None else (Path(node.session_dir), node.node_id, node.raylet_pid)
+
+
+def end_session(session: tuple[Path, str, int] | None) -> None:
+    """Stop Ray and SIGKILL what is left of this driver's embedded `session`: the raylet's agents outlive a Ray stopped
+    during its start-up (Ctrl-C in ray.init or serve.start) by a minute or more, under PID 1."""
+    ray.shutdown()
+    if session is None:
+        return
+    for pid in session_processes(*session, holding_files=False):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    (session[0] / SESSION_RECORD).unlink(missing_ok=True)
 
 
 def process_start(pid: int) -> int | None:
@@ -84,10 +126,12 @@ def record_session(session_dir: Path, node_id: str, raylet_pid: int) -> None:
     (session_dir / SESSION_RECORD).write_text(json.dumps(record))
 
 
-def session_processes(session_dir: Path, node_id: str, raylet_pid: int) -> list[int]:
-    """This user's processes (other than this one) of the session in `session_dir`: each holds a file open in the
-    session folder (its logs) and names the session's node (RAY_NODE_ID: the agents) or raylet (RAY_RAYLET_PID:
-    the workers) in its environment."""
+def session_processes(session_dir: Path, node_id: str, raylet_pid: int, holding_files: bool = True) -> list[int]:
+    """This user's processes (other than this one) of the session in `session_dir`: each names the session's node
+    (RAY_NODE_ID: the agents) or raylet (RAY_RAYLET_PID: the workers) in its environment and, `holding_files`,
+    holds a file open in the session folder (its logs), which tells a dead session's processes from those of a
+    session whose raylet got the same PID. A session this process stops itself needs no such check, and its agents,
+    started just before a stop during start-up, may not have opened any file yet."""
     marks = (f"RAY_NODE_ID={node_id}".encode(), f"RAY_RAYLET_PID={raylet_pid}".encode())
     found = []
     for entry in Path("/proc").iterdir():
@@ -98,7 +142,7 @@ def session_processes(session_dir: Path, node_id: str, raylet_pid: int) -> list[
             opened = [os.readlink(fd) for fd in (entry / "fd").iterdir()]
         except OSError:  # gone, or another user's
             continue
-        if any(mark in environ for mark in marks) and any(Path(path).is_relative_to(session_dir) for path in opened):
+        if any(mark in environ for mark in marks) and (not holding_files or any(Path(path).is_relative_to(session_dir) for path in opened)):
             found.append(int(entry.name))
     return found
 
@@ -160,8 +204,11 @@ def stop_ray() -> None:
     """Disconnect from Ray, stopping an embedded Ray, before the script's last line. Left to Ray's exit hook, the driver
     first waits half a second relaying its workers' output: the log lines Ray holds back to deduplicate, and the
     traceback of a worker that the raylet stopped with SIGTERM while it ran Python code (Ray's worker handler,
-    `sigterm_handler`, raises SystemExit there); they were printed after the script's last line."""
-    if ray.is_initialized():
+    `sigterm_handler`, raises SystemExit there); they were printed after the script's last line. An embedded Ray's
+    processes all end here (end_session)."""
+    if os.getpid() in EMBEDDED:
+        end_session(EMBEDDED.pop(os.getpid()))
+    elif ray.is_initialized():
         ray.shutdown()
 
 

@@ -28,11 +28,25 @@ NODE_CHECK_SECONDS = 5.0
 
 
 class SweepLog:
-    """LOG_NAME in `out`, opened for appending by `connect`, which routes Ray's output into it (unless verbose)."""
+    """LOG_NAME in `out`, opened for appending by `connect`, which routes Ray's output into it (unless verbose). A context
+    manager: leaving it (or `close`, or `discard`) puts back all that `connect` replaced (Python's warning printer, the
+    handlers of Ray's loggers, the handler by which Ray's driver prints its workers' output) and closes the log."""
 
     def __init__(self, out: Path, verbose: bool):
         self.path, self.verbose = out / LOG_NAME, verbose
         self.file: TextIO | None = None
+        self.showwarning: Callable | None = None
+        """Python's warning printer that `connect` replaced."""
+        self.logger_handlers: dict[str, list[logging.Handler]] = {}
+        """The handlers of each of Ray's loggers before they were routed into the log."""
+        self.restore_worker_output: Callable[[], None] | None = None
+        """Puts back Ray's printers of its workers' output and of the raylet's messages (route_worker_output)."""
+
+    def __enter__(self) -> SweepLog:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def connect(self, init: Callable[[], str | None]) -> str | None:
         """Call `init` (which starts or reaches Ray, returning the dashboard's URL or None); unless verbose, open the
@@ -43,29 +57,43 @@ class SweepLog:
         self.file = self.path.open("a", encoding="utf-8", buffering=1)
         self.file.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} sweep driver pid {os.getpid()}\n")
         self.route_driver_records()
-        warnings.showwarning = self.write_warning
+        self.showwarning, warnings.showwarning = warnings.showwarning, self.write_warning
         url = init()
         self.route_driver_records()  # loggers Ray configured while starting
         self.route_worker_output()
         return url
 
-    def discard(self, made: bool) -> None:
-        """Remove the log and the dashboard's token of a sweep refused before it began (sweeps.run.run_sweep's checks
-        after connecting), and the results directory when this run `made` it and nothing else is in it."""
+    def close(self) -> None:
+        """Put back what `connect` replaced, and close the log; nothing when it replaced nothing (verbose, or closed)."""
+        if self.showwarning is not None and warnings.showwarning == self.write_warning:
+            warnings.showwarning = self.showwarning
+        self.showwarning = None
+        for name, handlers in self.logger_handlers.items():
+            logging.getLogger(name).handlers = handlers
+        self.logger_handlers = {}
+        if self.restore_worker_output is not None:
+            self.restore_worker_output()
+        self.restore_worker_output = None
         if self.file is not None:
             self.file.close()
             self.file = None
+
+    def discard(self, made: bool) -> None:
+        """`close`, then remove the log and the dashboard's token of a sweep refused before it began (sweeps.run.run_sweep's
+        checks after connecting), and the results directory when this run `made` it and nothing else is in it."""
+        self.close()
         for path in (self.path, self.path.parent / TOKEN_NAME):
             path.unlink(missing_ok=True)
         if made and self.path.parent.is_dir() and not any(self.path.parent.iterdir()):
             self.path.parent.rmdir()
 
     def route_driver_records(self) -> None:
-        """Ray's loggers write to the log file instead of the terminal."""
+        """Ray's loggers write to the log file instead of the terminal (their handlers kept for `close`)."""
         handler = logging.StreamHandler(self.file)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         for name in ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]:
             logger = logging.getLogger(name)
+            self.logger_handlers.setdefault(name, list(logger.handlers))
             for old in [h for h in logger.handlers if type(h) is not logging.FileHandler]:
                 logger.removeHandler(old)
             if name == "ray":
@@ -76,26 +104,26 @@ class SweepLog:
 
     def route_worker_output(self) -> None:
         """The driver relays every worker's stdout and stderr (log_to_driver) through Ray's stream dispatcher, whose
-        handler "ray_print_logs" prints them: replace it by one that writes them, unabridged, to the log file."""
+        handler "ray_print_logs" prints them, and the raylet's messages to the job bypass it: send both to
+        write_worker_output (solver_workers.ray_private.route_worker_output)."""
+        self.restore_worker_output = route_worker_output(self.write_worker_output)
 
-        def write(batch: dict) -> None:
-            lines = batch.get("lines", [])
-            if batch.get("pid") == "autoscaler":  # its periodic status report too, unless filtered as Ray does
-                lines = filter_autoscaler_events(lines)
-            who = batch.get("actor_name") or batch.get("task_name") or ""
-            where = f"({who} pid={batch.get('pid')}, ip={batch.get('ip')})"
-            self.file.write("".join(f"{where} {line}\n" for line in lines))
-
-        route_worker_output(write)
+    def write_worker_output(self, batch: dict, ignore_prefix: bool = False) -> None:
+        """One batch of a worker's output lines into the log, unabridged, each line after the worker's name, pid and IP
+        (`ignore_prefix`, of Ray's printer, is not used: the log always names the worker)."""
+        lines = batch.get("lines", [])
+        if batch.get("pid") == "autoscaler":  # its periodic status report too, unless filtered as Ray does
+            lines = filter_autoscaler_events(lines)
+        who = batch.get("actor_name") or batch.get("task_name") or ""
+        where = f"({who} pid={batch.get('pid')}, ip={batch.get('ip')})"
+        self.file.write("".join(f"{where} {line}\n" for line in lines))
 
 
 def tune_output(log: Callable[[str], None], retries: int, verbose: bool) -> dict:
-    """RunConfig settings: Tune's reporter when verbose; else TrialLines only (Tune's legacy output engine at
-    verbosity 0 prints nothing; its default engine still prints the experiment's box, its TensorBoard line and a
-    block per trial error)."""
+    """RunConfig settings: Tune's reporter when verbose; else TrialLines only (and verbosity 0, at which Tune's legacy
+    output engine, chosen by platform/sweep.py, prints nothing)."""
     if verbose:
         return {"verbose": 1}
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     return {"verbose": 0, "callbacks": [TrialLines(log, retries)]}
 
 

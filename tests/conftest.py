@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -207,3 +208,14 @@ def trained(tmp_path_factory, ray_session) -> dict[str, TrainedRun]:
     written = digests(folder)
     yield runs
     assert digests(folder) == written, "a test changed a shared trained run: copy its folder first"
+
+
+OPEN_MARGIN = 1e-4
+"""The same policy on the same state computes p in float32 along different paths (a batch of other states, decide.py
+against the networks called here, the service's merged batch), which can differ in the last bits; where |p - 0.5| is
+below this margin two paths may take different greedy openings Y = 1{p > 0.5}, and a test compares Y only elsewhere."""
+
+
+def clear_of_one_half(p) -> np.ndarray:
+    """Which of the probabilities `p` are far enough from 0.5 (OPEN_MARGIN) that no rounding flips their greedy opening."""
+    return np.abs(np.asarray(p, dtype=float) - 0.5) > OPEN_MARGIN

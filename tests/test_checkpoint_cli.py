@@ -140,10 +140,10 @@ def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
     state.write_text(json.dumps([{"inventory": [1, 2, 3], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}] * 2))
     decision = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert decision.returncode == 0, decision.stderr
-    answer = json.loads(decision.stdout)
-    assert answer["batch"] == 2 and len(answer["quantity"][0]) == 3 and answer["open"][0] in (0, 1)
+    answers = json.loads(decision.stdout)
+    assert len(answers) == 2 and len(answers[0]["quantity"]) == 3 and answers[0]["open"] in (0, 1)
     qbar = paper_instance(3, 0).qbar
-    assert all(0 <= q <= cap for q, cap in zip(answer["quantity"][0], qbar))
+    assert all(0 <= q <= cap for q, cap in zip(answers[0]["quantity"], qbar))
     state.write_text(json.dumps({"inventory": [1, 2], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}))
     bad = script_runner("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert bad.returncode == 2 and "field 'inventory': expected 3 numbers" in bad.stderr

@@ -87,18 +87,20 @@ def test_a_lost_node_is_said_once(monkeypatch):
 
 
 def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
-    """What Ray's driver relays (worker output batches, as its log thread hands them to the stream dispatcher), its
-    loggers and Python warnings reach sweep.log and not the terminal."""
+    """What Ray's driver relays (worker output batches, as its log thread hands them to the stream dispatcher, and the
+    raylet's messages to the job, as its error thread prints them), its loggers and Python warnings reach sweep.log
+    and not the terminal."""
     import logging
     import warnings
 
+    from ray._private import worker as ray_worker
     from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
 
     loggers = {
         name: list(logging.getLogger(name).handlers)
         for name in ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
     }
-    handlers, showwarning = list(dispatcher.handlers), warnings.showwarning
+    handlers, showwarning, raylet_printer = list(dispatcher.handlers), warnings.showwarning, ray_worker.print_to_stdstream
     log = console.SweepLog(tmp_path, verbose=False)
     try:
         assert (
@@ -115,19 +117,61 @@ def test_ray_chatter_goes_to_the_log_file_not_the_console(tmp_path, capfd):
         )
         dispatcher.emit({"pid": 19163, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS 1.16.0"]})
         logging.getLogger("ray.tune").error("Trial task failed for trial hpo-n1-s0")
+        ray_worker.print_to_stdstream(  # as the driver's thread listen_error_messages prints the raylet's messages
+            {"lines": ["WARNING: 8 PYTHON worker processes have been started on node: 4f2a"], "pid": "raylet", "is_err": False},
+            ignore_prefix=False,
+        )
         warnings.warn("`RLModule(config=...)` has been deprecated", DeprecationWarning, stacklevel=2)
     finally:
-        dispatcher.handlers = handlers
-        warnings.showwarning = showwarning
+        log.close()
+        dispatcher.handlers, warnings.showwarning = handlers, showwarning  # as before, also if close() did not
+        ray_worker.print_to_stdstream = raylet_printer
         for name, kept in loggers.items():
             logging.getLogger(name).handlers = kept
-        log.file.close()
     printed = capfd.readouterr()
     assert printed.out == printed.err == ""
     written = (tmp_path / console.LOG_NAME).read_text()
     assert "(PlacementGroupCleaner pid=20634, ip=127.0.0.1) Failed to query Ray Train Controller actor state.\n" in written
     assert "(SolverWorker pid=19163, ip=127.0.0.1) Running HiGHS 1.16.0\n" in written
+    assert "( pid=raylet, ip=None) WARNING: 8 PYTHON worker processes have been started on node: 4f2a\n" in written
     assert "ERROR ray.tune: Trial task failed for trial hpo-n1-s0" in written and "DeprecationWarning: `RLModule(config=...)`" in written
+
+
+def test_leaving_the_sweep_log_puts_back_what_it_replaced(tmp_path, capfd):
+    """Catches a SweepLog that leaves Python's warning printer, the handlers of Ray's loggers or Ray's handler of worker
+    output replaced after it is done: a warning after discard() raised AttributeError (the printer wrote to the closed
+    log), and Ray's records and its workers' output went nowhere."""
+    import logging
+    import warnings
+
+    from ray._private import worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    names = ["ray", *(n for n in logging.root.manager.loggerDict if n.startswith("ray."))]
+    loggers = {name: list(logging.getLogger(name).handlers) for name in names}
+    handlers, showwarning, raylet_printer = list(dispatcher.handlers), warnings.showwarning, ray_worker.print_to_stdstream
+
+    def ray_printer(batch):  # as ray.init installs its printer of the workers' output
+        print(*batch["lines"])
+
+    try:
+        with console.SweepLog(tmp_path / "out", verbose=False) as log:
+            log.connect(lambda: dispatcher.add_handler("ray_print_logs", ray_printer))
+            assert warnings.showwarning != showwarning and ("ray_print_logs", ray_printer) not in dispatcher.handlers  # it routed
+            log.discard(made=True)
+            with warnings.catch_warnings():  # not pytest.warns: its recorder would bypass the printer in place
+                warnings.simplefilter("always")
+                warnings.warn("after the sweep", UserWarning, stacklevel=1)  # raised AttributeError
+            assert not (tmp_path / "out").exists()
+        assert warnings.showwarning == showwarning and ray_worker.print_to_stdstream is raylet_printer
+        assert {name: logging.getLogger(name).handlers for name in names} == loggers
+        assert [(name, h) for name, h in dispatcher.handlers if name == "ray_print_logs"] == [("ray_print_logs", ray_printer)]
+        dispatcher.emit({"pid": 1, "ip": "127.0.0.1", "actor_name": "SolverWorker", "is_err": False, "lines": ["Running HiGHS"]})
+        assert capfd.readouterr().out == "Running HiGHS\n"
+    finally:
+        dispatcher.handlers, warnings.showwarning, ray_worker.print_to_stdstream = handlers, showwarning, raylet_printer
+        for name, kept in loggers.items():
+            logging.getLogger(name).handlers = kept
 
 
 # ---- a real sweep ----------------------------------------------------------------------------------------------------
@@ -150,8 +194,10 @@ SWEEP = {  # a Ray Train method and an RLlib one, and a HiGHS MILP: each of Ray'
     "concurrency": 2,
     "retries": 1,
 }
-CHATTER = ["Running HiGHS", "RayTrainWorker", "TrainController", "Token authentication is enabled", "Started a local Ray instance"]
+CHATTER = ["Running HiGHS", "RayTrainWorker", "TrainController", "Started a local Ray instance"]
 """Lines of Ray and its workers seen on the console before (a HiGHS banner, Ray Train's actors, ray.init's own)."""
+SILENCED = ["Token authentication is enabled"]
+"""Lines of Ray that a successful run does not show at all (solver_workers.ray_session.start_local_ray)."""
 
 
 def console_lines(output: str) -> int:
@@ -249,7 +295,10 @@ def test_a_sweep_prints_few_lines_and_shows_its_dashboard_on_loopback_only(tmp_p
         assert others, "this machine has no address but loopback: nothing to check"
         assert [address for address in others if reachable(*address, port)] == []
         assert reachable(socket.AF_INET, "127.0.0.1", 0, port)
-        listeners = listeners_of([sweep.pid, *descendants(sweep.pid)])
+        listeners, end = set(), time.time() + 60  # one snapshot of /proc/net/tcp{,6} is not atomic: the union of several
+        while not {"gcs_server", "raylet"} <= {name for name, _ in listeners} and time.time() < end and sweep.poll() is None:
+            listeners |= set(listeners_of([sweep.pid, *descendants(sweep.pid)]))
+            time.sleep(0.1)  # between snapshots (the loop ends on what it sees)
         assert {"gcs_server", "raylet"} <= {name for name, _ in listeners}, listeners  # the check saw Ray
         assert [(name, address) for name, address in listeners if not is_loopback(address)] == []
         assert sweep.wait(timeout=400) == 0, output_file.read_text()[-3000:]
@@ -264,6 +313,8 @@ def test_a_sweep_prints_few_lines_and_shows_its_dashboard_on_loopback_only(tmp_p
     log = (results / "sweep.log").read_text()
     for chatter in CHATTER:
         assert chatter not in output and chatter in log, chatter
+    for line in SILENCED:
+        assert line not in output and line not in log, line
     logdir = re.search(r"TensorBoard: tensorboard --logdir (\S+)", output).group(1)
     for trial in ("hpo-n1-s0", "ppo-n1-s0"):
         assert "ray/tune/cost10" in set().union(*map(scalar_tags, Path(logdir).glob(f"trials-1/{trial}/events.out.tfevents.*"))), trial

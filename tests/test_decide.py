@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import INSTANCE, METHODS
+from conftest import INSTANCE, METHODS, clear_of_one_half
 
 from envs.dynamics import State
 from envs.errors import InputError
@@ -52,27 +52,46 @@ def network_decision(policy, state: State):
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 @pytest.mark.parametrize("method", METHODS)
 def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path, script_runner):
+    """Catches a decide.py answer that is not the policy's (wrong head, wrong probability, O != Y Q, a sampled answer
+    that is not the stream's first draw) or not in the service's shape (a list of answer objects for a list)."""
     (tmp_path / "state.json").write_text(json.dumps(STATES))
     result = script_runner("decide.py", "--checkpoint", checkpoints[method], "--state", tmp_path / "state.json", "--mode", mode)
     assert result.returncode == 0, result.stderr[-2000:]
-    answer = json.loads(result.stdout)
-    open_order, p, quantity = (np.array(answer[key]) for key in ("open", "open_probability", "quantity"))
-    assert answer["batch"] == 4 and open_order.shape == p.shape == (4,) and quantity.shape == (4, 2)
+    answers = json.loads(result.stdout)
+    assert (
+        isinstance(answers, list)
+        and len(answers) == 4
+        and all(set(a) == {"open", "open_probability", "quantity", "order"} for a in answers)
+    )
+    open_order, p, quantity = (np.array([a[key] for a in answers]) for key in ("open", "open_probability", "quantity"))
+    assert open_order.shape == p.shape == (4,) and quantity.shape == (4, 2)
     assert set(open_order.tolist()) <= {0, 1} and np.all((0 <= p) & (p <= 1))
     assert np.all((0 <= quantity) & (quantity <= INSTANCE.qbar * (1 + 1e-6)))
-    np.testing.assert_array_equal(np.array(answer["order"]), open_order[:, None] * quantity)  # O = Y Q
+    np.testing.assert_array_equal(np.array([a["order"] for a in answers]), open_order[:, None] * quantity)  # O = Y Q
 
     policy, _ = load_policy(checkpoints[method], mode)
     state = State(*(torch.tensor([s[key] for s in STATES], dtype=torch.float32) for key in ("inventory", "in_transit", "factor")))
     p_net, fraction = network_decision(policy, state)
     np.testing.assert_allclose(p, p_net.numpy(), rtol=1e-5, atol=1e-6)
     if mode == "greedy":
-        np.testing.assert_array_equal(open_order, (p_net > 0.5).int().numpy())
+        clear = clear_of_one_half(p_net.numpy())
+        np.testing.assert_array_equal(open_order[clear], (p_net.numpy() > 0.5).astype(int)[clear])
         np.testing.assert_allclose(quantity, (INSTANCE.to_torch().qbar * fraction).numpy(), rtol=1e-5)
     else:  # the first draw of the seeded stream, as decide.py makes it
         sampled = policy.decide(state, INSTANCE.to_torch())
         np.testing.assert_array_equal(open_order, sampled.open.int().numpy())
         np.testing.assert_allclose(quantity, sampled.quantity.numpy(), rtol=1e-5)
+
+
+def test_one_state_object_gets_one_answer_object(checkpoints, tmp_path, script_runner):
+    """Catches decide.py answering one state in another shape than POST /decide does (it printed batch-shaped columns)."""
+    (tmp_path / "state.json").write_text(json.dumps(STATES[1]))
+    result = script_runner("decide.py", "--checkpoint", checkpoints["hpo"], "--state", tmp_path / "state.json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    answer = json.loads(result.stdout)
+    assert isinstance(answer, dict) and set(answer) == {"open", "open_probability", "quantity", "order"}
+    assert len(answer["quantity"]) == 2 and answer["order"] == [answer["open"] * q for q in answer["quantity"]]
+    assert "1 states decided in" in result.stderr
 
 
 def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path, script_runner):

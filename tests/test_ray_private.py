@@ -75,14 +75,45 @@ def test_worker_output_goes_through_the_named_handler_of_the_dispatcher():
 
     assert '"ray_print_logs"' in inspect.getsource(worker.connect)
     dispatcher = ray_private.global_worker_stdstream_dispatcher
-    before = list(dispatcher.handlers)
+    before, printer = list(dispatcher.handlers), worker.print_to_stdstream
     got = []
     try:
-        ray_private.route_worker_output(got.append)
+        restore = ray_private.route_worker_output(lambda batch, *ignore: got.append(batch))
         dispatcher.emit({"lines": ["x"], "pid": 1})
         assert got == [{"lines": ["x"], "pid": 1}] and [name for name, _ in dispatcher.handlers].count("ray_print_logs") == 1
+        restore()
+        assert dispatcher.handlers == before and worker.print_to_stdstream is printer
     finally:
-        dispatcher.handlers = before
+        dispatcher.handlers, worker.print_to_stdstream = before, printer
+
+
+def test_the_raylets_messages_are_printed_by_the_module_function_print_to_stdstream():
+    """The driver's thread listen_error_messages prints the raylet's messages (its worker pool's size warning) by calling
+    the module-level print_to_stdstream(batch, ignore_prefix), which route_worker_output replaces (catches a change after
+    which those messages would reach the console beside the log file)."""
+    from ray._private import worker
+
+    assert "print_to_stdstream(" in inspect.getsource(worker.listen_error_messages)
+    assert list(inspect.signature(worker.print_to_stdstream).parameters)[:2] == ["data", "ignore_prefix"]
+
+
+def test_the_node_being_started_is_the_module_global_node(ray_session):
+    """ray.init sets ray._private.worker._global_node before it connects; starting_node reads it (catches a rename, after
+    which a Ctrl-C during ray.init would leave the raylet's agents running)."""
+    from ray._private import worker
+
+    assert "_global_node = " in inspect.getsource(worker.init)
+    assert ray_private.starting_node() == ray_private.local_node()
+
+
+def test_the_token_notice_comes_from_the_authentication_setup_logger():
+    """Ray logs its 'Token authentication is enabled' notice through the logger of the module
+    ray._private.authentication.authentication_token_setup, which ray_session filters (catches a move of the notice,
+    after which it would be printed on every start of an embedded Ray)."""
+    from ray._private.authentication import authentication_token_setup
+
+    assert "Token authentication is enabled" in inspect.getsource(authentication_token_setup)
+    assert ray_private.token_notice_logger().name == authentication_token_setup.__name__
 
 
 def test_the_autoscaler_filter_drops_the_status_report(ray_session):

@@ -15,16 +15,19 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from conftest import INSTANCE, METHODS, ROOT, single_item
+from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
 
 from envs.classical import make_policy
 from envs.errors import InputError
-from serving.decisions import CHECKPOINT_PREFIX, Decider, load_decider, read_states
+from serving.decisions import CHECKPOINT_PREFIX, Decider, PolicyError, load_decider, read_states
 
 # INSTANCE (conftest): paper_instance(2, 0): lead times [3, 3] (in_transit[i][2] is 0), qbar [24.8, 22.4]
 STATES = [
@@ -57,19 +60,26 @@ def call(port: int, method: str, path: str, body: bytes = None, content_type="ap
         connection.close()
 
 
-def decide_py(script_runner, checkpoint, states, tmp_path, mode="greedy") -> dict:
+def decide_py(script_runner, checkpoint, states: list[dict], tmp_path, mode="greedy") -> list[dict]:
+    """decide.py's answers to a list of states: one answer object per state, as POST /decide answers a list."""
     (tmp_path / "states.json").write_text(json.dumps(states))
     result = script_runner("decide.py", "--checkpoint", checkpoint, "--state", tmp_path / "states.json", "--mode", mode)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
 
 
-def assert_same_answers(answers: list[dict], expected: dict) -> None:
-    """The service's answers (one object per state) against decide.py's columns: Y exactly, the numbers to float32
-    rounding (a batch of other states changes the last bits of a matrix product)."""
-    assert [a["open"] for a in answers] == expected["open"]
-    for key, column in (("open_probability", "open_probability"), ("quantity", "quantity"), ("order", "order")):
-        np.testing.assert_allclose([a[key] for a in answers], expected[column], rtol=1e-5, atol=1e-6)
+def assert_same_answers(answers: list[dict], expected: list[dict]) -> None:
+    """The service's answers against decide.py's (one object per state each): the numbers to float32 rounding (a batch
+    of other states changes the last bits of a matrix product), and Y and O = Y Q where p is clear of 0.5
+    (conftest.clear_of_one_half), since that rounding may flip a p within it to the other side."""
+    assert len(answers) == len(expected)
+    for key in ("open_probability", "quantity"):
+        np.testing.assert_allclose([a[key] for a in answers], [e[key] for e in expected], rtol=1e-5, atol=1e-6)
+    for answer, want, clear in zip(answers, expected, clear_of_one_half([e["open_probability"] for e in expected])):
+        assert answer["order"] == [answer["open"] * q for q in answer["quantity"]]
+        if clear:
+            assert answer["open"] == want["open"]
+            np.testing.assert_allclose(answer["order"], want["order"], rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +110,20 @@ def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
     for k, state in enumerate(STATES):  # one state object -> one answer object
         status, answer = call(port, "POST", "/decide", json.dumps(state).encode())
         assert status == 200 and isinstance(answer, dict)
-        assert_same_answers([answer], {key: [value[k]] for key, value in expected.items() if isinstance(value, list)})
+        assert_same_answers([answer], [expected[k]])
 
     status, info = call(port, "GET", "/info")
     assert status == 200 and info["method"] == "or-transformer" and info["n"] == 2 and info["mode"] == "greedy"
     assert info["instance_hash"] == INSTANCE.content_hash()
     assert info["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
     assert call(port, "GET", "/healthz") == (200, {"status": "ready"})
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:  # HEAD: the status without a body (it was a 405)
+        connection.request("HEAD", "/healthz")
+        response = connection.getresponse()
+        assert response.status == 200 and response.read() == b""
+    finally:
+        connection.close()
 
 
 def body(text: str) -> bytes:
@@ -250,7 +267,11 @@ def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payloa
 
 
 @pytest.mark.slow
-def test_concurrent_requests_share_policy_calls(service, script_runner, tmp_path):
+def test_concurrent_requests_are_answered_one_policy_call_per_batch(service, script_runner, tmp_path):
+    """Catches a wrong answer to concurrent requests, or a batch answered by more than one policy call. How Serve groups
+    the 16 requests into batches depends on their timing, so the replica's own record (batches, forward passes) is
+    compared, not a count that assumes one batch window; that one batch takes several requests in one call is
+    test_one_bad_request_of_a_batch_fails_alone's explicit event."""
     port, checkpoint = service
     requests = [STATES[k % 4] for k in range(16)]
     before = call(port, "GET", "/info")[1]["counters"]
@@ -258,16 +279,88 @@ def test_concurrent_requests_share_policy_calls(service, script_runner, tmp_path
         answers = list(pool.map(lambda state: call(port, "POST", "/decide", json.dumps(state).encode()), requests))
     after = call(port, "GET", "/info")[1]["counters"]
     assert all(status == 200 for status, _ in answers)
-    assert_same_answers(
-        [answer for _, answer in answers],
-        {
-            k: [v[i % 4] for i in range(16)]
-            for k, v in decide_py(script_runner, checkpoint, STATES, tmp_path).items()
-            if isinstance(v, list)
-        },
-    )
+    expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
+    assert_same_answers([answer for _, answer in answers], [expected[i % 4] for i in range(16)])
     assert after["requests"] - before["requests"] == 16 and after["states"] - before["states"] == 16
-    assert after["forward_passes"] - before["forward_passes"] <= 8  # 16 without batching
+    batches = after["batches"] - before["batches"]
+    assert 1 <= batches <= 16 and after["forward_passes"] - before["forward_passes"] == batches
+    assert 1 <= after["largest_batch"] <= 16
+
+
+POISON_FACTOR = 7.25
+"""The factor of the one state that poisoned_rule cannot act on."""
+
+
+def poisoned_rule(state, tinst):
+    """A deterministic rule (Y = 1 where the factor is negative, Q = qbar) whose quantity is NaN for a state with the
+    factor POISON_FACTOR, as a checkpoint whose weights cannot act on one state."""
+    quantity = tinst.qbar.expand(state.batch, -1).clone()
+    quantity[state.factor == POISON_FACTOR] = float("nan")
+    return (state.factor < 0).float(), quantity
+
+
+@pytest.mark.slow
+def test_one_bad_request_of_a_batch_fails_alone(service):
+    """Catches one request whose decision is not finite failing every request of its batch (each client got a 500),
+    and an error naming the state by its index in the merged batch instead of in the client's own request. Both
+    requests share one batch as an explicit event: at most 2 requests per batch and a batch wait far longer than two
+    concurrent requests take to arrive, so the replica runs the batch when the second one is in it."""
+    from ray import cloudpickle, serve
+
+    from serving.app import ServiceConfig, application
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the replica cannot import this test module
+    decider = Decider(poisoned_rule, INSTANCE, learned=False, mode="deterministic", label="policy 'poisoned'", info={})
+    serve.run(
+        application(ServiceConfig(policy="zero", max_batch_size=2, batch_wait_ms=20_000), decider),
+        name="test-poisoned",
+        route_prefix="/poisoned",
+    )
+    try:
+        good, bad = [STATES[0], STATES[1]], [STATES[2], STATES[3], {**STATES[0], "factor": POISON_FACTOR}]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            answers = list(pool.map(lambda states: call(service[0], "POST", "/poisoned/decide", json.dumps(states).encode()), (good, bad)))
+        (good_status, good_answer), (bad_status, bad_answer) = answers
+        assert good_status == 200 and [a["open"] for a in good_answer] == [0, 1], good_answer
+        assert [a["order"] for a in good_answer] == [[0, 0], INSTANCE.qbar.astype("float32").tolist()]
+        assert bad_status == 500 and "policy 'poisoned' gives a non-finite open probability or quantity for state 2:" in bad_answer["error"]
+        counters = call(service[0], "GET", "/poisoned/info")[1]["counters"]
+        assert (counters["batches"], counters["largest_batch"], counters["forward_passes"]) == (1, 2, 1)
+    finally:
+        serve.delete("test-poisoned")
+
+
+@pytest.mark.slow
+def test_a_client_that_sends_its_whole_body_first_gets_the_413(service):
+    """Catches a 413 answered with the body unread: the server then closes a connection that still holds the body,
+    and urllib, which sends the whole body before it reads the answer, saw "Connection reset by peer"."""
+    body = b" " * (32 * 2**20)  # far over MAX_BODY and over what loopback socket buffers hold (27 MB was reset)
+    request = urllib.request.Request(f"http://127.0.0.1:{service[0]}/decide", data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 413 and f"limit of {MAX_BODY} bytes" in json.loads(refused.value.read())["error"]
+
+
+def raw_request(port: int, head: bytes, timeout: float) -> tuple[int, str, bytes]:
+    """(status, Content-Type, body) of a request written byte for byte on a fresh connection (a client that
+    http.client would not let a test be)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as client:
+        client.sendall(head)
+        response = http.client.HTTPResponse(client)
+        response.begin()
+        return response.status, response.getheader("content-type", ""), response.read()
+
+
+@pytest.mark.slow
+def test_a_stalled_body_gets_the_api_s_json_408(service):
+    """Catches a body that never arrives answered by Serve's proxy at its request timeout with a text/plain 408
+    instead of the API's JSON error."""
+    from serving.app import BODY_TIMEOUT_S, REQUEST_TIMEOUT_S
+
+    head = b"POST /decide HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    status, content_type, answer = raw_request(service[0], head, REQUEST_TIMEOUT_S + 30)
+    assert (status, content_type) == (408, "application/json"), answer
+    assert json.loads(answer) == {"error": f"request body: not received within {BODY_TIMEOUT_S:g} s"}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -281,17 +374,64 @@ def test_a_replica_copy_of_the_decider_answers_each_request_as_decide_py(method,
         alone = load_decider(checkpoint, mode=mode)
         copy = pickle.loads(pickle.dumps(alone))
         for together, state in zip(copy.decide_many([first, second]), (first, second)):
-            expected = alone.decide(state)
-            assert_same_answers(
-                together.records(),
-                {
-                    "open": expected.open.tolist(),
-                    "open_probability": expected.probability.tolist(),
-                    "quantity": expected.quantity.tolist(),
-                    "order": expected.order.tolist(),
-                },
-            )
+            assert_same_answers(together.records(), alone.decide(state).records())
         assert copy.forward_passes == (1 if mode == "greedy" else 2)
+
+
+def test_each_request_of_a_shared_call_gets_its_own_answer_or_its_own_error():
+    """Catches Decider.decide_many raising for every request of a shared policy call when one request's decision is
+    not finite, and an error that names the state by its index in the merged call (3 here) instead of in its request."""
+    decider = Decider(poisoned_rule, INSTANCE, learned=False, mode="deterministic", label="policy 'poisoned'", info={})
+    good = read_states([STATES[0], STATES[1]], INSTANCE, "request body")
+    bad = read_states([STATES[2], {**STATES[0], "factor": POISON_FACTOR}], INSTANCE, "request body")
+    first, refused, last = decider.decide_many([good, bad, good])
+    assert decider.forward_passes == 1
+    assert isinstance(refused, PolicyError) and "gives a non-finite open probability or quantity for state 1:" in str(refused)
+    for answer in (first, last):
+        assert answer.open.tolist() == [0, 1] and answer.order.tolist() == [[0, 0], INSTANCE.qbar.astype("float32").tolist()]
+    with pytest.raises(PolicyError, match="for state 1:"):
+        decider.decide(bad)
+
+
+def streamed_request(chunks: list[bytes], length: int | None = None):
+    """A starlette Request whose body arrives in `chunks` (announced as `length` bytes, if given), and the list of
+    chunks the service has not read yet."""
+    from starlette.requests import Request
+
+    unread = list(chunks)
+
+    async def receive():
+        return {"type": "http.request", "body": unread.pop(0) if unread else b"", "more_body": bool(unread)}
+
+    headers = [(b"content-length", str(length).encode())] if length is not None else []
+    return Request({"type": "http", "method": "POST", "path": "/decide", "headers": headers, "query_string": b""}, receive), unread
+
+
+@pytest.mark.parametrize(
+    "limit, chunks, length, status, unread",
+    [
+        (20, [b"x" * 6] * 3, None, None, 0),  # within the limit, over DISCARD_BYTES: taken whole
+        (5, [b"x" * 4] * 4, None, 413, 0),  # over the limit, within DISCARD_BYTES: read to its end, then refused
+        (5, [b"x" * 4] * 6, None, 413, 1),  # beyond DISCARD_BYTES: reading stops at the first chunk past it (the 5th)
+        (5, [b"x" * 4] * 6, 24, 413, 6),  # announced beyond DISCARD_BYTES: refused unread
+    ],
+)
+def test_a_body_over_the_limit_is_read_and_dropped_up_to_a_bound(monkeypatch, limit, chunks, length, status, unread):
+    """Catches a 413 answered with the body unread (the connection is then reset under a client still sending it), a
+    body within a limit larger than DISCARD_BYTES refused, and a body read without bound. DISCARD_BYTES is 16 here."""
+    import asyncio
+
+    from serving import app
+
+    monkeypatch.setattr(app, "DISCARD_BYTES", 16)
+    request, left = streamed_request(chunks, length)
+    if status is None:
+        assert asyncio.run(app.read_body(request, limit)) == b"".join(chunks)
+    else:
+        with pytest.raises(app.HTTPError, match=f"larger than the limit of {limit} bytes") as refused:
+            asyncio.run(app.read_body(request, limit))
+        assert refused.value.status == status
+    assert len(left) == unread
 
 
 def test_a_classical_answer_depends_on_the_state_alone():
@@ -381,40 +521,101 @@ def test_a_killed_replica_is_replaced(service, ray_session, script_runner, tmp_p
     assert call(port, "GET", "/info")[1]["replica"] != replica
 
 
+def processes_holding(mark: bytes) -> list[int]:
+    """This user's processes whose environment holds `mark` (a token given to one serve.py, which every process of
+    its embedded Ray inherits)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid == os.getuid() and mark in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:  # gone, or not ours
+            continue
+    return found
+
+
+def command_name(pid: int) -> str:
+    """The program name of process `pid` (its command line's first word, without the folder), "" when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode().rsplit("/", 1)[-1]
+    except OSError:
+        return ""
+
+
+def start_serve_py(checkpoint, log: Path, token: str, until) -> tuple[subprocess.Popen, int]:
+    """serve.py on a port chosen now, its output in `log`, once `until(port)` holds; on another port when the chosen
+    one was taken before serve.py bound it (its output names the port then)."""
+    for _ in range(3):
+        port = free_port()
+        with open(log, "w") as out:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "platform" / "serve.py"),
+                    "--checkpoint",
+                    str(checkpoint),
+                    "--port",
+                    str(port),
+                    "--max-batch-size",
+                    "1",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**{k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}, "RAY_AUTH_TOKEN": token},
+            )
+        deadline = time.monotonic() + 180
+        while not until(port) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if process.poll() is None or str(port) not in log.read_text():
+            return process, port
+    return process, port
+
+
 @pytest.mark.slow
 def test_serve_py_serves_until_ctrl_c(trained, tmp_path):
     """The script with its own embedded Ray (a subprocess: the test process has the session's): it prints the URL when
-    ready, answers, and stops cleanly on SIGINT."""
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "platform" / "serve.py"),
-                "--checkpoint",
-                str(trained["hpo"].checkpoint),
-                "--port",
-                str(port),
-                "--max-batch-size",
-                "1",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=os.environ,
-        )
+    ready, answers, and stops cleanly on SIGINT, leaving no process of its Ray and none of Ray's lines that a
+    successful run need not show (the token notice, the Serve controller's graceful_shutdown failure)."""
+    log, token = tmp_path / "serve.log", os.urandom(16).hex()
+    process, port = start_serve_py(trained["hpo"].checkpoint, log, token, lambda port: f"http://127.0.0.1:{port}/decide" in log.read_text())
     try:
-        deadline = time.monotonic() + 180
-        while f"http://127.0.0.1:{port}/decide" not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
         assert process.poll() is None, log.read_text()[-3000:]
         status, info = call(port, "GET", "/info")
         assert status == 200 and info["method"] == "hpo" and info["settings"]["max_batch_size"] == 1
         status, answer = call(port, "POST", "/decide", json.dumps(STATES[1]).encode())
         assert status == 200 and answer["order"] == [answer["open"] * q for q in answer["quantity"]]
+        assert processes_holding(f"RAY_AUTH_TOKEN={token}".encode())  # the check below can see the script's Ray
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 0, log.read_text()[-3000:]
-        assert "stopped" in log.read_text() and "Traceback" not in log.read_text()
+        output = log.read_text()
+        assert "stopped" in output and "Traceback" not in output
+        for line in ("Token authentication is enabled", "graceful_shutdown failed"):
+            assert line not in output, output[-3000:]
+        assert processes_holding(f"RAY_AUTH_TOKEN={token}".encode()) == []
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_serve_py_starts_leaves_no_process_of_its_ray(trained, tmp_path):
+    """Catches Ray's agents (ray::DashboardAgent, ray::RuntimeEnvAgent) left running, under PID 1 for a minute or more,
+    after Ctrl-C while serve.py starts its Ray. The interrupt is sent once the script's raylet runs (ray.init then still
+    waits for the node to register, for seconds on this machine), or later in the start-up at the latest."""
+    log, token = tmp_path / "serve.log", os.urandom(16).hex()
+
+    def raylet_runs(port: int) -> bool:
+        return any(command_name(pid) == "raylet" for pid in processes_holding(f"RAY_AUTH_TOKEN={token}".encode()))
+
+    process, _ = start_serve_py(trained["hpo"].checkpoint, log, token, raylet_runs)
+    try:
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert processes_holding(f"RAY_AUTH_TOKEN={token}".encode())
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+        assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+        assert processes_holding(f"RAY_AUTH_TOKEN={token}".encode()) == []
     finally:
         if process.poll() is None:
             process.kill()

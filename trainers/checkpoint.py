@@ -60,6 +60,10 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         raise CheckpointError(f"checkpoint '{path}' is a directory, expected a file")
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
+    if not zipfile.is_zipfile(path):  # torch.load would read any other file as a pickle stream: KeyError, IndexError, ...
+        raise CheckpointError(
+            f"checkpoint '{path}' is truncated or not a checkpoint of this platform (not a zip archive, which torch.save writes)"
+        )
     try:
         with warnings.catch_warnings():  # torch's remarks on a foreign file's pickle protocol
             warnings.simplefilter("ignore")

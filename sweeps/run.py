@@ -375,14 +375,13 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
         f"training: about {hours:,.1f} learner-hours on CPU cores "
         "(each method's throughput in trainers/registry.py, measured on this project's 2-core machine; a GPU is far faster)"
     )
-    milp_hours = sum(
-        (m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m in b.milp for n in spec.milp_sizes(m)
-    )
-    lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
-    for m in b.milp:
-        for n in spec.milp_sizes(m):
-            if note := licence_note(m.solver, stock_columns(n, m.scenarios, m.plan_horizon)):
-                lines.append(f"{m.name} at n = {n}: {note}")
+    milp_runs = [(m, n) for m in b.milp for n in spec.milp_sizes(m)]
+    if milp_runs:  # a sweep without MILP baselines has no MILP decisions to estimate
+        milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m, _ in milp_runs)
+        lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
+    for m, n in milp_runs:
+        if note := licence_note(m.solver, stock_columns(n, m.scenarios, m.plan_horizon)):
+            lines.append(f"{m.name} at n = {n}: {note}")
     return lines
 
 

@@ -38,6 +38,10 @@ from sweeps.results_dir import (
 )
 from sweeps.spec import MilpBaseline, SweepSpec, Trial
 
+RESUME_COMMAND = "SWEEP_RESUME_COMMAND"
+"""The environment variable in which a script that runs platform/sweep.py for the user (platform/cluster_demo.py,
+on a cluster it starts and stops) gives the command that continues the sweep, for sweep.py's Ctrl-C message."""
+
 
 def read_spec(path) -> tuple[SweepSpec, dict]:
     """The validated spec and the file's content (kept in sweep.json)."""

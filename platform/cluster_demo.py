@@ -18,7 +18,6 @@ import argparse
 import os
 import secrets
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from envs.cli import Interrupted, positive_int, run_cli
+from envs.cli import Interrupted, free_port, positive_int, run_cli
 from envs.errors import InputError
 from envs.job_output import out_argument, resolve_out
 from sweeps.results_dir import open_results
@@ -52,12 +51,6 @@ def cluster_environment() -> dict[str, str]:
     `ray start` and the cluster utilities turn it on or off depending on whether ~/.ray/auth_token exists); the
     token is this cluster's own, so no file is written."""
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def machine_room() -> tuple[int, int]:

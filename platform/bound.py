@@ -20,7 +20,8 @@ identity: the instance's content hash, --seed, --horizon, --episodes and the gri
 docs/methods.md says what each figure is and how far it can be trusted.
 
 Re-running the same command resumes (the perfect-information bound also with more --episodes); a
-re-run into the same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
+re-run into the same --out with other settings is refused, and so is a folder that holds the other kind of
+bound (or a MILP run), and a flag of the other kind. Ctrl-C or SIGTERM keeps the journal.
 """
 
 import argparse

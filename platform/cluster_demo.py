@@ -150,6 +150,7 @@ def main() -> None:
     if problem := capacity_problem(args.workers, args.cpus, *machine_room()):
         raise InputError(problem)
     out = resolve_out(args.out)
+    os.environ.update(cluster_environment())  # before read_spec imports Ray, which reads the mode once (start_cluster keeps it)
     _, data = read_spec(args.config)
     open_results(out.resolve(), data, args.resume)
     resume = shlex.join(

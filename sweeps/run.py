@@ -382,7 +382,8 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
     milp_runs = [(m, n) for m in b.milp for n in spec.milp_sizes(m)]
     if milp_runs:  # a sweep without MILP baselines has no MILP decisions to estimate
         milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m, _ in milp_runs)
-        lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
+        amount = f"{milp_hours:,.1f} solver-hours" if milp_hours >= 0.1 else f"{milp_hours * 3600:,.0f} solver-seconds"
+        lines.append(f"MILP decisions at most {amount} (every decision at its time limit)")
     for m, n in milp_runs:
         if note := licence_note(m.solver, stock_columns(n, m.scenarios, m.plan_horizon)):
             lines.append(f"{m.name} at n = {n}: {note}")

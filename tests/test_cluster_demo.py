@@ -3,6 +3,7 @@ machine, an occupied --out), and what Ctrl-C during the sweep prints. start_clus
 replaced by stand-ins, so a regression shows as a stand-in node starting, not as a machine full of raylets."""
 
 import importlib.util
+import os
 import shlex
 import sys
 
@@ -28,6 +29,10 @@ def demo(monkeypatch):
     """The script as a module, with start_cluster replaced by a stand-in that records each start."""
     module = load_demo()
     module.started = []
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ADDRESS"):  # main sets the cluster's; restored after the test
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
 
     def start_cluster(workers, cpus, log=print):
         module.started.append((workers, cpus))
@@ -47,6 +52,16 @@ class FakeCluster:
         self.stopped += 1
 
 
+class FinishedSweep:
+    """The sweep's process, finished at once."""
+
+    def __init__(self, command, env=None):
+        pass
+
+    def wait(self, timeout=None):
+        return 0
+
+
 def run_main(demo, monkeypatch, *args):
     monkeypatch.setattr(sys, "argv", ["cluster_demo.py", *map(str, args)])
     demo.main()
@@ -61,6 +76,18 @@ def test_the_machines_room_is_counted_as_worked_out_by_hand():
     assert "5 CPUs in all, and this machine has 2 cores: expected --workers x --cpus <= 2 x 2 = 4" in module.capacity_problem(
         5, 1, cores=2, available_mib=10**6
     )
+
+
+def test_the_clusters_authentication_is_set_before_the_sweep_file_is_read(demo, monkeypatch, tmp_path):
+    """Catches main reading the sweep file (whose checks import Ray, which reads RAY_AUTH_MODE once) before it sets
+    the cluster's token authentication: the script's own Ray client then ran without it and the cluster refused it
+    ('Authentication token is missing or incorrect')."""
+    modes = []
+    read_spec = demo.read_spec
+    monkeypatch.setattr(demo, "read_spec", lambda path: modes.append(os.environ.get("RAY_AUTH_MODE")) or read_spec(path))
+    monkeypatch.setattr(demo.subprocess, "Popen", FinishedSweep)
+    run_main(demo, monkeypatch, "--workers", 1, "--cpus", 1, "--config", CONFIG, "--out", tmp_path / "out")
+    assert modes == ["token"] and demo.started == [(1, 1)]
 
 
 def test_a_cluster_larger_than_the_machine_is_refused_before_any_node_starts(demo, monkeypatch, tmp_path):

@@ -235,13 +235,17 @@ def test_resuming_with_another_sweep_file_names_every_field_that_differs(tmp_pat
 
 
 def test_the_dry_run_estimates_milp_hours_only_for_a_sweep_with_milp_decisions():
-    """Catches the dry run printing 'MILP decisions at most 0.0 solver-hours' for a sweep without a MILP baseline, and
-    a wrong sum: one MILP at n = 1 and 4, 3 episodes x 5 steps at 60 s each = 2 x 15 x 60 s = 0.5 solver-hours."""
+    """Catches the dry run printing 'MILP decisions at most 0.0 solver-hours' for a sweep without a MILP baseline (or
+    for a tiny one), and a wrong sum: one MILP at n = 1 and 4, 3 episodes x 5 steps at 60 s each = 2 x 15 x 60 s =
+    0.5 solver-hours."""
     plain = dry_run(SweepSpec.from_dict(MINIMAL), [{"CPU": 8, "GPU": 0}])
     assert not [line for line in plain if "MILP" in line], plain
     spec = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"time_limit": 60, "episodes": 3, "horizon": 5}]}})
     lines = [line for line in dry_run(spec, [{"CPU": 8, "GPU": 0}]) if "MILP" in line]
     assert lines == ["MILP decisions at most 0.5 solver-hours (every decision at its time limit)"]
+    tiny = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"time_limit": 2, "episodes": 2, "horizon": 4}]}})
+    lines = [line for line in dry_run(tiny, [{"CPU": 8, "GPU": 0}]) if "MILP" in line]  # 2 sizes x 8 decisions x 2 s
+    assert lines == ["MILP decisions at most 32 solver-seconds (every decision at its time limit)"]
 
 
 @pytest.mark.parametrize(

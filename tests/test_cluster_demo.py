@@ -5,7 +5,9 @@ replaced by stand-ins, so a regression shows as a stand-in node starting, not as
 import importlib.util
 import os
 import shlex
+import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT
@@ -62,6 +64,12 @@ class FinishedSweep:
         return 0
 
 
+def sweep_process(popen) -> SimpleNamespace:
+    """The script's `subprocess` with `popen` for Popen: only the script's name is replaced, since a class defined
+    while the module's Popen were replaced would keep the stand-in (Ray's ConsolePopen subclasses it on import)."""
+    return SimpleNamespace(Popen=popen, TimeoutExpired=subprocess.TimeoutExpired)
+
+
 def run_main(demo, monkeypatch, *args):
     monkeypatch.setattr(sys, "argv", ["cluster_demo.py", *map(str, args)])
     demo.main()
@@ -85,7 +93,7 @@ def test_the_clusters_authentication_is_set_before_the_sweep_file_is_read(demo, 
     modes = []
     read_spec = demo.read_spec
     monkeypatch.setattr(demo, "read_spec", lambda path: modes.append(os.environ.get("RAY_AUTH_MODE")) or read_spec(path))
-    monkeypatch.setattr(demo.subprocess, "Popen", FinishedSweep)
+    monkeypatch.setattr(demo, "subprocess", sweep_process(FinishedSweep))
     run_main(demo, monkeypatch, "--workers", 1, "--cpus", 1, "--config", CONFIG, "--out", tmp_path / "out")
     assert modes == ["token"] and demo.started == [(1, 1)]
 
@@ -130,7 +138,7 @@ def test_ctrl_c_stops_the_cluster_then_names_only_the_command_that_starts_a_new_
                 raise KeyboardInterrupt
             return 130
 
-    monkeypatch.setattr(demo.subprocess, "Popen", Sweep)
+    monkeypatch.setattr(demo, "subprocess", sweep_process(Sweep))
     clusters = []
     monkeypatch.setattr(demo, "start_cluster", lambda workers, cpus, log=print: clusters.append(FakeCluster()) or clusters[-1])
     with pytest.raises(Interrupted) as stopped:

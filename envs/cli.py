@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Callable
@@ -134,6 +135,14 @@ def output_dir(path, what: str = "--out") -> Path:
     except OSError as exc:
         raise InputError(f"{what} '{path}': cannot write in '{ancestor}' ({exc.strerror})") from None
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for a server that a script starts next and must know the port of in
+    advance (a Ray head's GCS, whose address the processes it starts inherit)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _terminate(signum, frame):

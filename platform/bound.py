@@ -20,12 +20,14 @@ identity: the instance's content hash, --seed, --horizon, --episodes and the gri
 docs/methods.md says what each figure is and how far it can be trusted.
 
 Re-running the same command resumes (the perfect-information bound also with more --episodes); a
-re-run into the same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
+re-run into the same --out with other settings is refused, and so is a folder that holds the other kind of
+bound (or a MILP run), and a flag of the other kind. Ctrl-C or SIGTERM keeps the journal.
 """
 
 import argparse
 
 from envs.cli import held_out_flags, positive_int, positive_real, run_cli, time_limit
+from envs.errors import InputError
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from envs.job_output import resolve_out
@@ -36,38 +38,52 @@ from solver_workers.runs import bound_journal, decomposition_journal, run_bound,
 
 KINDS = ("perfect-information", "decomposition")
 DEFAULTS = DecompositionOptions()
+KIND_DEFAULTS = {
+    "perfect-information": {"solver": "highs", "time_limit": 300.0, "threads": 1, "trace": False},
+    "decomposition": {"factor_points": DEFAULTS.factor_points, "coarse_points": DEFAULTS.coarse_points, "tolerance": DEFAULTS.tolerance},
+}
+"""The settings of one kind of bound, with their defaults: the other kind has no use for them."""
+
+
+def check_kind_flags(args: argparse.Namespace) -> None:
+    """Refuse a flag of the other kind of bound (it would be ignored); fill in the defaults of this kind's."""
+    for kind, defaults in KIND_DEFAULTS.items():
+        for dest, default in defaults.items():
+            if getattr(args, dest) is None:
+                setattr(args, dest, default)
+            elif kind != args.kind:
+                flag = "--" + dest.replace("_", "-")
+                raise InputError(
+                    f"{flag} is a setting of --kind {kind}; this run is --kind {args.kind}, which has no use for it: drop {flag}"
+                )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--kind", default=KINDS[0], choices=KINDS, help="which bound (default perfect-information)")
-    parser.add_argument("--solver", default="highs", choices=SOLVERS, help="perfect-information: MILP solver (default highs)")
-    parser.add_argument("--time-limit", type=time_limit, default=300.0, help="perfect-information: seconds per episode (default 300)")
-    parser.add_argument("--threads", type=positive_int, default=1, help="perfect-information: solver threads per worker (default 1)")
-    parser.add_argument(
-        "--trace", action="store_true", help="perfect-information: also write the best anticipative plan's steps.parquet and items.parquet"
+    solver = parser.add_argument_group("--kind perfect-information")
+    solver.add_argument("--solver", choices=SOLVERS, help="MILP solver (default highs)")
+    solver.add_argument("--time-limit", type=time_limit, help="seconds per episode (default 300)")
+    solver.add_argument("--threads", type=positive_int, help="solver threads per worker (default 1)")
+    solver.add_argument(
+        "--trace", action="store_true", default=None, help="also write the best anticipative plan's steps.parquet and items.parquet"
     )
-    parser.add_argument(
-        "--factor-points",
-        type=positive_int,
-        default=DEFAULTS.factor_points,
-        help=f"decomposition: factor grid points of the reported values (default {DEFAULTS.factor_points})",
+    split = parser.add_argument_group("--kind decomposition")
+    split.add_argument(
+        "--factor-points", type=positive_int, help=f"factor grid points of the reported values (default {DEFAULTS.factor_points})"
     )
-    parser.add_argument(
+    split.add_argument(
         "--coarse-points",
         type=positive_int,
-        default=DEFAULTS.coarse_points,
-        help=f"decomposition: factor grid points of the split search and the convergence check (default {DEFAULTS.coarse_points})",
+        help=f"factor grid points of the split search and the convergence check (default {DEFAULTS.coarse_points})",
     )
-    parser.add_argument(
-        "--tolerance",
-        type=positive_real,
-        default=DEFAULTS.tolerance,
-        help=f"decomposition: relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})",
+    split.add_argument(
+        "--tolerance", type=positive_real, help=f"relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})"
     )
     held_out_flags(parser, solver_pool=True)
     args = parser.parse_args()
+    check_kind_flags(args)
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
     out = resolve_out(args.out)

@@ -17,16 +17,33 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import socket
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from envs.cli import Interrupted, positive_int, run_cli
+from tqdm.auto import tqdm
+
+from envs.cli import Interrupted, free_port, positive_int, run_cli
+from envs.errors import InputError
 from envs.job_output import out_argument, resolve_out
+from sweeps.results_dir import open_results
+from sweeps.run import RESUME_COMMAND, read_spec
 
 ROOT = Path(__file__).resolve().parent.parent
+NODE_MIB = 140
+"""Memory of an idle worker node: its raylet, dashboard agent and runtime-env agent (3 processes), measured on
+this project's development machine (2 CPU cores, no GPU) as 134 MiB of PSS for each of the 2 worker nodes of
+`python tests/cluster_host.py 2 1` (the sum of /proc/PID/smaps_rollup's Pss over the raylet and its children)."""
+PROCESS_MIB = 410
+"""Memory of one busy CPU of a node: a Ray worker process that has imported what a trial or solver task imports,
+measured as 405 MiB RSS (`python -c "import ray, torch, trainers.registry, solver_workers.pool"`, then
+/proc/self/smaps_rollup), on the same machine."""
+CORE_OVERSUBSCRIPTION = 2
+"""The nodes' CPUs may add up to at most this many times the cores this process may use: the default demo (2
+nodes of 2 CPUs on 2 cores) runs in 86 s (docs/cluster.md); far more CPUs than cores only make every process
+wait for a core, and each node adds its own processes."""
 
 
 def cluster_environment() -> dict[str, str]:
@@ -36,10 +53,30 @@ def cluster_environment() -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def machine_room() -> tuple[int, int]:
+    """The cores this process may use and the memory available now (MemAvailable), in MiB."""
+    available = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemAvailable:"))
+    return len(os.sched_getaffinity(0)), available // 1024
+
+
+def capacity_problem(workers: int, cpus: int, cores: int, available_mib: int) -> str | None:
+    """Why a machine of `cores` cores and `available_mib` MiB of free memory cannot hold a head and `workers` worker
+    nodes of `cpus` CPUs each, or None: their CPUs against the cores (CORE_OVERSUBSCRIPTION), their memory
+    (NODE_MIB per node, PROCESS_MIB per CPU, each running a worker process) against the memory."""
+    needed = NODE_MIB + workers * (NODE_MIB + cpus * PROCESS_MIB)
+    asked = f"--workers {workers} --cpus {cpus}"
+    if workers * cpus > CORE_OVERSUBSCRIPTION * cores:
+        return (
+            f"{asked}: {workers * cpus} CPUs in all, and this machine has {cores} cores: expected --workers x --cpus <= "
+            f"{CORE_OVERSUBSCRIPTION} x {cores} = {CORE_OVERSUBSCRIPTION * cores} (every CPU of a node runs a worker process)"
+        )
+    if needed > available_mib:
+        return (
+            f"{asked}: the nodes need about {needed:,} MiB of memory (each node {NODE_MIB} MiB for its raylet and 2 agents, "
+            f"each CPU {PROCESS_MIB} MiB for its worker process), and this machine has {available_mib:,} MiB available: "
+            "give fewer or smaller worker nodes"
+        )
+    return None
 
 
 def start_cluster(workers: int, cpus: int, log=print):
@@ -75,7 +112,7 @@ def start_cluster(workers: int, cpus: int, log=print):
     cluster.node_names = {cluster.head_node.node_id: "head"}
     cluster.add_worker = lambda: add_worker(cluster, cpus, log)
     try:
-        for _ in range(workers):
+        for _ in tqdm(range(workers), desc="starting worker nodes", unit="node"):
             cluster.add_worker()
         cluster.wait_for_nodes()
     except BaseException:
@@ -94,6 +131,12 @@ def add_worker(cluster, cpus: int, log=print):
     return node
 
 
+def say(text: str) -> None:
+    """One console line, written above the progress bar while one is shown."""
+    tqdm.write(text, file=sys.stdout)
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=positive_int, default=2, help="worker nodes (default 2)")
@@ -104,40 +147,44 @@ def main() -> None:
     parser.add_argument("--out", type=out_argument, default="results/cluster-demo", help="results directory (default results/cluster-demo)")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     args = parser.parse_args()
+    # everything that would refuse the run, before a node starts: the machine's room, --out, the sweep file and --out's sweep
+    if problem := capacity_problem(args.workers, args.cpus, *machine_room()):
+        raise InputError(problem)
     out = resolve_out(args.out)
-    say = lambda text: print(text, flush=True)  # noqa: E731
+    os.environ.update(cluster_environment())  # before read_spec imports Ray, which reads the mode once (start_cluster keeps it)
+    _, data = read_spec(args.config)
+    open_results(out.resolve(), data, args.resume)
+    resume = shlex.join(
+        ["python", "platform/cluster_demo.py", "--workers", str(args.workers), "--cpus", str(args.cpus), "--config", args.config]
+        + ["--out", args.out, "--resume"]
+    )
     start = time.monotonic()
     cluster = start_cluster(args.workers, args.cpus, say)
     sweep = None
     try:
         say(f"cluster up at {cluster.address} after {time.monotonic() - start:.0f} s; running the sweep on it")
-        command = [
-            sys.executable,
-            str(ROOT / "platform" / "sweep.py"),
-            "--config",
-            args.config,
-            "--out",
-            str(out),
-            "--address",
-            cluster.address,
-            *(["--resume"] if args.resume else []),
-        ]
-        sweep = subprocess.Popen(command)
+        command = [sys.executable, str(ROOT / "platform" / "sweep.py"), "--config", args.config, "--out", str(out)]
+        command += ["--address", cluster.address, *(["--resume"] if args.resume else [])]
+        # the sweep's own Ctrl-C message would name this cluster's address, which is gone once this script stops it
+        sweep = subprocess.Popen(command, env={**os.environ, RESUME_COMMAND: resume})
         code = sweep.wait()
-    except KeyboardInterrupt:  # Ctrl-C reaches the sweep too (the terminal's process group): let it save its work and say how to resume
+    except KeyboardInterrupt:  # Ctrl-C reaches the sweep too (the terminal's process group): let it save its work
         if sweep is not None:
             try:
                 sweep.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 sweep.kill()
                 sweep.wait()
-        raise Interrupted(
-            f"stopped the cluster; continue with: python platform/cluster_demo.py --workers {args.workers} --cpus {args.cpus} "
-            f"--config {args.config} --out {args.out} --resume"
-        ) from None
-    finally:
         say("stopping the cluster")
         cluster.shutdown()
+        cluster = None
+        if not (out / "sweep.json").exists():
+            raise Interrupted(f"stopped the cluster before the sweep began; nothing was written to '{out}'") from None
+        raise Interrupted(f"stopped the cluster; the sweep's results so far are kept in '{out}'; continue with: {resume}") from None
+    finally:
+        if cluster is not None:
+            say("stopping the cluster")
+            cluster.shutdown()
     if code != 0:
         sys.exit(code)
     say(

@@ -26,7 +26,7 @@ from envs.job_output import out_argument, resolve_out
 from solver_workers.ray_session import init_ray, stop_ray
 from sweeps.console import SweepLog, dashboard_login
 from sweeps.results_dir import FINISHED
-from sweeps.run import cluster_nodes, dry_run, read_spec, run_sweep
+from sweeps.run import RESUME_COMMAND, cluster_nodes, dry_run, read_spec, run_sweep
 
 
 def main() -> None:
@@ -81,17 +81,11 @@ def run(args: argparse.Namespace, spec, data: dict, out: str, sweep_log: SweepLo
         raise
     except KeyboardInterrupt:
         stop_ray()
-        resume = [
-            "python",
-            "platform/sweep.py",
-            "--config",
-            args.config,
-            "--out",
-            args.out,
-            *(["--address", args.address] if args.address else []),
-            "--resume",
-        ]
-        raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: {shlex.join(resume)}") from None
+        resume = os.environ.get(RESUME_COMMAND) or shlex.join(
+            ["python", "platform/sweep.py", "--config", args.config, "--out", args.out]
+            + [*(["--address", args.address] if args.address else []), "--resume"]
+        )
+        raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: {resume}") from None
     stop_ray()
     if rows is not None:
         done = sum(r["status"] in FINISHED for r in rows)

@@ -32,6 +32,8 @@ cost, which is at least the relaxed optimum; they serve the paired comparisons.
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -39,7 +41,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from envs import dp_optimal
+from envs import dp_optimal, validate
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths
@@ -63,6 +65,12 @@ def dp_figures(value: float, conservative: float) -> str:
     return f"DP value {value:,.1f}, conservatively {conservative:,.1f}"
 
 
+TAUCHEN_BYTES = 50
+"""Peak bytes per factor_points^2 of building the Tauchen table ([M, M+1] normal probabilities, their
+temporaries and differences), measured: `python -c "import tracemalloc; from envs.dp_optimal import tauchen_grid;
+tracemalloc.start(); tauchen_grid(0.5, 3000, 4.0); print(tracemalloc.get_traced_memory()[1] / 3000**2)"` printed 50.01."""
+
+
 @dataclass(frozen=True)
 class DecompositionOptions:
     """Settings that change the bound's figures (all in the run identity)."""
@@ -81,18 +89,42 @@ class DecompositionOptions:
     """Stop when the best split's value is certified within this fraction of the found split's value."""
 
     def __post_init__(self):
-        if not 2 <= self.coarse_points < self.factor_points:
-            raise InputError(
-                f"{NAME} coarse_points: expected an integer in [2, factor_points - 1 = {self.factor_points - 1}], got {self.coarse_points}"
-            )
+        self.check_grid(self.factor_points, self.coarse_points, self.tolerance)
         for name, ok, allowed in (
             ("factor_width", self.factor_width > 0, "a number > 0"),
             ("rounds", self.rounds >= 1, "an integer >= 1"),
-            ("tolerance", self.tolerance >= 0, "a number >= 0"),
             ("multiples", len(self.multiples) >= 3 and min(self.multiples) > 0, "at least 3 numbers > 0"),
         ):
             if not ok:
                 raise InputError(f"{NAME} {name}: expected {allowed}, got {getattr(self, name)!r}")
+
+    @staticmethod
+    def check_grid(
+        factor_points, coarse_points, tolerance, where: Callable[[str], str] = lambda field: f"{NAME} {field}", error=InputError
+    ) -> dict:
+        """The rules of the settings a user gives (bound.py's flags, a sweep file's baselines.decomposition), in
+        one place; `where(field)` names a field as the user wrote it, `error` is the exception raised. Returns the
+        three as int, int, float.
+
+        factor_points: at least 3 (the coarse grid needs 2 points and fewer than the fine one), and at most
+        what this machine's memory holds: building the factor grid's Tauchen table (envs.dp_optimal.tauchen_grid)
+        takes TAUCHEN_BYTES x factor_points^2 bytes at its peak, which may take half of the memory: the DP's own
+        arrays need the rest. tolerance: > 0, since the search certifies `upper - value <= tolerance |value|` on
+        rounded sums, which 0 meets only by coincidence: 0 would run every round and report the split
+        uncertified; `rounds`, not the tolerance, says how long to search."""
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        why = (
+            f"building the factor grid's transition table takes {TAUCHEN_BYTES} x factor_points^2 bytes, at most half of this "
+            f"machine's {memory / 2**30:.1f} GiB of memory"
+        )
+        largest = math.isqrt(memory // (2 * TAUCHEN_BYTES))
+        factor_points = validate.integer(factor_points, where("factor_points"), 3, largest, why=why, error=error)
+        if validate.integer(coarse_points, where("coarse_points"), 2, error=error) >= factor_points:
+            raise validate.refuse(
+                where("coarse_points"), f"an integer in [2, factor_points - 1 = {factor_points - 1}]", str(coarse_points), error=error
+            )
+        tolerance = validate.real(tolerance, where("tolerance"), 0, low_open=True, error=error)
+        return {"factor_points": factor_points, "coarse_points": int(coarse_points), "tolerance": tolerance}
 
     def to_dict(self) -> dict:
         return {**asdict(self), "multiples": list(self.multiples)}

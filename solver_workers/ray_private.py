@@ -20,6 +20,9 @@ from ray._private import worker as _worker
 from ray._private.authentication import authentication_token_setup as _auth_setup
 from ray._private.ray_logging import global_worker_stdstream_dispatcher
 
+GCS_PORT_VARIABLE = ray_constants.GCS_PORT_ENVIRONMENT_VARIABLE
+"""The environment variable that gives a head node started by ray.init its GCS port (RAY_GCS_SERVER_PORT)."""
+
 
 @contextmanager
 def cluster_mode_off() -> Iterator[None]:

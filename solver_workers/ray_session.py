@@ -17,8 +17,9 @@ from typing import Any
 
 import ray
 
+from envs.cli import free_port
 from envs.errors import InputError
-from solver_workers.ray_private import cluster_mode_off, gcs_address, local_node, starting_node, token_notice_logger
+from solver_workers.ray_private import GCS_PORT_VARIABLE, cluster_mode_off, gcs_address, local_node, starting_node, token_notice_logger
 
 PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this; Ray itself retries for minutes
 
@@ -47,6 +48,29 @@ def without_token_notice(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith(TOKEN_NOTICE)
 
 
+@contextmanager
+def session_address():
+    """While an embedded Ray starts: its GCS on a port chosen here (RAY_GCS_SERVER_PORT, read by Ray's head node)
+    and that address in RAY_ADDRESS, which the session's GCS, raylet and agents inherit as they start, and its
+    worker processes from the raylet. A Ray client inside the session that is given no address (Ray Train's
+    placement-group cleaner asks the state API whether its controller lives) takes RAY_ADDRESS, and without it
+    the most recent Ray started on the machine (ray._private.services.get_ray_address_from_environment), which
+    need not be this one. This process's own environment is left as it was: its later scripts and subprocesses
+    must not take a session that ends with it for a cluster."""
+    port = free_port()
+    session = {"RAY_ADDRESS": f"127.0.0.1:{port}", GCS_PORT_VARIABLE: str(port)}
+    before = {name: os.environ.get(name) for name in session}
+    os.environ.update(session)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | None:
     """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token; with
     `dashboard`, Ray's dashboard too (on 127.0.0.1), whose URL is returned. Ends what an embedded Ray of a killed
@@ -62,7 +86,7 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     token_notice_logger().addFilter(without_token_notice)  # a filter already there is not added twice
     try:
-        with cluster_mode_off(), keep_sigterm_handler():
+        with cluster_mode_off(), keep_sigterm_handler(), session_address():
             context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
     except BaseException:  # Ctrl-C (or a failure) while Ray starts: end what it started so far, its agents included
         end_session(starting_session())

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from envs.cli import Interrupted
+from envs.errors import InputError
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
@@ -54,16 +55,37 @@ DECISION_COLUMNS = [
 BOUND_COLUMNS = ["episode", "bound", "source", "status", "mip_bound", "uncapacitated_bound", "incumbent", "gap", "seconds"]
 
 
+RUN_JOURNALS = {
+    "decisions.jsonl": "a rolling-MILP run",
+    "bounds.jsonl": "a perfect-information bound",
+    "split.jsonl": "a decomposition bound",
+}
+"""The journal of each kind of solver run, by file name: a results folder holds one run, so one of them at most."""
+
+
+def open_journal(out: Path, name: str, key, identity: dict[str, Any]) -> Journal:
+    """The journal `name` of the run in `out`, refused when `out` holds the journal of another kind of run: both
+    write summary.json and costs.parquet, so the second would overwrite the first's results and leave the
+    rest of its files beside them."""
+    for other, what in RUN_JOURNALS.items():
+        if other != name and (Path(out) / other).exists():
+            raise InputError(
+                f"--out '{out}' holds {what} ({other}); this run ({RUN_JOURNALS[name]}) would overwrite its summary.json and "
+                "costs.parquet: use another --out"
+            )
+    return Journal(Path(out) / name, key, identity)
+
+
 def milp_journal(out: Path, instance: Instance, seed: int, options: RollingOptions) -> Journal:
-    return Journal(Path(out) / "decisions.jsonl", decision_key, rolling_identity(instance, seed, options))
+    return open_journal(out, "decisions.jsonl", decision_key, rolling_identity(instance, seed, options))
 
 
 def bound_journal(out: Path, instance: Instance, seed: int, horizon: int, options: SolverOptions) -> Journal:
-    return Journal(Path(out) / "bounds.jsonl", episode_key, bound_identity(instance, seed, horizon, options))
+    return open_journal(out, "bounds.jsonl", episode_key, bound_identity(instance, seed, horizon, options))
 
 
 def decomposition_journal(out: Path, instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions) -> Journal:
-    return Journal(Path(out) / "split.jsonl", split_key, decomposition_identity(instance, seed, horizon, episodes, options))
+    return open_journal(out, "split.jsonl", split_key, decomposition_identity(instance, seed, horizon, episodes, options))
 
 
 EQUAL_SHARES = "equal-shares"

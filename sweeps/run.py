@@ -38,6 +38,10 @@ from sweeps.results_dir import (
 )
 from sweeps.spec import MilpBaseline, SweepSpec, Trial
 
+RESUME_COMMAND = "SWEEP_RESUME_COMMAND"
+"""The environment variable in which a script that runs platform/sweep.py for the user (platform/cluster_demo.py,
+on a cluster it starts and stops) gives the command that continues the sweep, for sweep.py's Ctrl-C message."""
+
 
 def read_spec(path) -> tuple[SweepSpec, dict]:
     """The validated spec and the file's content (kept in sweep.json)."""
@@ -376,14 +380,14 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
         f"training: about {hours:,.1f} learner-hours on CPU cores "
         "(each method's throughput in trainers/registry.py, measured on this project's 2-core machine; a GPU is far faster)"
     )
-    milp_hours = sum(
-        (m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m in b.milp for n in spec.milp_sizes(m)
-    )
-    lines.append(f"MILP decisions at most {milp_hours:,.1f} solver-hours (every decision at its time limit)")
-    for m in b.milp:
-        for n in spec.milp_sizes(m):
-            if note := licence_note(m.solver, stock_columns(n, m.scenarios, m.plan_horizon)):
-                lines.append(f"{m.name} at n = {n}: {note}")
+    milp_runs = [(m, n) for m in b.milp for n in spec.milp_sizes(m)]
+    if milp_runs:  # a sweep without MILP baselines has no MILP decisions to estimate
+        milp_hours = sum((m.episodes or spec.episodes) * (m.horizon or spec.horizon) * m.time_limit / 3600 for m, _ in milp_runs)
+        amount = f"{milp_hours:,.1f} solver-hours" if milp_hours >= 0.1 else f"{milp_hours * 3600:,.0f} solver-seconds"
+        lines.append(f"MILP decisions at most {amount} (every decision at its time limit)")
+    for m, n in milp_runs:
+        if note := licence_note(m.solver, stock_columns(n, m.scenarios, m.plan_horizon)):
+            lines.append(f"{m.name} at n = {n}: {note}")
     return lines
 
 

@@ -142,17 +142,7 @@ def _decomposition(value) -> dict[str, Any] | None:
         {"factor_points": defaults.factor_points, "coarse_points": defaults.coarse_points, "tolerance": defaults.tolerance},
     )
     where = "baselines.decomposition"
-    d = {
-        "factor_points": _int(d["factor_points"], f"{where}.factor_points", 3),
-        "coarse_points": _int(d["coarse_points"], f"{where}.coarse_points", 2),
-        "tolerance": _real(d["tolerance"], f"{where}.tolerance", 0),
-    }
-    if d["coarse_points"] >= d["factor_points"]:
-        raise SweepError(
-            f"sweep field '{where}.coarse_points': expected an integer in [2, factor_points - 1 = {d['factor_points'] - 1}], "
-            f"got {d['coarse_points']}"
-        )
-    return d
+    return DecompositionOptions.check_grid(**d, where=lambda field: _where(f"{where}.{field}"), error=SweepError)
 
 
 @dataclass(frozen=True)

@@ -141,3 +141,12 @@ def test_a_trainable_makes_its_log_folder_through_the_setup_logdir_hook(tmp_path
         assert trainable.logdir.rstrip("/") == str(tmp_path / "logs") and (tmp_path / "logs").is_dir()
     finally:
         trainable.stop()
+
+
+def test_the_gcs_port_of_a_head_started_by_ray_init_comes_from_its_environment_variable():
+    """ray.init's head node reads its GCS port from GCS_PORT_VARIABLE (catches a rename, after which ray_session's
+    RAY_ADDRESS would name a port where the embedded Ray's GCS does not listen)."""
+    from ray._private import node
+
+    assert ray_private.GCS_PORT_VARIABLE == "RAY_GCS_SERVER_PORT"
+    assert "GCS_PORT_ENVIRONMENT_VARIABLE" in inspect.getsource(node)

@@ -1,6 +1,7 @@
 """Sweep files: validation before anything starts, the trial grid, the dry run, and the refusal to mix
 two sweeps in one results directory."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from conftest import ROOT, run_script
 
 from envs.cli import read_file
 from envs.errors import InputError
+from solver_workers.decomposition import DecompositionOptions
 from sweeps.results_dir import open_results
 from sweeps.run import dry_run, read_spec
 from sweeps.spec import SweepError, SweepSpec
@@ -230,3 +232,34 @@ def test_resuming_with_another_sweep_file_names_every_field_that_differs(tmp_pat
     assert 'its sweep file differs from this one in baselines (absent) there, {"milp": [{"gap": 0.01}]} here; seeds 2 there, 3 here' in str(
         err.value
     )
+
+
+def test_the_dry_run_estimates_milp_hours_only_for_a_sweep_with_milp_decisions():
+    """Catches the dry run printing 'MILP decisions at most 0.0 solver-hours' for a sweep without a MILP baseline (or
+    for a tiny one), and a wrong sum: one MILP at n = 1 and 4, 3 episodes x 5 steps at 60 s each = 2 x 15 x 60 s =
+    0.5 solver-hours."""
+    plain = dry_run(SweepSpec.from_dict(MINIMAL), [{"CPU": 8, "GPU": 0}])
+    assert not [line for line in plain if "MILP" in line], plain
+    spec = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"time_limit": 60, "episodes": 3, "horizon": 5}]}})
+    lines = [line for line in dry_run(spec, [{"CPU": 8, "GPU": 0}]) if "MILP" in line]
+    assert lines == ["MILP decisions at most 0.5 solver-hours (every decision at its time limit)"]
+    tiny = SweepSpec.from_dict({**MINIMAL, "baselines": {"milp": [{"time_limit": 2, "episodes": 2, "horizon": 4}]}})
+    lines = [line for line in dry_run(tiny, [{"CPU": 8, "GPU": 0}]) if "MILP" in line]  # 2 sizes x 8 decisions x 2 s
+    assert lines == ["MILP decisions at most 32 solver-seconds (every decision at its time limit)"]
+
+
+@pytest.mark.parametrize(
+    "grid, message",
+    [
+        ({"factor_points": 1}, "'baselines.decomposition.factor_points': expected an integer in [3, "),
+        ({"factor_points": 10**8}, "'baselines.decomposition.factor_points': expected an integer in [3, "),
+        ({"tolerance": 0}, "'baselines.decomposition.tolerance': expected a number > 0, got 0"),
+    ],
+)
+def test_a_sweep_file_refuses_the_decomposition_grids_that_bound_py_refuses(grid, message):
+    """Catches the sweep file and bound.py following two rules: 10^8 factor points (a 10^16-entry Tauchen table) passed
+    the sweep's dry run while the run died of a MemoryError, and tolerance 0 passed the file but not the flag."""
+    with pytest.raises(SweepError, match=re.escape(message)):
+        SweepSpec.from_dict({**MINIMAL, "baselines": {"decomposition": grid}})
+    with pytest.raises(InputError, match=re.escape(message.split("'")[2].lstrip(": "))):
+        DecompositionOptions(**{"factor_points": 41, "coarse_points": 21, **grid})

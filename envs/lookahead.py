@@ -210,7 +210,14 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
             f"{NAME} tables: '{folder}' holds no {TABLES_FILE}; expected the folder of a decomposition bound run "
             "(platform/bound.py --kind decomposition --out DIR) that finished"
         )
-    record = json.loads(manifest.read_text())
+    try:
+        record = json.loads(manifest.read_text())
+    except ValueError:
+        record = None
+    if not (isinstance(record, dict) and isinstance(record.get("horizon"), int)):
+        raise InputError(
+            f"{NAME} tables: '{manifest}' is not a tables file of a decomposition bound run (expected JSON with an integer 'horizon')"
+        )
     if record.get("instance_hash") != instance.content_hash():
         raise InputError(
             f"{NAME} tables: '{folder}' was built for another instance (content hash {record.get('instance_hash')}, "

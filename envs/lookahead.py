@@ -179,7 +179,7 @@ class LookaheadTables:
             count,
             np.concatenate([r.ravel() for r in rows]),
             np.concatenate([[0], np.cumsum(sizes)[:-1]]),
-            stages if form == FORMS[0] else np.full(len(items), np.iinfo(np.int64).max),
+            stages if form == FORMS[0] else np.ones(len(items), np.int64),
             np.array([t.window for t in items]),
             items[0].factor_points,
             np.array([t.share for t in items]),
@@ -260,7 +260,7 @@ class LookaheadPolicy:
             tb = self.tables
             self._device_tables[key] = tuple(
                 torch.as_tensor(a, device=device)
-                for a in (tb.excess, tb.positions, tb.count, tb.offset, np.minimum(tb.stages, 2**62), tb.window, tb.factor_points)
+                for a in (tb.excess, tb.positions, tb.count, tb.offset, tb.stages, tb.window, tb.factor_points)
             )
         return self._device_tables[key]
 
@@ -283,7 +283,8 @@ class LookaheadPolicy:
         qbar = instance.qbar.double()[:, None]  # [n, 1]
         valid = (steps > 0) & (steps <= window[:, None, None]) & (k[..., None] + steps < count[:, None, None])
         valid &= y - x[..., None] <= qbar[..., None] * (1 + 1e-9)  # the lattice's cap is ceil(qbar): keep the true cap
-        stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, t)), min=0) if tb.horizon is not None else 0 * stages
+        t = t if tb.horizon is not None else 0  # the stationary form: one stage, every period
+        stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, t)), min=0)
         base = (offset + stage * M * count)[:, None, None]  # [n, 1, 1] start of item i's rows at its stage
         f = state.factor.double().clamp(points[0], points[-1])  # [B]
         if M == 1:

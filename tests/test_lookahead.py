@@ -101,6 +101,28 @@ def test_every_action_is_valid_and_no_order_arrives_after_the_horizon(three):
         assert (placed[:, : 20 - lead, i] > 0).any()
 
 
+def test_stationary_form_answers_every_period_alike(three):
+    """The stationary form has no period: the same states get the same answer at the first call and after 40 calls
+    (beyond the finite tables' horizon), and it keeps ordering in the periods where the finite form stops.
+    Catches a stationary policy that counts periods or applies the finite form's end-of-horizon masks."""
+    inst, items = three
+    tables = lookahead.LookaheadTables.from_items(items, "stationary", 20, inst.content_hash())
+    assert tables.horizon is None
+    paths = sample_paths(inst, 5, 64, 20)
+    tinst = inst.to_torch()
+    result = evaluate(lookahead.LookaheadPolicy(tables), tinst, paths, trace=True)
+    last = result.trace.open[:, -1:, None] * result.trace.quantity[:, -1:]
+    assert (last > 0).any()  # orders in the last period: no finite-horizon mask
+    policy = lookahead.LookaheadPolicy(tables)
+    state = State(torch.tensor([[2.0, 6.0, 1.0]] * 3), torch.zeros(3, 3, LMAX - 1), torch.tensor([-1.0, 0.0, 1.5]))
+    first = policy(state, tinst)
+    for _ in range(40):
+        later = policy(state, tinst)
+    for a, b in zip(first, later):
+        torch.testing.assert_close(a, b)
+    assert first[0].sum() > 0
+
+
 def test_items_permuted_give_the_decisions_permuted(three):
     """The same tables in another item order, on states with their items permuted the same way: the same open
     decisions and the quantities permuted. Catches any mix-up of items in the flat table's offsets or the gathers."""

@@ -1,6 +1,8 @@
 """Decomposition-lookahead benchmark (paper instances, seed 0, T = 50; envs/lookahead.py): per size n, the
 tables' build time, their size in memory for both forms, one state's decision time on one torch thread, and
-the 128 x 50 held-out evaluation's wall-clock. One JSON line per size, with the machine's load.
+the 128 x 50 held-out evaluation's time, each as wall-clock and as CPU time (one thread: on an idle core the two
+agree; on a shared machine the CPU time is the figure to compare). One JSON line per size, with the machine's
+load.
 
 Build time: each of `--items` sampled items' tables (solver_workers.decomposition.item_table: the finite
 form's fine-grid DP over T and the stationary form's long-horizon DP) is timed at its first-guess share
@@ -57,17 +59,20 @@ def main() -> None:
             record[f"{form}_table_megabytes"] = round(sampled_bytes / sample * n / 2**20, 1)
             policy = lookahead.LookaheadPolicy(tables)
             policy(state, tinst)  # tables onto the device once
-            times = []
+            wall, cpu = [], []
             for _ in range(REPEATS):
                 policy.reset()
-                tick = time.perf_counter()
+                tick, tock = time.perf_counter(), time.process_time()
                 policy(state, tinst)
-                times.append(time.perf_counter() - tick)
-            record[f"{form}_decision_ms"] = round(1e3 * float(np.median(times)), 3)
+                wall.append(time.perf_counter() - tick)
+                cpu.append(time.process_time() - tock)
+            record[f"{form}_decision_ms"] = round(1e3 * float(np.median(wall)), 3)
+            record[f"{form}_decision_cpu_ms"] = round(1e3 * float(np.median(cpu)), 3)
         paths = sample_paths(inst, HELDOUT_SEED, HELDOUT_EPISODES, EVAL_HORIZON)
-        tick = time.perf_counter()
+        tick, tock = time.perf_counter(), time.process_time()
         evaluate(lookahead.LookaheadPolicy(forms["finite"]), tinst, paths)
         record["evaluation_seconds_128x50_finite"] = round(time.perf_counter() - tick, 1)
+        record["evaluation_cpu_seconds_128x50_finite"] = round(time.process_time() - tock, 1)
         record["load"] = [round(x, 2) for x in os.getloadavg()]
         print(json.dumps(record), flush=True)
 

@@ -1,7 +1,7 @@
 """Decisions for states that a user sends: the state format, the check that a state is one the instance can
 produce, and `Decider`, which answers a batch of states with any policy (a checkpoint of a learned method,
-a tuned classical policy, or the n = 1 optimum). platform/decide.py, platform/evaluate.py's policy names and
-the decision service (serving.app) all go through here.
+a tuned classical policy, the n = 1 optimum or the decomposition lookahead; names are looked up in sweeps/policies.py).
+platform/decide.py and the decision service (serving.app) go through here.
 
 A state is {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}. It must be one
 the instance can produce; anything else is refused, naming the state and field:
@@ -128,9 +128,6 @@ def read_states(data, instance: Instance, where: str) -> State:
         raise InputError(f"{where}: expected a state object or a list of them, got {validate.describe(data)}")
     inv, pipe, factor = zip(*(read_state(rec, k, instance) for k, rec in enumerate(data if isinstance(data, list) else [data])))
     return State(*(torch.tensor(np.array(x), dtype=torch.float32) for x in (inv, pipe, factor)))
-
-
-# ---- policies by name ---------------------------------------------------------------------------
 
 
 # ---- answering ----------------------------------------------------------------------------------

@@ -1,15 +1,18 @@
 """Answer replenishment decisions for one state or a batch from a trained checkpoint, with latency.
 
   python platform/decide.py --checkpoint runs/ot16/checkpoint.pt --state state.json [--mode sampled]
+  python platform/decide.py --policy decomposition-lookahead:runs/dec16 --instance inst16.json --state state.json
 
 state.json: {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}, or a list of
 such objects for a batch (JSON, or YAML for other suffixes). The instance is the one stored in the
 checkpoint, or --instance. Works with checkpoints of every method (or-transformer, hpo, ppo,
-transformer-ppo). Prints on stdout the JSON that POST /decide of platform/serve.py answers: for one
-state object one answer object {"open": Y, "open_probability": p, "quantity": [Q_1..Q_n] (proposed;
-executed only if Y = 1), "order": [O_1..O_n] (O = Y Q, what is placed)}, for a list a list of them in
-the same order (docs/formats.md); on stderr one line with the latency. In sampled mode the answer is the
-first draw of the checkpoint's seeded stream. For many decisions, serve the checkpoint instead.
+transformer-ppo), or a named policy (--policy: a classical family, classical-best, dp-optimal,
+decomposition-lookahead[:DIR], tuned or solved for --instance first). Prints on stdout the JSON that
+POST /decide of platform/serve.py answers: for one state object one answer object {"open": Y,
+"open_probability": p, "quantity": [Q_1..Q_n] (proposed; executed only if Y = 1), "order": [O_1..O_n]
+(O = Y Q, what is placed)}, for a list a list of them in the same order (docs/formats.md); on stderr
+one line with the latency. In sampled mode the answer is the first draw of the checkpoint's seeded
+stream. For many decisions, serve the policy instead (platform/serve.py).
 
 A state must be one the instance can produce; anything else is refused, naming the state and field:
 * in_transit[i][l] (P_{i,l+1}, arriving in l + 1 periods) is in [0, qbar_i], and 0 in slots l >= L_i - 1;
@@ -25,23 +28,36 @@ import sys
 import time
 
 from envs.cli import device, input_file, read_file, run_cli
+from envs.errors import InputError
 from envs.instance import Instance
-from serving.decisions import CHECKPOINT_PREFIX, load_decider, read_states
+from serving.decisions import load_decider, read_states
+from sweeps.policies import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a checkpoint of any learned method")
+    source.add_argument(
+        "--policy",
+        type=policy_name,
+        metavar="POLICY",
+        help="a named policy (as evaluate.py's; decomposition-lookahead answers with its stationary tables), on --instance",
+    )
     parser.add_argument("--state", required=True, help="state JSON (one object or a list)")
     parser.add_argument("--instance", help="instance JSON (default: the checkpoint's)")
     parser.add_argument("--mode", default="greedy", choices=MODES)
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
-    input_file(args.checkpoint, "checkpoint")
+    if args.checkpoint is not None:
+        input_file(args.checkpoint, "checkpoint")
+    elif args.instance is None:
+        raise InputError(f"--policy {args.policy}: needs --instance (a named policy is tuned or solved for an instance)")
     input_file(args.state, "state file")
     instance = Instance.load(args.instance) if args.instance else None
-    decider = load_decider(CHECKPOINT_PREFIX + args.checkpoint, instance, args.mode, args.device)
+    policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint is not None else args.policy
+    decider = load_decider(policy, instance, args.mode, args.device, progress=args.policy is not None)
     data = read_file(args.state, "state file")
     state = read_states(data, decider.instance, f"state file '{args.state}'")
     decider.decide(state)  # warm-up

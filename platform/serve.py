@@ -6,8 +6,9 @@
 Then POST a state (decide.py's format) or a list of states to http://HOST:PORT/decide; GET /healthz and /info.
 The API is in docs/formats.md: each answer is what platform/decide.py answers for the same checkpoint and state.
 
-The policy: --checkpoint (any learned method), or --policy NAME (a classical family, classical-best or
-dp-optimal, tuned or solved once at start-up on --instance; checkpoint:PATH is --checkpoint). Ray: an embedded
+The policy: --checkpoint (any learned method), or --policy NAME (a classical family, classical-best,
+dp-optimal or decomposition-lookahead[:DIR] in its stationary form, tuned or solved once at start-up on
+--instance; checkpoint:PATH is --checkpoint). Ray: an embedded
 local Ray by default, a cluster with --address or RAY_ADDRESS (as under `ray job submit`). The service binds
 127.0.0.1 unless --host says otherwise (docs/cluster.md: exposing it safely). Concurrent requests share one
 policy call (--max-batch-size, --batch-wait-ms; --max-batch-size 1 turns batching off). A Serve config file
@@ -21,7 +22,7 @@ import time
 
 from envs.cli import input_file, non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
-from serving.decisions import CHECKPOINT_PREFIX, policy_name
+from sweeps.policies import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
 
 APP_NAME = "decisions"

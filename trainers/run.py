@@ -408,8 +408,9 @@ class MethodRun(ABC):
     def update(self) -> int:
         """Updates done (the next one is update + 1)."""
 
-    def warm_start(self) -> bool:
-        """Make the warm start when one is due (before the run's first update); returns whether it did."""
+    def warm_start(self, progress: bool = False) -> bool:
+        """Make the warm start when one is due (before the run's first update), with progress bars if `progress`;
+        returns whether it did."""
         return False
 
     @abstractmethod
@@ -465,7 +466,9 @@ def continue_run(
     if start.ended is not None:
         return start.ended
     method.build(out, start.checkpoint)
-    warm_started = method.warm_start()  # before any file: an interruption here leaves the folder as the last attempt left it
+    warm_started = method.warm_start(
+        progress and method.lead
+    )  # before any file: an interruption here leaves the folder as the last attempt left it
     attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]
     if method.lead:
         if start.checkpoint is None:
@@ -530,10 +533,10 @@ class PathwiseRun(MethodRun):
     def warm_start_record(self) -> dict[str, Any] | None:
         return self.trainer.warm_start_record
 
-    def warm_start(self) -> bool:
+    def warm_start(self, progress: bool = False) -> bool:
         if not self.trainer.warm_start_due():
             return False
-        self.trainer.warm_start(self.instance)
+        self.trainer.warm_start(self.instance, progress)
         return True
 
     def step(self) -> dict[str, float]:

@@ -293,6 +293,19 @@ def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypat
     assert run_files(tmp_path / "run") == []
 
 
+def test_a_run_with_progress_shows_the_warm_start_as_a_bar(tmp_path, capsys):
+    """The warm start before a run's first update (300 updates in the cpu preset: minutes at n = 16) is a progress
+    bar on stderr that counts the imitation and DAgger updates, before the training's bar; without progress
+    nothing is printed. Catches a warm start that runs silent (issue 23, section 4)."""
+    config = TrainConfig(**RUN, updates=1, imitation_updates=2, imitation_dagger_updates=1, imitation_teacher="base-stock")
+    train(config, paper_instance(2, 0), tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().err == ""
+    train(config, paper_instance(2, 0), tmp_path / "run", progress=True)
+    err = capsys.readouterr().err
+    warm, training = err.rfind("warm start: imitate base-stock"), err.find("train or-transformer n=2")
+    assert 0 <= warm < training and "3/3" in err[warm:training]
+
+
 def test_without_imitation_updates_training_is_as_before(tmp_path):
     """The 3-update curve with the field absent and at 0 (with another imitation learning rate), and the curve
     that the same calls gave before the warm start existed (commit bbb6c6b, this machine)."""

@@ -4,9 +4,13 @@
 
 POLICY is one of: zero, base-stock, base-stock-factor, can-order, can-order-factor, periodic,
 periodic-factor, classical-best, dp-optimal (one-item instances only: the exact dynamic-programming
-optimum for this horizon, envs/dp_optimal.py), or checkpoint:PATH (a trained policy; --mode greedy or
-sampled). Classical families are tuned on training paths (a seed disjoint from the held-out one) before
-the evaluation. --seed picks the exogenous paths; its default is the documented held-out seed.
+optimum for this horizon, envs/dp_optimal.py), decomposition-lookahead (the joint rule on the
+decomposition bound's per-item values, envs/lookahead.py: its tables computed now) or
+decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/bound.py --kind
+decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or
+sampled). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
+from the held-out one) before the evaluation. --seed picks the exogenous paths; its default is the
+documented held-out seed.
 """
 
 import argparse
@@ -16,8 +20,10 @@ from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance
 from envs.job_output import out_argument, resolve_out
+from envs.lookahead import FORMS
+from envs.lookahead import NAME as LOOKAHEAD
 from envs.results import write_evaluation
-from serving.decisions import CHECKPOINT_PREFIX, named_policy, policy_name
+from sweeps.policies import CHECKPOINT_PREFIX, TABLES_PREFIX, named_policy, policy_name
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -27,6 +33,12 @@ def main() -> None:
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
+    parser.add_argument(
+        "--lookahead-form",
+        default=FORMS[0],
+        choices=FORMS,
+        help="for decomposition-lookahead: finite-horizon tables for --horizon, or the stationary ones (default finite)",
+    )
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="episodes (default 128)")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
@@ -43,8 +55,8 @@ def main() -> None:
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
     else:
-        policy, parameters = named_policy(instance, args.policy, args.horizon, args.device, progress=True)
-        label = args.policy
+        policy, parameters = named_policy(instance, args.policy, args.horizon, args.device, progress=True, form=args.lookahead_form)
+        label = LOOKAHEAD if args.policy.startswith(TABLES_PREFIX) else args.policy
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)

@@ -24,7 +24,6 @@ whose rule is deterministic), quantity (Q, proposed) and order (O = Y Q, what is
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -34,24 +33,18 @@ import numpy as np
 import torch
 
 from envs import validate
-from envs.classical import POLICY_NAMES, tuned_policy
-from envs.dp_optimal import dp_optimal_policy
 from envs.dynamics import State
 from envs.errors import InputError
-from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
+from sweeps.policies import CHECKPOINT_PREFIX, NAMED_POLICIES, is_policy_name, named_policy, policy_name  # noqa: F401 (re-exported)
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
 KEYS = ("factor", "in_transit", "inventory")
 INVENTORY_PERIODS = 10_000
 QBAR_ROUNDING = 1e-6  # relative slack on in_transit <= qbar_i: states copied from float32 simulations
-
-CHECKPOINT_PREFIX = "checkpoint:"
-DP_OPTIMAL = "dp-optimal"
-NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL)
 
 
 # ---- states -------------------------------------------------------------------------------------
@@ -140,26 +133,6 @@ def read_states(data, instance: Instance, where: str) -> State:
 # ---- policies by name ---------------------------------------------------------------------------
 
 
-def is_policy_name(text) -> bool:
-    """Whether `text` names a policy: a named policy (NAMED_POLICIES) or checkpoint:PATH."""
-    return isinstance(text, str) and (text in NAMED_POLICIES or (text.startswith(CHECKPOINT_PREFIX) and len(text) > len(CHECKPOINT_PREFIX)))
-
-
-def policy_name(text: str) -> str:
-    """An argparse type: a named policy (NAMED_POLICIES) or checkpoint:PATH."""
-    if is_policy_name(text):
-        return text
-    raise argparse.ArgumentTypeError(f"expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got '{text}'")
-
-
-def named_policy(instance: Instance, name: str, horizon: int = EVAL_HORIZON, device="cpu", progress: bool = False):
-    """(policy, parameters for a summary) of a named policy: the DP optimum (n = 1 only) or a classical family
-    tuned on training paths for `horizon` steps (envs.classical.tuned_policy)."""
-    if name == DP_OPTIMAL:
-        return dp_optimal_policy(instance, horizon, device)
-    return tuned_policy(instance, name, horizon, device, progress=progress)
-
-
 # ---- answering ----------------------------------------------------------------------------------
 
 
@@ -246,7 +219,8 @@ class Decider:
 
 def load_decider(policy: str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
     """The Decider of `policy`: checkpoint:PATH (a checkpoint of any learned method, on its own instance unless
-    `instance` is given) or a named policy (NAMED_POLICIES) on `instance`, tuned or solved now."""
+    `instance` is given) or a named policy (sweeps.policies) on `instance`, tuned or solved now (the decomposition
+    lookahead in its stationary form: a state carries no period)."""
     if mode not in MODES:
         raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     if policy.startswith(CHECKPOINT_PREFIX):
@@ -265,7 +239,7 @@ def load_decider(policy: str, instance: Instance | None = None, mode: str = "gre
         )
     if instance is None:
         raise InputError(f"policy '{policy}': needs an instance (--instance)")
-    named, parameters = named_policy(instance, policy, device=device, progress=progress)
+    named, parameters = named_policy(instance, policy, device=device, progress=progress, form="stationary")
     info = {"method": policy, "mode": "deterministic", "checkpoint_sha256": None, "parameters": parameters}
     return Decider(
         named,

@@ -35,11 +35,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from envs import dp_optimal
+from envs import dp_optimal, lookahead
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths
@@ -281,12 +282,14 @@ def item_figures(
     paths: ExogenousPaths,
     options: DecompositionOptions,
     known: dict[float, float] | None = None,
+    tables: str | None = None,
 ) -> dict:
     """For each named share (best split, equal shares): V_item on the fine and the coarse grid (coarse
     values in `known`, by share, are not computed again), and the fine-grid policy simulated on `paths`
     (this item's demands): per-episode discounted cost, mean number of orders per episode, mean
     discounted number of orders and the mean of sum_{s<=t} gamma^s C_s for every step t; the task's
-    wall-clock and CPU seconds."""
+    wall-clock and CPU seconds. With `tables` (a folder), the lookahead tables of the first named share
+    (`item_table`, from the same fine-grid solution) are written there."""
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
@@ -323,8 +326,40 @@ def item_figures(
             "discounted_orders": float((orders @ discount).mean()),
             "cumulative": np.cumsum(result.trace.cost * discount, axis=1).mean(0).tolist(),
         }
+    if tables is not None:
+        table_start = time.perf_counter()
+        item_table(instance, item, setups[0], horizon, options, solutions[0]).save(Path(tables) / lookahead.item_file(item))
+        record["table_seconds"] = time.perf_counter() - table_start
     record["seconds"], record["cpu_seconds"] = time.perf_counter() - start, time.process_time() - cpu
     return record
+
+
+TABLE_DTYPE = "float16"
+"""The finite-horizon lookahead tables' storage type (envs/lookahead.py: the excess rows are small where a
+decision is taken; measured against float32 in docs/methods.md)."""
+
+
+def item_table(
+    instance: Instance,
+    item: int,
+    share: float,
+    horizon: int,
+    options: DecompositionOptions,
+    solution: dp_optimal.DPSolution | None = None,
+    dtype: str = TABLE_DTYPE,
+) -> lookahead.ItemTable:
+    """The decomposition lookahead's tables of one item with setup cost `share` (envs/lookahead.py): the finite
+    form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already) and the
+    stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor grid."""
+    one = item_instance(instance, item, share)
+    settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, "integer_cap": True, "floor_periods": 1}
+    solution = solution or dp_optimal.solve(one, horizon, **settings)
+    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), **settings)
+    positions = solution.positions if solution.positions.size >= long.positions.size else long.positions
+    stationary = long.action_value[0] if long.action_value.shape[0] else np.zeros((long.grid.points.size, long.positions.size))
+    return lookahead.ItemTable.from_values(
+        positions, solution.grid.points, solution.action_value, stationary, share, solution.window, dtype
+    )
 
 
 def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:

@@ -46,7 +46,7 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
-from envs import validate
+from envs import lookahead, validate
 from envs.cli import read_text
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
@@ -214,9 +214,17 @@ class SolverWorker:
         }
 
     def split_item(
-        self, instance: Instance, item: int, shares: dict, horizon: int, paths: ExogenousPaths, options: DecompositionOptions, known: dict
+        self,
+        instance: Instance,
+        item: int,
+        shares: dict,
+        horizon: int,
+        paths: ExogenousPaths,
+        options: DecompositionOptions,
+        known: dict,
+        tables: str | None = None,
     ) -> dict:
-        return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known), **self.where}
+        return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known, tables), **self.where}
 
 
 class Pool:
@@ -323,12 +331,13 @@ def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions
 
 
 def run_decomposition(
-    instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal
+    instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal, tables: Path | None = None
 ) -> tuple[list[dict], dict]:
     """The decomposition bound (solver_workers/decomposition.py) on the pool, one task per item and
     round, resuming from `journal`: the split search's rounds on the coarse factor grid, then every
-    item's figures at the best split and at equal shares. Returns the items' figure records and the
-    search's summary."""
+    item's figures at the best split and at equal shares, with its lookahead tables at the best split in
+    the folder `tables` (an item whose record is journalled but whose table file is missing runs again
+    for its table). Returns the items' figure records and the search's summary."""
     journal.check(decomposition_identity(instance, paths.seed, paths.horizon, paths.num_episodes, options))
     n, horizon = instance.n, paths.horizon
     ref = ray.put(instance)
@@ -359,10 +368,11 @@ def run_decomposition(
                 paths_ref,
                 options,
                 dict(zip(search.setups[i], search.values[i])),
+                None if tables is None else str(tables),
             ),
         )
         for i in range(n)
-        if ("item", -1, i) not in journal
+        if ("item", -1, i) not in journal or (tables is not None and not (Path(tables) / lookahead.item_file(i)).exists())
     ]
     pool.run(tasks, store, n, n - len(tasks), "items")
     return [journal.records[("item", -1, i)] for i in range(n)], search.summary(options.tolerance)

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from envs import lookahead
 from envs.cli import Interrupted
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import sample_paths
@@ -19,7 +20,7 @@ from envs.instance import Instance
 from envs.results import write_evaluation
 from solver_workers.backends import SolverOptions
 from solver_workers.decomposition import NAME as DECOMPOSITION
-from solver_workers.decomposition import DecompositionOptions, combine
+from solver_workers.decomposition import TABLE_DTYPE, DecompositionOptions, combine
 from solver_workers.pool import (
     Journal,
     Pool,
@@ -186,16 +187,20 @@ def run_decomposition_bound(
     """The decomposition bound (solver_workers/decomposition.py) at the best split in `out` and at equal
     shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
     'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
-    DP figures), with split.parquet: every item's share, values and order counts. Returns summary.json's
+    DP figures), with split.parquet: every item's share, values and order counts, and the lookahead
+    tables (envs/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
     content. Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
     paths = sample_paths(instance, seed, episodes, horizon)
     try:
-        records, split = run_decomposition(instance, paths, options, Pool(workers), journal)
+        records, split = run_decomposition(instance, paths, options, Pool(workers), journal, Path(out) / lookahead.TABLES_DIR)
     except KeyboardInterrupt:
         raise Interrupted(
             f"no results written; journal '{journal.path}' keeps {len(journal.records)} records (split-search values and items' figures); "
             "re-run the same command to resume"
         ) from None
+    lookahead.write_manifest(
+        Path(out) / lookahead.TABLES_DIR, instance, horizon, {"finite_dtype": TABLE_DTYPE, "run_identity": journal.identity}
+    )
     figures = {name: combine(records, name, options) for name in ("best", "equal")}
     columns = {"item": [r["item"] for r in records]}
     for name in ("best", "equal"):

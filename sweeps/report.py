@@ -141,12 +141,13 @@ class Entry:
 
 def columns(spec: SweepSpec) -> list[tuple[str, str]]:
     """(column, kind) in the paper's order: learned methods (in the registry's order), classical-best, each MILP,
-    dp-optimal, the bounds."""
+    dp-optimal, the decomposition lookahead, the bounds."""
     b = spec.baselines
     result = [(m, "learned") for m in METHODS if m in spec.methods]
     result += [("classical-best", "baseline")] if b.classical_best else []
     result += [(m.name, "baseline") for m in b.milp]
     result += [("dp-optimal", "baseline")] if b.dp_optimal and 1 in spec.sizes else []
+    result += [("decomposition-lookahead", "baseline")] if b.lookahead else []
     result += [("bound", "bound")] if b.bound is not None else []
     result += [(DECOMPOSITION, "bound")] if b.decomposition is not None else []
     return result

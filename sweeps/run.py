@@ -60,6 +60,7 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from solver_workers.decomposition import NAME as DECOMPOSITION
     from solver_workers.decomposition import DecompositionOptions
     from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
+    from sweeps.policies import LOOKAHEAD, TABLES_PREFIX, named_policy
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
     for n, inst in insts.items():
@@ -86,6 +87,11 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
             options = DecompositionOptions(**b.decomposition)
             journal = decomposition_journal(base / DECOMPOSITION, inst, HELDOUT_SEED, horizon, episodes, options)
             run_decomposition_bound(base / DECOMPOSITION, inst, journal, options, HELDOUT_SEED, episodes, horizon, b.solver_workers)
+        if b.lookahead and not baseline_done(base / LOOKAHEAD, inst, episodes, horizon):
+            log(f"baseline n={n} {LOOKAHEAD}")
+            policy, params = named_policy(inst, f"{TABLES_PREFIX}{base / DECOMPOSITION}", horizon)
+            result = evaluate(policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
+            write_evaluation(base / LOOKAHEAD, LOOKAHEAD, result, HELDOUT_SEED, {"sweep": True, "n": n}, params, instance=inst)
         for m in b.milp:
             if m.sizes is not None and n not in m.sizes:
                 continue
@@ -367,6 +373,7 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
         + (["dp-optimal (n = 1)"] if b.dp_optimal and 1 in spec.sizes else [])
         + (["perfect-information bound"] if b.bound else [])
         + (["decomposition bound"] if b.decomposition else [])
+        + (["decomposition-lookahead"] if b.lookahead else [])
         + [m.name for m in b.milp]
     )
     lines.append(f"baselines per size: {', '.join(names) or 'none'}; solver pool of {b.solver_workers} workers")
@@ -443,6 +450,7 @@ def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> str | N
     solved = (
         (["bound"] if b.bound else [])
         + (["decomposition bound"] if b.decomposition else [])
+        + (["decomposition-lookahead"] if b.lookahead else [])
         + [m.name for m in b.milp if spec.milp_sizes(m)]
     )
     if solved and not fits(1.0, 0.0):

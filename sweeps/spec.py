@@ -168,6 +168,9 @@ class Baselines:
     decomposition: dict[str, Any] | None = None
     """The decomposition lower bound: {factor_points, coarse_points, tolerance}
     (solver_workers.decomposition.DecompositionOptions); null to skip."""
+    lookahead: bool = False
+    """The decomposition lookahead policy (envs.lookahead), from the tables of the decomposition bound's run
+    (needs `decomposition`)."""
     """Actors of the Ray solver pool."""
 
 
@@ -253,9 +256,17 @@ class SweepSpec:
         b = _mapping(
             d["baselines"],
             "baselines",
-            {"classical_best": True, "dp_optimal": True, "bound": None, "milp": [], "solver_workers": 2, "decomposition": None},
+            {
+                "classical_best": True,
+                "dp_optimal": True,
+                "bound": None,
+                "milp": [],
+                "solver_workers": 2,
+                "decomposition": None,
+                "lookahead": False,
+            },
         )
-        for key in ("classical_best", "dp_optimal"):
+        for key in ("classical_best", "dp_optimal", "lookahead"):
             validate.boolean(b[key], _where(f"baselines.{key}"), error=SweepError)
         bound = None
         if b["bound"] is not None:
@@ -278,7 +289,12 @@ class SweepSpec:
             milp,
             _int(b["solver_workers"], "baselines.solver_workers", 1),
             _decomposition(b["decomposition"]),
+            b["lookahead"],
         )
+        if baselines.lookahead and baselines.decomposition is None:
+            raise SweepError(
+                "sweep field 'baselines.lookahead': true needs baselines.decomposition (the lookahead's tables come from that bound's run)"
+            )
         spec = cls(
             sizes,
             seeds,

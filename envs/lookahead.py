@@ -1,0 +1,313 @@
+"""The decomposition lookahead policy: a joint rule from the decomposition bound's per-item values.
+
+The decomposition bound (solver_workers/decomposition.py) splits K into shares k_i and solves each item
+alone by the n = 1 DP (envs/dp_optimal.py), whose post-decision value of the position y after ordering is
+
+    W_i,t(y, f) = gamma^L_i G_i(y, f) + gamma E[V_i,t+1(y - D, F') | F_t = f].
+
+At a state (x, f, t), with x_i = I_i + sum_l P_i,l the inventory position, the gain of ordering item i is
+
+    g_i = max(0, W_i,t(x_i, f) - min_{x_i < y <= x_i + qbar_i} W_i,t(y, f)),
+
+the saving of its best order if the setup were already paid. The rule opens iff sum_i g_i > c K and then
+orders every item with g_i > 0 up to its minimiser y_i*: with c = 1 it is the one-step lookahead on the
+decomposed values (pay K now, then follow the items' values). At n = 1 it is the DP's own rule (opens iff
+K + min W < W(x)).
+
+Tables. Only differences of W_i,t(., f) along y matter, so each (stage, item, factor point) row keeps
+W - min_y W ("excess", >= 0), which is also what makes a float16 copy precise where it matters (near the
+minimiser the excess is small). Two forms:
+* finite: W_i,t for every decision stage t < T - L_i of the evaluation horizon T (the horizon is known;
+  orders in the last L_i decisions never pay off and are not placed);
+* stationary: W_i,0 of a long horizon (gamma^H <= STATIONARY_TAIL), for decide.py and serve.py, where a
+  state carries no period.
+Positions are each item's DP lattice (two classes per unit with the integer-cap lattice); a position is
+mapped to the nearest lattice point (orders up to lattice points keep a simulated position on it), and
+the factor is interpolated linearly between the neighbouring grid points (clamped at the ends), as
+envs.dp_optimal.DPOptimalPolicy does: a shift of a row by a constant does not change differences, so
+interpolating the excess is interpolating W.
+
+A table set is saved as one .npz per item plus tables.json (what they were built for) in a folder; the
+decomposition bound's run writes them in its results folder under `lookahead/` (platform/bound.py --kind
+decomposition).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from envs.dynamics import State
+from envs.errors import InputError
+from envs.instance import Instance, TensorInstance, atomic_write, atomic_write_text
+
+NAME = "decomposition-lookahead"
+FORMS = ("finite", "stationary")
+STATIONARY_TAIL = 1e-4
+"""The stationary form solves a horizon H with gamma^H <= this: W_0 then differs from the infinite-horizon
+value by at most gamma^H times the largest per-period cost difference over H periods."""
+TABLES_DIR = "lookahead"
+TABLES_FILE = "tables.json"
+EXCESS_CAP = 60000.0  # float16 holds up to 65504; rows far above the minimiser never decide anything
+DTYPES = {"float16": np.float16, "float32": np.float32}
+
+
+def stationary_horizon(gamma: float) -> int:
+    """H with gamma^H <= STATIONARY_TAIL (at least 1)."""
+    return max(1, math.ceil(math.log(STATIONARY_TAIL) / math.log(gamma))) if gamma < 1 else 1
+
+
+def excess(action_value: np.ndarray, dtype: str) -> np.ndarray:
+    """W - min_y W along the last axis (positions), capped at EXCESS_CAP, in `dtype` (DTYPES)."""
+    rows = action_value - action_value.min(-1, keepdims=True)
+    return np.minimum(rows, EXCESS_CAP).astype(DTYPES[dtype])
+
+
+@dataclass(frozen=True)
+class ItemTable:
+    """One item's tables: positions [N] (its lattice), factor grid points [M], finite [T_i, M, N] excess of
+    W_t for t < T_i = max(T - L_i, 0) (None when not kept), stationary [M, N] excess of W_0 of a long
+    horizon (None when not kept), the share k_i it was solved with and the window (largest order in
+    lattice steps)."""
+
+    positions: np.ndarray
+    factor_points: np.ndarray
+    finite: np.ndarray | None
+    stationary: np.ndarray | None
+    share: float
+    window: int
+
+    @classmethod
+    def from_values(cls, positions: np.ndarray, factor_points: np.ndarray, finite, stationary, share: float, window: int, dtype: str):
+        """From the DP's action values W (finite [T_dec, M, N], stationary [M, N'] on the same lattice from the
+        same bottom; the shorter one is padded with EXCESS_CAP, which is never a minimiser), in `dtype`
+        (the stationary form always in float32: one stage, and decide.py's answers should not depend on it)."""
+        N = positions.size
+
+        def pad(rows, kind):
+            if rows is None:
+                return None
+            rows = excess(rows, kind)
+            extra = N - rows.shape[-1]
+            return np.concatenate([rows, np.full((*rows.shape[:-1], extra), EXCESS_CAP, rows.dtype)], -1) if extra else rows
+
+        return cls(positions, factor_points, pad(finite, dtype), pad(stationary, "float32"), float(share), int(window))
+
+    def save(self, path: str | os.PathLike) -> None:
+        arrays = {"positions": self.positions, "factor_points": self.factor_points, "share": np.float64(self.share), "window": self.window}
+        for name in FORMS:
+            if getattr(self, name) is not None:
+                arrays[name] = getattr(self, name)
+
+        def write(tmp):
+            with open(tmp, "wb") as handle:
+                np.savez(handle, **arrays)
+
+        atomic_write(path, write)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> ItemTable:
+        with np.load(path, allow_pickle=False) as z:
+            return cls(
+                z["positions"],
+                z["factor_points"],
+                z["finite"] if "finite" in z else None,
+                z["stationary"] if "stationary" in z else None,
+                float(z["share"]),
+                int(z["window"]),
+            )
+
+
+def item_file(item: int) -> str:
+    return f"item-{item:05d}.npz"
+
+
+@dataclass(frozen=True)
+class LookaheadTables:
+    """Every item's tables of one form. Positions are padded to a common length: positions [n, N] (past an
+    item's own `count` they keep increasing, so a batched searchsorted works). The excess rows are not
+    padded (item sizes differ by a factor of 3 on the paper family): one flat array, item i's block
+    [stages_i, M, count_i] from `offset[i]`. stages [n]: the finite form's T - L_i (no order from stage
+    T - L_i on; at least one row is kept), 1 for the stationary form; window [n]; factor_points [M];
+    shares [n]; `horizon` the evaluation horizon T (None: the stationary form)."""
+
+    positions: np.ndarray
+    count: np.ndarray
+    excess: np.ndarray
+    offset: np.ndarray
+    stages: np.ndarray
+    window: np.ndarray
+    factor_points: np.ndarray
+    shares: np.ndarray
+    horizon: int | None
+    instance_hash: str
+
+    @property
+    def form(self) -> str:
+        return FORMS[1] if self.horizon is None else FORMS[0]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.excess.nbytes + self.positions.nbytes)
+
+    @classmethod
+    def from_items(cls, items: list[ItemTable], form: str, horizon: int | None, instance_hash: str) -> LookaheadTables:
+        if form not in FORMS:
+            raise InputError(f"{NAME} form: expected one of {list(FORMS)}, got {form!r}")
+        rows = [getattr(t, form) for t in items]
+        if any(r is None for r in rows):
+            raise InputError(f"{NAME}: the tables hold no {form} form")
+        M = items[0].factor_points.size
+        rows = [r[None] if form == FORMS[1] else r for r in rows]  # [S_i, M, N_i]
+        stages = np.array([r.shape[0] for r in rows])
+        rows = [r if r.shape[0] else np.zeros((1, M, t.positions.size), r.dtype) for r, t in zip(rows, items)]
+        count = np.array([t.positions.size for t in items])
+        N = int(count.max())
+        positions = np.empty((len(items), N))
+        for i, t in enumerate(items):
+            positions[i, : count[i]] = t.positions
+            positions[i, count[i] :] = t.positions[-1] + 1.0 + np.arange(N - count[i])
+        sizes = np.array([r.size for r in rows])
+        return cls(
+            positions,
+            count,
+            np.concatenate([r.ravel() for r in rows]),
+            np.concatenate([[0], np.cumsum(sizes)[:-1]]),
+            stages if form == FORMS[0] else np.full(len(items), np.iinfo(np.int64).max),
+            np.array([t.window for t in items]),
+            items[0].factor_points,
+            np.array([t.share for t in items]),
+            horizon if form == FORMS[0] else None,
+            instance_hash,
+        )
+
+
+# ---- the table folder --------------------------------------------------------------------------------
+
+
+def write_manifest(folder: str | os.PathLike, instance: Instance, horizon: int, settings: dict) -> None:
+    """tables.json: what the item files in `folder` were built for (written last: a folder without it is not whole)."""
+    record = {"policy": NAME, "instance_hash": instance.content_hash(), "n": instance.n, "horizon": int(horizon), **settings}
+    atomic_write_text(Path(folder) / TABLES_FILE, json.dumps(record, indent=1) + "\n")
+
+
+def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizon: int | None = None) -> LookaheadTables:
+    """The `form` tables in `folder` (a decomposition bound's results folder or its lookahead/ subfolder) for
+    `instance`; the finite form needs the evaluation `horizon` the tables were built for. Refuses tables of
+    another instance or horizon, and a folder without tables."""
+    folder = Path(folder)
+    if (folder / TABLES_DIR / TABLES_FILE).exists():
+        folder = folder / TABLES_DIR
+    manifest = folder / TABLES_FILE
+    if not manifest.exists():
+        raise InputError(
+            f"{NAME} tables: '{folder}' holds no {TABLES_FILE}; expected the folder of a decomposition bound run "
+            "(platform/bound.py --kind decomposition --out DIR) that finished"
+        )
+    try:
+        record = json.loads(manifest.read_text())
+    except ValueError:
+        record = None
+    if not (isinstance(record, dict) and isinstance(record.get("horizon"), int)):
+        raise InputError(
+            f"{NAME} tables: '{manifest}' is not a tables file of a decomposition bound run (expected JSON with an integer 'horizon')"
+        )
+    if record.get("instance_hash") != instance.content_hash():
+        raise InputError(
+            f"{NAME} tables: '{folder}' was built for another instance (content hash {record.get('instance_hash')}, "
+            f"this one's is {instance.content_hash()}); run the decomposition bound on this instance"
+        )
+    if form == FORMS[0] and horizon != record["horizon"]:
+        raise InputError(
+            f"{NAME} tables: '{folder}' holds finite-horizon tables for horizon {record['horizon']}, asked for {horizon}; "
+            f"evaluate with --horizon {record['horizon']}, use the stationary form, or run the bound with --horizon {horizon}"
+        )
+    items = [ItemTable.load(folder / item_file(i)) for i in range(instance.n)]
+    return LookaheadTables.from_items(items, form, record["horizon"], record["instance_hash"])
+
+
+# ---- the policy --------------------------------------------------------------------------------------
+
+
+class LookaheadPolicy:
+    """The rule of the module docstring as a policy (state, instance) -> (Y [B], Q [B, n]).
+
+    Q holds every item's proposal y_i* - x_i where g_i > 0 (clipped to [0, qbar_i]), also in states where the
+    rule does not open (what an imitating student learns from); the order placed is Y Q. The finite form
+    counts its calls as the period (the evaluator calls `reset()` before every rollout); the stationary form
+    answers every call from its one table. `threshold` is c (open iff sum_i g_i > c K)."""
+
+    def __init__(self, tables: LookaheadTables, threshold: float = 1.0):
+        if not threshold >= 0:
+            raise InputError(f"{NAME} threshold c: expected a number >= 0, got {threshold!r}")
+        self.tables = tables
+        self.threshold = float(threshold)
+        self.t = 0
+        self._device_tables: dict = {}
+
+    def reset(self) -> None:
+        self.t = 0
+
+    def _on(self, device):
+        key = str(device)
+        if key not in self._device_tables:
+            tb = self.tables
+            self._device_tables[key] = tuple(
+                torch.as_tensor(a, device=device)
+                for a in (tb.excess, tb.positions, tb.count, tb.offset, np.minimum(tb.stages, 2**62), tb.window, tb.factor_points)
+            )
+        return self._device_tables[key]
+
+    @torch.no_grad()
+    def gains(self, state: State, instance: TensorInstance, t: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g [B, n], proposed quantity [B, n]) at period t (the stationary form ignores t)."""
+        tb = self.tables
+        n = tb.positions.shape[0]
+        if instance.n != n:
+            raise InputError(f"{NAME}: the tables are for n = {n} items, the instance has n = {instance.n}")
+        excess, positions, count, offset, stages, window, points = self._on(state.inv.device)
+        N, M = positions.shape[1], points.numel()
+        x = state.inventory_position().double().T.contiguous()  # [n, B]
+        upper = torch.searchsorted(positions, x).clamp(1, N - 1)
+        nearer_lower = (x - positions.gather(1, upper - 1)) <= (positions.gather(1, upper) - x)
+        k = torch.minimum(torch.where(nearer_lower, upper - 1, upper), (count - 1)[:, None])  # [n, B] nearest lattice point
+        steps = torch.arange(int(tb.window.max()) + 1, device=x.device)
+        idx = torch.minimum(k[..., None] + steps, (count - 1)[:, None, None])  # [n, B, w+1]: column 0 is no order
+        y = positions.gather(1, idx.reshape(n, -1)).reshape(idx.shape)
+        qbar = instance.qbar.double()[:, None]  # [n, 1]
+        valid = (steps > 0) & (steps <= window[:, None, None]) & (k[..., None] + steps < count[:, None, None])
+        valid &= y - x[..., None] <= qbar[..., None] * (1 + 1e-9)  # the lattice's cap is ceil(qbar): keep the true cap
+        stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, t)), min=0) if tb.horizon is not None else 0 * stages
+        base = (offset + stage * M * count)[:, None, None]  # [n, 1, 1] start of item i's rows at its stage
+        f = state.factor.double().clamp(points[0], points[-1])  # [B]
+        if M == 1:
+            values = excess[base + idx].double()
+        else:
+            hi = torch.searchsorted(points, f).clamp(1, M - 1)  # [B]
+            a = ((f - points[hi - 1]) / (points[hi] - points[hi - 1]))[None, :, None]
+            row = count[:, None, None] * hi[None, :, None]
+            values = (1 - a) * excess[base + row - count[:, None, None] + idx].double() + a * excess[base + row + idx].double()
+        best, offset_best = values.masked_fill(~valid, math.inf).min(-1)  # [n, B]
+        gain = (values[..., 0] - best).clamp_min(0.0)
+        gain = torch.where(torch.isfinite(best) & (t < stages)[:, None], gain, torch.zeros_like(gain))
+        target = y.gather(2, offset_best[..., None])[..., 0]
+        quantity = torch.where(gain > 0, torch.minimum(target - x, qbar).clamp_min(0.0), torch.zeros_like(x))
+        return gain.T, quantity.T
+
+    def __call__(self, state: State, instance: TensorInstance):
+        t = self.t
+        if self.tables.horizon is not None and t >= self.tables.horizon:
+            raise InputError(
+                f"{NAME}: the finite-horizon tables are for {self.tables.horizon} periods, called at period {t}; use the stationary form"
+            )
+        self.t += 1
+        gain, quantity = self.gains(state, instance, t)
+        opens = gain.sum(1) > self.threshold * instance.K
+        dtype = state.inv.dtype
+        return opens.to(dtype), quantity.to(dtype)

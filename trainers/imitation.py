@@ -1,9 +1,10 @@
 """Warm start by imitation of a teacher policy, before the paper's first update (issue 11, section 3, and
 issue 24, section 2; not part of the paper: `imitation_updates` = 0, the default, runs none of this).
 
-A teacher is any policy found by name (`teacher_policy`): a Policy (state, instance) -> (Y, Q) whose Q is its
-proposal for every item of every state, also where Y = 0 (a classical policy's Q = clip(S - IP, 0, qbar)); the
-placed order is Y Q, so the proposal is a target wherever the student is asked for one.
+A teacher is a policy found by name (`teacher_policy`): a Policy (state, instance) -> (Y, Q) whose Q is its
+proposal for every item of every state, also where Y = 0 (a classical policy's Q = clip(S - IP, 0, qbar), the
+decomposition lookahead's y_i* - x_i where item i gains, clipped to [0, qbar_i]); the placed order is Y Q, so
+the proposal is a target wherever the student is asked for one.
 
 One imitation update: B rollouts continue T_roll steps from where the previous update left them, and the
 three networks are fitted on those B T_roll states by
@@ -40,10 +41,12 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
+from envs.lookahead import NAME as LOOKAHEAD
+from solver_workers.lookahead import lookahead_policy
 from trainers.networks import ThreeNetworks
 from trainers.streams import exogenous_step
 
-TEACHERS = tuple(name for name in POLICY_NAMES if name != "zero")
+TEACHERS = (*(name for name in POLICY_NAMES if name != "zero"), LOOKAHEAD)
 """The policies a run may imitate (`teacher_policy` resolves each name)."""
 TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
@@ -51,7 +54,11 @@ TAIL = 0.01
 
 def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
     """(policy, parameters for the record) of the teacher `name` (TEACHERS) on `source`, as it is evaluated: a
-    classical family tuned on the training paths for the evaluation horizon (envs.classical.tuned_policy)."""
+    classical family tuned on the training paths for the evaluation horizon (envs.classical.tuned_policy), or
+    the decomposition lookahead in its stationary form (solver_workers.lookahead: the rollouts of a warm start
+    run for more periods than any finite table has; its threshold tuned on the training paths)."""
+    if name == LOOKAHEAD:
+        return lookahead_policy(source, EVAL_HORIZON, device, form="stationary", progress=progress)
     return tuned_policy(source, name, EVAL_HORIZON, device=device, progress=progress)
 
 

@@ -368,7 +368,11 @@ def test_a_checkpoint_written_before_the_warm_start_existed_still_resumes(tmp_pa
         ("imitation_updates", -1, "expected an integer >= 0, got -1"),
         ("imitation_updates", 2.5, "expected an integer >= 0, got 2.5"),
         ("imitation_updates", True, "expected an integer >= 0, got a boolean true"),
-        ("imitation_teacher", "zero", r"expected one of \['base-stock', .*'classical-best'\], got a string \"zero\""),
+        (
+            "imitation_teacher",
+            "zero",
+            r"expected one of \['base-stock', .*'classical-best', 'decomposition-lookahead'\], got a string \"zero\"",
+        ),
         ("imitation_teacher", "dp-optimal", 'expected one of .*, got a string "dp-optimal"'),
         ("imitation_learning_rate", 0, "expected a number > 0, got 0"),
         ("imitation_learning_rate", "fast", 'expected a number > 0, got a string "fast"'),

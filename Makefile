@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaling.py
 	$(BIN)/python bench/decomposition.py
 	$(BIN)/python bench/lookahead.py
+	$(BIN)/python bench/warm_start.py
 	$(BIN)/python bench/serve.py
 
 # On a CUDA machine: the gpu tests, CPU/GPU cost agreement, paper-preset updates at n = 1,024, decision times and

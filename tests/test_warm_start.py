@@ -3,6 +3,7 @@ against a slow reference loop, the fit (loss falls, greedy agreement with the te
 seed's rollouts), the run folder (update-0 checkpoint, resume without repeating it, an interruption during it
 writes nothing), the paper's path unchanged when it is off, world-size invariance, and bad config values."""
 
+import copy
 import json
 
 import pyarrow.parquet as pq
@@ -12,15 +13,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import TINY
 
+import trainers.imitation as imitation
 import trainers.pathwise as pathwise
 from envs.dynamics import initial_state, step
-from envs.evaluation import EVAL_HORIZON
-from envs.exogenous import FactorDemandStream
+from envs.evaluation import EVAL_HORIZON, evaluate
+from envs.exogenous import FactorDemandStream, sample_paths
 from envs.instance import paper_instance
+from envs.lookahead import NAME as LOOKAHEAD
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
-from trainers.imitation import imitation_losses, lookahead, teacher_rollout
+from trainers.imitation import StudentMix, imitation_losses, lookahead, teacher_rollout
 from trainers.pathwise import PathwiseTrainer, TrainConfig, train
+from trainers.policy import LearnedPolicy
 from trainers.run import run_files
 
 
@@ -37,7 +41,7 @@ def one_thread():
 def tune_once(tuned):
     """The teachers tuned once per session (conftest.tuned)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pathwise, "tuned_policy", tuned)
+        patch.setattr(imitation, "tuned_policy", tuned)
         yield
 
 
@@ -103,6 +107,48 @@ def test_teacher_targets_match_a_slow_reference_loop():
     assert calls[1].open_order.view(batch, steps)[0].tolist() == [0, 0, 1, 0]  # the clock went on from 4, not from 4 + lookahead
 
 
+def half_base_stock(state, instance):
+    """A stateless student unlike EveryThird: opens where some item's position is below mu, up to mu."""
+    quantity = torch.clamp(instance.mu - state.inventory_position(), min=0.0).minimum(instance.qbar)
+    return (quantity > 0).any(-1).to(quantity.dtype), quantity
+
+
+def test_dagger_rollout_acts_by_the_mix_and_labels_by_the_teacher():
+    """A DAgger call (StudentMix, share 0.5) against a plain simulation of the same stream in which each row and
+    step executes the student's decision where the uniform drawn after the teacher's call is below 0.5: the
+    states and the cost-to-go follow the executed decisions, Y and Q / qbar are the teacher's. Catches a mix
+    that labels by the student, executes the teacher (or the student) everywhere, or a cost-to-go of the
+    teacher's own path; the two policies' decisions differ on some of the states."""
+    inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
+    batch, steps, share = 6, 4, 0.5
+    stream = FactorDemandStream(inst, batch, seed=5)
+    reference_stream = FactorDemandStream(inst, batch, seed=5)
+    factor = stream.initial_factor()
+    mix = StudentMix(half_base_stock, share, stream.generator, slice(0, batch))
+    got, _, _ = teacher_rollout(EveryThird(), inst, initial_state(inst, factor), factor, stream, steps, slice(0, batch), mix=mix)
+    ref_teacher, ref_factor = EveryThird(), reference_stream.initial_factor()
+    ref_state, invs, opens, fractions, costs, executed_differs = initial_state(inst, ref_factor), [], [], [], [], []
+    for _ in range(steps + lookahead(inst.gamma)):
+        y, q = ref_teacher(ref_state, inst)
+        invs.append(ref_state.inv), opens.append(y), fractions.append(q / inst.qbar)
+        student = torch.rand(batch, generator=reference_stream.generator, dtype=inst.dtype) < share
+        sy, sq = half_base_stock(ref_state, inst)
+        executed_y, executed_q = torch.where(student, sy, y), torch.where(student[:, None], sq, q)
+        executed_differs.append(((executed_y != y) | (executed_y[:, None] * executed_q != y[:, None] * q).any(-1)).any())
+        demand = reference_stream.demand(ref_factor)
+        ref_factor = reference_stream.next_factor(ref_factor)
+        ref_state, cost = step(inst, ref_state, executed_y, executed_q, demand, ref_factor)
+        costs.append(cost / inst.c_ref)
+    assert any(executed_differs[:steps])
+    for t in range(steps):
+        rows = slice(t, None, steps)
+        expected_g = sum(inst.gamma**k * costs[t + k] for k in range(steps + lookahead(inst.gamma) - t))
+        torch.testing.assert_close(got.cost_to_go[rows], expected_g)
+        torch.testing.assert_close(got.open_order[rows], opens[t])
+        torch.testing.assert_close(got.fraction[rows], fractions[t])
+        torch.testing.assert_close(got.items[rows][..., 0], (invs[t] - inst.mu) / inst.sigma)
+
+
 @pytest.fixture(scope="module")
 def warm_trainer():
     """A tiny network warm-started by 200 imitation updates on the paper instance n = 4, seed 0."""
@@ -116,7 +162,7 @@ def warm_trainer():
 def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
-    teacher, _ = pathwise.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = imitation.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     stream = FactorDemandStream(inst, 256, seed=987_654)
     factor = stream.initial_factor()
     state = initial_state(inst, factor)
@@ -142,6 +188,69 @@ def test_greedy_opening_agrees_with_the_teacher_on_other_states(warm_trainer, fr
     with torch.no_grad():
         assert imitation_losses(trainer.model, fresh_teacher_states).agreement >= 0.9
         assert imitation_losses(untrained.model, fresh_teacher_states).agreement < 0.8
+
+
+STUDENT_MARGIN = 0.25
+"""The warm-started student's greedy cost may exceed its teacher's by at most this share (paired, same paths)."""
+
+
+def with_network_of(model, other, name):
+    """A copy of `model` whose `name` network has `other`'s weights."""
+    mixed = copy.deepcopy(model)
+    getattr(mixed, f"{name}_net").load_state_dict(getattr(other, f"{name}_net").state_dict())
+    return mixed
+
+
+def excess_costs(teacher, trainer, untrained) -> dict[str, float]:
+    """Paired mean excess of greedy students over `teacher` on the same 64 episodes x 50 steps of a seed that
+    neither tuning nor the warm start uses, as a share of the teacher's mean: the warm-started student, the
+    broken controls (the student with its open or its quantity network at the initial weights) and the
+    untrained network. A control is an exact copy of a warm start with that one loss dropped: the networks have
+    disjoint parameters and the teacher's rollouts do not depend on the student, so dropping a loss leaves
+    exactly that network at its initial weights, the untrained trainer's (same seed)."""
+    inst = N4.to_torch()
+    paths = sample_paths(N4, 4242, 64, EVAL_HORIZON)
+    teacher_cost = evaluate(teacher, inst, paths).discounted_cost
+
+    def excess(model):
+        student_cost = evaluate(LearnedPolicy(copy.deepcopy(model), "greedy"), inst, paths).discounted_cost
+        return float((student_cost - teacher_cost).mean() / teacher_cost.mean())
+
+    return {
+        "student": excess(trainer.model),
+        "open loss dropped": excess(with_network_of(trainer.model, untrained.model, "open")),
+        "quantity loss dropped": excess(with_network_of(trainer.model, untrained.model, "quantity")),
+        "untrained": excess(untrained.model),
+    }
+
+
+def assert_only_the_student_within_the_margin(excess: dict[str, float]) -> None:
+    assert excess["student"] < STUDENT_MARGIN, excess
+    assert min(v for k, v in excess.items() if k != "student") > STUDENT_MARGIN, excess
+
+
+def test_the_warm_started_student_costs_within_a_margin_of_its_teacher_and_a_broken_loss_does_not(warm_trainer):
+    """classical-best as the teacher (200 updates): the student's paired excess is below STUDENT_MARGIN and
+    each broken control's (excess_costs) is above it, so the margin tells a working imitation from one that
+    lost either target."""
+    trainer, untrained = warm_trainer
+    teacher, _ = imitation.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
+
+
+@pytest.mark.slow
+def test_a_student_of_the_decomposition_lookahead_costs_within_the_margin_of_it(monkeypatch):
+    """The same comparison with the decomposition lookahead (stationary form, built once) as the teacher: 200
+    imitation updates on its targets (its open decision and every item's proposal) bring the greedy student
+    within STUDENT_MARGIN of it, the broken controls not. Catches a lookahead teacher whose proposals or
+    opening the warm start does not learn (for example Q = 0 where it does not open)."""
+    teacher, parameters = imitation.teacher_policy(N4, LOOKAHEAD)
+    monkeypatch.setattr(pathwise, "teacher_policy", lambda *args, **kwargs: (copy.deepcopy(teacher), parameters))
+    config = TrainConfig(**RUN, updates=3, imitation_updates=200, imitation_teacher=LOOKAHEAD)
+    trainer, untrained = PathwiseTrainer(config, N4.to_torch()), PathwiseTrainer(config, N4.to_torch())
+    trainer.warm_start(N4)
+    assert trainer.warm_start_record["teacher_parameters"]["form"] == "stationary"
+    assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
 
 def test_record_and_the_first_update_after_it(warm_trainer):
@@ -213,6 +322,19 @@ def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypat
     assert run_files(tmp_path / "run") == []
 
 
+def test_a_run_with_progress_shows_the_warm_start_as_a_bar(tmp_path, capsys):
+    """The warm start before a run's first update (300 updates in the cpu preset: minutes at n = 16) is a progress
+    bar on stderr that counts the imitation and DAgger updates, before the training's bar; without progress
+    nothing is printed. Catches a warm start that runs silent (issue 23, section 4)."""
+    config = TrainConfig(**RUN, updates=1, imitation_updates=2, imitation_dagger_updates=1, imitation_teacher="base-stock")
+    train(config, paper_instance(2, 0), tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().err == ""
+    train(config, paper_instance(2, 0), tmp_path / "run", progress=True)
+    err = capsys.readouterr().err
+    warm, training = err.rfind("warm start: imitate base-stock"), err.find("train or-transformer n=2")
+    assert 0 <= warm < training and "3/3" in err[warm:training]
+
+
 def test_without_imitation_updates_training_is_as_before(tmp_path):
     """The 3-update curve with the field absent and at 0 (with another imitation learning rate), and the curve
     that the same calls gave before the warm start existed (commit bbb6c6b, this machine)."""
@@ -246,10 +368,17 @@ def test_a_checkpoint_written_before_the_warm_start_existed_still_resumes(tmp_pa
         ("imitation_updates", -1, "expected an integer >= 0, got -1"),
         ("imitation_updates", 2.5, "expected an integer >= 0, got 2.5"),
         ("imitation_updates", True, "expected an integer >= 0, got a boolean true"),
-        ("imitation_teacher", "zero", r"expected one of \['base-stock', .*'classical-best'\], got a string \"zero\""),
+        (
+            "imitation_teacher",
+            "zero",
+            r"expected one of \['base-stock', .*'classical-best', 'decomposition-lookahead'\], got a string \"zero\"",
+        ),
         ("imitation_teacher", "dp-optimal", 'expected one of .*, got a string "dp-optimal"'),
         ("imitation_learning_rate", 0, "expected a number > 0, got 0"),
         ("imitation_learning_rate", "fast", 'expected a number > 0, got a string "fast"'),
+        ("imitation_dagger_updates", -2, "expected an integer >= 0, got -2"),
+        ("imitation_student_share", 1.01, r"expected a number in \[0, 1\], got 1.01"),
+        ("imitation_student_share", -0.5, r"expected a number in \[0, 1\], got -0.5"),
     ],
 )
 def test_bad_warm_start_fields_are_refused_naming_the_field(field, value, allowed):

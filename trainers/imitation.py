@@ -1,42 +1,84 @@
-"""Warm start by imitation of a tuned classical policy (the teacher), before the paper's first update
-(issue 11, section 3; not part of the paper: `imitation_updates` = 0, the default, runs none of this).
+"""Warm start by imitation of a teacher policy, before the paper's first update (issue 11, section 3, and
+issue 24, section 2; not part of the paper: `imitation_updates` = 0, the default, runs none of this).
 
-One imitation update: the teacher's B rollouts continue T_roll steps from where the previous update left
-them, and the three networks are fitted on those B T_roll states by
+A teacher is a policy found by name (`teacher_policy`): a Policy (state, instance) -> (Y, Q) whose Q is its
+proposal for every item of every state, also where Y = 0 (a classical policy's Q = clip(S - IP, 0, qbar), the
+decomposition lookahead's y_i* - x_i where item i gains, clipped to [0, qbar_i]); the placed order is Y Q, so
+the proposal is a target wherever the student is asked for one.
+
+One imitation update: B rollouts continue T_roll steps from where the previous update left them, and the
+three networks are fitted on those B T_roll states by
   open      binary cross-entropy of the open logit (eq. order_head) against the teacher's Y;
   quantity  squared error of the fraction (eq. quantity_head) against Q_teacher / qbar, on every item of
-            every state (Q_teacher = clip(S - IP, 0, qbar) is the teacher's proposal even where Y = 0);
-  critic    0.5 (V(s_t) - G_t)^2 (eq. value_head) with G_t = sum_k gamma^k C_{t+k} / c_ref the teacher's
-            discounted cost-to-go in the units of eq. (cost_normalization), simulated `lookahead` steps past
-            the last state of the update and truncated there (gamma^k <= TAIL: at most 1% of the tail's value).
+            every state;
+  critic    0.5 (V(s_t) - G_t)^2 (eq. value_head) with G_t = sum_k gamma^k C_{t+k} / c_ref the discounted
+            cost-to-go of the policy that acts, in the units of eq. (cost_normalization), simulated `lookahead`
+            steps past the last state of the update and truncated there (gamma^k <= TAIL: at most 1% of the
+            tail's value).
+In a plain update the teacher acts. In a DAgger update (Ross et al. 2011) a `StudentMix` acts: in each row and
+step the student's greedy decision with probability `share`, else the teacher's; the teacher labels every
+state the rollout visits, so the student learns what the teacher would do in the states its own mistakes
+lead to, and the critic learns the cost-to-go of the mix (the student's own at share 1).
 The three networks have disjoint parameters, so the sum of the three losses trains each on its own loss.
 
-The teacher's rollouts draw their exogenous steps for the whole batch (trainers.streams), so the phase does
-not depend on the number of workers (to float reduction).
+The rollouts draw their exogenous steps, and a mix its uniforms, for the whole batch (trainers.streams), so
+the phase does not depend on the number of workers (to float reduction).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from envs.classical import POLICY_NAMES
+from envs.classical import POLICY_NAMES, tuned_policy
 from envs.dynamics import State, step
-from envs.evaluation import Policy
+from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
-from envs.instance import TensorInstance
+from envs.instance import Instance, TensorInstance
+from envs.lookahead import NAME as LOOKAHEAD
+from solver_workers.lookahead import lookahead_policy
 from trainers.networks import ThreeNetworks
 from trainers.streams import exogenous_step
 
-TEACHERS = tuple(name for name in POLICY_NAMES if name != "zero")
-"""The classical policies a run may imitate (envs.classical.tuned_policy resolves each name)."""
+TEACHERS = (*(name for name in POLICY_NAMES if name != "zero"), LOOKAHEAD)
+"""The policies a run may imitate (`teacher_policy` resolves each name)."""
 TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
+
+
+def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
+    """(policy, parameters for the record) of the teacher `name` (TEACHERS) on `source`, as it is evaluated: a
+    classical family tuned on the training paths for the evaluation horizon (envs.classical.tuned_policy), or
+    the decomposition lookahead in its stationary form (solver_workers.lookahead: the rollouts of a warm start
+    run for more periods than any finite table has; its threshold tuned on the training paths)."""
+    if name == LOOKAHEAD:
+        return lookahead_policy(source, EVAL_HORIZON, device, form="stationary", progress=progress)
+    return tuned_policy(source, name, EVAL_HORIZON, device=device, progress=progress)
+
+
+@dataclass
+class StudentMix:
+    """The policy that acts in a DAgger update: per row and step the student's decision (its greedy policy,
+    trainers.policy.LearnedPolicy) with probability `share`, else the teacher's. The uniforms are drawn for the
+    whole batch from `generator` (the rollout stream's), this rank keeping its `rows`."""
+
+    student: Policy
+    share: float
+    generator: torch.Generator
+    rows: slice
+
+    def act(self, state: State, instance: TensorInstance, teacher_open: torch.Tensor, teacher_quantity: torch.Tensor, batch: int):
+        """The executed (Y, Q) of this rank's rows, given the teacher's decision on them; `batch`: the whole batch's B."""
+        uniform = torch.rand(batch, generator=self.generator, device=state.inv.device, dtype=state.inv.dtype)[self.rows]
+        student_open, student_quantity = self.student(state, instance)
+        student = uniform < self.share
+        return torch.where(student, student_open, teacher_open), torch.where(student[:, None], student_quantity, teacher_quantity)
 
 
 def lookahead(gamma: float) -> int:
@@ -55,12 +97,20 @@ class TeacherSteps(NamedTuple):
 
 
 def teacher_rollout(
-    teacher: Policy, instance: TensorInstance, state: State, factor: torch.Tensor, stream: FactorDemandStream, steps: int, rows: slice
+    teacher: Policy,
+    instance: TensorInstance,
+    state: State,
+    factor: torch.Tensor,
+    stream: FactorDemandStream,
+    steps: int,
+    rows: slice,
+    mix: StudentMix | None = None,
 ) -> tuple[TeacherSteps, State, torch.Tensor]:
-    """`steps` steps of the teacher from `state` (this rank's `rows`; `factor` is F_t of the whole batch), then
-    `lookahead` more steps whose costs complete the cost-to-go. Returns the steps' states and targets, and the
-    state (rows) and factor (whole batch) after `steps` steps: the stream and the teacher's clock are left there
-    too, so the next call draws the lookahead's steps again as its own."""
+    """`steps` steps from `state` (this rank's `rows`; `factor` is F_t of the whole batch), then `lookahead` more
+    steps whose costs complete the cost-to-go; the teacher acts, or `mix` does (a DAgger update), and the
+    teacher labels every state. Returns the steps' states and targets, and the state (rows) and factor (whole
+    batch) after `steps` steps: the stream and the teacher's clock are left there too, so the next call draws
+    the lookahead's steps again as its own."""
     gamma, total = instance.gamma, steps + lookahead(instance.gamma)
     items, globs, opens, fractions, costs = [], [], [], [], []
     policy = teacher
@@ -75,6 +125,8 @@ def teacher_rollout(
                 globs.append(global_token(instance, state))
                 opens.append(open_order)
                 fractions.append(quantity / instance.qbar)
+            if mix is not None:
+                open_order, quantity = mix.act(state, instance, open_order, quantity, factor.shape[0])
             demand, factor = exogenous_step(stream, factor, rows)
             state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
             costs.append(cost / instance.c_ref)

@@ -15,10 +15,11 @@ exogenous steps and open-decision uniforms from the common streams and keeps its
 and a checkpoint holds the whole batch's rollout state. So 1 and W workers give the same curve (to float reduction), and a
 checkpoint resumes on any W that divides B.
 
-Optional warm start (not the paper's; `imitation_updates` > 0): before update 1, `warm_start` makes that
-many supervised updates imitating a tuned classical policy (trainers.imitation), with its own Adam at a
-constant `imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as
-without it. It keeps the world-size invariance: every rank tunes the same teacher (tuning is deterministic),
+Optional warm start (not the paper's; `imitation_updates` or `imitation_dagger_updates` > 0): before update 1,
+`warm_start` makes that many supervised updates imitating a teacher policy (trainers.imitation), first on the
+teacher's own states, then (DAgger) on states the student visits, with its own Adam at a constant
+`imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as without
+it. It keeps the world-size invariance: every rank builds the same teacher (tuning is deterministic),
 simulates its rows of the teacher's rollouts from a common stream, and the gradients are averaged; at its
 end every rank takes rank 0's weights.
 """
@@ -35,18 +36,18 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 from torch.func import functional_call
+from tqdm.auto import tqdm
 
-from envs.classical import tuned_policy
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
-from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
-from trainers.imitation import TEACHERS, imitation_losses, teacher_rollout
+from trainers.imitation import TEACHERS, StudentMix, imitation_losses, teacher_policy, teacher_rollout
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
+from trainers.policy import LearnedPolicy
 from trainers.run import MethodRun, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
 
@@ -76,9 +77,15 @@ class TrainConfig(TrainerConfig):
     imitation_updates: int = 0
     """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
     imitation_teacher: str = "classical-best"
-    """The classical policy imitated (trainers.imitation.TEACHERS), tuned on the training instance as for evaluation."""
+    """The policy imitated (trainers.imitation.TEACHERS), built on the training instance as for evaluation."""
     imitation_learning_rate: float = 1e-3
     """The warm start's constant Adam learning rate, > 0."""
+    imitation_dagger_updates: int = 0
+    """DAgger updates after the `imitation_updates` (>= 0; 0: none): the rollouts go on with the student acting
+    (greedy) in each row and step with probability `imitation_student_share`, else the teacher, and the teacher
+    labels every visited state (trainers.imitation)."""
+    imitation_student_share: float = 1.0
+    """In a DAgger update, the probability that the student's decision is the one executed, in [0, 1]."""
     initial_weights: str = ""
     """A checkpoint whose network weights the run starts from (a fine-tune; "" = a fresh network): the same
     method and network shape; an OR-Transformer's may come from any n, an HPO network only from the same n."""
@@ -95,6 +102,8 @@ class TrainConfig(TrainerConfig):
         self.require_int("imitation_updates", 0)
         self.require_choice("imitation_teacher", TEACHERS)
         self.require_real("imitation_learning_rate", 0, low_open=True)
+        self.require_int("imitation_dagger_updates", 0)
+        self.require_real("imitation_student_share", 0, 1)
         if not isinstance(self.initial_weights, str):
             raise ConfigError(f"config field 'initial_weights': expected a checkpoint path or '', got {self.initial_weights!r}")
 
@@ -309,28 +318,34 @@ class PathwiseTrainer:
         """What the warm start did (teacher, final losses, seconds), once it is done; part of the checkpoint."""
 
     def warm_start_due(self) -> bool:
-        return self.config.imitation_updates > 0 and self.warm_start_record is None
+        return self.config.imitation_updates + self.config.imitation_dagger_updates > 0 and self.warm_start_record is None
 
-    def warm_start(self, source: Instance) -> dict[str, Any]:
+    def warm_start(self, source: Instance, progress: bool = False) -> dict[str, Any]:
         """The warm start (module docstring) on `source`, the instance this trainer's tensors come from (the
-        teacher is tuned on it); every rank calls it (collectives). Returns and keeps its record: the teacher
-        and its parameters, the last update's losses and greedy agreement (before that update's step), seconds."""
+        teacher is built on it); every rank calls it (collectives); `progress`: the teacher's tuning and the
+        updates as progress bars. Returns and keeps its record: the teacher and its parameters, the last update's
+        losses and greedy agreement (before that update's step), seconds."""
         config, instance = self.config, self.instance
         if not self.warm_start_due():
             raise RuntimeError(
-                f"no warm start is due: config field 'imitation_updates' is {config.imitation_updates}, done: "
-                f"{self.warm_start_record is not None}"
+                f"no warm start is due: config fields 'imitation_updates' {config.imitation_updates} and "
+                f"'imitation_dagger_updates' {config.imitation_dagger_updates}, done: {self.warm_start_record is not None}"
             )
         started = time.perf_counter()
-        teacher, parameters = tuned_policy(source, config.imitation_teacher, EVAL_HORIZON, device=instance.device)
+        teacher, parameters = teacher_policy(source, config.imitation_teacher, device=instance.device, progress=progress)
         tuning_seconds = time.perf_counter() - started
         stream = FactorDemandStream(instance, config.batch, seed=stream_seed(config.seed, TEACHER_STREAM))
         factor = stream.initial_factor()
         state = initial_state(instance, factor[self.rows])
         optimizer = torch.optim.Adam(self.model.parameters(), lr=config.imitation_learning_rate, eps=config.adam_eps)
         _, world = rank_and_world()
-        for _ in range(config.imitation_updates):
-            batch, state, factor = teacher_rollout(teacher, instance, state, factor, stream, config.rollout, self.rows)
+        mix = StudentMix(LearnedPolicy(self.model, "greedy"), config.imitation_student_share, stream.generator, self.rows)
+        self.model.train()  # LearnedPolicy set eval mode (no dropout anywhere: the same network either way)
+        plain, total = config.imitation_updates, config.imitation_updates + config.imitation_dagger_updates
+        for update in tqdm(range(total), desc=f"warm start: imitate {config.imitation_teacher}", disable=not progress):
+            batch, state, factor = teacher_rollout(
+                teacher, instance, state, factor, stream, config.rollout, self.rows, mix=None if update < plain else mix
+            )
             loss = imitation_losses(self.model, batch)
             self._gradient_step(optimizer, loss.total)
         if world > 1:
@@ -339,6 +354,8 @@ class PathwiseTrainer:
         final = (_global_sum(torch.stack([value.detach().double() for value in loss[1:]])) / world).tolist()
         self.warm_start_record = {
             "updates": config.imitation_updates,
+            "dagger_updates": config.imitation_dagger_updates,
+            "student_share": config.imitation_student_share,
             "teacher": config.imitation_teacher,
             "teacher_parameters": parameters,
             **dict(zip(("open_loss", "quantity_loss", "critic_loss", "open_agreement"), final)),
@@ -351,7 +368,9 @@ class PathwiseTrainer:
         """One update; returns its metrics, averaged over the ranks (cost10 is the rollouts' mean discounted cost
         sum_{t<T} gamma^t C_t)."""
         if self.warm_start_due():
-            raise RuntimeError("config field 'imitation_updates' is > 0: call warm_start(instance) before the first update")
+            raise RuntimeError(
+                "config field 'imitation_updates' or 'imitation_dagger_updates' is > 0: call warm_start(instance) before the first update"
+            )
         config, gamma = self.config, self.instance.gamma
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, self.update)
@@ -453,10 +472,10 @@ class PathwiseRun(MethodRun):
     def warm_start_record(self) -> dict[str, Any] | None:
         return self.trainer.warm_start_record
 
-    def warm_start(self) -> bool:
+    def warm_start(self, progress: bool = False) -> bool:
         if not self.trainer.warm_start_due():
             return False
-        self.trainer.warm_start(self.instance)
+        self.trainer.warm_start(self.instance, progress)
         return True
 
     def step(self) -> dict[str, float]:

@@ -426,8 +426,9 @@ class MethodRun(ABC):
     def update(self) -> int:
         """Updates done (the next one is update + 1)."""
 
-    def warm_start(self) -> bool:
-        """Make the warm start when one is due (before the run's first update); returns whether it did."""
+    def warm_start(self, progress: bool = False) -> bool:
+        """Make the warm start when one is due (before the run's first update), with progress bars if `progress`;
+        returns whether it did."""
         return False
 
     @abstractmethod
@@ -486,7 +487,8 @@ def continue_run(
     if start.ended is not None:
         return start.ended
     method.build(out, start.checkpoint)
-    warm_started = method.warm_start()  # before any file: an interruption here leaves the folder as the last attempt left it
+    # before any file: an interruption here leaves the folder as the last attempt left it
+    warm_started = method.warm_start(progress and method.lead)
     attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]
     recorder: Recorder
     if method.lead:

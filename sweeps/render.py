@@ -29,6 +29,7 @@ import numpy as np
 import yaml
 
 from envs.instance import atomic_write, atomic_write_text
+from solver_workers.decomposition import certificate_note
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
 from trainers.registry import METHODS
@@ -124,7 +125,8 @@ def cost_table(report: Report) -> Table:
             table.notes.append(
                 f"decomposition-bound at n = {n}: its cell is its relaxed policies' simulated cost on these episodes; its DP value "
                 f"is {s['dp_value']:,.1f} at the best split, conservatively {s['conservative_value']:,.1f} (equal shares: "
-                f"{s['equal_shares']['value']:,.1f}, conservatively {s['equal_shares']['conservative']:,.1f})."
+                f"{s['equal_shares']['value']:,.1f}, conservatively {s['equal_shares']['conservative']:,.1f})"
+                + (f"; {certificate_note(s['search'])}." if "search" in s else ".")
             )
     table.notes += report.notes
     return table

@@ -104,3 +104,87 @@ def reachable(family, address: str, scope: int, port: int) -> bool:
             return True
         except OSError:
             return False
+
+
+GATE_SITECUSTOMIZE = '''
+"""A test's gate in a child Python process (tests/helpers.py Gate): stop at one point of the program, create
+the marker file, then wait until the test opens the FIFO for writing and closes it."""
+import importlib.abc
+import os
+import sys
+
+
+def _wait_at_the_gate():
+    open(os.environ["TEST_GATE_MARKER"], "w").close()
+    with open(os.environ["TEST_GATE_FIFO"]) as fifo:  # blocks until the test opens the other end
+        fifo.read()
+
+
+class _BeforeImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["TEST_GATE_BEFORE_IMPORT"]:
+            sys.meta_path.remove(self)
+            _wait_at_the_gate()
+        return None
+
+
+if os.environ.get("TEST_GATE_BEFORE_IMPORT"):
+    sys.meta_path.insert(0, _BeforeImport())
+if os.environ.get("TEST_GATE_AFTER_CALL"):
+    import importlib
+
+    _module, _name = os.environ["TEST_GATE_AFTER_CALL"].split(":")
+    _module = importlib.import_module(_module)
+    _original = getattr(_module, _name)
+
+    def _gated(*args, **kwargs):
+        global _gated_once
+        result = _original(*args, **kwargs)
+        if not _gated_once:
+            _gated_once = True
+            _wait_at_the_gate()
+        return result
+
+    _gated_once = False
+    setattr(_module, _name, _gated)
+'''
+
+
+class Gate:
+    """Stops a child Python process at a known point, so that a test acts on an event rather than at a moment:
+    before it imports `before_import`, or after the first return of `after_call` ("module:function", patched
+    before the program imports it). The child creates `marker` there and waits until `release()`. A signal
+    that arrives at the gate is handled there (Python runs its handlers while the child waits in open())."""
+
+    def __init__(self, folder: Path, before_import: str | None = None, after_call: str | None = None):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "sitecustomize.py").write_text(GATE_SITECUSTOMIZE)
+        self.marker, self.fifo = folder / "at-the-gate", folder / "gate.fifo"
+        os.mkfifo(self.fifo)
+        path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+        self.env = {
+            "PYTHONPATH": path,
+            "TEST_GATE_MARKER": str(self.marker),
+            "TEST_GATE_FIFO": str(self.fifo),
+            "TEST_GATE_BEFORE_IMPORT": before_import or "",
+            "TEST_GATE_AFTER_CALL": after_call or "",
+        }
+
+    def wait(self, process, timeout: float = 120.0) -> None:
+        """Until the child is at the gate (it must not end before)."""
+        end = time.monotonic() + timeout
+        while not self.marker.exists():
+            assert process.poll() is None, f"the child ended (status {process.returncode}) before it reached the gate"
+            assert time.monotonic() < end, "the child did not reach the gate"
+            time.sleep(0.01)
+
+    def release(self, timeout: float = 60.0) -> None:
+        """Let the child past the gate (it may be between a signal handler and its next open() of the FIFO)."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+                return
+            except OSError:  # ENXIO: no reader at this instant
+                assert time.monotonic() < end, "the child never waited at the gate again"
+                time.sleep(0.01)

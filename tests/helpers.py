@@ -107,9 +107,10 @@ def reachable(family, address: str, scope: int, port: int) -> bool:
 
 
 GATE_SITECUSTOMIZE = '''
-"""A test's gate in a child Python process (tests/helpers.py Gate): stop at one point of the program, create
-the marker file, then wait until the test opens the FIFO for writing and closes it."""
+"""A test's gate in a child Python process (tests/helpers.py Gate): at one point of the program, create the
+marker file, then wait until the test opens the FIFO for writing."""
 import importlib.abc
+import importlib.util
 import os
 import sys
 
@@ -128,35 +129,63 @@ class _BeforeImport(importlib.abc.MetaPathFinder):
         return None
 
 
-if os.environ.get("TEST_GATE_BEFORE_IMPORT"):
-    sys.meta_path.insert(0, _BeforeImport())
-if os.environ.get("TEST_GATE_AFTER_CALL"):
-    import importlib
+def _gate_calls(module, qualname, where, count):
+    *path, name = qualname.split(".")
+    owner = module
+    for part in path:
+        owner = getattr(owner, part)
+    original, calls = getattr(owner, name), [0]
 
-    _module, _name = os.environ["TEST_GATE_AFTER_CALL"].split(":")
-    _module = importlib.import_module(_module)
-    _original = getattr(_module, _name)
-
-    def _gated(*args, **kwargs):
-        global _gated_once
-        result = _original(*args, **kwargs)
-        if not _gated_once:
-            _gated_once = True
+    def gated(*args, **kwargs):
+        calls[0] += 1
+        if where == "before" and calls[0] == count:
+            _wait_at_the_gate()
+        result = original(*args, **kwargs)
+        if where == "after" and calls[0] == count:
             _wait_at_the_gate()
         return result
 
-    _gated_once = False
-    setattr(_module, _name, _gated)
+    setattr(owner, name, gated)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches the module when the program imports it (other processes that share the environment, such as
+    Ray's own, import nothing more)."""
+
+    def __init__(self, module, qualname, where, count):
+        self.module, self.args = module, (qualname, where, int(count))
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.module:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        execute = spec.loader.exec_module
+
+        def exec_module(module):
+            execute(module)
+            _gate_calls(module, *self.args)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if os.environ.get("TEST_GATE_BEFORE_IMPORT"):
+    sys.meta_path.insert(0, _BeforeImport())
+if os.environ.get("TEST_GATE_CALL"):
+    sys.meta_path.insert(0, _PatchOnImport(*os.environ["TEST_GATE_CALL"].split(":")))
 '''
 
 
 class Gate:
     """Stops a child Python process at a known point, so that a test acts on an event rather than at a moment:
-    before it imports `before_import`, or after the first return of `after_call` ("module:function", patched
-    before the program imports it). The child creates `marker` there and waits until `release()`. A signal
-    that arrives at the gate is handled there (Python runs its handlers while the child waits in open())."""
+    before it imports `before_import`, or at `call` = ("module:qualname", "before" | "after", k): before the k-th
+    call of that function or after its k-th return (patched as the program imports its module). The
+    child creates `marker` there and waits until `release()`. A signal that arrives at the gate is handled there
+    (Python runs its handlers while the child waits in open()). `env` is what the child needs in its environment
+    (also as a Ray actor's runtime_env env_vars)."""
 
-    def __init__(self, folder: Path, before_import: str | None = None, after_call: str | None = None):
+    def __init__(self, folder: Path, before_import: str | None = None, call: tuple[str, str, int] | None = None):
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "sitecustomize.py").write_text(GATE_SITECUSTOMIZE)
         self.marker, self.fifo = folder / "at-the-gate", folder / "gate.fifo"
@@ -167,14 +196,14 @@ class Gate:
             "TEST_GATE_MARKER": str(self.marker),
             "TEST_GATE_FIFO": str(self.fifo),
             "TEST_GATE_BEFORE_IMPORT": before_import or "",
-            "TEST_GATE_AFTER_CALL": after_call or "",
+            "TEST_GATE_CALL": ":".join(map(str, call)) if call else "",
         }
 
-    def wait(self, process, timeout: float = 120.0) -> None:
-        """Until the child is at the gate (it must not end before)."""
+    def wait(self, process=None, timeout: float = 120.0) -> None:
+        """Until the child is at the gate (a subprocess.Popen `process` must not end before)."""
         end = time.monotonic() + timeout
         while not self.marker.exists():
-            assert process.poll() is None, f"the child ended (status {process.returncode}) before it reached the gate"
+            assert process is None or process.poll() is None, f"the child ended (status {process.returncode}) before it reached the gate"
             assert time.monotonic() < end, "the child did not reach the gate"
             time.sleep(0.01)
 

@@ -219,7 +219,7 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
     }
     argv = [sys.executable, str(ROOT / "platform" / "train.py"), *[part for flag in flags.items() for part in flag]]
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny tensors: the same numbers, and no thread contention on a busy machine
-    gate = Gate(tmp_path / "gate", after_call="trainers.checkpoint:save_checkpoint")  # the child waits after its first checkpoint
+    gate = Gate(tmp_path / "gate", call=("trainers.checkpoint:save_checkpoint", "after", 1))  # the child waits after its first checkpoint
     with open(log, "w") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env={**one_thread, **gate.env})
         try:

@@ -116,7 +116,10 @@ import sys
 
 
 def _wait_at_the_gate():
-    open(os.environ["TEST_GATE_MARKER"], "w").close()
+    try:  # the gate holds the first process that reaches it, once
+        open(os.environ["TEST_GATE_MARKER"], "x").close()
+    except FileExistsError:
+        return
     with open(os.environ["TEST_GATE_FIFO"]) as fifo:  # blocks until the test opens the other end
         fifo.read()
 
@@ -178,12 +181,12 @@ if os.environ.get("TEST_GATE_CALL"):
 
 
 class Gate:
-    """Stops a child Python process at a known point, so that a test acts on an event rather than at a moment:
-    before it imports `before_import`, or at `call` = ("module:qualname", "before" | "after", k): before the k-th
-    call of that function or after its k-th return (patched as the program imports its module). The
-    child creates `marker` there and waits until `release()`. A signal that arrives at the gate is handled there
-    (Python runs its handlers while the child waits in open()). `env` is what the child needs in its environment
-    (also as a Ray actor's runtime_env env_vars)."""
+    """Stops a child Python process at a known point, so that a test acts on an event rather than at a moment.
+    The first process sharing `env` that gets there waits (the gate holds once): before it imports
+    `before_import`, or at `call` = ("module:qualname", "before" | "after", k), before the k-th call of that
+    function or after its k-th return (patched as the program imports its module). It creates `marker` and waits
+    until `release()`. A signal that arrives at the gate is handled there (Python runs its handlers while the
+    process waits in open()). `env` goes into the child's environment (or a Ray actor's runtime_env env_vars)."""
 
     def __init__(self, folder: Path, before_import: str | None = None, call: tuple[str, str, int] | None = None):
         folder.mkdir(parents=True, exist_ok=True)

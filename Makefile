@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run cluster-demo test test-all lint format bench gpu-check clean
+.PHONY: setup run cluster-demo test test-all test-portability lint format bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -41,6 +41,18 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The numeric tests (DP, decomposition, simulator, policies, decisions) under other kernels than this CPU's defaults:
+# each OpenBLAS core type, each ATen CPU capability, and 1 and 2 torch threads, one setting changed at a time
+# (docs/benchmarks.md: which pass and how long they take).
+NUMERIC_TESTS := tests/test_dp_optimal.py tests/test_decomposition.py tests/test_dynamics.py tests/test_classical.py \
+	tests/test_policy_fast.py tests/test_decide.py
+PORTABILITY := OPENBLAS_CORETYPE=Haswell OPENBLAS_CORETYPE=SkylakeX OPENBLAS_CORETYPE=Sandybridge \
+	ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2
+
+test-portability: $(STAMP)
+	set -e; for setting in $(PORTABILITY); do echo "== $$setting"; env $$setting $(BIN)/python -m pytest -m "not slow" -q $(NUMERIC_TESTS); done; \
+	for threads in 1 2; do echo "== --torch-threads $$threads"; $(BIN)/python -m pytest -m "not slow" -q --torch-threads $$threads $(NUMERIC_TESTS); done
 
 # ruff (pyproject.toml [tool.ruff]): the lint rules and the formatter's check; `make format` applies the formatter
 lint: $(STAMP)

@@ -32,7 +32,7 @@ from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from envs.job_output import resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions
-from solver_workers.decomposition import DecompositionOptions
+from solver_workers.decomposition import DecompositionOptions, certificate_note
 from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.runs import bound_journal, decomposition_journal, run_bound, run_decomposition_bound
 
@@ -96,7 +96,8 @@ def main() -> None:
         print(
             f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
             f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
-            f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes"
+            f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes; "
+            f"{certificate_note(s['search'])}"
         )
         return
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)

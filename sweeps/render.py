@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from envs.instance import atomic_write, atomic_write_text
-from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, dp_figures
+from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
 from trainers.registry import METHODS
@@ -125,7 +125,8 @@ def cost_table(report: Report) -> Table:
             table.notes.append(
                 f"{DECOMPOSITION} at n = {n}: its cell is the {RELAXED_POLICIES}' simulated cost on these episodes, not the bound; "
                 f"the bound is its {figures} at the best split (equal shares: "
-                f"{dp_figures(s['equal_shares']['value'], s['equal_shares']['conservative'])})."
+                f"{dp_figures(s['equal_shares']['value'], s['equal_shares']['conservative'])})"
+                + (f"; {certificate_note(s['search'])}." if "search" in s else ".")
             )
     table.notes += report.notes
     return table

@@ -16,6 +16,23 @@ import torch
 from envs.instance import Instance, paper_instance
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of the test process (default: torch's own choice); `make test-portability` runs 1 and 2",
+    )
+
+
+def pytest_configure(config):
+    threads = config.getoption("--torch-threads")
+    if threads is not None:
+        if threads < 1:
+            raise pytest.UsageError(f"error: --torch-threads: expected an integer >= 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")

@@ -352,6 +352,7 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
         process = start_sweep(tmp_path, cluster, SWEEP)
         first = wait_for(lambda: len(journal(results)) >= 3 and journal(results)[-1], process, "the first MILP decisions")
         solver_node = first["node_name"]
+        solver_node_id = cluster.node(solver_node)["node_id"]
         cluster.send(f"kill {solver_node}")
         cluster.send("add")
         wait_for(
@@ -373,8 +374,12 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
     assert solver_node in nodes and len(nodes) >= 2  # decisions ran on the lost node and on the others
     attempts = pq.read_table(results / "attempts.parquet").to_pylist()
     retried = [a for a in attempts if a["outcome"] != "completed"]
+    killed = {solver_node_id, train_node_id}
     assert retried and all(a["outcome"] == LOST or a["outcome"].startswith("failed:") for a in retried), attempts
-    assert any(train_node_id in (a["train_node_ids"] + [a["node_id"]]) for a in retried), attempts  # the lost attempt names the lost node
+    # every attempt that did not complete ran on a killed node (a failure of another cause on a live node fails
+    # here), and the loss of the Train worker's node is one of them
+    assert all(killed & {*a["train_node_ids"], a["node_id"]} for a in retried), attempts
+    assert any(train_node_id in (a["train_node_ids"] + [a["node_id"]]) for a in retried), attempts
     assert len([a for a in attempts if a["outcome"] == "completed"]) == 2
     for seed in (0, 1):
         training = json.loads((results / "trials" / f"hpo-n1-s{seed}" / "training.json").read_text())

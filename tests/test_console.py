@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import ROOT
-from test_ray_session import descendants, is_loopback, listeners_of
+from helpers import descendants, is_loopback, listeners_of
 
 from sweeps import console
 

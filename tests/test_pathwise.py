@@ -95,19 +95,14 @@ def test_same_seed_gives_the_same_curve_and_other_seeds_differ():
     assert costs[0] == costs[1] and costs[0] != costs[2]
 
 
-CLOSE_TO_CLASSICAL_BEST = {"or-transformer": 1.03, "hpo": 1.15}
-"""How far above tuned classical-best's cost the tiny training ends at most, per method (see the test)."""
+BROKEN = {"or-transformer": "quantity_fraction", "hpo": "open_logit"}
+"""Per method, the network output whose gradient the broken control of the tiny training drops (see the test)."""
 
 
-@pytest.mark.parametrize("method", ["or-transformer", "hpo"])
-def test_tiny_training_comes_close_to_classical_best(method, tuned):
-    """120 updates at n = 1 bring the greedy policy close to tuned classical-best on the same 32 held-out paths:
-    measured here 1.004 x classical-best's cost for OR-Transformer, 1.102 x for HPO. A broken gradient misses the
-    margin: OR-Transformer with the quantity head's output detached ends at 1.061 x; HPO with the opening head's
-    output detached at 23 x. (HPO learns mostly the opening in 120 updates: with its quantity head detached it
-    ends at 1.099 x, inside its margin; the pathwise gradient itself is checked by finite differences above.)"""
+def tiny_training_cost(method: str, instance, paths, broken: str | None = None) -> float:
+    """The greedy policy's mean cost on `paths` after 120 updates at n = 1 (seed 0); with `broken`, that network
+    output detached during training (its gradient lost)."""
     torch.manual_seed(0)
-    instance = paper_instance(1, 0)
     inst = instance.to_torch()
     cfg = TrainConfig(
         method=method,
@@ -124,12 +119,32 @@ def test_tiny_training_comes_close_to_classical_best(method, tuned):
         final_learning_rate=1e-4,
     )
     trainer = PathwiseTrainer(cfg, inst)
+    if broken is not None:
+        output = getattr(trainer.model, broken)
+        setattr(trainer.model, broken, lambda *args, **kwargs: output(*args, **kwargs).detach())
     for _ in range(cfg.updates):
         trainer.step()
+    if broken is not None:
+        delattr(trainer.model, broken)
+    return evaluate(LearnedPolicy(trainer.model, "greedy"), inst, paths).mean
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["or-transformer", "hpo"])
+def test_tiny_training_comes_close_to_classical_best(method, tuned):
+    """120 updates at n = 1 bring the greedy policy close to tuned classical-best on the same 32 held-out paths,
+    much closer than the same training with the gradient of one network output dropped (its broken control, in
+    the same test, so the margin belongs to the method, not to one float32 trajectory): measured on this
+    project's machine 1.004 x classical-best's cost for OR-Transformer against 1.061 x with the quantity head's
+    output detached, and 1.102 x for HPO against 23 x with the opening head's output detached. The honest run
+    must close at least half of the broken control's distance to classical-best. (HPO learns mostly the opening
+    in 120 updates; the pathwise gradient itself is checked by finite differences above.)"""
+    instance = paper_instance(1, 0)
     paths = sample_paths(instance, 99, 32, 50)
-    learned = evaluate(LearnedPolicy(trainer.model, "greedy"), inst, paths).mean
-    classical_best = evaluate(tuned(instance, "classical-best", 50)[0], inst, paths).mean
-    assert learned < CLOSE_TO_CLASSICAL_BEST[method] * classical_best, learned / classical_best
+    classical_best = evaluate(tuned(instance, "classical-best", 50)[0], instance.to_torch(), paths).mean
+    honest = tiny_training_cost(method, instance, paths) / classical_best
+    broken = tiny_training_cost(method, instance, paths, BROKEN[method]) / classical_best
+    assert broken > 1.02 and honest - 1 < 0.5 * (broken - 1), (honest, broken)
 
 
 def test_divergence_is_detected():

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import TINY, run_script
+from conftest import ROOT, TINY, run_script
 
 from envs.classical import make_policy, zero_policy
 from envs.errors import InputError
@@ -357,18 +357,43 @@ def test_reference_lines_are_the_first_ten_held_out_decisions(report):
     assert "milp-short" not in report.references[4] and any("milp-short at n = 4: no reference line" in n for n in report.reference_notes)
 
 
-def test_decision_time_against_the_milp(report):
-    rows = {(r["n"], r["column"]): r for r in report.timings}
+def test_decision_time_against_the_milp(results, report, monkeypatch):
+    """Each learned policy is timed on one state and on the held-out batch, and the table divides each MILP's
+    build + solve seconds by the one-state time. The timer is replaced by one that answers 2 ms for a call on one
+    state and 50 ms for the batch, so the cells are known: 2.5 s / 2 ms = 1,250x at n = 1. Breaks if the two
+    timings are swapped or the ratio is inverted or taken against the batch."""
+    assert all(r["one_state"] > 0 for r in report.timings if not r["absent"])  # the real timer ran
+
+    def timer(call, device):
+        open_order, _ = call()
+        return 0.002 if len(open_order) == 1 else 0.05
+
+    monkeypatch.setattr(rp, "timed", timer)
+    timed_report = rp.build_report(results)
+    rows = {(r["n"], r["column"]): r for r in timed_report.timings}
     assert set(rows) == {(1, "or-transformer"), (1, "hpo"), (4, "or-transformer"), (4, "hpo")}
     assert rows[(4, "hpo")]["absent"] == "failed (3 of 3 seeds)" and rows[(4, "hpo")]["one_state"] is None
     for key in ((1, "or-transformer"), (1, "hpo"), (4, "or-transformer")):
-        assert math.isfinite(rows[key]["one_state"]) and rows[key]["one_state"] > 0 and rows[key]["batch_size"] == EPISODES
+        assert rows[key]["one_state"] == 0.002 and rows[key]["batch"] == 0.05 and rows[key]["batch_size"] == EPISODES
     assert report.milp_times[1] == {"milp-highs": pytest.approx(2.5)}  # solve 2.0 + build 0.5
     assert report.milp_times[4] == {"milp-highs": pytest.approx(5.0), "milp-short": pytest.approx(5.0)}  # mean of 3 and 5, + 1
-    table = rn.decision_table(report)
+    table = rn.decision_table(timed_report)
     row = next(r for r in table.rows if r[:2] == ["1", "HPO"])
-    assert row[4] == "2.5 s"
-    assert row[5] == rn.ratio(2.5 / rows[(1, "hpo")]["one_state"])
+    assert row[2:6] == ["2 ms", f"50 ms ({EPISODES} states)", "2.5 s", "1,250x"]
+
+
+def test_decision_timer_takes_the_median_of_its_repeats_after_one_warm_up(monkeypatch):
+    """A clock that each call advances by a known duration: the warm-up (100 s) is not counted and the result is
+    the median of the REPEATS timed calls. Breaks with a mean, a counted warm-up or a lost repeat."""
+    durations = iter([100.0, 1.0, 2.0, 9.0, 3.0, 4.0, 8.0, 7.0])
+    clock = [0.0]
+    monkeypatch.setattr(rp.time, "perf_counter", lambda: clock[0])
+
+    def call():
+        clock[0] += next(durations)
+
+    assert rp.REPEATS == 7 and rp.timed(call, "cpu") == 4.0
+    assert next(durations, None) is None
 
 
 class Page(HTMLParser):
@@ -570,3 +595,84 @@ def test_milp_seconds_per_decision_is_build_plus_solve_in_the_table_and_the_repo
     assert {(n, m): t for n, times in report.milp_times.items() for m, t in times.items()} == {
         k: v for k, v in table.items() if v is not None
     }
+
+
+def decomposition_report(tmp_path, monkeypatch):
+    """This module's synthetic results directory with a decomposition bound of hand-chosen per-episode costs 95 + D
+    (n = 1) and 390 + D (n = 4), DP value 96.0, conservatively 94.5; its report."""
+    from envs.exogenous import HELDOUT_SEED
+    from envs.results import write_evaluation
+    from sweeps import report as rp
+
+    monkeypatch.setitem(SWEEP, "baselines", {**SWEEP["baselines"], "decomposition": {"factor_points": 41, "coarse_points": 21}})
+    root = tmp_path / "results"
+    write_results(root)
+    figures = {
+        "dp_value": 96.0,
+        "conservative_value": 94.5,
+        "equal_shares": {"value": 93.0, "conservative": 91.0},
+        "cumulative_cost": [float(10 * (t + 1)) for t in range(HORIZON)],
+    }
+    for n, mean in ((1, 95.0), (4, 390.0)):
+        write_evaluation(
+            root / "baselines" / f"n{n}" / "decomposition-bound",
+            "decomposition-bound",
+            evaluation(mean, D),
+            HELDOUT_SEED,
+            {},
+            None,
+            {"kind": "lower-bound", **figures},
+            instance=paper_instance(n, 0),
+        )
+    return rp.build_report(root)
+
+
+def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkeypatch):
+    """decomposition_report: classical-best (110 + E) is 15 above the relaxed policies (95 + D) at n = 1,
+    E - D = [1, 0, 0, -1, 1, 0, 0, -1], so the 95% half-width is t(0.975, 7) sqrt(4 / 7) / sqrt(8) = 0.63197
+    (as in test_paired_comparisons_by_hand); 15 / 95 = 15.8%. The Figure 1 line is the bound's mean cumulative cost at the 10th decision."""
+    import csv
+
+    from sweeps import render as rn
+
+    report = decomposition_report(tmp_path, monkeypatch)
+    assert ("decomposition-bound", "bound") in report.columns and all(e.column != "decomposition-bound" for e in report.ranked(1))
+    gaps = {(r["n"], r["column"]): r for r in report.relaxed_differences}
+    ((_, classical),) = gaps[(1, "classical-best")]["paired"]
+    assert classical.mean_difference == pytest.approx(15.0) and classical.ci_high - 15.0 == pytest.approx(0.63197, abs=1e-5)
+    table = rn.relaxed_difference_table(report)
+    row = next(r for r in table.rows if r[0] == "1" and r[1] == "classical-best")
+    assert row[3] == "+15.00 (15.8%)" and row[4] == "+15.00 [+14.37, +15.63]"
+    assert report.references[1]["decomposition-bound"] == 100.0
+    assert any("the bound is its DP value 96.0, conservatively 94.5 at the best split" in note for note in rn.cost_table(report).notes)
+    rows = {(r["n"], r["column"]): r for r in csv.DictReader(rn.csv_text(report).splitlines())}
+    assert float(rows[("1", "classical-best")]["paired_difference_share"]) == pytest.approx(15.0 / 95.0)
+
+
+def test_the_page_the_csv_and_the_docs_give_the_paired_difference_one_definition(tmp_path, monkeypatch):
+    """The relaxed policies' paired difference and the bound (the DP value) are two figures, named by their definition
+    (solver_workers.decomposition.PAIRED_DIFFERENCE) in the page, in docs/methods.md, and with the same numbers in the
+    page and table.csv: catches the page calling the paired figure "how much any policy could still gain, at most"
+    while its DP value says otherwise (bad case 4 of issue 23), and a CSV column that holds another figure than the page."""
+    import csv
+    import html
+
+    from solver_workers.decomposition import PAIRED_DIFFERENCE
+    from sweeps import render as rn
+
+    report = decomposition_report(tmp_path, monkeypatch)
+    written = rn.write_report(report, tmp_path / "out")
+    page = html.unescape(written["index.html"].read_text())
+    assert PAIRED_DIFFERENCE in page and "could still gain" not in page
+    methods = " ".join((ROOT / "docs" / "methods.md").read_text().split())
+    assert PAIRED_DIFFERENCE in methods
+    rows = {(r["n"], r["column"]): r for r in csv.DictReader(written["table.csv"].read_text().splitlines())}
+    classical = rows[("1", "classical-best")]
+    assert float(classical["paired_difference_to_relaxed_policies"]) == pytest.approx(15.0)
+    assert (
+        classical["paired_difference_ci"] == "+15.00 [+14.37, +15.63]"
+        and classical["decomposition_bound"] == "DP value 96.0, conservatively 94.5"
+    )
+    row = next(r for r in rn.relaxed_difference_table(report).rows if r[:2] == ["1", "classical-best"])
+    assert row[3] == "+15.00 (15.8%)" and row[4] == classical["paired_difference_ci"] and row[7] == classical["decomposition_bound"]
+    assert all(f"<td>{cell}</td>" in page for cell in row)  # the page shows the table's row, numbers and bound alike

@@ -6,11 +6,22 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import Gate
 
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from solver_workers.backends import SolverOptions
-from solver_workers.pool import Journal, Pool, bound_identity, decision_key, episode_key, rolling_identity, run_bounds, run_rolling
+from solver_workers.pool import (
+    Journal,
+    Pool,
+    SolverWorker,
+    bound_identity,
+    decision_key,
+    episode_key,
+    rolling_identity,
+    run_bounds,
+    run_rolling,
+)
 from solver_workers.rolling import RollingOptions, decide
 
 FAST = RollingOptions(scenarios=2, plan_horizon=5, solver=SolverOptions(time_limit=10, gap=0.0))
@@ -72,17 +83,30 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path, ray_session):
 
 @pytest.mark.slow
 def test_killing_a_worker_mid_solve_loses_and_duplicates_nothing(tmp_path, ray_session):
+    """The worker is held (a gate in its process, tests/helpers.py) as it starts the second decision, after the
+    first is in the journal, and SIGKILLed there: the restarted actor solves that decision once, and the journal
+    holds each decision exactly once. Breaks if a task in flight on a dead worker is lost or recorded twice."""
     inst = paper_instance(4, 0)
-    slow = RollingOptions(scenarios=30, plan_horizon=30, solver=SolverOptions(time_limit=3.0, gap=0.0))
+    gate = Gate(tmp_path / "gate", call=("solver_workers.rolling:decide", "before", 2))
     pool = Pool(1)
+    pool.actors = [SolverWorker.options(runtime_env={"env_vars": gate.env}).remote()]
     pid = ray_session.get(pool.actors[0].pid.remote())
-    killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
+    journal = decisions(tmp_path / "k.jsonl", inst, 0)
+
+    seen = []
+
+    def kill_at_the_gate():
+        try:
+            gate.wait()
+            seen.append(sorted(journal.records))  # the first decision is in, the second in flight
+        finally:
+            os.kill(pid, signal.SIGKILL)  # also when the gate was not reached: the run must end either way
+
+    killer = threading.Thread(target=kill_at_the_gate)
     killer.start()
-    journal = decisions(tmp_path / "k.jsonl", inst, 0, slow)
-    try:
-        run_rolling(inst, sample_paths(inst, 0, 1, 2), slow, pool, journal)
-    finally:
-        killer.cancel()
+    run_rolling(inst, sample_paths(inst, 0, 1, 2), FAST, pool, journal)
+    killer.join()
+    assert seen == [[(0, 0)]]
     assert sorted(journal.records) == [(0, 0), (0, 1)]
     assert len((tmp_path / "k.jsonl").read_text().splitlines()) == 1 + 2
     assert ray_session.get(pool.actors[0].pid.remote()) != pid  # the actor was restarted

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import ROOT
+from helpers import Gate
 
 from envs.results import read_evaluation
 
@@ -38,7 +39,7 @@ SWEEP = {
 }
 
 
-def start(tmp_path, sweep: dict, *flags) -> subprocess.Popen:
+def start(tmp_path, sweep: dict, *flags, env: dict | None = None) -> subprocess.Popen:
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
     return subprocess.Popen(
         [
@@ -54,7 +55,7 @@ def start(tmp_path, sweep: dict, *flags) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
 
 
@@ -147,8 +148,9 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_anything(tmp_path):
 
 @pytest.mark.slow
 def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
-    """The trial's process is killed just after its first checkpoint (update 50 of 600); the retry's attempt
-    starts from a checkpoint's update (training.json's attempts), so it makes the remaining updates only."""
+    """The trial's process is killed while held (a gate, tests/helpers.py) just after its first checkpoint (update
+    50 of 600), however fast it trains; the retry's attempt starts from a checkpoint's update (training.json's
+    attempts), so it makes the remaining updates only."""
     results, updates, every = tmp_path / "results", 600, 50
     sweep = {
         **SWEEP,
@@ -156,14 +158,17 @@ def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
         "baselines": {"classical_best": False, "dp_optimal": False},
         "overrides": {"all": {**SWEEP["overrides"]["all"], "updates": updates}, "hpo": {"checkpoint_every": every, "imitation_updates": 0}},
     }
-    process = start(tmp_path, sweep)
+    gate = Gate(tmp_path / "gate", call=("trainers.checkpoint:save_checkpoint", "after", 1))  # the first process there waits
+    process = start(tmp_path, sweep, env=gate.env)
     folder = results / "trials" / "hpo-n1-s0"
-    end = time.time() + 300
-    while not (folder / "checkpoint.pt").exists() and process.poll() is None:
-        assert time.time() < end, "timed out"
-        time.sleep(0.02)
-    trial = [pid for pid, command in descendants(process.pid).items() if command.startswith("ray::ImplicitFunc")]  # Tune's trial actor
-    assert len(trial) == 1, descendants(process.pid)
+    gate.wait(process, timeout=300)
+    trial = []
+
+    def one_trial_process() -> bool:  # Tune's trial actor (the process held at the gate)
+        trial[:] = [pid for pid, command in descendants(process.pid).items() if command.startswith("ray::ImplicitFunc")]
+        return len(trial) == 1
+
+    wait_for(one_trial_process, timeout=120)
     os.kill(trial[0], signal.SIGKILL)
     assert not (folder / "training.json").exists(), "the kill came after the first attempt's training had ended"
     output = finish(process)

@@ -11,7 +11,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +18,7 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, TINY, run_script
+from helpers import Gate
 
 from envs.cli import _terminate
 from envs.errors import InputError
@@ -219,13 +219,16 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
     }
     argv = [sys.executable, str(ROOT / "platform" / "train.py"), *[part for flag in flags.items() for part in flag]]
     one_thread = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny tensors: the same numbers, and no thread contention on a busy machine
+    gate = Gate(tmp_path / "gate", call=("trainers.checkpoint:save_checkpoint", "after", 1))  # the child waits after its first checkpoint
     with open(log, "w") as stderr:
-        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env=one_thread)
-        deadline = time.monotonic() + 120
-        while not (run / "checkpoint.pt").exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        process.send_signal(signal.SIGINT)  # after the first checkpoint (update 10)
-        process.wait(timeout=120)
+        process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr, env={**one_thread, **gate.env})
+        try:
+            gate.wait(process)
+            process.send_signal(signal.SIGINT)  # at update 10, however fast the machine trains
+            gate.release()
+            process.wait(timeout=120)
+        finally:
+            process.kill()
     output = log.read_text()
     assert process.returncode == 130, output[-3000:]
     assert "Traceback" not in output
@@ -286,23 +289,25 @@ def test_a_refused_resume_names_the_fields_that_differ_and_both_values(tmp_path)
 
 
 def test_sigterm_while_train_py_starts_says_so_and_leaves_nothing(tmp_path):
-    """SIGTERM while the script imports its libraries, as soon as it catches the signal (/proc's SigCgt mask)."""
+    """SIGTERM while the script imports its libraries: the child is held before it imports trainers.experiment
+    (after interrupt_start_up, before run_cli), so the signal lands there on any machine. Breaks if an interruption
+    during the imports prints a traceback, writes the run folder or exits otherwise than 130."""
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
+    gate = Gate(tmp_path / "gate", before_import="trainers.experiment")
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "platform" / "train.py"), "--method", "hpo", "--instance", str(inst), "--out", str(tmp_path / "run")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **gate.env},
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        caught = [line for line in open(f"/proc/{process.pid}/status") if line.startswith("SigCgt:")]
-        if caught and int(caught[0].split()[1], 16) >> (signal.SIGTERM - 1) & 1:
-            break
-        time.sleep(0.001)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
+    try:
+        gate.wait(process)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
     assert process.returncode == 130 and stderr.splitlines() == [
         "interrupted: stopped while starting, before any work; nothing was written"
     ], stderr

@@ -183,10 +183,15 @@ def test_imitation_lowers_every_loss_on_other_states(warm_trainer, fresh_teacher
 
 
 def test_greedy_opening_agrees_with_the_teacher_on_other_states(warm_trainer, fresh_teacher_states):
-    """Measured 94% here (tiny network, 200 updates); the untrained network's greedy Y is one constant."""
+    """The warm-started network disagrees with the teacher's opening on other states at most half as often as
+    the best constant decision does (the untrained network's greedy Y is one constant): a margin relative to
+    what copying nothing achieves on the same states, not to one float32 trajectory. Measured 94% agreement
+    here (tiny network, 200 updates); breaks if the imitation loss does not reach the opening head."""
     trainer, untrained = warm_trainer
+    opens = fresh_teacher_states.open_order.float().mean().item()
+    constant_error = min(opens, 1 - opens)  # 0.2 to 0.5: both decisions occur (the fixture checks it)
     with torch.no_grad():
-        assert imitation_losses(trainer.model, fresh_teacher_states).agreement >= 0.9
+        assert 1 - imitation_losses(trainer.model, fresh_teacher_states).agreement < 0.5 * constant_error
         assert imitation_losses(untrained.model, fresh_teacher_states).agreement < 0.8
 
 

@@ -17,7 +17,7 @@ moments. With b_i = w_i beta_i and A(rho) = sum_k rho^k N^k, N^k_ij = w_i w_j sy
 for a given rho is the leading eigenvector of A(rho) scaled to |b|^2 = lambda_max / sum_k rho^2k (power iteration,
 O(n^2) per step), and rho given b minimises a polynomial on [0, RHO_MAX]; the two steps alternate to convergence.
 
-Standard errors: a circular moving-block bootstrap over periods (`bootstrap`), the same estimator on each replicate.
+Standard errors: a parametric bootstrap (`bootstrap`): histories drawn from the fitted model, fitted again.
 The factor path: the posterior mode of F given the history and the fitted parameters (`smooth_factor`, Newton's
 method as an iterated Kalman smoother), with its Laplace standard deviation.
 
@@ -36,8 +36,8 @@ from scipy.optimize import minimize_scalar
 from scipy.special import pdtr
 from tqdm.auto import tqdm
 
-from envs.exogenous import FACTOR_BOUND, demand_rate, innovation_scale
 from envs import validate
+from envs.exogenous import FACTOR_BOUND, demand_rate, factor_step, innovation_scale
 from envs.instance import FIELD_RANGES, InstanceError, exact_keys, number_column, read_table
 
 LAGS = 4
@@ -283,7 +283,7 @@ def lagged_covariances(demand: np.ndarray, lags: int = LAGS, dtype=np.float64) -
     periods = demand.shape[0]
     mean = demand.mean(axis=0)
     centred = (demand - mean).astype(dtype)
-    cov = np.stack([centred[: periods - k].T @ centred[k:] for k in range(lags + 1)]).astype(np.float64) / periods
+    cov = np.stack([centred[: periods - k].T @ centred[k:] for k in range(lags + 1)]) / dtype(periods)
     return mean, cov
 
 
@@ -298,13 +298,15 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
     active = np.flatnonzero(var > mean)
     beta, rho = np.zeros(n), 0.0
     if active.size:
-        m, c = mean[active], cov[:, active][:, :, active]
-        excess = c - np.eye(active.size) * np.where(np.arange(cov.shape[0]) == 0, 1.0, 0.0)[:, None, None] * m
-        ratio = np.maximum(excess / np.outer(m, m), -0.9)  # log(1 + x) needs x > -1: a covariance that negative is noise
-        moments = np.log1p(ratio)
-        moments = 0.5 * (moments + moments.transpose(0, 2, 1))
+        m = mean[active]
+        normalised = cov[:, active][:, :, active] if active.size < n else cov.copy()  # [K + 1, a, a], then in place:
+        normalised /= np.outer(m, m).astype(normalised.dtype)
+        normalised[0].flat[:: active.size + 1] -= (1.0 / m).astype(normalised.dtype)  # the Poisson part of Var D_i
+        np.maximum(normalised, -0.9, out=normalised)  # log(1 + x) needs x > -1: a covariance that negative is noise
+        np.log1p(normalised, out=normalised)
+        normalised[1:] = 0.5 * (normalised[1:] + normalised[1:].transpose(0, 2, 1))
         weight = m / np.sqrt(var[active])
-        normalised = moments * np.outer(weight, weight)
+        normalised *= np.outer(weight, weight).astype(normalised.dtype)
         b, rho = _rank_one(normalised)
         beta[active] = np.minimum(b / weight, BETA_MAX)
         for j, i in enumerate(active):
@@ -324,30 +326,39 @@ def _rank_one(normalised: np.ndarray) -> tuple[np.ndarray, float]:
     A(rho) = sum_k rho^k N^k and c(rho) = sum_k rho^2k, at b = sqrt(lambda / c) v (v its unit eigenvector, positive
     for a positive factor structure; a negative entry is cut to 0). So rho maximises lambda^2 / c on [0, RHO_MAX]."""
     lags = np.arange(normalised.shape[0])
-    state = {"v": np.ones(normalised.shape[1]) / math.sqrt(normalised.shape[1])}
+    v = np.ones(normalised.shape[1]) / math.sqrt(normalised.shape[1])
+    rho = 0.0
+    for _ in range(50):  # alternate: v the leading eigenvector at rho, rho the best for v (an ascent of lambda^2 / c)
+        a = normalised[0].copy()
+        for k in lags[1:]:
+            a += normalised.dtype.type(rho**k) * normalised[k]
+        value, v = _top_eigen(a, v)
+        if lags.size == 1:
+            break
+        quad = np.array([float(v @ (nk @ v)) for nk in normalised])  # v^T N^k v
 
-    def top(r: float) -> float:
-        a = np.tensordot(r**lags, normalised, axes=1)
-        state["value"], state["v"] = _top_eigen(a, state["v"])
-        return state["value"]
-
-    def loss(r: float) -> float:
-        return -(max(top(r), 0.0) ** 2) / float(np.sum(r ** (2 * lags)))
-
-    rho = float(minimize_scalar(loss, bounds=(0.0, RHO_MAX), method="bounded", options={"xatol": 1e-6}).x) if lags.size > 1 else 0.0
-    value = top(rho)
-    v = state["v"] if state["v"].sum() >= 0 else -state["v"]
+        new = float(minimize_scalar(_profile_loss, args=(lags, quad), bounds=(0.0, RHO_MAX), method="bounded", options={"xatol": 1e-7}).x)
+        if abs(new - rho) < 1e-6:
+            break
+        rho = new
+    v = v if v.sum() >= 0 else -v
     return np.maximum(v, 0.0) * math.sqrt(max(value, 0.0) / float(np.sum(rho ** (2 * lags)))), rho
 
 
-def _top_eigen(a: np.ndarray, start: np.ndarray, iterations: int = 300, tol: float = 1e-12) -> tuple[float, np.ndarray]:
+def _profile_loss(r: float, lags: np.ndarray, quad: np.ndarray) -> float:
+    """-(v^T A(r) v)^2 / c(r) for a fixed unit vector v, from quad_k = v^T N^k v."""
+    return -(max(float(np.sum(r**lags * quad)), 0.0) ** 2) / float(np.sum(r ** (2 * lags)))
+
+
+def _top_eigen(a: np.ndarray, start: np.ndarray, iterations: int = 300) -> tuple[float, np.ndarray]:
     """The largest eigenvalue of the symmetric `a` and its unit eigenvector: LAPACK for n <= 64, else power iteration
     warm-started at `start` (the profile over rho moves it little), with LAPACK's answer when power iteration ends on
     a negative eigenvalue (one of larger magnitude than the largest)."""
     if a.shape[0] <= 64:
         values, vectors = np.linalg.eigh(a)
         return float(values[-1]), vectors[:, -1]
-    v, value = start / np.linalg.norm(start), 0.0
+    tol = 1e-10 if a.dtype == np.float64 else 1e-5  # what the precision allows
+    v, value = (start / np.linalg.norm(start)).astype(a.dtype), 0.0
     for _ in range(iterations):
         w = a @ v
         new_value = float(v @ w)
@@ -368,12 +379,6 @@ def fit_moments(demand: np.ndarray, dtype=np.float64) -> Estimate:
 # ---- standard errors ------------------------------------------------------------------------------------------
 
 
-def block_length(periods: int, rho: float) -> int:
-    """Blocks of max(T^(1/3), 3 / (1 - rho)) periods: long enough to keep the factor's memory (its autocorrelation
-    rho^k falls below 5% after 3 / (1 - rho) periods), at most T / 5."""
-    return int(max(1, min(periods // 5, math.ceil(max(periods ** (1 / 3), 3.0 / (1.0 - min(rho, RHO_MAX)))))))
-
-
 @dataclass(frozen=True)
 class Bootstrap:
     """Replicates of the parameters (lam [R, n], beta [R, n], rho [R]) and of the observed statistics of the
@@ -385,7 +390,6 @@ class Bootstrap:
     variance: np.ndarray
     autocorrelation: np.ndarray
     cross_correlation: np.ndarray
-    block: int
 
 
 def observed_statistics(cov: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -401,23 +405,31 @@ def _mean_off_diagonal(matrix: np.ndarray) -> float:
     return float((matrix.sum() - np.trace(matrix)) / (n * (n - 1))) if n > 1 else float("nan")
 
 
-def bootstrap(demand: np.ndarray, rho: float, replicates: int = REPLICATES, seed: int = 0, progress: bool = False) -> Bootstrap:
-    """The estimator on `replicates` circular moving-block resamples of the periods (float32 products: the
-    bootstrap's own noise is far above their rounding)."""
-    periods = demand.shape[0]
-    block = block_length(periods, rho)
+def simulate_demand(lam: np.ndarray, beta: np.ndarray, rho: float, periods: int, rng: np.random.Generator) -> np.ndarray:
+    """One demand path [T, n] of the model: F_0 ~ N(0, 1), then eq. (factor_process), and Poisson demand."""
+    noise = rng.standard_normal(periods)
+    factor = np.empty(periods)
+    factor[0] = noise[0]
+    for t in range(1, periods):
+        factor[t] = factor_step(rho, factor[t - 1], noise[t])
+    return rng.poisson(demand_rate(lam, beta, factor[:, None])).astype(np.float64)
+
+
+def bootstrap(demand: np.ndarray, fitted: Estimate, replicates: int = REPLICATES, seed: int = 0, progress: bool = False) -> Bootstrap:
+    """A parametric bootstrap: `replicates` histories of the same length drawn from the fitted model, each fitted
+    again (float32 products: the bootstrap's own noise is far above their rounding). Their spread is the sampling
+    distribution of every estimate and observed statistic if the model holds, also where the factor's persistence
+    makes a history's mean wander (a resampling of periods in blocks misses that for rho near 1); whether the
+    model holds is what the report's checks test against these spreads."""
     rng = np.random.default_rng([0x46495420, seed])
-    blocks = -(-periods // block)
     rows = {name: [] for name in ("lam", "beta", "rho", "variance", "autocorrelation", "cross_correlation")}
     for _ in tqdm(range(replicates), desc="bootstrap", disable=not progress, leave=False):
-        starts = rng.integers(0, periods, size=blocks)
-        index = ((starts[:, None] + np.arange(block)) % periods).ravel()[:periods]
-        mean, cov = lagged_covariances(demand[index], dtype=np.float32)
-        fitted = estimate(mean, cov)
+        mean, cov = lagged_covariances(simulate_demand(fitted.lam, fitted.beta, fitted.rho, demand.shape[0], rng), dtype=np.float32)
+        again = estimate(mean, cov)
         var, acf, cross = observed_statistics(cov)
-        for name, value in zip(rows, (fitted.lam, fitted.beta, fitted.rho, var, acf, cross)):
+        for name, value in zip(rows, (again.lam, again.beta, again.rho, var, acf, cross)):
             rows[name].append(value)
-    return Bootstrap(**{name: np.asarray(value) for name, value in rows.items()}, block=block)
+    return Bootstrap(**{name: np.asarray(value) for name, value in rows.items()})
 
 
 def interval(estimate_value, se, low: float, high: float, z: float | None = None):
@@ -490,7 +502,7 @@ def holdout_check(demand: np.ndarray, seed: int = 0) -> dict:
     decay = fitted.rho**ahead
     mean = decay * state["last_mean"]
     sd = np.sqrt(decay**2 * state["last_var"] + 1 - decay**2)
-    nodes, weights = np.polynomial.hermite_e.hermegauss(32)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(20)
     weights = weights / weights.sum()
     factor = mean[:, None] + sd[:, None] * nodes  # [H, Q]
     rate = demand_rate(fitted.lam, fitted.beta, factor[:, :, None])  # [H, Q, n]
@@ -562,7 +574,7 @@ def fit_history(
         h=costs.h, b=costs.b, lam=fitted.lam, beta=fitted.beta, lead=costs.lead, qbar=qbar,
         K=10.0 * n if K is None else K, gamma=gamma, rho=min(fitted.rho, RHO_MAX), source=source,
     )  # fmt: skip
-    boot = bootstrap(demand, fitted.rho, replicates, seed, progress)
+    boot = bootstrap(demand, fitted, replicates, seed, progress)
     factor = smooth_factor(demand, fitted.lam, fitted.beta, fitted.rho)
     holdout = holdout_check(demand, seed)
     report = _report(history, costs, fitted, cov, boot, factor, holdout, source)
@@ -605,7 +617,7 @@ def _report(
         "source": source,
         "estimator": f"moments over all pairs and lags 0..{LAGS}, weighted least squares (envs/fit.py)",
         "confidence": CONFIDENCE,
-        "bootstrap": {"replicates": int(boot.rho.size), "block_periods": boot.block},
+        "bootstrap": {"kind": "parametric", "replicates": int(boot.rho.size)},
         "rho": {"estimate": fitted.rho, "se": float(se["rho"]), "interval": [float(rho_low), float(rho_high)]},
         "items": items,
         "cross_correlation": {"observed": obs_cross, "model": model_cross, "se": float(se["cross_correlation"]), "off": cross_off},
@@ -632,8 +644,8 @@ def report_markdown(report: dict, figure_name: str) -> str:
         "",
         f"History `{source['history']}` (SHA-256 `{source['history_sha256'][:16]}…`): {source['periods']} periods of "
         f"{source['step']} from {source['first_period']} to {source['last_period']}, {len(report['items'])} items. "
-        f"Estimator: {report['estimator']}. Standard errors: moving-block bootstrap over periods "
-        f"({report['bootstrap']['replicates']} replicates, blocks of {report['bootstrap']['block_periods']} periods); "
+        f"Estimator: {report['estimator']}. Standard errors: parametric bootstrap "
+        f"({report['bootstrap']['replicates']} histories of the same length drawn from the fitted model and fitted again); "
         f"intervals: {level}, estimate ± z s.e. within the parameter's range.",
         "",
         f"**rho = {rho['estimate']:.3f}** (s.e. {rho['se']:.3f}, {level} interval [{rho['interval'][0]:.3f}, {rho['interval'][1]:.3f}])",

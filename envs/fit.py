@@ -125,6 +125,14 @@ def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable
     )
 
 
+def _is_number_text(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callable, str]:
     """Check a long-form history (columns item, period, demand) row by row; return (item names [R], period keys [R],
     demand [R], unit, period label, sha256). Every refusal names the item and the period."""
@@ -148,7 +156,7 @@ def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callabl
     demand_column = table.column("demand")
     if not (pa.types.is_integer(demand_column.type) or pa.types.is_floating(demand_column.type)):
         values = demand_column.to_pylist()
-        row = next((r for r, v in enumerate(values) if not isinstance(v, (int, float))), 0)
+        row = next((r for r, v in enumerate(values) if not _is_number_text(v)), 0)
         raise _bad(path, items[row], label(keys[row]), f"demand: expected a non-negative integer, got {values[row]!r}")
     demand = demand_column.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
     bad = ~np.isfinite(demand) | (demand < 0) | (demand != np.round(demand))
@@ -181,17 +189,18 @@ def history_matrix(path) -> History:
     np.minimum.at(step_of_item, item_code[1:][same_item], gaps[same_item])
     step = int(np.bincount(np.minimum(step_of_item, 10**6)[step_of_item < np.iinfo(np.int64).max]).argmax()) if same_item.any() else 1
     word = {"period": "period", "day": "day", "month": "month"}[unit]
+    mixed = np.flatnonzero((step_of_item != step) & (step_of_item < np.iinfo(np.int64).max))
     irregular = same_item & (gaps % step != 0)
-    for k in np.flatnonzero(step_of_item != step):
-        if step_of_item[k] < np.iinfo(np.int64).max and step_of_item[k] % step:
-            irregular |= same_item & (item_code[1:] == k)
+    if mixed.size:  # an item recorded at another frequency than most: name its first period at that spacing
+        k = int(mixed[0])
+        irregular = same_item & (item_code[1:] == k) & (gaps == step_of_item[k])
     if irregular.any():
         r = int(np.argmax(irregular)) + 1
         raise _bad(
             path,
             names[item_code[r]],
             label(keys[r]),
-            f"comes {gaps[r - 1]} {word}(s) after the item's previous period, while most periods are {step} {word}(s) apart: "
+            f"comes {gaps[r - 1]} {word}(s) after the item's previous period, while most items' periods are {step} {word}(s) apart: "
             "dates at mixed frequencies; give every item the same frequency",
         )
     start, end = int(keys.min()), int(keys.max())

@@ -279,12 +279,12 @@ def match_items(history_items: list[str], costs: Costs, history_path, costs_path
 
 @dataclass(frozen=True)
 class Estimate:
-    """lam [n], beta [n], rho, and why some beta_i were set to 0 (item index -> reason)."""
+    """lam [n], beta [n], rho, and what the model could not represent (item index -> what was done and why)."""
 
     lam: np.ndarray
     beta: np.ndarray
     rho: float
-    zeroed: dict[int, str] = field(default_factory=dict)
+    notes: dict[int, str] = field(default_factory=dict)
 
 
 def lagged_covariances(demand: np.ndarray, lags: int = LAGS, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
@@ -300,10 +300,10 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
     """The least-squares moment estimator of the module docstring, from m [n] and C [K + 1, n, n]."""
     n = mean.size
     var = np.diagonal(cov[0]).copy()
-    zeroed = {}
+    notes = {}
     with np.errstate(divide="ignore", invalid="ignore"):
         for i in np.flatnonzero(~(var > mean)):
-            zeroed[int(i)] = f"variance {var[i]:.3g} <= mean {mean[i]:.3g} (underdispersed; a factor can only add variance)"
+            notes[int(i)] = f"beta = 0: variance {var[i]:.3g} <= mean {mean[i]:.3g} (underdispersed; a factor can only add variance)"
     active = np.flatnonzero(var > mean)
     beta, rho = np.zeros(n), 0.0
     if active.size:
@@ -320,12 +320,14 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         beta[active] = np.minimum(b / weight, BETA_MAX)
         for j, i in enumerate(active):
             if b[j] <= 0:
-                zeroed[int(i)] = "its loading came out negative (it moves against the other items), which the model cannot represent"
+                notes[int(i)] = (
+                    "beta = 0: its loading came out negative (it moves against the other items), which the model cannot represent"
+                )
             elif b[j] / weight[j] > BETA_MAX:
-                zeroed[int(i)] = f"loading {b[j] / weight[j]:.3g} capped at the instance's upper bound {BETA_MAX:g}"
+                notes[int(i)] = f"beta = {BETA_MAX:g}: its loading {b[j] / weight[j]:.3g} is above the instance's upper bound"
         if not (beta > 0).any():
             rho = 0.0
-    return Estimate(mean.copy(), beta, float(rho), zeroed)
+    return Estimate(mean.copy(), beta, float(rho), notes)
 
 
 def _rank_one(normalised: np.ndarray) -> tuple[np.ndarray, float]:
@@ -586,13 +588,11 @@ def fit_history(
     boot = bootstrap(demand, fitted, replicates, seed, progress)
     factor = smooth_factor(demand, fitted.lam, fitted.beta, fitted.rho)
     holdout = holdout_check(demand, seed)
-    report = _report(history, costs, fitted, cov, boot, factor, holdout, source)
+    report = _report(history, fitted, cov, boot, factor, holdout, source)
     return instance, report
 
 
-def _report(
-    history: History, costs: Costs, fitted: Estimate, cov: np.ndarray, boot: Bootstrap, factor: dict, holdout: dict, source: dict
-) -> dict:
+def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap, factor: dict, holdout: dict, source: dict) -> dict:
     """The numbers of the fit report (JSON-ready)."""
     se = {
         name: getattr(boot, name).std(axis=0, ddof=1) for name in ("lam", "beta", "rho", "variance", "autocorrelation", "cross_correlation")
@@ -619,7 +619,7 @@ def _report(
                 "variance_off": bool(var_off[i]), "autocorrelation_off": bool(acf_off[i]),
                 "holdout_coverage": float(holdout["item_coverage_per_item"][i]),
                 "holdout_observed_mean": float(holdout["observed_mean"][i]), "holdout_predicted_mean": float(holdout["predicted_mean"][i]),
-                "note": fitted.zeroed.get(i, ""),
+                "note": fitted.notes.get(i, ""),
             }
         )  # fmt: skip
     return {
@@ -637,7 +637,7 @@ def _report(
             "cross_correlation_off": cross_off,
         },
         "holdout": {key: holdout[key] for key in ("train_periods", "holdout_periods", "interval", "item_coverage", "total_coverage")},
-        "notes": [f"item '{history.items[i]}': beta = 0, {why}" for i, why in sorted(fitted.zeroed.items())],
+        "notes": [f"item '{history.items[i]}': {why}" for i, why in sorted(fitted.notes.items())],
         "factor": {"period": history.periods, "mean": factor["mean"].tolist(), "sd": factor["sd"].tolist()},
         "total_demand": history.demand.sum(axis=1).tolist(),
         "total_model_given_factor": demand_rate(fitted.lam, fitted.beta, factor["mean"][:, None]).sum(axis=1).tolist(),

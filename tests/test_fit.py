@@ -63,7 +63,7 @@ def test_recovery_of_a_known_instance(seed):
     assert np.all(np.abs(fitted.lam / RECOVERABLE.lam - 1) <= 0.05)
     assert np.all(np.abs(fitted.beta - RECOVERABLE.beta) <= 0.1)
     assert abs(fitted.rho - RECOVERABLE.rho) <= 0.05
-    assert not fitted.zeroed
+    assert not fitted.notes
 
 
 def test_the_rank_one_fit_is_exact_on_model_moments():
@@ -238,3 +238,15 @@ def test_fitted_instance_runs_through_every_script(tmp_path):
     run_script("evaluate.py", *common, "--policy", "classical-best", "--out", tmp_path / "eval", check=True)
     run_script("bound.py", *common, "--kind", "decomposition", "--out", tmp_path / "bound", check=True)
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())["instance_hash"] == fitted.content_hash()
+
+
+def test_an_underdispersed_item_gets_beta_zero_and_a_note(tmp_path):
+    """An item sold 3 or 4 units every period (variance 0.25 below its mean 3.5), beside two items of the model: its
+    beta is 0 and the report says why, and the other items are still fitted. Catches a log of a negative excess
+    variance (NaN) or a silent zero."""
+    demand = simulate_demand(BASE.lam[:2], BASE.beta[:2], 0.8, 300, np.random.default_rng(0))
+    steady = 3.0 + (np.arange(300) % 2)
+    report = fit_report_of(np.column_stack([demand, steady]), tmp_path)
+    assert report["items"][2]["beta"] == 0 and "underdispersed" in report["items"][2]["note"]
+    assert any("'i2'" in note and "underdispersed" in note for note in report["notes"])
+    assert all(0 < row["beta"] < 1 for row in report["items"][:2]) and np.isfinite(report["rho"]["estimate"])

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import pdtr
+from scipy.stats import norm
 from tqdm.auto import tqdm
 
 from envs import validate
@@ -445,8 +446,6 @@ def bootstrap(demand: np.ndarray, fitted: Estimate, replicates: int = REPLICATES
 
 def interval(estimate_value, se, low: float, high: float, z: float | None = None):
     """estimate +- z se (z of CONFIDENCE, two-sided), cut to the parameter's range [low, high]."""
-    from scipy.stats import norm
-
     z = norm.ppf(0.5 + CONFIDENCE / 2) if z is None else z
     return np.clip(estimate_value - z * se, low, high), np.clip(estimate_value + z * se, low, high)
 

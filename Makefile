@@ -73,6 +73,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/lookahead.py
 	$(BIN)/python bench/warm_start.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/fit.py
 
 # On a CUDA machine: the gpu tests, CPU/GPU cost agreement, paper-preset updates at n = 1,024, decision times and
 # Ray Train with use_gpu, as JSON lines (docs/benchmarks.md, GPU readiness). Without CUDA it says so in one line.

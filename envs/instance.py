@@ -91,6 +91,9 @@ class Instance:
     K: float
     gamma: float
     rho: float
+    source: dict | None = None
+    """Where a fitted instance came from (platform/fit.py: the history file's SHA-256, the periods used, the item
+    names); not a parameter, so not in `to_dict` or `content_hash`, but kept by `save` and `load`."""
 
     def __post_init__(self) -> None:
         items = {name: getattr(self, name) for name in ITEM_COLUMNS}
@@ -119,6 +122,8 @@ class Instance:
             self, "gamma", validate.real(self.gamma, where.format("gamma"), 0, 1, low_open=True, high_open=True, error=InstanceError)
         )
         object.__setattr__(self, "rho", validate.real(self.rho, where.format("rho"), 0, 1, high_open=True, error=InstanceError))
+        if self.source is not None and not isinstance(self.source, dict):
+            raise _refuse("source", "an object (where a fitted instance came from)", validate.describe(self.source))
 
     @property
     def n(self) -> int:
@@ -133,6 +138,7 @@ class Instance:
     # ---- files ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
+        """The parameters (the problem itself), without `source`."""
         items = {name: getattr(self, name).tolist() for name in ITEM_COLUMNS}
         items["lead"] = [int(v) for v in self.lead]
         return {"K": self.K, "gamma": self.gamma, "rho": self.rho, "items": items}
@@ -146,19 +152,22 @@ class Instance:
 
     @classmethod
     def from_dict(cls, data: dict) -> Instance:
-        """Build from the JSON layout; unknown or missing keys are an error."""
+        """Build from the JSON layout; unknown or missing keys are an error ('source' is optional)."""
         if not isinstance(data, dict):
             raise InstanceError(f"instance: expected a JSON object, got {type(data).__name__}")
-        exact_keys(data, {"K", "gamma", "rho", "items"}, "instance")
+        validate.keys(data, "instance", {"K", "gamma", "rho", "items", "source"}, {"K", "gamma", "rho", "items"}, error=InstanceError)
         items = data["items"]
         if not isinstance(items, dict):
             raise InstanceError("instance field 'items': expected an object of per-item lists")
         exact_keys(items, set(ITEM_COLUMNS), "instance field 'items'")
-        return cls(**{name: items[name] for name in ITEM_COLUMNS}, K=data["K"], gamma=data["gamma"], rho=data["rho"])
+        return cls(
+            **{name: items[name] for name in ITEM_COLUMNS}, K=data["K"], gamma=data["gamma"], rho=data["rho"], source=data.get("source")
+        )
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the JSON file atomically."""
-        atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1) + "\n")
+        """Write the JSON file atomically (with `source` when there is one)."""
+        data = self.to_dict() | ({"source": self.source} if self.source is not None else {})
+        atomic_write_text(Path(path), json.dumps(data, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Instance:
@@ -170,41 +179,12 @@ class Instance:
     def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> Instance:
         """Import an item table (a UTF-8 CSV or a Parquet file) with exactly the columns h, b, lam, beta, lead, qbar
         and one row per item."""
-        import pyarrow as pa
-        import pyarrow.csv
-        import pyarrow.parquet
-
-        path = input_file(path, "item table")
-        suffix = path.suffix.lower()
-        if suffix not in (".csv", ".parquet", ".pq"):
-            raise InstanceError(f"item table '{path}': expected a .csv or .parquet file, got '{suffix}'")
         header = f"a header line {','.join(ITEM_COLUMNS)} and one row per item"
-        csv = suffix == ".csv"
-        try:
-            if csv:
-                text = read_text(path, "item table")
-                if not text.strip():
-                    raise InstanceError(f"item table '{path}' is empty; expected {header}")
-                table = pyarrow.csv.read_csv(io.BytesIO(text.encode()))
-            else:
-                table = pyarrow.parquet.read_table(path)
-        except pa.ArrowException as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise InstanceError(f"item table '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line})") from None
+        path, table = read_table(path, "item table", header)
         exact_keys(set(table.column_names), set(ITEM_COLUMNS), f"item table '{path}' columns")
         if table.num_rows == 0:
             raise InstanceError(f"item table '{path}' has no rows; expected {header} (n >= 1)")
-        items = {}
-        for name in ITEM_COLUMNS:
-            column = table.column(name)
-            if column.null_count:
-                raise InstanceError(f"instance field '{name}': {column.null_count} missing values in '{path}'")
-            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-                raise InstanceError(
-                    f"item table '{path}' column '{name}': expected numbers, got {column.type} values{_first_text(column.to_pylist())}"
-                )
-            items[name] = column.to_pylist()
-        return cls(**items, K=K, gamma=gamma, rho=rho)
+        return cls(**{name: number_column(table, name, path) for name in ITEM_COLUMNS}, K=K, gamma=gamma, rho=rho)
 
     def item_table(self):
         """The per-item columns as a pyarrow Table (for Parquet or CSV export)."""
@@ -216,6 +196,49 @@ class Instance:
 
     def to_torch(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TensorInstance:
         return TensorInstance.from_instance(self, device, dtype)
+
+
+def read_table(path: str | os.PathLike, what: str, header: str, column_types: dict | None = None):
+    """(path, pyarrow Table) of a UTF-8 CSV (with a header line) or Parquet input file; one InputError naming `what`
+    and the path for a missing, unreadable, empty or malformed file. `column_types` fixes CSV column types by name
+    (e.g. item names as text, so that '007' stays '007')."""
+    import pyarrow as pa
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    path = input_file(path, what)
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet", ".pq"):
+        raise InstanceError(f"{what} '{path}': expected a .csv or .parquet file, got '{suffix}'")
+    csv = suffix == ".csv"
+    try:
+        if csv:
+            text = read_text(path, what)
+            if not text.strip():
+                raise InstanceError(f"{what} '{path}' is empty; expected {header}")
+            options = pyarrow.csv.ConvertOptions(column_types=column_types or {})
+            table = pyarrow.csv.read_csv(io.BytesIO(text.encode()), convert_options=options)
+        else:
+            table = pyarrow.parquet.read_table(path)
+    except pa.ArrowException as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InstanceError(f"{what} '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line})") from None
+    return path, table
+
+
+def number_column(table, name: str, path) -> list:
+    """The values of the numeric column `name` of an item table read from `path`; missing values or text are one
+    InstanceError naming the column."""
+    import pyarrow as pa
+
+    column = table.column(name)
+    if column.null_count:
+        raise InstanceError(f"instance field '{name}': {column.null_count} missing values in '{path}'")
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        raise InstanceError(
+            f"item table '{path}' column '{name}': expected numbers, got {column.type} values{_first_text(column.to_pylist())}"
+        )
+    return column.to_pylist()
 
 
 def _first_text(values: list) -> str:

@@ -1,0 +1,54 @@
+"""Draw a demand history from an instance with the project's own model, as the input of platform/fit.py: a check
+that the fit recovers the instance that made the data (docs/fitting.md).
+
+  python platform/simulate_history.py --instance inst.json --periods 730 --seed 1 --out history.csv --costs costs.csv
+
+Writes the history (item, period, demand; daily dates from --start) and the cost table (item, h, b, lead, qbar) as
+CSV, or Parquet for a .parquet suffix. The history is episode 0 of --seed (envs.exogenous.sample_paths).
+"""
+
+import argparse
+from pathlib import Path
+
+from envs.cli import horizon, run_cli, seed
+from envs.errors import InputError
+from envs.fit import simulate_history
+from envs.instance import Instance, atomic_write
+from envs.job_output import out_argument, resolve_out
+
+
+def write_table(table, path: Path) -> None:
+    import pyarrow.csv
+    import pyarrow.parquet
+
+    if path.suffix.lower() == ".parquet":
+        atomic_write(path, lambda tmp: pyarrow.parquet.write_table(table, tmp))
+    else:
+        atomic_write(path, lambda tmp: pyarrow.csv.write_csv(table, tmp, pyarrow.csv.WriteOptions(quoting_style="none")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instance", required=True, help="instance JSON file")
+    parser.add_argument("--periods", type=horizon, required=True, help="number of daily periods")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the demand path (default 0)")
+    parser.add_argument("--start", default="2024-01-01", help="date of the first period (default 2024-01-01)")
+    parser.add_argument("--out", type=out_argument, required=True, help="history file (.csv or .parquet)")
+    parser.add_argument("--costs", type=out_argument, required=True, help="cost table file (.csv or .parquet)")
+    args = parser.parse_args()
+    paths = [resolve_out(args.out, is_file=True), resolve_out(args.costs, "--costs", is_file=True)]
+    try:
+        import numpy as np
+
+        np.datetime64(args.start, "D")
+    except ValueError:
+        raise InputError(f"--start: expected a date YYYY-MM-DD, got '{args.start}'") from None
+    instance = Instance.load(args.instance)
+    history, costs = simulate_history(instance, args.seed, args.periods, args.start)
+    write_table(history, paths[0])
+    write_table(costs, paths[1])
+    print(f"wrote {paths[0]} ({history.num_rows} rows: {instance.n} items x {args.periods} days) and {paths[1]}")
+
+
+if __name__ == "__main__":
+    run_cli(main)

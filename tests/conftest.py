@@ -90,6 +90,16 @@ def script_as_main(path: str, args: list[str], stdout: str, stderr: str, status:
         Path(status).write_text(str(code))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """A module of small tensor checks runs on one torch thread (the same numbers, and no thread contention on a busy
+    machine); the count is restored afterwards. Use it as `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def script_runner(tmp_path_factory):
     """run_script for many short runs: each one a fresh process forked from a server that has imported

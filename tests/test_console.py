@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 from conftest import ROOT
-from helpers import descendants, is_loopback, listeners_of
+from helpers import descendants, is_loopback, listeners_of, machine_addresses, reachable
 
 from sweeps import console
 
@@ -203,32 +203,6 @@ SILENCED = ["Token authentication is enabled"]
 def console_lines(output: str) -> int:
     """Lines that are not progress-bar redraws: tqdm redraws a bar with carriage returns and ends it with one newline."""
     return output.count("\n")
-
-
-def machine_addresses() -> list[tuple]:
-    """Every address of this machine that is not loopback, as socket.connect takes it (IPv4 from /proc/net/fib_trie,
-    IPv6 from /proc/net/if_inet6)."""
-    found = set()
-    trie = Path("/proc/net/fib_trie").read_text().splitlines()
-    for line, following in zip(trie, trie[1:]):
-        if "/32 host LOCAL" in following and not line.split()[-1].startswith("127."):
-            found.add((socket.AF_INET, line.split()[-1], 0))
-    for line in Path("/proc/net/if_inet6").read_text().splitlines():
-        raw, index, _, scope, _, name = line.split()
-        address = ":".join(raw[i : i + 4] for i in range(0, 32, 4))
-        if name != "lo":
-            found.add((socket.AF_INET6, address, int(index, 16) if int(scope, 16) == 0x20 else 0))
-    return sorted(found)
-
-
-def reachable(family, address: str, scope: int, port: int) -> bool:
-    with socket.socket(family) as s:
-        s.settimeout(3)
-        try:
-            s.connect((address, port) if family == socket.AF_INET else (address, port, 0, scope))
-            return True
-        except OSError:
-            return False
 
 
 def get_json(url: str, token: str = None):

@@ -20,14 +20,7 @@ from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These checks are small: one torch thread each (the suite shares two cores), restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def item(lead, lam, qbar, beta=0.0, h=1.0, b=6.0, K=3.0, gamma=0.9, rho=0.6) -> Instance:

@@ -25,12 +25,7 @@ from solver_workers.lookahead import item_tables
 SMALL = DecompositionOptions(factor_points=9, coarse_points=5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tables_of(instance: Instance, horizon: int, options=SMALL, form="finite", split="best", dtype="float32"):

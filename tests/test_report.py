@@ -370,6 +370,7 @@ def test_decision_time_against_the_milp(results, report, monkeypatch):
 
     monkeypatch.setattr(rp, "timed", timer)
     timed_report = rp.build_report(results)
+    rp.time_decisions(timed_report, "cpu")
     rows = {(r["n"], r["column"]): r for r in timed_report.timings}
     assert set(rows) == {(1, "or-transformer"), (1, "hpo"), (4, "or-transformer"), (4, "hpo")}
     assert rows[(4, "hpo")]["absent"] == "failed (3 of 3 seeds)" and rows[(4, "hpo")]["one_state"] is None

@@ -27,14 +27,7 @@ from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.policy import LearnedPolicy
 from trainers.run import run_files
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one thread gives the same numbers, without thread contention on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", autouse=True)

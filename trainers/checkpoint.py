@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import pickletools
 import re
 import warnings
 import zipfile
@@ -52,6 +53,30 @@ def save_checkpoint(
     atomic_write(path, lambda tmp: torch.save(payload, tmp))
 
 
+def pickled_global(path: Path) -> str | None:
+    """The first Python object (module.name) that the pickle stream in `path` names by a GLOBAL opcode, or None (not a
+    pickle stream of protocol 2 or later, which begins with the PROTO opcode, or one naming none that way).
+    pickletools reads the opcodes without running any."""
+    try:
+        with path.open("rb") as stream:
+            if stream.read(1) != pickle.PROTO:
+                return None
+            stream.seek(0)
+            for opcode, argument, _ in pickletools.genops(stream):
+                if opcode.name == "GLOBAL":
+                    return str(argument).replace(" ", ".")
+    except Exception:  # any malformed stream: pickletools raises ValueError, EOFError, UnicodeDecodeError, ...
+        return None
+    return None
+
+
+def not_unpickled(path: Path, holds: str) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint '{path}' is truncated or not a checkpoint of this platform: it holds {holds}, "
+        "and it will not be unpickled (unpickling can run any code a file names)"
+    )
+
+
 def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
     """Load and validate the file; returns {config: dict (with a text 'method'), instance: Instance, status, reason, trainer,
     attempts} (attempts [0] in a checkpoint written before they were recorded)."""
@@ -61,20 +86,19 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if not zipfile.is_zipfile(path):  # torch.load would read any other file as a pickle stream: KeyError, IndexError, ...
-        raise CheckpointError(
-            f"checkpoint '{path}' is truncated or not a checkpoint of this platform (not a zip archive, which torch.save writes)"
-        )
+        named = pickled_global(path)
+        if named is None:
+            raise CheckpointError(
+                f"checkpoint '{path}' is truncated or not a checkpoint of this platform (not a zip archive, which torch.save writes)"
+            )
+        raise not_unpickled(path, f"the Python object {named}")
     try:
         with warnings.catch_warnings():  # torch's remarks on a foreign file's pickle protocol
             warnings.simplefilter("ignore")
             payload = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as exc:  # torch's message advises weights_only=False, which would run the file's code
         named = re.search(r"GLOBAL (\S+)", str(exc))
-        holds = f"the Python object {named.group(1)}" if named else "data other than tensors and plain values"
-        raise CheckpointError(
-            f"checkpoint '{path}' is truncated or not a checkpoint of this platform: it holds {holds}, "
-            "and it will not be unpickled (unpickling can run any code a file names)"
-        ) from None
+        raise not_unpickled(path, f"the Python object {named.group(1)}" if named else "data other than tensors and plain values") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform ({first_line})") from None

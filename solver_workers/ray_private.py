@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+import ray
 from ray._private import ray_constants, services
 from ray._private import state as _state
 from ray._private import worker as _worker
@@ -84,11 +85,12 @@ def node_ip_address() -> str:
 
 
 def actor_table(job_id: str | None = None, actor_id: str | None = None) -> Any:
-    """Ray's actor table (ray._private.state.actors), dead actors included with their node: every actor of `job_id`
-    by actor id, or the one actor `actor_id` (keys ActorClassName, Address with NodeID, OwnerAddress)."""
+    """Ray's actor table (ray._private.state.actors), dead actors included with their node: every actor of the job
+    `job_id` (hex, as ray.get_runtime_context().get_job_id() gives it) by actor id, or the one actor `actor_id` (keys
+    ActorClassName, Address with NodeID, OwnerAddress)."""
     if actor_id is not None:
         return _state.actors(actor_id=actor_id)
-    return _state.actors(job_id=job_id)
+    return _state.actors(job_id=None if job_id is None else ray.JobID.from_hex(job_id))
 
 
 def route_worker_output(write: Callable[..., None]) -> Callable[[], None]:

@@ -188,7 +188,7 @@ def train_nodes() -> list[dict[str, str]]:
 
     from solver_workers.ray_private import actor_table
 
-    table = actor_table(job_id=ray.get_runtime_context().job_id).values()
+    table = actor_table(job_id=ray.get_runtime_context().get_job_id()).values()
     me = actor_table(actor_id=ray.get_runtime_context().get_actor_id())["Address"]
 
     def owned_by(address: dict, kind: str) -> list[dict]:

@@ -56,7 +56,7 @@ def test_the_actor_table_holds_an_actor_with_its_class_address_node_and_owner(ra
     probe = Probe.remote()
     try:
         actor_id = ray_session.get(probe.actor_id.remote(), timeout=60)
-        by_job = ray_private.actor_table(job_id=ray_session.get_runtime_context().job_id)
+        by_job = ray_private.actor_table(job_id=ray_session.get_runtime_context().get_job_id())
         one = ray_private.actor_table(actor_id=actor_id)
         assert (
             one["ActorClassName"].rpartition(".")[2] == "Probe"

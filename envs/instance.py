@@ -217,9 +217,12 @@ def read_table(path: str | os.PathLike, what: str, header: str, column_types: di
             if not text.strip():
                 raise InstanceError(f"{what} '{path}' is empty; expected {header}")
             options = pyarrow.csv.ConvertOptions(column_types=column_types or {})
-            table = pyarrow.csv.read_csv(io.BytesIO(text.encode()), convert_options=options)
+            # one thread (here and for Parquet): Arrow's CPU thread pool, once started, can abort the interpreter's exit
+            # ("terminate called without an active exception", SIGABRT: 2 of 6 runs of instance.py --items here)
+            reading = pyarrow.csv.ReadOptions(use_threads=False)
+            table = pyarrow.csv.read_csv(io.BytesIO(text.encode()), read_options=reading, convert_options=options)
         else:
-            table = pyarrow.parquet.read_table(path)
+            table = pyarrow.parquet.read_table(path, use_threads=False)
     except pa.ArrowException as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InstanceError(f"{what} '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line})") from None

@@ -34,8 +34,8 @@ import torch
 from envs.instance import LMAX, paper_instance
 from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
 from serving.decisions import read_states
+from solver_workers.policies import CHECKPOINT_PREFIX
 from solver_workers.ray_session import init_ray, stop_ray
-from sweeps.policies import CHECKPOINT_PREFIX
 from trainers.checkpoint import save_checkpoint
 from trainers.registry import family, method_config
 

@@ -31,7 +31,7 @@ from envs.cli import device, input_file, read_file, run_cli
 from envs.errors import InputError
 from envs.instance import Instance
 from serving.decisions import load_decider, read_states
-from sweeps.policies import CHECKPOINT_PREFIX, policy_name
+from solver_workers.policies import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
 
 

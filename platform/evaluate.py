@@ -23,7 +23,7 @@ from envs.job_output import resolve_out
 from envs.lookahead import FORMS
 from envs.lookahead import NAME as LOOKAHEAD
 from envs.results import write_evaluation
-from sweeps.policies import CHECKPOINT_PREFIX, TABLES_PREFIX, named_policy, policy_name
+from solver_workers.policies import CHECKPOINT_PREFIX, TABLES_PREFIX, named_policy, policy_name
 from trainers.policy import MODES
 from trainers.registry import load_policy
 

@@ -22,7 +22,7 @@ import time
 
 from envs.cli import input_file, non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
-from sweeps.policies import CHECKPOINT_PREFIX, policy_name
+from solver_workers.policies import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
 
 APP_NAME = "decisions"

@@ -31,7 +31,7 @@ from envs.dynamics import State
 from envs.errors import InputError
 from envs.instance import Instance
 from serving.decisions import Decider, PolicyError, load_decider, read_states
-from sweeps.policies import NAMED_POLICIES, is_policy_name
+from solver_workers.policies import NAMED_POLICIES, is_policy_name
 from trainers.policy import MODES
 
 MAX_BODY_BYTES = 8 * 2**20

@@ -1,6 +1,6 @@
 """Decisions for states that a user sends: the state format, the check that a state is one the instance can
 produce, and `Decider`, which answers a batch of states with any policy (a checkpoint of a learned method,
-a tuned classical policy, the n = 1 optimum or the decomposition lookahead; names are looked up in sweeps/policies.py).
+a tuned classical policy, the n = 1 optimum or the decomposition lookahead; names are looked up in solver_workers/policies.py).
 platform/decide.py and the decision service (serving.app) go through here.
 
 A state is {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}. It must be one
@@ -38,7 +38,7 @@ from envs.errors import InputError
 from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
-from sweeps.policies import CHECKPOINT_PREFIX, named_policy
+from solver_workers.policies import CHECKPOINT_PREFIX, named_policy
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -240,7 +240,7 @@ class Decider:
 
 def load_decider(policy: str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
     """The Decider of `policy`: checkpoint:PATH (a checkpoint of any learned method, on its own instance unless
-    `instance` is given) or a named policy (sweeps.policies) on `instance`, tuned or solved now (the decomposition
+    `instance` is given) or a named policy (solver_workers.policies) on `instance`, tuned or solved now (the decomposition
     lookahead in its stationary form: a state carries no period)."""
     if mode not in MODES:
         raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")

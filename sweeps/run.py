@@ -63,8 +63,8 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from solver_workers.backends import SolverOptions
     from solver_workers.decomposition import NAME as DECOMPOSITION
     from solver_workers.decomposition import DecompositionOptions
+    from solver_workers.policies import LOOKAHEAD, TABLES_PREFIX, named_policy
     from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
-    from sweeps.policies import LOOKAHEAD, TABLES_PREFIX, named_policy
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
     for n, inst in insts.items():

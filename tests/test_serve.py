@@ -28,7 +28,7 @@ from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
 from envs.classical import make_policy
 from envs.errors import InputError
 from serving.decisions import Decider, PolicyError, load_decider, read_states
-from sweeps.policies import CHECKPOINT_PREFIX
+from solver_workers.policies import CHECKPOINT_PREFIX
 
 # INSTANCE (conftest): paper_instance(2, 0): lead times [3, 3] (in_transit[i][2] is 0), qbar [24.8, 22.4]
 STATES = [

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import TINY
 
+import solver_workers.policies as policies
 import trainers.imitation as imitation
 import trainers.pathwise as pathwise
 from envs.dynamics import initial_state, step
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tune_once(tuned):
     """The teachers tuned once per session (conftest.tuned)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(imitation, "tuned_policy", tuned)
+        patch.setattr(policies, "tuned_policy", tuned)
         yield
 
 
@@ -155,7 +156,7 @@ def warm_trainer():
 def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
-    teacher, _ = imitation.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     stream = FactorDemandStream(inst, 256, seed=987_654)
     factor = stream.initial_factor()
     state = initial_state(inst, factor)
@@ -232,7 +233,7 @@ def test_the_warm_started_student_costs_within_a_margin_of_its_teacher_and_a_bro
     each broken control's (excess_costs) is above it, so the margin tells a working imitation from one that
     lost either target."""
     trainer, untrained = warm_trainer
-    teacher, _ = imitation.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
 

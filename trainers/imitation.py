@@ -35,31 +35,28 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from envs.classical import POLICY_NAMES, tuned_policy
 from envs.dynamics import State, step
 from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from envs.lookahead import NAME as LOOKAHEAD
-from solver_workers.lookahead import lookahead_policy
+from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, named_policy
 from trainers.networks import ThreeNetworks
 from trainers.streams import exogenous_step
 
-TEACHERS = (*(name for name in POLICY_NAMES if name != "zero"), LOOKAHEAD)
-"""The policies a run may imitate (`teacher_policy` resolves each name)."""
+TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
+"""The policies a run may imitate: every named policy but `zero` (nothing to learn) and dp-optimal (its tables
+end at a horizon, the teacher's rollouts do not)."""
 TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
 
 
 def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
-    """(policy, parameters for the record) of the teacher `name` (TEACHERS) on `source`, as it is evaluated: a
-    classical family tuned on the training paths for the evaluation horizon (envs.classical.tuned_policy), or
-    the decomposition lookahead in its stationary form (solver_workers.lookahead: the rollouts of a warm start
-    run for more periods than any finite table has; its threshold tuned on the training paths)."""
-    if name == LOOKAHEAD:
-        return lookahead_policy(source, EVAL_HORIZON, device, form="stationary", progress=progress)
-    return tuned_policy(source, name, EVAL_HORIZON, device=device, progress=progress)
+    """(policy, parameters for the record) of the teacher `name` (TEACHERS) on `source`, as evaluate.py builds
+    it (solver_workers.policies.named_policy): a classical family tuned on the training paths for the evaluation
+    horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
+    periods than any finite table has; its threshold tuned on the training paths)."""
+    return named_policy(source, name, EVAL_HORIZON, device, progress=progress, form="stationary")
 
 
 @dataclass

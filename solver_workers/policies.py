@@ -1,5 +1,7 @@
 """Every policy by name, in one place: platform/evaluate.py, platform/decide.py, the decision service
-(serving/decisions.py) and the sweep's baselines look names up here.
+(serving/decisions.py), the sweep's baselines and the imitation warm start's teacher (trainers/imitation.py)
+look names up here. It sits in solver_workers, below trainers, sweeps, serving and platform, because the
+lookahead's tables come from this layer's decomposition pool.
 
 * a classical family or classical-best (envs.classical.POLICY_NAMES), tuned on training paths;
 * dp-optimal: the exact n = 1 optimum (envs.dp_optimal);
@@ -52,4 +54,4 @@ def named_policy(instance: Instance, name: str, horizon: int = EVAL_HORIZON, dev
     if name == LOOKAHEAD or name.startswith(TABLES_PREFIX):
         bound = name[len(TABLES_PREFIX) :] if name.startswith(TABLES_PREFIX) else None
         return lookahead_policy(instance, horizon, device, form=form, bound=bound, progress=progress)
-    return tuned_policy(instance, name, horizon, device, progress=progress)
+    return tuned_policy(instance, name, horizon, device=device, progress=progress)

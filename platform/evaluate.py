@@ -21,9 +21,8 @@ from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.job_output import resolve_out
 from envs.lookahead import FORMS
-from envs.lookahead import NAME as LOOKAHEAD
 from envs.results import write_evaluation
-from solver_workers.policies import CHECKPOINT_PREFIX, TABLES_PREFIX, named_policy, policy_name
+from solver_workers.policies import CHECKPOINT_PREFIX, named_label, named_policy, policy_name
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -53,7 +52,7 @@ def main() -> None:
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
     else:
         policy, parameters = named_policy(instance, args.policy, args.horizon, args.device, progress=True, form=args.lookahead_form)
-        label = LOOKAHEAD if args.policy.startswith(TABLES_PREFIX) else args.policy
+        label = named_label(args.policy, args.lookahead_form)
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)

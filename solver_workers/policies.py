@@ -55,3 +55,12 @@ def named_policy(instance: Instance, name: str, horizon: int = EVAL_HORIZON, dev
         bound = name[len(TABLES_PREFIX) :] if name.startswith(TABLES_PREFIX) else None
         return lookahead_policy(instance, horizon, device, form=form, bound=bound, progress=progress)
     return tuned_policy(instance, name, horizon, device=device, progress=progress)
+
+
+def named_label(name: str, form: str = FORMS[0]) -> str:
+    """The method name under which a named policy's evaluation is written: the name, without a tables folder;
+    the lookahead's stationary form gets its own (decomposition-lookahead-stationary), so that both forms can
+    stand in one report."""
+    if name == LOOKAHEAD or name.startswith(TABLES_PREFIX):
+        return LOOKAHEAD if form == FORMS[0] else f"{LOOKAHEAD}-{form}"
+    return name

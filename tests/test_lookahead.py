@@ -254,3 +254,15 @@ def test_bound_run_keeps_the_tables_reuses_them_and_refuses_others(tmp_path, ray
     assert lookahead.load_tables(out, inst, "stationary").horizon is None  # no period: any horizon
     with pytest.raises(InputError, match="factor_points 7 there, 9 here"):
         decomposition_journal(out, inst, 3, 8, 5, DecompositionOptions(factor_points=9, coarse_points=4))
+
+
+def test_each_form_is_evaluated_under_its_own_name():
+    """evaluate.py writes the finite form as decomposition-lookahead and the stationary one under its own name,
+    whether the tables are computed now or read from a bound run's folder; other names stay as given. Catches a
+    report whose two lookahead rows carry one name (they could not be told apart, nor compared by name)."""
+    from solver_workers.policies import TABLES_PREFIX, named_label
+
+    for name in (lookahead.NAME, f"{TABLES_PREFIX}runs/dec16"):
+        assert named_label(name, "finite") == lookahead.NAME
+        assert named_label(name, "stationary") == f"{lookahead.NAME}-stationary"
+    assert named_label("classical-best", "stationary") == "classical-best"

@@ -132,6 +132,46 @@ def cost_table(report: Report) -> Table:
     return table
 
 
+HEADLINE = "Headline: the best policy of each size"
+
+
+def headline_table(report: Report) -> Table:
+    """Per size: the cheapest policy on the held-out set (Report.ranked), its paired difference to classical-best and,
+    with the decomposition bound in the sweep, its paired difference to the bound's relaxed policies beside the bound."""
+    paired = {(r["n"], r["column"]): r for r in report.paired if r["paired"]}
+    relaxed = {(r["n"], r["column"]): r for r in report.relaxed_differences if r["paired"]}
+    header = ["n", "best policy", "mean", "- classical-best (95% CI of each seed)"]
+    if report.results.spec.baselines.decomposition is not None:
+        header += [f"- the {RELAXED_POLICIES} (% of their mean)", BOUND_HEADER]
+    table = Table(HEADLINE, header, [])
+    table.intro = (
+        "The cheapest policy of each size on the held-out episodes (the bound is not a policy), its paired difference "
+        "to classical-best and its distance to the decomposition bound (the tables below)."
+    )
+    for n in report.results.spec.sizes:
+        ranked = report.ranked(n)
+        if not ranked:
+            table.rows.append([str(n), "none evaluated", *("n/a" for _ in header[2:])])
+            continue
+        best = ranked[0]
+        against_best = "reference" if best.column == "classical-best" else paired_text(paired.get((n, best.column)))
+        row = [str(n), label(best.column), cell(best), against_best]
+        if len(header) > 4:
+            gap = relaxed.get((n, best.column))
+            share = f" ({percent(gap['share'])})" if gap and gap["share"] is not None else ""
+            row += [paired_text(gap) + share, dp_value(report, n) or "n/a"]
+        table.rows.append(row)
+    return table
+
+
+def paired_text(row: dict | None) -> str:
+    """A paired_rows row as 'mean (each seed's CI)', n/a without a pair."""
+    if row is None:
+        return "n/a"
+    mean, seeds = paired_intervals(row)
+    return f"{mean} ({seeds})"
+
+
 def dp_value(report: Report, n: int) -> str | None:
     """The decomposition bound's certified figures at size n (its DP value, conservatively), None without them."""
     bound = report.entries.get((n, DECOMPOSITION))
@@ -292,6 +332,7 @@ def tables(report: Report) -> list[Table]:
     return [
         t
         for t in (
+            headline_table(report),
             cost_table(report),
             per_item_table(report),
             reduction_table(report),

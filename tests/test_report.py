@@ -677,3 +677,20 @@ def test_the_page_the_csv_and_the_docs_give_the_paired_difference_one_definition
     row = next(r for r in rn.relaxed_difference_table(report).rows if r[:2] == ["1", "classical-best"])
     assert row[3] == "+15.00 (15.8%)" and row[4] == classical["paired_difference_ci"] and row[7] == classical["decomposition_bound"]
     assert all(f"<td>{cell}</td>" in page for cell in row)  # the page shows the table's row, numbers and bound alike
+
+
+def test_headline_names_each_size_best_policy_with_its_paired_gaps(tmp_path, monkeypatch):
+    """decomposition_report by hand: at n = 1 dp-optimal (99 + D) is the cheapest policy, -11 against classical-best
+    (110 + E; half-width 0.63197, above) and +4 above the relaxed policies (95 + D: the same offsets, so no spread),
+    4 / 95 = 4.2%; at n = 4 OR-Transformer's one finished seed (400 + D) is, -40 and +10 (10 / 390 = 2.6%), while
+    milp-short's 200 on its own episodes is not ranked. Catches a headline that ranks the bound or a policy off the
+    held-out set, pairs against the wrong reference, or drops the bound's DP value."""
+    from sweeps import render as rn
+
+    table = rn.headline_table(decomposition_report(tmp_path, monkeypatch))
+    assert table.title == rn.HEADLINE and rn.tables(decomposition_report(tmp_path, monkeypatch))[0].title == rn.HEADLINE
+    one, four = table.rows
+    assert one[:2] == ["1", "dp-optimal"] and one[3] == "-11.00 (-11.00 [-11.63, -10.37])"
+    assert one[4] == "+4.00 (+4.00 [+4.00, +4.00]) (4.2%)" and one[5] == "DP value 96.0, conservatively 94.5"
+    assert four[:2] == ["4", "OR-Transformer"] and four[3] == "-40.00 (s0: -40.00 [-40.63, -39.37])"
+    assert four[4] == "+10.00 (s0: +10.00 [+10.00, +10.00]) (2.6%)"

@@ -71,6 +71,11 @@ def session_address():
                 os.environ[name] = value
 
 
+PROXY_READY_VARIABLE = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+PROXY_READY_TIMEOUT_S = 60
+"""Seconds an embedded Ray's Serve controller waits for an HTTP proxy to be ready (start_local_ray)."""
+
+
 def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | None:
     """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token; with
     `dashboard`, Ray's dashboard too (on 127.0.0.1), whose URL is returned. Ends what an embedded Ray of a killed
@@ -81,9 +86,15 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
     (solver_workers.ray_private.cluster_mode_off); Ray passes the node IP to every process it starts. Ray writes a
     new token to ~/.ray/auth_token unless one is configured, so give it a token for this process in RAY_AUTH_TOKEN,
     which its processes inherit.
+
+    Ray Serve's controller kills and restarts an HTTP proxy that has not answered its readiness check within
+    RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (Ray's default 5 s); on a busy machine a proxy takes longer to start, and
+    serve.run then failed with the proxy's ActorDiedError. The embedded Ray's processes inherit PROXY_READY_TIMEOUT_S
+    unless the variable is set.
     """
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ.setdefault(PROXY_READY_VARIABLE, str(PROXY_READY_TIMEOUT_S))
     token_notice_logger().addFilter(without_token_notice)  # a filter already there is not added twice
     try:
         with cluster_mode_off(), keep_sigterm_handler(), session_address():

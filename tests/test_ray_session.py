@@ -281,3 +281,16 @@ def test_the_next_start_ends_what_a_killed_drivers_embedded_ray_left_and_nothing
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_embedded_ray_gives_serve_proxies_time_to_become_ready(ray_session):
+    """The embedded Ray's workers (where Serve's controller runs) see the proxy readiness timeout of start_local_ray, not
+    Ray's 5 s: catches a default set too late (after ray.init) or in the driver only, under which Serve killed a proxy
+    that a busy machine had not started within 5 s and serve.run failed."""
+    from solver_workers.ray_session import PROXY_READY_TIMEOUT_S, PROXY_READY_VARIABLE
+
+    @ray_session.remote
+    def seen() -> str | None:
+        return os.environ.get(PROXY_READY_VARIABLE)
+
+    assert ray_session.get(seen.remote()) == str(PROXY_READY_TIMEOUT_S)

@@ -543,6 +543,12 @@ def command_name(pid: int) -> str:
         return ""
 
 
+def assert_none_left(token: str) -> None:
+    """No process holds serve.py's token any more; the failure names those that do, with the command of each."""
+    left = processes_holding(f"RAY_AUTH_TOKEN={token}".encode())
+    assert left == [], f"processes of serve.py's Ray left running: {[(pid, command_name(pid)) for pid in left]}"
+
+
 def start_serve_py(checkpoint, log: Path, token: str, until) -> tuple[subprocess.Popen, int]:
     """serve.py on a port chosen now, its output in `log`, once `until(port)` holds; on another port when the chosen
     one was taken before serve.py bound it (its output names the port then)."""
@@ -592,7 +598,7 @@ def test_serve_py_serves_until_ctrl_c(trained, tmp_path):
         assert "stopped" in output and "Traceback" not in output
         for line in ("Token authentication is enabled", "graceful_shutdown failed"):
             assert line not in output, output[-3000:]
-        assert processes_holding(f"RAY_AUTH_TOKEN={token}".encode()) == []
+        assert_none_left(token)
     finally:
         if process.poll() is None:
             process.kill()
@@ -616,7 +622,7 @@ def test_ctrl_c_while_serve_py_starts_leaves_no_process_of_its_ray(trained, tmp_
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)
         assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
-        assert processes_holding(f"RAY_AUTH_TOKEN={token}".encode()) == []
+        assert_none_left(token)
     finally:
         if process.poll() is None:
             process.kill()

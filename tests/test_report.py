@@ -679,7 +679,7 @@ def test_the_page_the_csv_and_the_docs_give_the_paired_difference_one_definition
     assert all(f"<td>{cell}</td>" in page for cell in row)  # the page shows the table's row, numbers and bound alike
 
 
-def test_headline_names_each_size_best_policy_with_its_paired_gaps(tmp_path, monkeypatch):
+def test_headline_names_each_size_best_policy_with_its_paired_gaps(report, tmp_path, monkeypatch):
     """decomposition_report by hand: at n = 1 dp-optimal (99 + D) is the cheapest policy, -11 against classical-best
     (110 + E; half-width 0.63197, above) and +4 above the relaxed policies (95 + D: the same offsets, so no spread),
     4 / 95 = 4.2%; at n = 4 OR-Transformer's one finished seed (400 + D) is, -40 and +10 (10 / 390 = 2.6%), while
@@ -694,3 +694,7 @@ def test_headline_names_each_size_best_policy_with_its_paired_gaps(tmp_path, mon
     assert one[4] == "+4.00 (+4.00 [+4.00, +4.00]) (4.2%)" and one[5] == "DP value 96.0, conservatively 94.5"
     assert four[:2] == ["4", "OR-Transformer"] and four[3] == "-40.00 (s0: -40.00 [-40.63, -39.37])"
     assert four[4] == "+10.00 (s0: +10.00 [+10.00, +10.00]) (2.6%)"
+    without_bound = rn.headline_table(report)  # a sweep without the decomposition bound: no columns for it
+    assert without_bound.header == ["n", "best policy", "mean", "- classical-best (95% CI of each seed)"]
+    assert [row[:2] for row in without_bound.rows] == [["1", "dp-optimal"], ["4", "OR-Transformer"]]
+    assert "bound's" not in without_bound.intro

@@ -58,29 +58,29 @@ def read_spec(path) -> tuple[SweepSpec, dict]:
 
 def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -> None:
     """Every size's baselines, each skipped when its folder is already whole (the solver journals resume)."""
-    from envs.classical import tuned_policy
-    from envs.dp_optimal import dp_optimal_policy
     from solver_workers.backends import SolverOptions
     from solver_workers.decomposition import NAME as DECOMPOSITION
     from solver_workers.decomposition import DecompositionOptions
-    from solver_workers.policies import LOOKAHEAD, TABLES_PREFIX, named_policy
+    from solver_workers.policies import DP_OPTIMAL, LOOKAHEAD, TABLES_PREFIX, named_policy
     from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
+
+    def named_baseline(inst: Instance, base: Path, label: str, name: str) -> None:
+        """Evaluate the named policy `name` (solver_workers.policies) into base/label, unless it is already there."""
+        if baseline_done(base / label, inst, episodes, horizon):
+            return
+        log(f"baseline n={inst.n} {label}")
+        policy, params = named_policy(inst, name, horizon)
+        result = evaluate(policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
+        write_evaluation(base / label, label, result, HELDOUT_SEED, {"sweep": True, "n": inst.n}, params, instance=inst)
+
     for n, inst in insts.items():
         base = out / "baselines" / f"n{n}"
-        named = []
         if b.classical_best:
-            named.append(("classical-best", lambda inst=inst: tuned_policy(inst, "classical-best", horizon)))
+            named_baseline(inst, base, "classical-best", "classical-best")
         if b.dp_optimal and n == 1:
-            named.append(("dp-optimal", lambda inst=inst: dp_optimal_policy(inst, horizon)))
-        for name, make in named:
-            if baseline_done(base / name, inst, episodes, horizon):
-                continue
-            log(f"baseline n={n} {name}")
-            policy, params = make()
-            result = evaluate(policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
-            write_evaluation(base / name, name, result, HELDOUT_SEED, {"sweep": True, "n": n}, params, instance=inst)
+            named_baseline(inst, base, DP_OPTIMAL, DP_OPTIMAL)
         if b.bound is not None and not baseline_done(base / "bound", inst, episodes, horizon):
             log(f"baseline n={n} perfect-information bound")
             options = SolverOptions(b.bound["solver"], b.bound["time_limit"], 0.0, b.bound["threads"])
@@ -91,11 +91,8 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
             options = DecompositionOptions(**b.decomposition)
             journal = decomposition_journal(base / DECOMPOSITION, inst, HELDOUT_SEED, horizon, episodes, options)
             run_decomposition_bound(base / DECOMPOSITION, inst, journal, options, HELDOUT_SEED, episodes, horizon, b.solver_workers)
-        if b.lookahead and not baseline_done(base / LOOKAHEAD, inst, episodes, horizon):
-            log(f"baseline n={n} {LOOKAHEAD}")
-            policy, params = named_policy(inst, f"{TABLES_PREFIX}{base / DECOMPOSITION}", horizon)
-            result = evaluate(policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
-            write_evaluation(base / LOOKAHEAD, LOOKAHEAD, result, HELDOUT_SEED, {"sweep": True, "n": n}, params, instance=inst)
+        if b.lookahead:  # on the tables of the decomposition bound's run above
+            named_baseline(inst, base, LOOKAHEAD, f"{TABLES_PREFIX}{base / DECOMPOSITION}")
         for m in b.milp:
             if m.sizes is not None and n not in m.sizes:
                 continue

@@ -7,10 +7,23 @@ import pytest
 import torch
 from conftest import TINY
 
+from envs.dynamics import step
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
-from trainers.pathwise import PathwiseTrainer, TrainConfig, entropy_weight, gae, learning_rate, losses, rollout
+from trainers import pathwise
+from trainers.pathwise import (
+    PathwiseTrainer,
+    TrainConfig,
+    draw_rollouts,
+    entropy_weight,
+    gae,
+    hybrid_losses,
+    learning_rate,
+    rollout,
+    standardize,
+    tokens,
+)
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config
 
@@ -39,6 +52,17 @@ def test_gae_matches_a_slow_loop():
             assert target[e, t].item() == pytest.approx(expected + value[e, t])
 
 
+def fixed_draws(trainer: PathwiseTrainer, steps: int):
+    """A function that draws the same `steps` steps of the trainer's rollouts each time it is called."""
+    streams = (trainer.stream.generator.get_state(), trainer.generator.get_state())
+
+    def draws():
+        trainer.stream.generator.set_state(streams[0]), trainer.generator.set_state(streams[1])
+        return draw_rollouts(trainer.stream, trainer.state.factor, trainer.generator, steps, slice(None))
+
+    return draws
+
+
 @pytest.mark.parametrize("method", ["or-transformer", "hpo"])
 def test_pathwise_gradient_matches_finite_differences(method):
     """d L_PW / d c_Q (the quantity head's bias) through every step, feature and the frozen terminal value."""
@@ -46,16 +70,14 @@ def test_pathwise_gradient_matches_finite_differences(method):
     cfg = TrainConfig(method=method, **RUN)
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
     trainer = PathwiseTrainer(cfg, inst)
-    trainer.model.double()
     for _ in range(3):  # move away from the initial state
-        trainer.state = rollout(trainer.model, inst, trainer.state, trainer.stream, 5, trainer.generator).final_state.detach()
+        trainer.state = rollout(trainer.model, inst, trainer.state, fixed_draws(trainer, 5)()).final_state
     head = trainer.model.quantity_net.head if method == "or-transformer" else trainer.model.quantity_net.net[-1]
-    streams = (trainer.stream.generator.get_state(), trainer.generator.get_state())
+    draws = fixed_draws(trainer, 5)
 
     def pathwise_loss():
-        trainer.stream.generator.set_state(streams[0]), trainer.generator.set_state(streams[1])
-        ro = rollout(trainer.model, inst, trainer.state, trainer.stream, 5, trainer.generator)
-        return losses(ro, inst.gamma, cfg, 0.0).pathwise, ro
+        ro = rollout(trainer.model, inst, trainer.state, draws())
+        return ro.pathwise / trainer.state.batch, ro
 
     loss, ro = pathwise_loss()
     assert 0 < ro.open_order.mean() < 1
@@ -71,17 +93,98 @@ def test_pathwise_gradient_matches_finite_differences(method):
     assert abs(grad) > 1e-6
 
 
+def reference_losses(model, inst, state, draws, cfg, alpha_entropy):
+    """The hybrid losses the slow way: all three networks in one graph over the whole rollout, the open and critic
+    networks on detached tokens of each state, then eqs. (discrete_loss) - (total_loss) as means of the [B, T]
+    terms; the frozen critic as a copy of the critic's parameters without gradient."""
+    costs, log_probs, entropies, values = [], [], [], []
+    for t in range(draws.demand.shape[0]):
+        items, glob = tokens(inst, state)
+        logit = model.open_logit(items.detach(), glob.detach())
+        open_order = (draws.uniform[t] < torch.sigmoid(logit).detach()).to(logit.dtype)
+        distribution = torch.distributions.Bernoulli(logits=logit)
+        log_probs.append(distribution.log_prob(open_order))
+        entropies.append(distribution.entropy())
+        values.append(model.value(items.detach(), glob.detach()))
+        state, cost = step(inst, state, open_order, inst.qbar * model.quantity_fraction(items, glob), draws.demand[t], draws.factor[t])
+        costs.append(cost / inst.c_ref)
+    items, glob = tokens(inst, state)
+    frozen = {name: p.detach() for name, p in model.critic_net.named_parameters()}
+    terminal = torch.func.functional_call(model.critic_net, frozen, (items, glob))
+    cost, log_prob, entropy, value = (torch.stack(x, dim=1) for x in (costs, log_probs, entropies, values))
+    advantage, target = gae(cost, value, terminal.detach(), inst.gamma, cfg.gae_lambda)
+    T = cost.shape[1]
+    score = (log_prob * standardize(advantage)).mean()
+    pathwise = ((cost * inst.gamma ** torch.arange(T, dtype=cost.dtype)).sum(1) + inst.gamma**T * terminal).mean()
+    critic = 0.5 * ((value - target) ** 2).mean()
+    total = score + cfg.pathwise_weight * pathwise + cfg.critic_weight * critic - alpha_entropy * entropy.mean()
+    return total, score, pathwise, critic, entropy.mean()
+
+
+@pytest.mark.parametrize("method", ["or-transformer", "hpo"])
+def test_micro_batched_losses_and_gradients_equal_the_one_graph_reference(method):
+    """The three passes of hybrid_losses (open and critic networks after the rollout on stored tokens, micro-batches
+    of 3 rollouts of 8) give the losses and every parameter's gradient of the slow one-graph reference. Catches a
+    score term on stale log-probabilities, a lost critic or entropy gradient, a wrong weight per micro-batch."""
+    cfg = TrainConfig(method=method, **{**RUN, "batch": 8})
+    inst = paper_instance(4, 0).to_torch(dtype=torch.float64)
+    trainer = PathwiseTrainer(cfg, inst)
+    trainer.step()  # a state away from the initial one, and weights away from their initialisation
+    draws = fixed_draws(trainer, cfg.rollout)
+    model = trainer.model
+    model.zero_grad()
+    expected = reference_losses(model, inst, trainer.state, draws(), cfg, 0.01)
+    expected[0].backward()
+    reference = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    chunks = [slice(0, 3), slice(3, 6), slice(6, 8)]
+    result = hybrid_losses(model, trainer.state, inst, draws(), cfg, 0.01, chunks)
+    for got, want in zip(result.losses, expected):
+        assert got.item() == pytest.approx(want.item(), rel=1e-9, abs=1e-12)
+    assert 0 < result.open_rate < 1
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, reference[name], rtol=1e-7, atol=1e-12, msg=name)
+
+
+def per_micro_batch_standardize(rows: int):
+    """A broken standardisation (the control): each micro-batch of `rows` rollouts standardised on its own."""
+    return lambda advantage: torch.cat([standardize(part) for part in advantage.split(rows)])
+
+
+@pytest.mark.parametrize("n", [4, pytest.param(64, marks=pytest.mark.slow)])
+def test_one_update_in_1_2_and_4_micro_batches_gives_the_same_parameters(n, monkeypatch):
+    """One update (score, pathwise, critic and entropy terms; Adam's step) at B = 8 leaves the same parameters with
+    the batch in 1, 2 or 4 micro-batches; the control, advantages standardised per micro-batch instead of over the
+    batch, moves them elsewhere, so the test would catch it."""
+    inst = paper_instance(n, 0).to_torch(dtype=torch.float64)
+    cfg = {**RUN, "batch": 8, "warmup": 1, "learning_rate": 1e-3, "critic_weight": 0.13}
+
+    def parameters_after_one_update(micro_batch: int) -> torch.Tensor:
+        trainer = PathwiseTrainer(TrainConfig(**cfg, micro_batch=micro_batch), inst)
+        assert len(trainer.memory.rollout_chunks()) == 8 // micro_batch
+        trainer.step()
+        return torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+
+    whole = parameters_after_one_update(8)
+    start = torch.cat([p.detach().flatten() for p in PathwiseTrainer(TrainConfig(**cfg), inst).model.parameters()])
+    moved = (whole - start).abs().max().item()
+    for micro_batch in (4, 2):
+        torch.testing.assert_close(parameters_after_one_update(micro_batch), whole, rtol=0, atol=1e-6 * moved)
+    monkeypatch.setattr(pathwise, "standardize", per_micro_batch_standardize(2))
+    broken = parameters_after_one_update(2)
+    assert (broken - whole).abs().max().item() > 0.1 * moved
+
+
 def test_one_update_lowers_the_loss_on_a_fixed_batch():
     torch.manual_seed(0)
     cfg = TrainConfig(**{**RUN, "warmup": 1, "learning_rate": 1e-3})
     inst = paper_instance(2, 0).to_torch()
     trainer = PathwiseTrainer(cfg, inst)
-    streams = (trainer.stream.generator.get_state(), trainer.generator.get_state())
-    state = trainer.state
+    draws, state = fixed_draws(trainer, 5), trainer.state
 
     def loss_now():
-        trainer.stream.generator.set_state(streams[0]), trainer.generator.set_state(streams[1])
-        return losses(rollout(trainer.model, inst, state, trainer.stream, 5, trainer.generator), inst.gamma, cfg, 0.01).total
+        chunks = trainer.memory.rollout_chunks()
+        return hybrid_losses(trainer.model, state, inst, draws(), cfg, 0.01, chunks, backward=False).losses.total
 
     before = loss_now().item()
     trainer.step()

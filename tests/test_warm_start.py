@@ -307,7 +307,7 @@ def test_resume_after_the_warm_start_does_not_repeat_it(tmp_path, monkeypatch):
 
 
 def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypatch):
-    def interrupted(*args):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pathwise, "imitation_losses", interrupted)

@@ -96,6 +96,11 @@ class TrainerConfig(RunConfig):
     device: str = "cpu"
     """cpu, cuda or cuda:K (whether it exists here is checked where the run starts, not in the config)."""
 
+    @classmethod
+    def memory_fields(cls) -> tuple[str, ...]:
+        """Fields that change how much memory a run takes, not its result: a resume may change them."""
+        return ()
+
     def check_shared_fields(self) -> None:
         for name in ("updates", "blocks", "heads"):
             self.require_int(name, 1)

@@ -41,7 +41,8 @@ from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
 from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, named_policy
-from trainers.networks import ThreeNetworks
+from trainers.memory import accumulate
+from trainers.networks import ThreeNetworks, autocast
 from trainers.streams import exogenous_step
 
 TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
@@ -147,11 +148,28 @@ class ImitationLosses(NamedTuple):
     """The share of states whose greedy Y = 1{p > 0.5} is the teacher's (no gradient)."""
 
 
-def imitation_losses(model: ThreeNetworks, batch: TeacherSteps) -> ImitationLosses:
-    """The three supervised losses of the module docstring, each a mean over the batch's states (and items)."""
-    logit = model.open_logit(batch.items, batch.glob)
-    open_loss = F.binary_cross_entropy_with_logits(logit, batch.open_order)
-    quantity = F.mse_loss(model.quantity_fraction(batch.items, batch.glob), batch.fraction)
-    critic = 0.5 * F.mse_loss(model.value(batch.items, batch.glob), batch.cost_to_go)
-    agreement = ((logit.detach() > 0).to(logit.dtype) == batch.open_order).to(logit.dtype).mean()
+def imitation_losses(
+    model: ThreeNetworks, batch: TeacherSteps, chunks: list[slice] | None = None, precision: str = "float32", backward: bool = False
+) -> ImitationLosses:
+    """The three supervised losses of the module docstring, each a mean over the batch's states (and items), with
+    the networks under `precision` (trainers.networks.autocast). With `backward` their gradients are added into
+    the parameters' .grad one micro-batch of states (`chunks`; default: all at once) at a time: each adds its sum
+    divided by the batch's count, so the gradient is the whole batch's with one micro-batch's activations."""
+    count = batch.open_order.shape[0]
+    dtype = batch.cost_to_go.dtype
+    sums = torch.zeros(4, dtype=torch.float64, device=batch.cost_to_go.device)
+    for rows in chunks or [slice(None)]:
+        items, glob = batch.items[rows], batch.glob[rows]
+        with torch.enable_grad() if backward else torch.no_grad(), autocast(precision, items.device):
+            logit = model.open_logit(items, glob).to(dtype)
+            fraction = model.quantity_fraction(items, glob).to(dtype)
+            value = model.value(items, glob).to(dtype)
+        open_loss = F.binary_cross_entropy_with_logits(logit, batch.open_order[rows], reduction="sum") / count
+        quantity = F.mse_loss(fraction, batch.fraction[rows], reduction="sum") / batch.fraction.numel()
+        critic = 0.5 * F.mse_loss(value, batch.cost_to_go[rows], reduction="sum") / count
+        if backward:
+            accumulate(open_loss + quantity + critic)
+        agreement = ((logit.detach() > 0).to(dtype) == batch.open_order[rows]).to(dtype).sum() / count
+        sums += torch.stack([open_loss.detach(), quantity.detach(), critic.detach(), agreement]).double()
+    open_loss, quantity, critic, agreement = sums.to(dtype)
     return ImitationLosses(open_loss + quantity + critic, open_loss, quantity, critic, agreement)

@@ -8,9 +8,11 @@ fraction) and the normalised value (eq. value_head).
 Both take item tokens [B, n, 11], the global token [B, 4] and an optional padding mask [B, n]
 (True = a real item).
 
-Under `torch.inference_mode` (decisions; no gradient can flow there) a Transformer's global readouts
-(open logit, value) update only h_0 in the last block: the same h_0 up to float rounding, with a quarter
-less attention. Training runs outside inference mode and computes every row, as before.
+A Transformer's global readouts (open logit, value) update only h_0 in the last block: the other rows of
+that block reach neither h_0 nor any gradient, so this is the same function with a quarter less attention.
+An encoder may recompute its blocks in the backward pass instead of keeping their activations
+(`checkpoint_blocks`, activation checkpointing): the same gradient for about a seventh of the memory
+(trainers.memory measures both).
 """
 
 from __future__ import annotations
@@ -21,8 +23,14 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES
+
+
+def autocast(precision: str, device: torch.device):
+    """The networks' arithmetic: bfloat16 autocast under `precision` "bfloat16", else float32 (autocast off)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
 
 
 class PolicyOutputs(NamedTuple):
@@ -86,20 +94,24 @@ class TokenEncoder(nn.Module):
         self.embed_item = nn.Linear(ITEM_FEATURES, shape.width)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.blocks))
         self.norm = nn.LayerNorm(shape.width)
+        self.checkpoint_blocks = False
+        """Recompute each block in the backward pass instead of keeping its activations (module docstring)."""
 
     def forward(self, items, glob, item_mask=None, rows: slice = slice(None)):
         x = torch.cat([self.embed_global(glob)[:, None], self.embed_item(items)], dim=1)
         keep = None
         if item_mask is not None:  # the global token is always attended to
             keep = torch.cat([torch.ones_like(item_mask[:, :1]), item_mask], dim=1)
-        for block in self.blocks[:-1]:
-            x = block(x, keep)
-        return self.norm(self.blocks[-1](x, keep, rows))
+        recompute = self.checkpoint_blocks and torch.is_grad_enabled()
+        for index, block in enumerate(self.blocks):
+            block_rows = rows if index == len(self.blocks) - 1 else slice(None)
+            x = checkpoint(block, x, keep, block_rows, use_reentrant=False) if recompute else block(x, keep, block_rows)
+        return self.norm(x)
 
 
 class GlobalReadout(nn.Module):
-    """A token encoder and a scalar head on the final global representation h_0: [B]. Under inference
-    mode the last block computes h_0 only (see the module docstring)."""
+    """A token encoder and a scalar head on the final global representation h_0: [B]. The last block computes
+    h_0 only (see the module docstring)."""
 
     def __init__(self, shape: TransformerShape):
         super().__init__()
@@ -107,8 +119,7 @@ class GlobalReadout(nn.Module):
         self.head = nn.Linear(shape.width, 1)
 
     def forward(self, items, glob, item_mask=None):
-        rows = slice(0, 1) if torch.is_inference_mode_enabled() else slice(None)
-        return self.head(self.encoder(items, glob, item_mask, rows)[:, 0])[:, 0]
+        return self.head(self.encoder(items, glob, item_mask, slice(0, 1))[:, 0])[:, 0]
 
 
 class ItemReadout(nn.Module):

@@ -46,12 +46,16 @@ from envs.instance import Instance, TensorInstance
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.imitation import TEACHERS, StudentMix, imitation_losses, teacher_policy, teacher_rollout
-from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
+from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
+from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
 from trainers.policy import LearnedPolicy
 from trainers.run import MethodRun, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
 
 METHODS = ("or-transformer", "hpo")
+PRECISIONS = ("float32", "bfloat16")
+MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations")
+"""Fields that change how much memory an update takes, not its result: a run may resume with other values."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,22 @@ class TrainConfig(TrainerConfig):
     initial_weights: str = ""
     """A checkpoint whose network weights the run starts from (a fine-tune; "" = a fresh network): the same
     method and network shape; an OR-Transformer's may come from any n, an HPO network only from the same n."""
+    precision: str = "float32"
+    """The networks' arithmetic: float32, or bfloat16 (autocast; the simulator and the costs stay float32, and on a
+    GPU the float32 matrix products left use TF32)."""
+    memory_budget: float = 0.0
+    """GiB that an update's activations may take (> 0), or 0: half of a GPU's free memory, on the CPU a quarter of
+    the available RAM and at most 1 GiB (trainers.memory). The update goes through its rollouts in the largest
+    micro-batches that fit: the same gradient, to float rounding."""
+    micro_batch: int = 0
+    """Rollouts per micro-batch (>= 1), or 0: chosen from memory_budget."""
+    checkpoint_activations: bool = False
+    """OR-Transformer: recompute the quantity encoder's blocks in the backward pass instead of keeping their
+    activations (activation checkpointing): larger micro-batches for about a third more quantity-network time."""
+
+    @classmethod
+    def memory_fields(cls) -> tuple[str, ...]:
+        return MEMORY_FIELDS
 
     def __post_init__(self):
         self.require_choice("method", METHODS)
@@ -106,6 +126,13 @@ class TrainConfig(TrainerConfig):
         self.require_real("imitation_student_share", 0, 1)
         if not isinstance(self.initial_weights, str):
             raise ConfigError(f"config field 'initial_weights': expected a checkpoint path or '', got {self.initial_weights!r}")
+        self.require_choice("precision", PRECISIONS)
+        self.require_real("memory_budget", 0)
+        self.require_int("micro_batch", 0)
+        if not isinstance(self.checkpoint_activations, bool):
+            raise ConfigError(f"config field 'checkpoint_activations': expected true or false, got {self.checkpoint_activations!r}")
+        if self.checkpoint_activations and self.method == "hpo":
+            raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
 
 
 def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
@@ -156,50 +183,71 @@ def entropy_weight(config: TrainConfig, update: int) -> float:
     return config.entropy_start + (config.entropy_end - config.entropy_start) * fraction
 
 
-class Rollout(NamedTuple):
-    normalized_cost: torch.Tensor  # [B, T]  C~_t, with gradient to the quantity network
-    open_order: torch.Tensor  # [B, T]  sampled Y_t
-    log_prob: torch.Tensor  # [B, T]  log pi(Y_t | sg(s_t))
-    entropy: torch.Tensor  # [B, T]
-    value: torch.Tensor  # [B, T]  V_psi(sg(s_t)), trainable
-    terminal_value: torch.Tensor  # [B]  V_{sg(psi)}(s_T), gradient into s_T only
-    bootstrap_value: torch.Tensor  # [B]  V_psi(s_T) without gradient
-    final_state: State
+class RolloutDraws(NamedTuple):
+    """The exogenous steps and open-decision uniforms of one update's rollouts (this rank's rows), drawn before
+    the rollouts: they do not depend on the decisions, so the micro-batches can take their rows in any order."""
+
+    demand: torch.Tensor  # [T, b, n]  D_t
+    factor: torch.Tensor  # [T, b]     F_{t+1}
+    uniform: torch.Tensor  # [T, b]    U_t of Y_t = 1{U_t < p_t}
+
+    def rows(self, rows: slice) -> RolloutDraws:
+        return RolloutDraws(self.demand[:, rows], self.factor[:, rows], self.uniform[:, rows])
 
 
-def rollout(
-    model: ThreeNetworks, instance: TensorInstance, state: State, stream: FactorDemandStream, steps: int, generator: torch.Generator
-) -> Rollout:
-    """Simulate `steps` steps of this rank's rollouts (`state`): Q from the quantity network on s_t (pathwise),
-    Y ~ Bernoulli(p(sg(s_t))) as Y = 1{U < p}. The factor path is exogenous, so every rank carries the whole
-    batch's (`stream` is sized B), draws its Poisson demands and the uniforms U for all B rollouts, and keeps its rows."""
-    rows = shard_rows(state.batch)
-    factor = all_gather_rows(state.factor)  # [B] F_t of the whole batch
-    costs, opens, log_probs, entropies, values = [], [], [], [], []
+def draw_rollouts(stream: FactorDemandStream, factor: torch.Tensor, generator: torch.Generator, steps: int, rows: slice) -> RolloutDraws:
+    """`steps` steps from F_t of the whole batch (`factor`, [B]): every rank draws the whole batch's demands,
+    factors and uniforms from the common streams and keeps its `rows` (trainers.streams)."""
+    demands, factors, uniforms = [], [], []
     for _ in range(steps):
-        items, glob = tokens(instance, state)
-        items_sg, glob_sg = items.detach(), glob.detach()
-        logit = model.open_logit(items_sg, glob_sg)
-        uniform = torch.rand(
-            factor.shape, generator=generator, device=factor.device, dtype=factor.dtype
-        )  # [B]: the whole batch's (trainers.streams)
-        open_order = (uniform[rows] < torch.sigmoid(logit).detach()).to(logit.dtype)
-        distribution = torch.distributions.Bernoulli(logits=logit)
-        opens.append(open_order)
-        log_probs.append(distribution.log_prob(open_order))
-        entropies.append(distribution.entropy())
-        values.append(model.value(items_sg, glob_sg))
-        quantity = instance.qbar * model.quantity_fraction(items, glob)
+        uniforms.append(torch.rand(factor.shape, generator=generator, device=factor.device, dtype=factor.dtype)[rows])
         demand, factor = exogenous_step(stream, factor, rows)
-        state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
-        costs.append(cost / instance.c_ref)
+        demands.append(demand)
+        factors.append(factor[rows])
+    return RolloutDraws(torch.stack(demands), torch.stack(factors), torch.stack(uniforms))
+
+
+class Rollout(NamedTuple):
+    """One micro-batch of rollouts: the pathwise term with its graph, the rest detached for the later passes."""
+
+    pathwise: torch.Tensor  # []  sum over the rollouts of sum_t gamma^t C~_t + gamma^T V_{sg(psi)}(s_T), eq. (pathwise_loss)
+    items: torch.Tensor  # [b, T, n, 11]  item tokens of s_t, detached
+    glob: torch.Tensor  # [b, T, 4]       global token of s_t, detached
+    normalized_cost: torch.Tensor  # [b, T]  C~_t, detached
+    open_order: torch.Tensor  # [b, T]  sampled Y_t
+    bootstrap_value: torch.Tensor  # [b]  V_psi(s_T), detached
+    final_state: State  # detached
+
+
+def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, draws: RolloutDraws, precision: str = "float32") -> Rollout:
+    """Simulate the rollouts of `state` over `draws`: Q = qbar * fraction from the quantity network on s_t (pathwise,
+    with its graph), Y = 1{U < p(s_t)} with p from the open network without a graph (its log-probability is
+    computed afterwards on the stored tokens, `hybrid_losses`); the terminal value by the frozen critic
+    psi-bar = sg(psi), its gradient flowing into s_T only. The networks run under `precision` (`autocast`), the
+    simulator in the instance's dtype."""
+    gamma, steps = instance.gamma, draws.demand.shape[0]
+    items_kept, globs_kept, costs, opens = [], [], [], []
+    pathwise = torch.zeros((), device=state.inv.device, dtype=state.inv.dtype)
+    for t in range(steps):
+        items, glob = tokens(instance, state)
+        items_kept.append(items.detach())
+        globs_kept.append(glob.detach())
+        with torch.no_grad(), autocast(precision, items.device):
+            p = torch.sigmoid(model.open_logit(items_kept[-1], globs_kept[-1]).to(items.dtype))
+        open_order = (draws.uniform[t] < p).to(items.dtype)
+        with autocast(precision, items.device):
+            quantity = instance.qbar * model.quantity_fraction(items, glob).to(items.dtype)
+        state, cost = step(instance, state, open_order, quantity, draws.demand[t], draws.factor[t])
+        pathwise = pathwise + gamma**t * (cost / instance.c_ref).sum()
+        costs.append(cost.detach() / instance.c_ref)
+        opens.append(open_order)
     items, glob = tokens(instance, state)
-    frozen = {name: p.detach() for name, p in model.critic_net.named_parameters()}  # psi-bar = sg(psi)
-    terminal_value = functional_call(model.critic_net, frozen, (items, glob))
-    with torch.no_grad():
-        bootstrap = model.value(items, glob)
+    frozen = {name: p.detach() for name, p in model.critic_net.named_parameters()}
+    with autocast(precision, items.device):
+        terminal_value = functional_call(model.critic_net, frozen, (items, glob)).to(items.dtype)
     stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
-    return Rollout(stack(costs), stack(opens), stack(log_probs), stack(entropies), stack(values), terminal_value, bootstrap, state)
+    pathwise = pathwise + gamma**steps * terminal_value.sum()
+    return Rollout(pathwise, stack(items_kept), stack(globs_kept), stack(costs), stack(opens), terminal_value.detach(), state.detach())
 
 
 def gae(normalized_cost: torch.Tensor, value: torch.Tensor, bootstrap: torch.Tensor, gamma: float, lam: float):
@@ -277,17 +325,78 @@ class Losses(NamedTuple):
     entropy: torch.Tensor
 
 
-def losses(ro: Rollout, gamma: float, config: TrainConfig, alpha_entropy: float) -> Losses:
-    """Eqs. (discrete_loss), (pathwise_loss), (critic_loss), (total_loss)."""
-    advantage, target = gae(ro.normalized_cost, ro.value, ro.bootstrap_value, gamma, config.gae_lambda)
-    score = (ro.log_prob * standardize(advantage)).mean()
-    T = ro.normalized_cost.shape[1]
-    discount = gamma ** torch.arange(T, device=ro.normalized_cost.device, dtype=ro.normalized_cost.dtype)
-    pathwise = ((ro.normalized_cost * discount).sum(1) + gamma**T * ro.terminal_value).mean()
-    critic = 0.5 * ((ro.value - target) ** 2).mean()
-    entropy = ro.entropy.mean()
+class UpdateResult(NamedTuple):
+    losses: Losses  # no gradient; each a mean over this rank's rollouts (and steps)
+    discounted_cost: torch.Tensor  # [b]  sum_t gamma^t C_t in cost units
+    open_rate: torch.Tensor  # []  mean Y_t
+    final_state: State
+
+
+def hybrid_losses(
+    model: ThreeNetworks,
+    state: State,
+    instance: TensorInstance,
+    draws: RolloutDraws,
+    config: TrainConfig,
+    alpha_entropy: float,
+    chunks: list[slice],
+    backward: bool = True,
+) -> UpdateResult:
+    """Eqs. (discrete_loss), (pathwise_loss), (critic_loss), (total_loss) of this rank's rollouts, and with
+    `backward` their gradients added into the parameters' .grad, one micro-batch of rollouts (`chunks`) at a time:
+
+    1. each micro-batch's rollouts (`rollout`) and the backward pass of its share of alpha_PW L_PW;
+    2. per micro-batch, the critic on the stored states: the values, GAE (eqs. td_residual - gae, within each
+       rollout) and the backward pass of its share of alpha_V L_V;
+    3. the advantages standardised over the whole batch (eq. standardized_advantage, of every rank), then per
+       micro-batch the open network's log-probabilities and entropies and the backward pass of their share of
+       L_Y - alpha_H H.
+
+    Every term is a mean over rollouts (and steps), so each micro-batch adds its sum divided by the shard's count:
+    the gradient of the whole batch in one graph, to float rounding, with the activations of one micro-batch."""
+    shard, steps = state.batch, draws.demand.shape[0]
+    per_state = shard * steps
+    precision = config.precision
+    gradients = torch.enable_grad() if backward else torch.no_grad()
+    with gradients:
+        rollouts = []
+        for rows in chunks:
+            ro = rollout(model, instance, state.index(rows), draws.rows(rows), precision)
+            if backward:
+                accumulate(config.pathwise_weight * ro.pathwise / shard)
+            rollouts.append(ro._replace(pathwise=ro.pathwise.detach()))
+        pathwise = sum(ro.pathwise for ro in rollouts) / shard
+        critic, advantages = torch.zeros_like(pathwise), []
+        for ro in rollouts:
+            with autocast(precision, ro.items.device):
+                value = model.value(ro.items.flatten(0, 1), ro.glob.flatten(0, 1)).to(pathwise.dtype).view(ro.open_order.shape)
+            advantage, target = gae(ro.normalized_cost, value, ro.bootstrap_value, instance.gamma, config.gae_lambda)
+            part = 0.5 * ((value - target) ** 2).sum() / per_state
+            if backward:
+                accumulate(config.critic_weight * part)
+            critic = critic + part.detach()
+            advantages.append(advantage)
+        standardized = standardize(torch.cat(advantages)).split([ro.open_order.shape[0] for ro in rollouts])
+        score, entropy = torch.zeros_like(pathwise), torch.zeros_like(pathwise)
+        for ro, advantage in zip(rollouts, standardized):
+            with autocast(precision, ro.items.device):
+                logit = model.open_logit(ro.items.flatten(0, 1), ro.glob.flatten(0, 1)).to(pathwise.dtype).view(ro.open_order.shape)
+            distribution = torch.distributions.Bernoulli(logits=logit)
+            score_part = (distribution.log_prob(ro.open_order) * advantage).sum() / per_state
+            entropy_part = distribution.entropy().sum() / per_state
+            if backward:
+                accumulate(score_part - alpha_entropy * entropy_part)
+            score, entropy = score + score_part.detach(), entropy + entropy_part.detach()
     total = score + config.pathwise_weight * pathwise + config.critic_weight * critic - alpha_entropy * entropy
-    return Losses(total, score, pathwise, critic, entropy)
+    cost = torch.cat([ro.normalized_cost for ro in rollouts])
+    discount = instance.gamma ** torch.arange(steps, device=cost.device, dtype=torch.float64)
+    final = State(*(torch.cat([getattr(ro.final_state, f) for ro in rollouts]) for f in ("inv", "pipe", "factor")))
+    return UpdateResult(
+        Losses(total, score, pathwise, critic, entropy),
+        (cost.double() * instance.c_ref * discount).sum(1),
+        torch.cat([ro.open_order for ro in rollouts]).double().mean(),
+        final,
+    )
 
 
 class PathwiseTrainer:
@@ -316,6 +425,38 @@ class PathwiseTrainer:
         self.update = 0
         self.warm_start_record: dict[str, Any] | None = None
         """What the warm start did (teacher, final losses, seconds), once it is done; part of the checkpoint."""
+        if config.checkpoint_activations:
+            self.model.quantity_net.encoder.checkpoint_blocks = True
+        if config.precision == "bfloat16" and instance.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True  # the float32 products outside autocast
+        self.memory = self._memory_plan()
+        """The micro-batches of an update and of an imitation update (trainers.memory)."""
+
+    def _memory_plan(self) -> MemoryPlan:
+        """Measure what one state keeps for each network (one state's forward, trainers.memory) and choose the
+        micro-batches for the config's budget."""
+        config, instance, model = self.config, self.instance, self.model
+        state = self.state.index(slice(0, 1))
+        draws = RolloutDraws(torch.zeros_like(state.inv)[None], state.factor[None], torch.ones_like(state.factor)[None])
+        items, glob = (x.detach() for x in tokens(instance, state))
+
+        def network(forward):
+            with autocast(config.precision, instance.device):
+                return saved_bytes(lambda: forward(items, glob))
+
+        quantity = saved_bytes(lambda: rollout(model, instance, state, draws, config.precision).pathwise)
+        critic = network(model.value)
+        recomputed = 0
+        if config.checkpoint_activations:
+            model.quantity_net.encoder.checkpoint_blocks = False
+            recomputed = network(model.quantity_fraction) // config.blocks
+            model.quantity_net.encoder.checkpoint_blocks = True
+        per_state = StateBytes(quantity - critic, network(model.open_logit), critic, recomputed)
+        if config.memory_budget:
+            budget, source = config.memory_budget, "config field 'memory_budget'"
+        else:
+            budget, source = default_budget(instance.device)
+        return MemoryPlan.choose(budget, source, per_state, self.shard, config.rollout, config.micro_batch)
 
     def warm_start_due(self) -> bool:
         return self.config.imitation_updates + self.config.imitation_dagger_updates > 0 and self.warm_start_record is None
@@ -346,8 +487,10 @@ class PathwiseTrainer:
             batch, state, factor = teacher_rollout(
                 teacher, instance, state, factor, stream, config.rollout, self.rows, mix=None if update < plain else mix
             )
-            loss = imitation_losses(self.model, batch)
-            self._gradient_step(optimizer, loss.total)
+            optimizer.zero_grad(set_to_none=True)
+            chunks = self.memory.state_chunks(batch.open_order.shape[0])
+            loss = imitation_losses(self.model, batch, chunks, config.precision, backward=True)
+            self._gradient_step(optimizer)
         if world > 1:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
@@ -371,19 +514,18 @@ class PathwiseTrainer:
             raise RuntimeError(
                 "config field 'imitation_updates' or 'imitation_dagger_updates' is > 0: call warm_start(instance) before the first update"
             )
-        config, gamma = self.config, self.instance.gamma
+        config, instance = self.config, self.instance
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, self.update)
         alpha_entropy = entropy_weight(config, self.update)
-        ro = rollout(self.model, self.instance, self.state, self.stream, config.rollout, self.generator)
-        loss = losses(ro, gamma, config, alpha_entropy)
-        norms = self._gradient_step(self.optimizer, loss.total)
+        draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
+        self.optimizer.zero_grad(set_to_none=True)
+        result = hybrid_losses(self.model, self.state, instance, draws, config, alpha_entropy, self.memory.rollout_chunks())
+        norms = self._gradient_step(self.optimizer)
         _, world = rank_and_world()
-        self.state = ro.final_state.detach()  # truncated backpropagation through time
+        self.state = result.final_state  # truncated backpropagation through time: detached
         self.update += 1
-        discount = gamma ** torch.arange(config.rollout, dtype=torch.float64, device=self.instance.device)
-        cost10 = (ro.normalized_cost.detach().double() * self.instance.c_ref * discount).sum(1).mean()
-        local = torch.stack([cost10, *(value.detach().double() for value in loss), ro.open_order.double().mean()])
+        local = torch.stack([result.discounted_cost.mean(), *(value.double() for value in result.losses), result.open_rate])
         mean = (_global_sum(local) / world).tolist()  # every shard holds B / W rollouts: the mean of the means
         return {
             "update": self.update,
@@ -392,11 +534,9 @@ class PathwiseTrainer:
             **{f"grad_norm_{k}": v for k, v in norms.items()},
         }
 
-    def _gradient_step(self, optimizer: torch.optim.Optimizer, total: torch.Tensor) -> dict[str, float]:
-        """Backpropagate `total`, average the gradients over the ranks, clip each network's gradient norm to
-        grad_clip and step `optimizer`; returns each network's norm before clipping."""
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
+    def _gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """Average the accumulated gradients over the ranks, clip each network's gradient norm to grad_clip and
+        step `optimizer`; returns each network's norm before clipping."""
         _, world = rank_and_world()
         if world > 1:
             average_gradients(list(self.model.parameters()), world)
@@ -477,6 +617,9 @@ class PathwiseRun(MethodRun):
             return False
         self.trainer.warm_start(self.instance, progress)
         return True
+
+    def describe(self) -> str:
+        return self.trainer.memory.describe()
 
     def step(self) -> dict[str, float]:
         return self.trainer.step()

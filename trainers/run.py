@@ -45,6 +45,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -108,13 +109,14 @@ def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
 
 
 def check_resumable(ckpt: dict[str, Any], config: TrainerConfig, instance: Instance, path: Path) -> None:
-    """Only `updates` may change between a checkpoint (its config as stored) and the run that resumes it, and
-    not below the checkpoint's update. A field the stored config lacks (added to the config after the
-    checkpoint was written) counts as its default, the value that run had. A refusal names the fields that
-    differ with both values (envs.validate.differences, as the solver journals; of another method: the method alone,
-    the other fields being another config's)."""
+    """Only `updates` and the memory fields (TrainerConfig.memory_fields) may change between a checkpoint (its
+    config as stored) and the run that resumes it, `updates` not below the checkpoint's update. A field the stored
+    config lacks (added to the config after the checkpoint was written) counts as its default, the value that run
+    had. A refusal names the fields that differ with both values (envs.validate.differences, as the solver journals;
+    of another method: the method alone, the other fields being another config's)."""
     defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
-    stored, wanted = defaults | ckpt["config"] | {"updates": 0}, config.to_dict() | {"updates": 0}
+    free = {"updates": 0} | dict.fromkeys(config.memory_fields())
+    stored, wanted = defaults | ckpt["config"] | free, config.to_dict() | free
     if stored["method"] != wanted["method"]:
         stored, wanted = {"method": stored["method"]}, {"method": wanted["method"]}
     if changed := differences(stored, wanted):
@@ -431,6 +433,10 @@ class MethodRun(ABC):
         returns whether it did."""
         return False
 
+    def describe(self) -> str | None:
+        """A line about how the built trainer runs (e.g. its micro-batches), printed before training with progress."""
+        return None
+
     @abstractmethod
     def step(self) -> dict[str, float]:
         """One update; its metrics (with cost10)."""
@@ -487,6 +493,8 @@ def continue_run(
     if start.ended is not None:
         return start.ended
     method.build(out, start.checkpoint)
+    if progress and method.lead and (line := method.describe()):
+        tqdm.write(line, file=sys.stderr)
     # before any file: an interruption here leaves the folder as the last attempt left it
     warm_started = method.warm_start(progress and method.lead)
     attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]

@@ -1,0 +1,141 @@
+"""The memory an update may take, and the micro-batch that keeps it there (the same gradient, bounded memory).
+
+A pathwise update keeps, for its backward pass, the activations of the quantity network on every state of a
+rollout and of the frozen critic on its last state (trainers.pathwise); the open and critic encoders run after
+the rollout on stored, detached tokens, and the warm start fits all three networks on stored states. Both go
+through their rollouts or states in micro-batches and add up the gradients, so the peak grows with the
+micro-batch, not with B.
+
+The bytes one state keeps are measured, not modelled: one state's forward is run under
+`torch.autograd.graph.saved_tensors_hooks` and the storages autograd saves are added up, so the figure follows
+the network (Transformer or perceptron), n, the dtype, autocast and activation checkpointing as they are. With
+checkpointing, the backward pass recomputes one block at a time: one block's activations per state of the
+micro-batch come on top (`StateBytes.recomputed`).
+
+The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: half of
+a GPU's free memory; on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger
+micro-batch buys no speed once a GEMM holds a few thousand tokens (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+GIB = 2**30
+CPU_BUDGET_MAX = 1.0
+"""GiB: the most the default budget takes on a CPU."""
+CPU_SHARE, GPU_SHARE = 0.25, 0.5
+"""The share of the available RAM (CPU) or of the free device memory (GPU) that the default budget takes."""
+
+
+def available_bytes(device: torch.device) -> int:
+    """The free memory of a GPU, or the RAM the operating system reports available (MemAvailable; the free pages
+    where /proc/meminfo is missing)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_budget(device: torch.device) -> tuple[float, str]:
+    """(GiB, how it was chosen) of the default budget on `device` (module docstring)."""
+    free = available_bytes(device) / GIB
+    if device.type == "cuda":
+        return GPU_SHARE * free, f"half of the GPU's {free:.1f} GiB free"
+    share = CPU_SHARE * free
+    if share > CPU_BUDGET_MAX:
+        return CPU_BUDGET_MAX, f"a quarter of {free:.1f} GiB available RAM, at most {CPU_BUDGET_MAX:g} GiB on a CPU"
+    return share, f"a quarter of {free:.1f} GiB available RAM"
+
+
+def saved_bytes(forward) -> int:
+    """Bytes of the distinct storages that autograd saves for the backward pass of `forward()`."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward()
+    return sum(storages.values())
+
+
+def accumulate(loss: torch.Tensor) -> None:
+    """Add one micro-batch's share of the gradient, that of `loss`, into the parameters' .grad (nothing when no
+    parameter reaches it, e.g. an output detached on purpose)."""
+    if loss.requires_grad:
+        loss.backward()
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """What one state keeps for the backward pass of each network, in bytes."""
+
+    quantity: int
+    """The quantity network, features and simulator step included (one rollout step)."""
+    open: int
+    critic: int
+    recomputed: int = 0
+    """With activation checkpointing: one block's activations, held while the backward pass recomputes it."""
+
+    def rollout(self, steps: int) -> int:
+        """One rollout of `steps` steps: the quantity network on every state, the frozen critic on the last."""
+        return steps * self.quantity + self.critic + self.recomputed
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The chosen micro-batches of an update and of an imitation update, and why."""
+
+    budget_gib: float
+    source: str
+    """How the budget was chosen ("config field 'memory_budget'" or the default's rule)."""
+    state: StateBytes
+    rollouts: int
+    """Rollouts per micro-batch of a pathwise update (of this rank's shard)."""
+    states: int
+    """States per micro-batch of an imitation update and of the open and critic passes."""
+    shard: int
+    """Rollouts this rank simulates per update."""
+    steps: int
+
+    @staticmethod
+    def choose(budget_gib: float, source: str, state: StateBytes, shard: int, steps: int, micro_batch: int = 0) -> MemoryPlan:
+        """The largest micro-batches whose activations fit `budget_gib` (at least one rollout or state), or
+        `micro_batch` rollouts when the config fixes it (> 0)."""
+        budget = budget_gib * GIB
+        if micro_batch:
+            rollouts = min(micro_batch, shard)
+        else:
+            rollouts = max(1, min(shard, math.floor(budget / state.rollout(steps))))
+        per_state = state.quantity + state.open + state.critic + state.recomputed
+        states = rollouts * steps if micro_batch else max(1, min(shard * steps, math.floor(budget / per_state)))
+        return MemoryPlan(budget_gib, source, state, rollouts, states, shard, steps)
+
+    def rollout_chunks(self) -> list[slice]:
+        """This rank's rollouts, micro-batch by micro-batch."""
+        return [slice(start, min(start + self.rollouts, self.shard)) for start in range(0, self.shard, self.rollouts)]
+
+    def state_chunks(self, states: int) -> list[slice]:
+        """`states` stored states, micro-batch by micro-batch."""
+        return [slice(start, min(start + self.states, states)) for start in range(0, states, self.states)]
+
+    def describe(self) -> str:
+        passes = math.ceil(self.shard / self.rollouts)
+        per_rollout = self.state.rollout(self.steps) / GIB
+        return (
+            f"memory: micro-batches of {self.rollouts} of {self.shard} rollouts ({passes} per update; {per_rollout:.3g} GiB of "
+            f"activations per rollout) and of {self.states} states in imitation, for a budget of {self.budget_gib:.3g} GiB ({self.source})"
+        )

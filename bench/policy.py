@@ -11,13 +11,23 @@ base-stock rollout on the held-out paths; the untrained network's open bias is s
 Update time: the cpu preset at n in {4, 16, 64}, OR-Transformer and HPO, against the simulator-only
 rollout of the same size (no network). Prints one JSON line per figure.
 
-  python bench/policy.py [--device cuda] [--threads 2] [--figures fast-path bfloat16-agreement latency update-time]
+  python bench/policy.py [--device cuda] [--threads 2] [--figures fast-path bfloat16-agreement latency update-time] [--against REV]
+
+--against REV runs the same figures with the code of git revision REV first (a temporary worktree) and then
+prints each time against it: the before and after of a change, on one machine in one run.
 """
 
 import argparse
+import contextlib
 import copy
+import io
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -243,17 +253,81 @@ def _simulate(tinst, batch, steps):
 FIGURES = {"fast-path": fast_path, "bfloat16-agreement": bfloat16_agreement, "latency": latency, "update-time": update_time}
 
 
+KEYS = ("figure", "network", "method", "path", "n", "batch")
+"""What names one record, for the comparison with another commit's."""
+TIMES = ("seconds", "ms")
+
+
+def figures_of_commit(revision: str, arguments: list[str]) -> list[dict]:
+    """This script's records as the code of git `revision` makes them: run from a temporary worktree of it (the
+    script as it was there, with the same arguments), on this machine, right now."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), revision], cwd=root, check=True)
+        try:
+            environment = {**os.environ, "PYTHONPATH": str(tree)}
+            done = subprocess.run(
+                [sys.executable, "bench/policy.py", *arguments], cwd=tree, env=environment, capture_output=True, text=True
+            )
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, check=True)
+    if done.returncode:
+        raise SystemExit(f"error: bench/policy.py at {revision} failed: {done.stderr.strip()[-500:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def compare(records: list[dict], before: list[dict], revision: str) -> None:
+    """One line per record that both runs made: this code's time against `revision`'s."""
+    theirs = {tuple(r.get(k) for k in KEYS): r for r in before}
+    for record in records:
+        other = theirs.get(tuple(record.get(k) for k in KEYS))
+        unit = next((u for u in TIMES if u in record), None)
+        if other is None or unit is None or unit not in other:
+            continue
+        named = {k: record[k] for k in KEYS if k in record}
+        print(
+            json.dumps(
+                {
+                    **named,
+                    "figure": f"{record['figure']}_against",
+                    "against": revision,
+                    unit: record[unit],
+                    f"{unit}_before": other[unit],
+                    "ratio_vs_before": round(record[unit] / other[unit], 3),
+                }
+            ),
+            flush=True,
+        )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--figures", nargs="+", choices=list(FIGURES), default=list(FIGURES), help="which figures (default: all)")
+    parser.add_argument(
+        "--against", metavar="REV", help="also run the same figures with the code of git revision REV first, and print each time's ratio"
+    )
     args = parser.parse_args()
+    before = []
+    if args.against:
+        arguments = ["--device", args.device, "--figures", *args.figures, *(["--threads", str(args.threads)] if args.threads else [])]
+        before = figures_of_commit(args.against, arguments)
+        for record in before:
+            print(json.dumps({**record, "code": args.against}), flush=True)
     if args.threads:
         torch.set_num_threads(args.threads)
+    records = []
     for name in args.figures:
         torch.manual_seed(0)  # the untrained networks' weights
-        FIGURES[name](args.device)
+        with contextlib.redirect_stdout(io.StringIO()) as printed:
+            FIGURES[name](args.device)
+        for line in printed.getvalue().splitlines():
+            print(line, flush=True)
+            records.append(json.loads(line))
+    if before:
+        compare(records, before, args.against)
 
 
 if __name__ == "__main__":

@@ -34,16 +34,13 @@ def item_tokens(instance: TensorInstance, state: State) -> torch.Tensor:
 
 def global_token(instance: TensorInstance, state: State) -> torch.Tensor:
     """g_t, eq. (global_features): [B, 4]."""
-    constants = torch.tensor(
-        [
-            instance.K / (instance.c_scale * instance.sigma_ref),
-            instance.gamma,
-            1.0 / (GLOBAL_SCALE_CONSTANT * (1.0 - instance.gamma)),
-        ],
-        device=state.factor.device,
-        dtype=state.factor.dtype,
+    constants = (
+        instance.K / (instance.c_scale * instance.sigma_ref),
+        instance.gamma,
+        1.0 / (GLOBAL_SCALE_CONSTANT * (1.0 - instance.gamma)),
     )
-    return torch.cat([constants.expand(state.batch, 3), state.factor[:, None]], dim=-1)
+    # filled on the state's device: no host-to-device copy, so no synchronisation with a GPU
+    return torch.stack([*(torch.full_like(state.factor, value) for value in constants), state.factor], dim=-1)
 
 
 def flat_features(instance: TensorInstance, state: State) -> torch.Tensor:

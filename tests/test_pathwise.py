@@ -267,3 +267,39 @@ def test_config_errors_name_the_field():
         TrainConfig.from_dict({"lr": 1})
     with pytest.raises(ValueError, match="preset: expected one of"):
         method_config("or-transformer", "huge")
+
+
+def test_activation_checkpointing_gives_the_same_update():
+    """Recomputing the quantity encoder's blocks in the backward pass (checkpoint_activations) leaves the update as
+    it is, and keeps fewer bytes per rollout (measured by the trainer's memory plan). Catches a recomputation that
+    changes the function (e.g. a block's rows) or a plan that does not see the checkpointing."""
+    inst = paper_instance(4, 0).to_torch(dtype=torch.float64)
+    trainers = [PathwiseTrainer(TrainConfig(**{**RUN, "batch": 8, "micro_batch": 4}, checkpoint_activations=on), inst) for on in (False, True)]
+    for trainer in trainers:
+        trainer.step()
+    plain, recomputed = ([p.detach() for p in t.model.parameters()] for t in trainers)
+    for a, b in zip(plain, recomputed):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    kept = [t.memory.state.quantity for t in trainers]
+    assert kept[1] < 0.5 * kept[0] and trainers[1].memory.state.recomputed > 0
+
+
+def test_bfloat16_networks_agree_with_float32():
+    """precision bfloat16 (autocast on the networks, the simulator in float32) gives an update whose losses are
+    those of float32 within bfloat16's rounding (a few parts in a thousand) and whose gradient points the same
+    way; a network whose output were left in bfloat16 inside the simulator, or autocast left off, fails one side."""
+    inst = paper_instance(16, 0).to_torch()
+    results = {}
+    for precision in ("float32", "bfloat16"):
+        trainer = PathwiseTrainer(TrainConfig(**{**RUN, "batch": 8}, precision=precision), inst)
+        draws = fixed_draws(trainer, RUN["rollout"])()
+        trainer.optimizer.zero_grad()
+        result = hybrid_losses(trainer.model, trainer.state, inst, draws, trainer.config, 0.01, trainer.memory.rollout_chunks())
+        assert result.discounted_cost.dtype == torch.float64 and result.final_state.inv.dtype == torch.float32
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.quantity_net.parameters()])
+        results[precision] = (result.losses, grad)
+    (exact, grad32), (rounded, grad16) = results["float32"], results["bfloat16"]
+    assert rounded.pathwise.item() == pytest.approx(exact.pathwise.item(), rel=1e-2)
+    assert rounded.pathwise.item() != exact.pathwise.item()  # autocast was on
+    assert rounded.critic.item() == pytest.approx(exact.critic.item(), rel=5e-2)
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99

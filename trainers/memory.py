@@ -14,7 +14,9 @@ micro-batch come on top (`StateBytes.recomputed`).
 
 The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: half of
 a GPU's free memory; on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger
-micro-batch buys no speed once a GEMM holds a few thousand tokens (docs/benchmarks.md).
+micro-batch buys no speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
+the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024
+about a fifth more per rollout and 0.4 GiB in all, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 GIB = 2**30
-CPU_BUDGET_MAX = 1.0
+CPU_BUDGET_MAX = 0.5
 """GiB: the most the default budget takes on a CPU."""
 CPU_SHARE, GPU_SHARE = 0.25, 0.5
 """The share of the available RAM (CPU) or of the free device memory (GPU) that the default budget takes."""

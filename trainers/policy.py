@@ -2,9 +2,10 @@
 and `decide`, which also returns the opening probability p (what platform/decide.py reports). A checkpoint
 of any method loads as its policy through trainers.registry.load_policy.
 
-Decisions run under torch.inference_mode, where a Transformer's open encoder updates only h_0 in its
+Decisions run under torch.inference_mode; a Transformer's open encoder updates only h_0 in its
 last block (trainers/networks.py). As a policy (`__call__`) the quantity network runs only on the states
-that open: the evaluator executes O = Y Q, so Q of a state with Y = 0 is never used and is returned as 0."""
+that open on a CPU (on a GPU on every state, then masked: no host synchronisation): the evaluator executes
+O = Y Q, so Q of a state with Y = 0 is never used and is returned as 0."""
 
 from __future__ import annotations
 
@@ -58,10 +59,16 @@ class LearnedPolicy:
             if self.generator is None:
                 self.reset()
             open_order = torch.bernoulli(p, generator=self.generator)
-        rows = open_order.nonzero()[:, 0] if opened_only else torch.arange(state.batch, device=items.device)
-        fraction = torch.zeros_like(items[..., 0])
-        if rows.numel():
-            fraction[rows] = self.model.quantity_fraction(items[rows], glob[rows]).to(fraction.dtype)  # bfloat16 under a caller's autocast
+        if not opened_only:
+            fraction = self.model.quantity_fraction(items, glob).to(items.dtype)  # bfloat16 under a caller's autocast
+        elif items.device.type != "cpu":
+            # on a GPU, selecting the rows that open would wait for Y on the host: every row, then a mask
+            fraction = open_order[:, None] * self.model.quantity_fraction(items, glob).to(items.dtype)
+        else:
+            rows = open_order.nonzero()[:, 0]
+            fraction = torch.zeros_like(items[..., 0])
+            if rows.numel():
+                fraction[rows] = self.model.quantity_fraction(items[rows], glob[rows]).to(fraction.dtype)
         return Decision(open_order, p, instance.qbar * fraction)
 
     def __call__(self, state: State, instance: TensorInstance):

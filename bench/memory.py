@@ -1,0 +1,106 @@
+"""Peak memory and time of one pathwise update of the paper preset (B rollouts of T = 10 steps, four blocks of
+width 128) at n = 1,024: with the default memory budget (micro-batches chosen by the trainer) against the whole
+batch in one micro-batch (the reference: the memory an update took before it was bounded), each in a fresh
+process, measured in the same run. On a CPU the peak is the process's peak resident memory less its resident
+memory before the update; on a GPU, torch's peak allocation during the update.
+
+  python bench/memory.py [--n 1024] [--batch 8 64] [--reference-batch 8] [--device cpu] [--threads 2]
+"""
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GIB = 2**30
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def one_update(n: int, batch: int, micro_batch: int, budget: float, device: str, threads: int) -> dict:
+    """One update of a fresh trainer, its peak memory and seconds."""
+    import torch
+
+    from envs.instance import paper_instance
+    from trainers.pathwise import PathwiseTrainer
+    from trainers.registry import method_config
+
+    torch.set_num_threads(threads)
+    config = method_config(
+        "or-transformer", "paper", {"batch": batch, "micro_batch": micro_batch, "memory_budget": budget, "device": device, "updates": 2}
+    )
+    trainer = PathwiseTrainer(config, paper_instance(n, 0).to_torch(device))
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = resident_bytes()
+    start = time.perf_counter()
+    trainer.step()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "figure": "update_memory",
+        "n": n,
+        "batch": batch,
+        "device": device,
+        "micro_batch": trainer.memory.rollouts,
+        "budget_gib": round(trainer.memory.budget_gib, 3),
+        "rollout_gib": round(trainer.memory.state.rollout(config.rollout) / GIB, 4),
+        "seconds": round(time.perf_counter() - start, 2),
+        "peak_gib": round(peak / GIB, 3),
+        "update_gib": round((peak - before) / GIB, 3),
+    }
+
+
+def measured(n: int, batch: int, micro_batch: int, device: str, threads: int, budget: float = 0.0) -> dict:
+    """`one_update` in a fresh process (its own peak)."""
+    command = [sys.executable, __file__, "--child", str(n), str(batch), str(micro_batch), str(budget), device, str(threads)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    if done.returncode:
+        return {
+            "figure": "update_memory",
+            "n": n,
+            "batch": batch,
+            "micro_batch": micro_batch or "default",
+            "error": done.stderr.strip()[-400:],
+        }
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        n, batch, micro_batch, budget, device, threads = sys.argv[2:]
+        print(json.dumps(one_update(int(n), int(batch), int(micro_batch), float(budget), device, int(threads))), flush=True)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1024)
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--reference-batch", type=int, nargs="*", default=[8], help="batches also measured in one micro-batch")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    for batch in args.batch:
+        bounded = measured(args.n, batch, 0, args.device, args.threads)
+        if batch in args.reference_batch and "error" not in bounded:
+            whole = measured(args.n, batch, batch, args.device, args.threads)
+            if "error" not in whole:
+                bounded["whole_batch_update_gib"] = whole["update_gib"]
+                bounded["whole_batch_seconds"] = whole["seconds"]
+                bounded["memory_ratio_vs_whole_batch"] = round(bounded["update_gib"] / whole["update_gib"], 3)
+                bounded["time_ratio_vs_whole_batch"] = round(bounded["seconds"] / whole["seconds"], 3)
+        print(json.dumps(bounded), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -521,7 +521,7 @@ def holdout_check(demand: np.ndarray, seed: int = 0) -> dict:
 
     def pit(observed, rates):  # observed [H, ...], rates [H, Q, ...]
         w = weights.reshape((1, -1) + (1,) * (rates.ndim - 2))
-        below = (w * pdtr(observed[:, None] - 1, rates)).sum(axis=1)
+        below = (w * np.where(observed[:, None] > 0, pdtr(np.maximum(observed[:, None] - 1, 0), rates), 0.0)).sum(axis=1)  # P(D <= d - 1)
         upto = (w * pdtr(observed[:, None], rates)).sum(axis=1)
         u = below + rng.uniform(size=below.shape) * (upto - below)
         low = (1 - INTERVAL) / 2

@@ -8,14 +8,16 @@ F a stationary AR(1), F_{t+1} = rho F_t + sqrt(1 - rho^2) eps. Its moments (E ex
 So with m_i the sample mean and C^k the sample lag-k covariance matrix, the normalised moments
 M^k_ij = log(1 + (C^k_ij - 1{i = j, k = 0} m_i) / (m_i m_j)) equal rho^k beta_i beta_j for every pair (i, j) and lag
 k = 0..LAGS. The estimator (`estimate`): lam_i = m_i, and (beta, rho) minimise the weighted least squares
-sum_k sum_ij w_i w_j (M^k_ij - rho^k beta_i beta_j)^2 over all pairs and lags, w_i = m_i / sd_i (each M^k_ij on the
-scale of a correlation). It is consistent: the factor is a stationary, mixing Gaussian AR(1) and demand is a
+sum_k sum_ij (w_i w_j)^2 (M^k_ij - rho^k beta_i beta_j)^2 over all pairs and lags, w_i = m_i / sd_i: the squared
+residual of w_i w_j M^k_ij, which is about the lag-k correlation of items i and j (each pair on the scale of a
+correlation). It is consistent: the factor is a stationary, mixing Gaussian AR(1) and demand is a
 function of it and independent noise, so m and C^k converge almost surely to their expectations; at those the
 objective is zero exactly at the true (beta, rho) and positive elsewhere (beta_i beta_j for all pairs fixes beta
 >= 0; the ratio of lag k + 1 to lag k fixes rho when some beta_i > 0), and the minimiser is continuous in the
 moments. With b_i = w_i beta_i and A(rho) = sum_k rho^k N^k, N^k_ij = w_i w_j sym(M^k)_ij, the minimiser over b
-for a given rho is the leading eigenvector of A(rho) scaled to |b|^2 = lambda_max / sum_k rho^2k (power iteration,
-O(n^2) per step), and rho given b minimises a polynomial on [0, RHO_MAX]; the two steps alternate to convergence.
+for a given rho is the leading eigenvector of A(rho) scaled to |b|^2 = lambda_max / sum_k rho^2k (LAPACK up to
+n = 64, power iteration above, O(n^2) per step), and rho given b minimises a polynomial on [0, RHO_MAX]; the two
+steps alternate until rho settles, at most ALTERNATIONS times (`Estimate.converged` says whether it did).
 
 Standard errors: a parametric bootstrap (`bootstrap`): histories drawn from the fitted model, fitted again.
 The factor path: the posterior mode of F given the history and the fitted parameters (`smooth_factor`, Newton's
@@ -47,6 +49,8 @@ LAGS = 4
 """Lags k = 0..LAGS of the moment equations: lag 0 fixes beta, lags >= 1 fix rho (their ratio) and add precision."""
 RHO_MAX = 0.99
 """The fitted rho lies in [0, RHO_MAX]: the instance needs rho < 1 (a unit root has no stationary factor)."""
+ALTERNATIONS = 50
+"""Most alternations of the estimator's two steps (beta's direction for rho, rho for that direction)."""
 MIN_PERIODS = 50
 """Fewest periods a history may have: with T periods a lag-1 autocorrelation has standard error about 1/sqrt(T),
 0.14 at T = 50, and the hold-out check keeps 20% (10 periods) aside."""
@@ -288,12 +292,14 @@ def match_items(history_items: list[str], costs: Costs, history_path, costs_path
 
 @dataclass(frozen=True)
 class Estimate:
-    """lam [n], beta [n], rho, and what the model could not represent (item index -> what was done and why)."""
+    """lam [n], beta [n], rho, what the model could not represent (item index -> what was done and why), and
+    whether the alternation converged (if not, beta is still the best for the rho returned)."""
 
     lam: np.ndarray
     beta: np.ndarray
     rho: float
     notes: dict[int, str] = field(default_factory=dict)
+    converged: bool = True
 
 
 def lagged_covariances(demand: np.ndarray, lags: int = LAGS, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
@@ -314,7 +320,7 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         for i in np.flatnonzero(~(var > mean)):
             notes[int(i)] = f"beta = 0: variance {var[i]:.3g} <= mean {mean[i]:.3g} (underdispersed; a factor can only add variance)"
     active = np.flatnonzero(var > mean)
-    beta, rho = np.zeros(n), 0.0
+    beta, rho, converged = np.zeros(n), 0.0, True
     if active.size:
         m = mean[active]
         normalised = cov[:, active][:, :, active] if active.size < n else cov.copy()  # [K + 1, a, a], then in place:
@@ -325,7 +331,7 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         normalised[1:] = 0.5 * (normalised[1:] + normalised[1:].transpose(0, 2, 1))
         weight = m / np.sqrt(var[active])
         normalised *= np.outer(weight, weight).astype(normalised.dtype)
-        b, rho = _rank_one(normalised)
+        b, rho, converged = _rank_one(normalised)
         beta[active] = np.minimum(b / weight, BETA_MAX)
         for j, i in enumerate(active):
             if b[j] <= 0:
@@ -336,33 +342,38 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
                 notes[int(i)] = f"beta = {BETA_MAX:g}: its loading {b[j] / weight[j]:.3g} is above the instance's upper bound"
         if not (beta > 0).any():
             rho = 0.0
-    return Estimate(mean.copy(), beta, float(rho), notes)
+    return Estimate(mean.copy(), beta, float(rho), notes, converged)
 
 
-def _rank_one(normalised: np.ndarray) -> tuple[np.ndarray, float]:
-    """(b >= 0, rho) minimising sum_k |N^k - rho^k b b^T|^2 (Frobenius), N [K + 1, n, n] symmetric per lag.
+def _rank_one(normalised: np.ndarray) -> tuple[np.ndarray, float, bool]:
+    """(b >= 0, rho, converged) minimising sum_k |N^k - rho^k b b^T|^2 (Frobenius), N [K + 1, n, n] symmetric per lag.
 
     For a given rho the minimum over b is sum_k |N^k|^2 - lambda^2 / c(rho), lambda the largest eigenvalue of
     A(rho) = sum_k rho^k N^k and c(rho) = sum_k rho^2k, at b = sqrt(lambda / c) v (v its unit eigenvector, positive
-    for a positive factor structure; a negative entry is cut to 0). So rho maximises lambda^2 / c on [0, RHO_MAX]."""
+    for a positive factor structure; a negative entry is cut to 0). So rho maximises lambda^2 / c on [0, RHO_MAX].
+    The two steps alternate (an ascent of lambda^2 / c) until rho moves less than 1e-6, at most ALTERNATIONS times;
+    the eigenpair returned is always the one at the rho returned."""
     lags = np.arange(normalised.shape[0])
-    v = np.ones(normalised.shape[1]) / math.sqrt(normalised.shape[1])
-    rho = 0.0
-    for _ in range(50):  # alternate: v the leading eigenvector at rho, rho the best for v (an ascent of lambda^2 / c)
+
+    def leading(rho: float, start: np.ndarray) -> tuple[float, np.ndarray]:
         a = normalised[0].copy()
         for k in lags[1:]:
             a += normalised.dtype.type(rho**k) * normalised[k]
-        value, v = _top_eigen(a, v)
-        if lags.size == 1:
-            break
-        quad = np.array([float(v @ (nk @ v)) for nk in normalised])  # v^T N^k v
+        return _top_eigen(a, start)
 
+    rho = 0.0
+    value, v = leading(rho, np.ones(normalised.shape[1]) / math.sqrt(normalised.shape[1]))
+    converged = lags.size == 1
+    for _ in range(ALTERNATIONS if lags.size > 1 else 0):
+        quad = np.array([float(v @ (nk @ v)) for nk in normalised])  # v^T N^k v
         new = float(minimize_scalar(_profile_loss, args=(lags, quad), bounds=(0.0, RHO_MAX), method="bounded", options={"xatol": 1e-7}).x)
-        if abs(new - rho) < 1e-6:
+        converged = abs(new - rho) < 1e-6
+        if converged:
             break
         rho = new
+        value, v = leading(rho, v)
     v = v if v.sum() >= 0 else -v
-    return np.maximum(v, 0.0) * math.sqrt(max(value, 0.0) / float(np.sum(rho ** (2 * lags)))), rho
+    return np.maximum(v, 0.0) * math.sqrt(max(value, 0.0) / float(np.sum(rho ** (2 * lags)))), rho, converged
 
 
 def _profile_loss(r: float, lags: np.ndarray, quad: np.ndarray) -> float:
@@ -688,7 +699,14 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
             },
             "item_coverage_low": coverage_low,
         },
-        "notes": [f"item '{history.items[i]}': {why}" for i, why in sorted(fitted.notes.items())],
+        "notes": [
+            *(
+                []
+                if fitted.converged
+                else [f"the estimator did not converge in {ALTERNATIONS} alternations; beta is the best for the rho given"]
+            ),
+            *(f"item '{history.items[i]}': {why}" for i, why in sorted(fitted.notes.items())),
+        ],
         "flags": [
             *(f"item '{history.items[i]}': variance off" for i in np.flatnonzero(var_off)),
             *(f"item '{history.items[i]}': lag-1 autocorrelation off" for i in np.flatnonzero(acf_off)),

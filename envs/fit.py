@@ -8,21 +8,25 @@ F a stationary AR(1), F_{t+1} = rho F_t + sqrt(1 - rho^2) eps. Its moments (E ex
 So with m_i the sample mean and C^k the sample lag-k covariance matrix, the normalised moments
 M^k_ij = log(1 + (C^k_ij - 1{i = j, k = 0} m_i) / (m_i m_j)) equal rho^k beta_i beta_j for every pair (i, j) and lag
 k = 0..LAGS. The estimator (`estimate`): lam_i = m_i, and (beta, rho) minimise the weighted least squares
-sum_k sum_ij w_i w_j (M^k_ij - rho^k beta_i beta_j)^2 over all pairs and lags, w_i = m_i / sd_i (each M^k_ij on the
-scale of a correlation). It is consistent: the factor is a stationary, mixing Gaussian AR(1) and demand is a
+sum_k sum_ij (w_i w_j)^2 (M^k_ij - rho^k beta_i beta_j)^2 over all pairs and lags, w_i = m_i / sd_i: the squared
+residual of w_i w_j M^k_ij, which is about the lag-k correlation of items i and j (each pair on the scale of a
+correlation). It is consistent: the factor is a stationary, mixing Gaussian AR(1) and demand is a
 function of it and independent noise, so m and C^k converge almost surely to their expectations; at those the
 objective is zero exactly at the true (beta, rho) and positive elsewhere (beta_i beta_j for all pairs fixes beta
 >= 0; the ratio of lag k + 1 to lag k fixes rho when some beta_i > 0), and the minimiser is continuous in the
 moments. With b_i = w_i beta_i and A(rho) = sum_k rho^k N^k, N^k_ij = w_i w_j sym(M^k)_ij, the minimiser over b
-for a given rho is the leading eigenvector of A(rho) scaled to |b|^2 = lambda_max / sum_k rho^2k (power iteration,
-O(n^2) per step), and rho given b minimises a polynomial on [0, RHO_MAX]; the two steps alternate to convergence.
+for a given rho is the leading eigenvector of A(rho) scaled to |b|^2 = lambda_max / sum_k rho^2k (LAPACK up to
+n = 64, power iteration above, O(n^2) per step), and rho given b minimises a polynomial on [0, RHO_MAX]; the two
+steps alternate until rho settles, at most ALTERNATIONS times (`Estimate.converged` says whether it did).
 
 Standard errors: a parametric bootstrap (`bootstrap`): histories drawn from the fitted model, fitted again.
 The factor path: the posterior mode of F given the history and the fitted parameters (`smooth_factor`, Newton's
 method as an iterated Kalman smoother), with its Laplace standard deviation.
 
-What the model cannot represent is said in `Fit.notes`: an item whose variance is at most its mean
-(underdispersed) or whose loading comes out negative gets beta_i = 0.
+What the model cannot represent is said in `Estimate.notes`: an item whose variance is at most its mean
+(underdispersed) or whose loading comes out negative gets beta_i = 0. What it may represent wrongly is flagged in
+the report: statistics off, rho at its cap, a drift of an item's mean between the halves of the history
+(`mean_drift`) and a hold-out coverage below its interval.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ LAGS = 4
 """Lags k = 0..LAGS of the moment equations: lag 0 fixes beta, lags >= 1 fix rho (their ratio) and add precision."""
 RHO_MAX = 0.99
 """The fitted rho lies in [0, RHO_MAX]: the instance needs rho < 1 (a unit root has no stationary factor)."""
+ALTERNATIONS = 50
+"""Most alternations of the estimator's two steps (beta's direction for rho, rho for that direction)."""
 MIN_PERIODS = 50
 """Fewest periods a history may have: with T periods a lag-1 autocorrelation has standard error about 1/sqrt(T),
 0.14 at T = 50, and the hold-out check keeps 20% (10 periods) aside."""
@@ -56,7 +62,13 @@ CONFIDENCE = 0.95
 REPLICATES = 100
 """Default number of bootstrap replicates: standard errors to about 7% (relative) at a small cost."""
 CHECK_SE = 3.0
-"""An observed statistic more than this many bootstrap standard errors from the model's value is flagged."""
+"""An observed statistic more than this many bootstrap standard errors from the model's value is flagged, and so is
+a hold-out coverage this many standard errors below its nominal rate."""
+RHO_AT_CAP = 1e-3
+"""A fitted rho within this of RHO_MAX is flagged: the factor then stands in for a trend or a change of level."""
+DRIFT_LEVEL = 0.01
+"""Level of the drift test: the chance that a history of the fitted model flags the drift of any item's mean
+(two-sided, Bonferroni over the items)."""
 HISTORY_COLUMNS = ("item", "period", "demand")
 COST_COLUMNS = ("item", "h", "b", "lead")
 """The cost table's required columns; `qbar` is optional (default QBAR_PER_LAM lam_i, the paper's rule)."""
@@ -280,12 +292,14 @@ def match_items(history_items: list[str], costs: Costs, history_path, costs_path
 
 @dataclass(frozen=True)
 class Estimate:
-    """lam [n], beta [n], rho, and what the model could not represent (item index -> what was done and why)."""
+    """lam [n], beta [n], rho, what the model could not represent (item index -> what was done and why), and
+    whether the alternation converged (if not, beta is still the best for the rho returned)."""
 
     lam: np.ndarray
     beta: np.ndarray
     rho: float
     notes: dict[int, str] = field(default_factory=dict)
+    converged: bool = True
 
 
 def lagged_covariances(demand: np.ndarray, lags: int = LAGS, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
@@ -306,7 +320,7 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         for i in np.flatnonzero(~(var > mean)):
             notes[int(i)] = f"beta = 0: variance {var[i]:.3g} <= mean {mean[i]:.3g} (underdispersed; a factor can only add variance)"
     active = np.flatnonzero(var > mean)
-    beta, rho = np.zeros(n), 0.0
+    beta, rho, converged = np.zeros(n), 0.0, True
     if active.size:
         m = mean[active]
         normalised = cov[:, active][:, :, active] if active.size < n else cov.copy()  # [K + 1, a, a], then in place:
@@ -317,7 +331,7 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         normalised[1:] = 0.5 * (normalised[1:] + normalised[1:].transpose(0, 2, 1))
         weight = m / np.sqrt(var[active])
         normalised *= np.outer(weight, weight).astype(normalised.dtype)
-        b, rho = _rank_one(normalised)
+        b, rho, converged = _rank_one(normalised)
         beta[active] = np.minimum(b / weight, BETA_MAX)
         for j, i in enumerate(active):
             if b[j] <= 0:
@@ -328,33 +342,38 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
                 notes[int(i)] = f"beta = {BETA_MAX:g}: its loading {b[j] / weight[j]:.3g} is above the instance's upper bound"
         if not (beta > 0).any():
             rho = 0.0
-    return Estimate(mean.copy(), beta, float(rho), notes)
+    return Estimate(mean.copy(), beta, float(rho), notes, converged)
 
 
-def _rank_one(normalised: np.ndarray) -> tuple[np.ndarray, float]:
-    """(b >= 0, rho) minimising sum_k |N^k - rho^k b b^T|^2 (Frobenius), N [K + 1, n, n] symmetric per lag.
+def _rank_one(normalised: np.ndarray) -> tuple[np.ndarray, float, bool]:
+    """(b >= 0, rho, converged) minimising sum_k |N^k - rho^k b b^T|^2 (Frobenius), N [K + 1, n, n] symmetric per lag.
 
     For a given rho the minimum over b is sum_k |N^k|^2 - lambda^2 / c(rho), lambda the largest eigenvalue of
     A(rho) = sum_k rho^k N^k and c(rho) = sum_k rho^2k, at b = sqrt(lambda / c) v (v its unit eigenvector, positive
-    for a positive factor structure; a negative entry is cut to 0). So rho maximises lambda^2 / c on [0, RHO_MAX]."""
+    for a positive factor structure; a negative entry is cut to 0). So rho maximises lambda^2 / c on [0, RHO_MAX].
+    The two steps alternate (an ascent of lambda^2 / c) until rho moves less than 1e-6, at most ALTERNATIONS times;
+    the eigenpair returned is always the one at the rho returned."""
     lags = np.arange(normalised.shape[0])
-    v = np.ones(normalised.shape[1]) / math.sqrt(normalised.shape[1])
-    rho = 0.0
-    for _ in range(50):  # alternate: v the leading eigenvector at rho, rho the best for v (an ascent of lambda^2 / c)
+
+    def leading(rho: float, start: np.ndarray) -> tuple[float, np.ndarray]:
         a = normalised[0].copy()
         for k in lags[1:]:
             a += normalised.dtype.type(rho**k) * normalised[k]
-        value, v = _top_eigen(a, v)
-        if lags.size == 1:
-            break
-        quad = np.array([float(v @ (nk @ v)) for nk in normalised])  # v^T N^k v
+        return _top_eigen(a, start)
 
+    rho = 0.0
+    value, v = leading(rho, np.ones(normalised.shape[1]) / math.sqrt(normalised.shape[1]))
+    converged = lags.size == 1
+    for _ in range(ALTERNATIONS if lags.size > 1 else 0):
+        quad = np.array([float(v @ (nk @ v)) for nk in normalised])  # v^T N^k v
         new = float(minimize_scalar(_profile_loss, args=(lags, quad), bounds=(0.0, RHO_MAX), method="bounded", options={"xatol": 1e-7}).x)
-        if abs(new - rho) < 1e-6:
+        converged = abs(new - rho) < 1e-6
+        if converged:
             break
         rho = new
+        value, v = leading(rho, v)
     v = v if v.sum() >= 0 else -v
-    return np.maximum(v, 0.0) * math.sqrt(max(value, 0.0) / float(np.sum(rho ** (2 * lags)))), rho
+    return np.maximum(v, 0.0) * math.sqrt(max(value, 0.0) / float(np.sum(rho ** (2 * lags)))), rho, converged
 
 
 def _profile_loss(r: float, lags: np.ndarray, quad: np.ndarray) -> float:
@@ -486,7 +505,7 @@ def smooth_factor(demand: np.ndarray, lam: np.ndarray, beta: np.ndarray, rho: fl
     return {"mean": path, "sd": np.sqrt(smooth_p), "last_mean": float(filt_m[-1]), "last_var": float(filt_p[-1])}
 
 
-# ---- the model's statistics and the hold-out check ---------------------------------------------------------------
+# ---- the model's statistics, the drift test and the hold-out check ------------------------------------------------
 
 
 def model_statistics(lam: np.ndarray, beta: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray, float]:
@@ -496,6 +515,32 @@ def model_statistics(lam: np.ndarray, beta: np.ndarray, rho: float) -> tuple[np.
     cov = np.outer(lam, lam) * np.expm1(np.outer(beta, beta))
     sd = np.sqrt(var)
     return var, acf, _mean_off_diagonal(cov / np.outer(sd, sd))
+
+
+def mean_drift(demand: np.ndarray, lam: np.ndarray, beta: np.ndarray, rho: float) -> tuple[np.ndarray, np.ndarray]:
+    """(d [n], sd [n]): the mean of the last T // 2 periods minus that of the first T // 2, and its standard deviation
+    under the model, Var d_i = sum_{s,t} w_s w_t Cov(D_i,s, D_i,t) with w = +-1 / (T // 2) and the lag-k
+    autocovariance of the module docstring (k = |s - t|)."""
+    periods = demand.shape[0]
+    half = periods // 2
+    w = np.zeros(periods)
+    w[:half], w[periods - half :] = -1.0 / half, 1.0 / half
+    pairs = np.correlate(w, w, "full")[periods - 1 :]  # [T] sum_t w_t w_t+k
+    lag = np.arange(periods)[:, None]
+    autocov = lam**2 * np.expm1(beta**2 * rho**lag) + (lag == 0) * lam  # [T, n]
+    variance = pairs[0] * autocov[0] + 2 * pairs[1:] @ autocov[1:]
+    return demand[periods - half :].mean(axis=0) - demand[:half].mean(axis=0), np.sqrt(variance)
+
+
+def coverage_se(inside: np.ndarray) -> float:
+    """Standard error of the mean of the hold-out's indicators inside [H, n] about the nominal INTERVAL, from the
+    per-period coverage: Newey-West, Bartlett weights up to lag floor(4 (H / 100)^(2/9)) (the factor's forecast
+    errors tie neighbouring periods together)."""
+    per_period = inside.mean(axis=1) - INTERVAL  # [H]
+    periods = per_period.size
+    lags = min(int(4 * (periods / 100) ** (2 / 9)), periods - 1)
+    autocov = [float(per_period[: periods - k] @ per_period[k:]) / periods for k in range(lags + 1)]
+    return math.sqrt(max(autocov[0] + 2 * sum((1 - k / (lags + 1)) * autocov[k] for k in range(1, lags + 1)), 0.0) / periods)
 
 
 def holdout_check(demand: np.ndarray, seed: int = 0) -> dict:
@@ -521,7 +566,7 @@ def holdout_check(demand: np.ndarray, seed: int = 0) -> dict:
 
     def pit(observed, rates):  # observed [H, ...], rates [H, Q, ...]
         w = weights.reshape((1, -1) + (1,) * (rates.ndim - 2))
-        below = (w * pdtr(observed[:, None] - 1, rates)).sum(axis=1)
+        below = (w * np.where(observed[:, None] > 0, pdtr(np.maximum(observed[:, None] - 1, 0), rates), 0.0)).sum(axis=1)  # P(D <= d - 1)
         upto = (w * pdtr(observed[:, None], rates)).sum(axis=1)
         u = below + rng.uniform(size=below.shape) * (upto - below)
         low = (1 - INTERVAL) / 2
@@ -535,6 +580,7 @@ def holdout_check(demand: np.ndarray, seed: int = 0) -> dict:
         "holdout_periods": periods - train,
         "interval": INTERVAL,
         "item_coverage": float(inside.mean()),
+        "item_coverage_se": coverage_se(inside),
         "item_coverage_per_item": inside.mean(axis=0),
         "total_coverage": float(total_inside.mean()),
         "observed_mean": held.mean(axis=0),
@@ -604,6 +650,12 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
     var_off = np.abs(obs_var - model_var) > CHECK_SE * se["variance"]
     acf_off = np.abs(obs_acf - model_acf) > CHECK_SE * se["autocorrelation"]
     cross_off = bool(abs(obs_cross - model_cross) > CHECK_SE * se["cross_correlation"]) if len(history.items) > 1 else False
+    rho_at_cap = fitted.rho >= RHO_MAX - RHO_AT_CAP
+    drift, drift_sd = mean_drift(history.demand, fitted.lam, fitted.beta, fitted.rho)
+    drift_z = norm.ppf(1 - DRIFT_LEVEL / (2 * len(history.items)))
+    drift_off = np.abs(drift) > drift_z * drift_sd
+    coverage_low = INTERVAL - CHECK_SE * holdout["item_coverage_se"]
+    holdout_below = holdout["item_coverage"] < coverage_low
     items = []
     for i, name in enumerate(history.items):
         items.append(
@@ -615,7 +667,8 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
                 "observed_variance": float(obs_var[i]), "model_variance": float(model_var[i]), "variance_se": float(se["variance"][i]),
                 "observed_autocorrelation": float(obs_acf[i]), "model_autocorrelation": float(model_acf[i]),
                 "autocorrelation_se": float(se["autocorrelation"][i]),
-                "variance_off": bool(var_off[i]), "autocorrelation_off": bool(acf_off[i]),
+                "half_mean_drift": float(drift[i]), "half_mean_drift_sd": float(drift_sd[i]),
+                "variance_off": bool(var_off[i]), "autocorrelation_off": bool(acf_off[i]), "drift_off": bool(drift_off[i]),
                 "holdout_coverage": float(holdout["item_coverage_per_item"][i]),
                 "holdout_observed_mean": float(holdout["observed_mean"][i]), "holdout_predicted_mean": float(holdout["predicted_mean"][i]),
                 "note": fitted.notes.get(i, ""),
@@ -634,9 +687,41 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
             "variance_off": [history.items[i] for i in np.flatnonzero(var_off)],
             "autocorrelation_off": [history.items[i] for i in np.flatnonzero(acf_off)],
             "cross_correlation_off": cross_off,
+            "rho_at_cap": bool(rho_at_cap),
+            "drift_level": DRIFT_LEVEL,
+            "drift": [history.items[i] for i in np.flatnonzero(drift_off)],
+            "holdout_below": bool(holdout_below),
         },
-        "holdout": {key: holdout[key] for key in ("train_periods", "holdout_periods", "interval", "item_coverage", "total_coverage")},
-        "notes": [f"item '{history.items[i]}': {why}" for i, why in sorted(fitted.notes.items())],
+        "holdout": {
+            **{
+                key: holdout[key]
+                for key in ("train_periods", "holdout_periods", "interval", "item_coverage", "item_coverage_se", "total_coverage")
+            },
+            "item_coverage_low": coverage_low,
+        },
+        "notes": [
+            *(
+                []
+                if fitted.converged
+                else [f"the estimator did not converge in {ALTERNATIONS} alternations; beta is the best for the rho given"]
+            ),
+            *(f"item '{history.items[i]}': {why}" for i, why in sorted(fitted.notes.items())),
+        ],
+        "flags": [
+            *(f"item '{history.items[i]}': variance off" for i in np.flatnonzero(var_off)),
+            *(f"item '{history.items[i]}': lag-1 autocorrelation off" for i in np.flatnonzero(acf_off)),
+            *(["average cross-item correlation off"] if cross_off else []),
+            *([f"rho {fitted.rho:.3f} at its cap {RHO_MAX:g}: a trend or a change of level?"] if rho_at_cap else []),
+            *(
+                f"item '{history.items[i]}': mean drifts by {drift[i]:+.3g} between the halves ({drift[i] / drift_sd[i]:+.1f} s.d.)"
+                for i in np.flatnonzero(drift_off)
+            ),
+            *(
+                [f"hold-out coverage {100 * holdout['item_coverage']:.1f}% below its interval (from {100 * coverage_low:.1f}%)"]
+                if holdout_below
+                else []
+            ),
+        ],
         "factor": {"period": history.periods, "mean": factor["mean"].tolist(), "sd": factor["sd"].tolist()},
         "total_demand": history.demand.sum(axis=1).tolist(),
         "total_model_given_factor": demand_rate(fitted.lam, fitted.beta, factor["mean"][:, None]).sum(axis=1).tolist(),
@@ -672,10 +757,16 @@ def report_markdown(report: dict, figure_name: str) -> str:
         f"* Items whose lag-1 autocorrelation is off: {len(report['checks']['autocorrelation_off'])}"
         + (f" ({', '.join(report['checks']['autocorrelation_off'][:20])})" if report["checks"]["autocorrelation_off"] else ""),
         f"* Hold-out (fit on the first {hold['train_periods']} periods, forecast the last {hold['holdout_periods']}): "
-        f"{100 * hold['interval']:g}% predictive intervals hold {100 * hold['item_coverage']:.1f}% of the item-periods and "
-        f"{100 * hold['total_coverage']:.1f}% of the periods' total demand (the model says {100 * hold['interval']:g}%).",
+        f"{100 * hold['interval']:g}% predictive intervals hold {100 * hold['item_coverage']:.1f}% of the item-periods "
+        f"(s.e. {100 * hold['item_coverage_se']:.1f}) and {100 * hold['total_coverage']:.1f}% of the periods' total demand "
+        f"(the model says {100 * hold['interval']:g}%)" + (" **below its interval**" if report["checks"]["holdout_below"] else "") + ".",
+        f"* rho at its cap: {'**yes**' if report['checks']['rho_at_cap'] else 'no'}",
+        f"* Items whose mean drifts between the first and the second half (level {report['checks']['drift_level']:g} over all items): "
+        f"{len(report['checks']['drift'])}" + (f" ({', '.join(report['checks']['drift'][:20])})" if report["checks"]["drift"] else ""),
         "",
     ]
+    if report["flags"]:
+        lines += ["## Flags", "", *[f"* {flag}" for flag in report["flags"]], ""]
     if report["notes"]:
         lines += ["## What the model cannot represent", "", *[f"* {note}" for note in report["notes"]], ""]
     lines += [

@@ -16,7 +16,9 @@ K + min W < W(x)).
 
 Tables. Only differences of W_i,t(., f) along y matter, so each (stage, item, factor point) row keeps
 W - min_y W ("excess", >= 0), which is also what makes a float16 copy precise where it matters (near the
-minimiser the excess is small). Two forms:
+minimiser the excess is small). An item's excess is stored in its own unit, scale_i = (its largest excess) /
+EXCESS_CAP, kept in its file: W scales with h, b and K, so costs in any currency give the same stored rows,
+and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two forms:
 * finite: W_i,t for every decision stage t < T - L_i of the evaluation horizon T (the horizon is known;
   orders in the last L_i decisions never pay off and are not placed);
 * stationary: W_i,0 of a long horizon (gamma^H <= STATIONARY_TAIL), for decide.py and serve.py, where a
@@ -54,7 +56,8 @@ STATIONARY_TAIL = 1e-4
 value by at most gamma^H times the largest per-period cost difference over H periods."""
 TABLES_DIR = "lookahead"
 TABLES_FILE = "tables.json"
-EXCESS_CAP = 60000.0  # float16 holds up to 65504; rows far above the minimiser never decide anything
+EXCESS_CAP = 60000.0
+"""The largest excess stored, in its item's unit (float16 holds up to 65504); also the value that pads a row."""
 DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
@@ -63,18 +66,17 @@ def stationary_horizon(gamma: float) -> int:
     return max(1, math.ceil(math.log(STATIONARY_TAIL) / math.log(gamma))) if gamma < 1 else 1
 
 
-def excess(action_value: np.ndarray, dtype: str) -> np.ndarray:
-    """W - min_y W along the last axis (positions), capped at EXCESS_CAP, in `dtype` (DTYPES)."""
-    rows = action_value - action_value.min(-1, keepdims=True)
-    return np.minimum(rows, EXCESS_CAP).astype(DTYPES[dtype])
+def excess(action_value: np.ndarray) -> np.ndarray:
+    """W - min_y W along the last axis (positions)."""
+    return action_value - action_value.min(-1, keepdims=True)
 
 
 @dataclass(frozen=True)
 class ItemTable:
     """One item's tables: positions [N] (its lattice), factor grid points [M], finite [T_i, M, N] excess of
     W_t for t < T_i = max(T - L_i, 0) (None when not kept), stationary [M, N] excess of W_0 of a long
-    horizon (None when not kept), the share k_i it was solved with and the window (largest order in
-    lattice steps)."""
+    horizon (None when not kept), both in units of `scale` (the excess is stored times 1 / scale), the share
+    k_i it was solved with and the window (largest order in lattice steps)."""
 
     positions: np.ndarray
     factor_points: np.ndarray
@@ -82,25 +84,37 @@ class ItemTable:
     stationary: np.ndarray | None
     share: float
     window: int
+    scale: float
 
     @classmethod
     def from_values(cls, positions: np.ndarray, factor_points: np.ndarray, finite, stationary, share: float, window: int, dtype: str):
         """From the DP's action values W (finite [T_dec, M, N], stationary [M, N'] on the same lattice from the
-        same bottom; the shorter one is padded with EXCESS_CAP, which is never a minimiser), in `dtype`
-        (the stationary form always in float32: one stage, and decide.py's answers should not depend on it)."""
+        same bottom; the shorter one is padded with EXCESS_CAP, the top of the stored range, after every
+        position, so never the first minimiser), in `dtype` (the stationary form always in float32: one
+        stage, and decide.py's answers should not depend on it). The scale is the largest excess of both
+        forms over EXCESS_CAP (1 when every excess is 0)."""
         N = positions.size
+        rows = {form: excess(values) for form, values in zip(FORMS, (finite, stationary)) if values is not None}
+        largest = max((float(r.max(initial=0.0)) for r in rows.values()), default=0.0)
+        scale = largest / EXCESS_CAP if largest > 0 else 1.0
 
-        def pad(rows, kind):
-            if rows is None:
+        def stored(form, kind):
+            if form not in rows:
                 return None
-            rows = excess(rows, kind)
-            extra = N - rows.shape[-1]
-            return np.concatenate([rows, np.full((*rows.shape[:-1], extra), EXCESS_CAP, rows.dtype)], -1) if extra else rows
+            scaled = (rows[form] / scale).astype(DTYPES[kind])
+            extra = N - scaled.shape[-1]
+            return np.concatenate([scaled, np.full((*scaled.shape[:-1], extra), EXCESS_CAP, scaled.dtype)], -1) if extra else scaled
 
-        return cls(positions, factor_points, pad(finite, dtype), pad(stationary, "float32"), float(share), int(window))
+        return cls(positions, factor_points, stored(FORMS[0], dtype), stored(FORMS[1], "float32"), float(share), int(window), scale)
 
     def save(self, path: str | os.PathLike) -> None:
-        arrays = {"positions": self.positions, "factor_points": self.factor_points, "share": np.float64(self.share), "window": self.window}
+        arrays = {
+            "positions": self.positions,
+            "factor_points": self.factor_points,
+            "share": np.float64(self.share),
+            "window": self.window,
+            "scale": np.float64(self.scale),
+        }
         for name in FORMS:
             if getattr(self, name) is not None:
                 arrays[name] = getattr(self, name)
@@ -113,6 +127,7 @@ class ItemTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ItemTable:
+        """The tables in `path`; a file without a scale holds its excess in the instance's own cost units (scale 1)."""
         with np.load(path, allow_pickle=False) as z:
             return cls(
                 z["positions"],
@@ -121,6 +136,7 @@ class ItemTable:
                 z["stationary"] if "stationary" in z else None,
                 float(z["share"]),
                 int(z["window"]),
+                float(z["scale"]) if "scale" in z else 1.0,
             )
 
 
@@ -133,9 +149,9 @@ class LookaheadTables:
     """Every item's tables of one form. Positions are padded to a common length: positions [n, N] (past an
     item's own `count` they keep increasing, so a batched searchsorted works). The excess rows are not
     padded (item sizes differ by a factor of 3 on the paper family): one flat array, item i's block
-    [stages_i, M, count_i] from `offset[i]`. stages [n]: the finite form's T - L_i (no order from stage
-    T - L_i on; at least one row is kept), 1 for the stationary form; window [n]; factor_points [M];
-    shares [n]; `horizon` the evaluation horizon T (None: the stationary form)."""
+    [stages_i, M, count_i] from `offset[i]`, in units of scales[i]. stages [n]: the finite form's T - L_i (no
+    order from stage T - L_i on; at least one row is kept), 1 for the stationary form; window [n];
+    factor_points [M]; shares [n]; `horizon` the evaluation horizon T (None: the stationary form)."""
 
     positions: np.ndarray
     count: np.ndarray
@@ -145,6 +161,7 @@ class LookaheadTables:
     window: np.ndarray
     factor_points: np.ndarray
     shares: np.ndarray
+    scales: np.ndarray
     horizon: int | None
     instance_hash: str
 
@@ -183,6 +200,7 @@ class LookaheadTables:
             np.array([t.window for t in items]),
             items[0].factor_points,
             np.array([t.share for t in items]),
+            np.array([t.scale for t in items]),
             horizon if form == FORMS[0] else None,
             instance_hash,
         )
@@ -260,7 +278,7 @@ class LookaheadPolicy:
             tb = self.tables
             self._device_tables[key] = tuple(
                 torch.as_tensor(a, device=device)
-                for a in (tb.excess, tb.positions, tb.count, tb.offset, tb.stages, tb.window, tb.factor_points)
+                for a in (tb.excess, tb.positions, tb.count, tb.offset, tb.stages, tb.window, tb.factor_points, tb.scales)
             )
         return self._device_tables[key]
 
@@ -271,7 +289,7 @@ class LookaheadPolicy:
         n = tb.positions.shape[0]
         if instance.n != n:
             raise InputError(f"{NAME}: the tables are for n = {n} items, the instance has n = {instance.n}")
-        excess, positions, count, offset, stages, window, points = self._on(state.inv.device)
+        excess, positions, count, offset, stages, window, points, scales = self._on(state.inv.device)
         N, M = positions.shape[1], points.numel()
         x = state.inventory_position().double().T.contiguous()  # [n, B]
         upper = torch.searchsorted(positions, x).clamp(1, N - 1)
@@ -294,6 +312,7 @@ class LookaheadPolicy:
             a = ((f - points[hi - 1]) / (points[hi] - points[hi - 1]))[None, :, None]
             row = count[:, None, None] * hi[None, :, None]
             values = (1 - a) * excess[base + row - count[:, None, None] + idx].double() + a * excess[base + row + idx].double()
+        values = values * scales[:, None, None]  # [n, B, w+1] in cost units
         best, offset_best = values.masked_fill(~valid, math.inf).min(-1)  # [n, B]
         gain = (values[..., 0] - best).clamp_min(0.0)
         gain = torch.where(torch.isfinite(best) & (t < stages)[:, None], gain, torch.zeros_like(gain))

@@ -52,7 +52,7 @@ def main() -> None:
     rho = report["rho"]
     print(
         f"wrote {out}: n={instance.n}, rho={rho['estimate']:.3f} ± {rho['se']:.3f} (s.e.), K={instance.K:g}, gamma={instance.gamma:g}; "
-        f"report {paths['md']} ({len(report['notes'])} notes; hold-out coverage of 80% intervals: "
+        f"report {paths['md']} ({len(report['notes'])} notes, {len(report['flags'])} flags; hold-out coverage of 80% intervals: "
         f"items {100 * report['holdout']['item_coverage']:.1f}%, total {100 * report['holdout']['total_coverage']:.1f}%)"
     )
 

@@ -5,6 +5,7 @@ optimum of tests/test_decomposition.py), permuted items, and the tables a bound 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -145,6 +146,49 @@ def test_items_permuted_give_the_decisions_permuted(three):
         assert 0 < open_a.mean() < 1
         torch.testing.assert_close(open_b, open_a)
         torch.testing.assert_close(q_b, q_a[:, perm])
+
+
+def trace_of(items: list, form: str, inst: Instance, paths):
+    """The decisions of the lookahead (c = 1) made from `items` on `paths`."""
+    tables = lookahead.LookaheadTables.from_items(items, form, paths.demand.shape[1], "")
+    return evaluate(lookahead.LookaheadPolicy(tables), inst.to_torch(dtype=torch.float64), paths, trace=True).trace
+
+
+def scaled_costs(inst: Instance, factor: float) -> Instance:
+    """`inst` with h, b and K in a currency `factor` times smaller: every value W, and so every decision, is unchanged."""
+    return dataclasses.replace(inst, h=inst.h * factor, b=inst.b * factor, K=inst.K * factor)
+
+
+@pytest.mark.parametrize("form", lookahead.FORMS)
+def test_costs_in_another_currency_change_no_decision(three, form):
+    """h, b and K times 10^4 (an instance fitted in currency units) scale every W_i,t by 10^4 and so leave the rule's
+    decisions as they are: the same open decisions and quantities on every state of 64 episodes, float16 finite
+    tables and float32 stationary ones alike. Catches tables capped in absolute units, where every order in the
+    window of a state below the minimiser looks equally bad and the item stops ordering."""
+    inst, items = three
+    dear = scaled_costs(inst, 1e4)
+    paths = sample_paths(inst, 5, 64, 20)
+    traces = [trace_of(items, form, inst, paths), trace_of(item_tables(dear, 20, SMALL, dtype="float16"), form, dear, paths)]
+    assert 0.1 < traces[0].open.mean() < 0.9
+    np.testing.assert_array_equal(traces[1].open, traces[0].open)
+    np.testing.assert_array_equal(traces[1].quantity, traces[0].quantity)
+
+
+def test_a_table_file_without_a_scale_holds_cost_units(three, tmp_path):
+    """A table file written before files kept a scale holds its excess in the instance's cost units: rewritten so
+    (the rows times the scale, no scale key), every item loads with scale 1 and the policy answers as before.
+    Catches a missing scale read as anything but 1, or a file without one refused."""
+    inst, items = three
+    for i, table in enumerate(items):
+        old = {"positions": table.positions, "factor_points": table.factor_points, "share": table.share, "window": table.window}
+        old |= {form: getattr(table, form).astype(np.float32) * np.float32(table.scale) for form in lookahead.FORMS}
+        np.savez(tmp_path / lookahead.item_file(i), **old)
+    loaded = [lookahead.ItemTable.load(tmp_path / lookahead.item_file(i)) for i in range(inst.n)]
+    assert [t.scale for t in loaded] == [1.0] * inst.n
+    paths = sample_paths(inst, 5, 16, 20)
+    traces = [trace_of(items, "finite", inst, paths), trace_of(loaded, "finite", inst, paths)]
+    np.testing.assert_array_equal(traces[1].open, traces[0].open)
+    np.testing.assert_allclose(traces[1].quantity, traces[0].quantity)
 
 
 # ---- n = 2: the exact cost of the policy ----------------------------------------------------------------

@@ -1,6 +1,10 @@
 """The hybrid pathwise trainer: schedules, GAE, gradients, one update, tiny training, determinism."""
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -274,7 +278,9 @@ def test_activation_checkpointing_gives_the_same_update():
     it is, and keeps fewer bytes per rollout (measured by the trainer's memory plan). Catches a recomputation that
     changes the function (e.g. a block's rows) or a plan that does not see the checkpointing."""
     inst = paper_instance(4, 0).to_torch(dtype=torch.float64)
-    trainers = [PathwiseTrainer(TrainConfig(**{**RUN, "batch": 8, "micro_batch": 4}, checkpoint_activations=on), inst) for on in (False, True)]
+    trainers = [
+        PathwiseTrainer(TrainConfig(**{**RUN, "batch": 8, "micro_batch": 4}, checkpoint_activations=on), inst) for on in (False, True)
+    ]
     for trainer in trainers:
         trainer.step()
     plain, recomputed = ([p.detach() for p in t.model.parameters()] for t in trainers)
@@ -303,3 +309,28 @@ def test_bfloat16_networks_agree_with_float32():
     assert rounded.pathwise.item() != exact.pathwise.item()  # autocast was on
     assert rounded.critic.item() == pytest.approx(exact.critic.item(), rel=5e-2)
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
+
+
+def update_memory(batch: int, micro_batch: int, budget: float) -> dict:
+    """bench/memory.py's measurement of one paper-preset update at n = 256 in a fresh process (on one thread)."""
+    script = Path(__file__).resolve().parent.parent / "bench" / "memory.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--child", "256", str(batch), str(micro_batch), str(budget), "cpu", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")
+def test_a_paper_update_at_n_256_stays_within_a_small_memory_budget():
+    """A paper-preset update (four blocks of 128) at n = 256, B = 8, under a budget of 0.1 GiB: the trainer takes
+    micro-batches of at most 0.1 GiB of activations and the update's peak resident memory grows by at most twice
+    the budget (the backward pass's working memory and the allocator's slack come on top of what it keeps). The
+    control, the same update in one micro-batch (what an unbounded update keeps), grows by more than that bound,
+    so the test would catch a trainer that ignored its budget."""
+    budget = 0.1
+    bounded, whole = update_memory(8, 0, budget), update_memory(8, 8, budget)
+    assert 1 <= bounded["micro_batch"] < 8 and bounded["micro_batch"] * bounded["rollout_gib"] <= budget
+    assert bounded["update_gib"] <= 2 * budget < whole["update_gib"], (bounded, whole)

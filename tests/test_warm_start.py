@@ -370,9 +370,11 @@ def test_a_checkpoint_written_before_the_warm_start_existed_still_resumes(tmp_pa
         (
             "imitation_teacher",
             "zero",
-            r"expected one of \['base-stock', .*'classical-best', 'decomposition-lookahead'\], got a string \"zero\"",
+            r"expected one of \['base-stock', .*'classical-best', 'decomposition-lookahead'\] or decomposition-lookahead:DIR, "
+            r"got a string \"zero\"",
         ),
         ("imitation_teacher", "dp-optimal", 'expected one of .*, got a string "dp-optimal"'),
+        ("imitation_teacher", "decomposition-lookahead:", 'expected one of .*, got a string "decomposition-lookahead:"'),
         ("imitation_learning_rate", 0, "expected a number > 0, got 0"),
         ("imitation_learning_rate", "fast", 'expected a number > 0, got a string "fast"'),
         ("imitation_dagger_updates", -2, "expected an integer >= 0, got -2"),
@@ -416,3 +418,27 @@ def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path):
     assert loss0 == pytest.approx(loss, rel=1e-5)
     initial = torch.cat([p.detach().flatten() for p in PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()).model.parameters()])
     assert (one - initial).abs().max() > 1e-3  # the phase moved the weights
+
+
+def test_imitation_in_micro_batches_gives_the_gradient_of_the_whole_batch():
+    """The warm start's losses and gradients over 24 states of 3 rollouts, in micro-batches of 5 states (the last
+    of 4), equal those of one pass over all 24 (float64), and the micro-batched call did run the networks once per
+    micro-batch. Catches a micro-batch weighted by its own count instead of the batch's."""
+    inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
+    stream = FactorDemandStream(inst, 3, seed=5)
+    factor = stream.initial_factor()
+    batch, _, _ = teacher_rollout(EveryThird(), inst, initial_state(inst, factor), factor, stream, 8, slice(0, 3))
+    model = PathwiseTrainer(TrainConfig(**{**RUN, "batch": 3}), inst).model
+    gradients, results = [], []
+    for chunks in (None, [slice(s, s + 5) for s in range(0, 24, 5)]):
+        model.zero_grad()
+        calls = []
+        model.value = lambda *args, _value=model.value: calls.append(1) or _value(*args)  # noqa: B023 (used at once)
+        results.append(imitation_losses(model, batch, chunks, backward=True))
+        del model.value
+        assert len(calls) == (1 if chunks is None else 5)
+        gradients.append([p.grad.clone() for p in model.parameters()])
+    for whole, parts in zip(*results):
+        assert parts.item() == pytest.approx(whole.item(), rel=1e-12)
+    for whole, parts in zip(*gradients):
+        torch.testing.assert_close(parts, whole, rtol=1e-10, atol=1e-14)

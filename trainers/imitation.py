@@ -40,7 +40,7 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, named_policy
+from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, TABLES_PREFIX, named_policy
 from trainers.memory import accumulate
 from trainers.networks import ThreeNetworks, autocast
 from trainers.streams import exogenous_step
@@ -48,12 +48,19 @@ from trainers.streams import exogenous_step
 TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
 """The policies a run may imitate: every named policy but `zero` (nothing to learn) and dp-optimal (its tables
 end at a horizon, the teacher's rollouts do not)."""
+
+
+def is_teacher(name) -> bool:
+    """Whether `name` names a teacher: one of TEACHERS, or decomposition-lookahead:DIR (a bound run's tables)."""
+    return isinstance(name, str) and (name in TEACHERS or (name.startswith(TABLES_PREFIX) and len(name) > len(TABLES_PREFIX)))
+
+
 TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
 
 
 def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
-    """(policy, parameters for the record) of the teacher `name` (TEACHERS) on `source`, as evaluate.py builds
+    """(policy, parameters for the record) of the teacher `name` (`is_teacher`) on `source`, as evaluate.py builds
     it (solver_workers.policies.named_policy): a classical family tuned on the training paths for the evaluation
     horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
     periods than any finite table has; its threshold tuned on the training paths)."""
@@ -164,7 +171,7 @@ def imitation_losses(
             logit = model.open_logit(items, glob).to(dtype)
             fraction = model.quantity_fraction(items, glob).to(dtype)
             value = model.value(items, glob).to(dtype)
-        open_loss = F.binary_cross_entropy_with_logits(logit, batch.open_order[rows], reduction="sum") / count
+        open_loss = F.binary_cross_entropy_with_logits(logit, batch.open_order[rows].to(dtype), reduction="sum") / count
         quantity = F.mse_loss(fraction, batch.fraction[rows], reduction="sum") / batch.fraction.numel()
         critic = 0.5 * F.mse_loss(value, batch.cost_to_go[rows], reduction="sum") / count
         if backward:

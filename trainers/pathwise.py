@@ -38,14 +38,16 @@ import torch.distributed as dist
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
+from envs import validate
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
+from solver_workers.policies import TABLES_PREFIX
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
-from trainers.imitation import TEACHERS, StudentMix, imitation_losses, teacher_policy, teacher_rollout
+from trainers.imitation import TEACHERS, StudentMix, imitation_losses, is_teacher, teacher_policy, teacher_rollout
 from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
 from trainers.policy import LearnedPolicy
@@ -81,7 +83,9 @@ class TrainConfig(TrainerConfig):
     imitation_updates: int = 0
     """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
     imitation_teacher: str = "classical-best"
-    """The policy imitated (trainers.imitation.TEACHERS), built on the training instance as for evaluation."""
+    """The policy imitated (trainers.imitation.TEACHERS, or decomposition-lookahead:DIR: the tables that a
+    decomposition bound run wrote in DIR, loaded instead of computed), built on the training instance as for
+    evaluation."""
     imitation_learning_rate: float = 1e-3
     """The warm start's constant Adam learning rate, > 0."""
     imitation_dagger_updates: int = 0
@@ -120,7 +124,9 @@ class TrainConfig(TrainerConfig):
         self.require_int("warmup", 0)
         self.require_int("checkpoint_every", 0)
         self.require_int("imitation_updates", 0)
-        self.require_choice("imitation_teacher", TEACHERS)
+        if not is_teacher(self.imitation_teacher):
+            allowed = f"one of {list(TEACHERS)} or {TABLES_PREFIX}DIR"
+            raise validate.refuse("config field 'imitation_teacher'", allowed, validate.describe(self.imitation_teacher), error=ConfigError)
         self.require_real("imitation_learning_rate", 0, low_open=True)
         self.require_int("imitation_dagger_updates", 0)
         self.require_real("imitation_student_share", 0, 1)

@@ -66,6 +66,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/simulator.py
 	$(BIN)/python bench/policy.py
+	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/milp.py
 	$(BIN)/python bench/rllib.py
 	$(BIN)/python bench/scaling.py

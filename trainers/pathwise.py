@@ -7,6 +7,12 @@ detached). Y ~ Bernoulli(p) is trained by the score loss on standardised GAE adv
 frozen-critic terminal value (eq. pathwise_loss), the critic by regression (eq. critic_loss); the total
 is eq. (total_loss). Costs are normalised by c_ref (eq. cost_normalization).
 
+Memory: the open and critic networks see only detached states, so they need not sit in the rollout's graph.
+An update draws its exogenous steps first, then goes through its rollouts in micro-batches (`hybrid_losses`):
+the rollout with the quantity network in the graph and the backward pass of its pathwise term, then the critic
+and the open network on the stored tokens; the gradients add up to those of the one-graph update. The
+micro-batch comes from the config's memory budget (trainers.memory).
+
 The update is written for data-parallel use: when torch.distributed is initialised (a Ray Train
 worker), rank k simulates rollouts k B/W .. (k+1) B/W - 1 of the B, the advantage statistics, the
 gradients and the metrics are averaged across ranks, and the single-process run is the one-worker case.

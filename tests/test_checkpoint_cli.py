@@ -49,6 +49,20 @@ def test_resume_refuses_a_different_config(tmp_path):
         train(TrainConfig(**{**RUN, "width": 32}, updates=4), instance, tmp_path, mode="resume", progress=False)
 
 
+def test_resume_may_change_the_memory_settings_but_not_the_precision(tmp_path):
+    """memory_budget, micro_batch and checkpoint_activations change memory, not results: a run resumes with other
+    values and its curve is the uninterrupted one (to float rounding); precision changes results and is refused."""
+    instance = paper_instance(2, 0)
+    straight = train(TrainConfig(**RUN, updates=4), instance, tmp_path / "a", progress=False)
+    train(TrainConfig(**RUN, updates=2), instance, tmp_path / "b", progress=False)
+    other_memory = {"memory_budget": 0.01, "micro_batch": 3, "checkpoint_activations": True}
+    resumed = train(TrainConfig(**RUN, updates=4, **other_memory), instance, tmp_path / "b", mode="resume", progress=False)
+    curves = [pq.read_table(tmp_path / run / "curve.parquet").to_pydict()["cost10"] for run in ("a", "b")]
+    assert curves[1] == pytest.approx(curves[0], rel=1e-5) and resumed["status"] == straight["status"] == "completed"
+    with pytest.raises(CheckpointError, match=r'other settings \(precision "float32" there, "bfloat16" here\)'):
+        train(TrainConfig(**RUN, updates=6, precision="bfloat16"), instance, tmp_path / "b", mode="resume", progress=False)
+
+
 def test_diverged_run_is_a_result(tmp_path):
     summary = train(TrainConfig(**RUN, updates=5, divergence_cost=1e-6), paper_instance(2, 0), tmp_path, progress=False)
     assert summary["status"] == "diverged" and summary["updates_done"] == 1

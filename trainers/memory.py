@@ -12,8 +12,9 @@ the network (Transformer or perceptron), n, the dtype, autocast and activation c
 checkpointing, the backward pass recomputes one block at a time: one block's activations per state of the
 micro-batch come on top (`StateBytes.recomputed`).
 
-The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: half of
-a GPU's free memory; on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger
+The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: two fifths
+of a GPU's free memory (what the backward pass and the model need comes on top, and an 80 GiB card keeps room);
+on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger
 micro-batch buys no speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
 the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024
 about a fifth more per rollout and 0.4 GiB in all, docs/benchmarks.md).
@@ -30,7 +31,7 @@ import torch
 GIB = 2**30
 CPU_BUDGET_MAX = 0.5
 """GiB: the most the default budget takes on a CPU."""
-CPU_SHARE, GPU_SHARE = 0.25, 0.5
+CPU_SHARE, GPU_SHARE = 0.25, 0.4
 """The share of the available RAM (CPU) or of the free device memory (GPU) that the default budget takes."""
 
 
@@ -53,7 +54,7 @@ def default_budget(device: torch.device) -> tuple[float, str]:
     """(GiB, how it was chosen) of the default budget on `device` (module docstring)."""
     free = available_bytes(device) / GIB
     if device.type == "cuda":
-        return GPU_SHARE * free, f"half of the GPU's {free:.1f} GiB free"
+        return GPU_SHARE * free, f"two fifths of the GPU's {free:.1f} GiB free"
     share = CPU_SHARE * free
     if share > CPU_BUDGET_MAX:
         return CPU_BUDGET_MAX, f"a quarter of {free:.1f} GiB available RAM, at most {CPU_BUDGET_MAX:g} GiB on a CPU"

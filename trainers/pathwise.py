@@ -107,7 +107,7 @@ class TrainConfig(TrainerConfig):
     """The networks' arithmetic: float32, or bfloat16 (autocast; the simulator and the costs stay float32, and on a
     GPU the float32 matrix products left use TF32)."""
     memory_budget: float = 0.0
-    """GiB that an update's activations may take (> 0), or 0: half of a GPU's free memory, on the CPU a quarter of
+    """GiB that an update's activations may take (> 0), or 0: two fifths of a GPU's free memory, on the CPU a quarter of
     the available RAM and at most 0.5 GiB (trainers.memory). The update goes through its rollouts in the largest
     micro-batches that fit: the same gradient, to float rounding."""
     micro_batch: int = 0

@@ -84,9 +84,9 @@ def main() -> None:
     held_out_flags(parser, solver_pool=True)
     args = parser.parse_args()
     check_kind_flags(args)
+    out = resolve_out(args.out, inputs={"--instance": args.instance})
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
-    out = resolve_out(args.out)
     if args.kind == "decomposition":
         options = DecompositionOptions(factor_points=args.factor_points, coarse_points=args.coarse_points, tolerance=args.tolerance)
         journal = decomposition_journal(out, instance, args.seed, args.horizon, args.episodes, options)

@@ -22,7 +22,7 @@ from envs.instance import Instance
 from envs.job_output import resolve_out
 from envs.lookahead import FORMS
 from envs.results import write_evaluation
-from solver_workers.policies import CHECKPOINT_PREFIX, named_label, named_policy, policy_name
+from solver_workers.policies import CHECKPOINT_PREFIX, named_label, named_policy, policy_name, policy_path
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -42,11 +42,11 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
-    resolve_out(args.out)
+    resolve_out(args.out, inputs={"--instance": args.instance, "--policy": policy_path(args.policy)})
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range
     if args.policy.startswith(CHECKPOINT_PREFIX):
-        path = args.policy[len(CHECKPOINT_PREFIX) :]
+        path = policy_path(args.policy)
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations

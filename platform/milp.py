@@ -43,9 +43,9 @@ def main() -> None:
     held_out_flags(parser, solver_pool=True)
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     args = parser.parse_args()
+    out = resolve_out(args.out, inputs={"--instance": args.instance})
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
-    out = resolve_out(args.out)
     options = RollingOptions(
         args.scenarios,
         args.plan_horizon,

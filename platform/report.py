@@ -9,7 +9,8 @@ table.md, table.csv, curves.png, curves.svg and index.html (one self-contained p
 prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --decision-times also times
 each learned policy's decisions on --device (it loads and runs the first finished seed's policy) against
 the MILPs' seconds per decision: a table on the page and decision_time.png. --markdown also writes the
-cost table and the paired comparisons, each under the command that regenerates them (docs/results.md).
+cost table and the paired comparisons, each under the command that regenerates them (docs/results.md). An existing
+report (--out's files, --markdown) is refused unless --overwrite is given.
 
 Otherwise every argument is an evaluation folder written by evaluate.py, train.py (its greedy/ or
 sampled/), milp.py or bound.py: mean ± s.e., the paired 95% CI against the reference and, with --bound,
@@ -122,7 +123,7 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
 
 
 def sweep_report(args: argparse.Namespace) -> None:
-    from sweeps.render import cost_table, markdown, write_report
+    from sweeps.render import REPORT_FILES, cost_table, markdown, write_report
     from sweeps.report import build_report, time_decisions
 
     root = args.runs[0]
@@ -132,10 +133,10 @@ def sweep_report(args: argparse.Namespace) -> None:
     if args.device and not args.decision_times:
         raise InputError("--device is the device of --decision-times: give it with --decision-times, or leave it out")
     out = resolve_out(args.out or Path(root) / "report")
+    if (held := [name for name in REPORT_FILES if (out / name).exists()]) and not args.overwrite:
+        raise InputError(f"--out '{out}' holds a report ({', '.join(held)}): give --overwrite to replace it, or another --out")
     if args.markdown:
-        resolve_out(args.markdown, "--markdown", is_file=True)
-        if Path(args.markdown).is_dir():
-            raise InputError(f"--markdown '{args.markdown}' is a directory, expected a file name for the Markdown tables")
+        resolve_out(args.markdown, "--markdown", is_file=True, overwrite=args.overwrite)
     report = build_report(root, args.opening or "greedy")
     if args.decision_times:
         time_decisions(report, args.device or "cpu")
@@ -149,6 +150,7 @@ def sweep_report(args: argparse.Namespace) -> None:
             *(["--markdown", args.markdown] if args.markdown else []),
             *(["--decision-times"] if args.decision_times else []),
             *(["--device", args.device] if args.device else []),
+            *(["--overwrite"] if args.overwrite else []),
         ]
     )
     written = write_report(report, out, args.markdown, command)
@@ -165,6 +167,7 @@ def main() -> None:
         help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); "
         "evaluation folders: also write the table as Markdown to this file",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing report: --out's files and --markdown")
     sweep = parser.add_argument_group("a sweep's results directory")
     sweep.add_argument("--opening", choices=("greedy", "sampled"), help="the learned policies' evaluation to report (default greedy)")
     sweep.add_argument(
@@ -186,9 +189,7 @@ def main() -> None:
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} needs a sweep's results directory (a directory holding sweep.json), given alone")
     if args.out:
-        resolve_out(args.out, is_file=True)
-        if Path(args.out).is_dir():
-            raise InputError(f"--out '{args.out}' is a directory, expected a file name for the Markdown table")
+        resolve_out(args.out, is_file=True, overwrite=args.overwrite)
     runs = [load(d) for d in args.runs]
     reference = load(args.reference) if args.reference else runs[0]
     bound = load_bound(args.bound) if args.bound else None

@@ -120,6 +120,17 @@ def test_item_table_import(tmp_path):
     assert inst.n == 2 and inst.K == 20 and inst.lead.tolist() == [2, 1]
 
 
+def test_an_existing_instance_file_is_replaced_only_with_overwrite(tmp_path, script_runner):
+    """instance.py refuses an existing --out and leaves it as it was; with --overwrite it writes the new instance."""
+    path = tmp_path / "inst.json"
+    paper_instance(2, 0).save(path)
+    before = path.read_bytes()
+    refused = script_runner("instance.py", "--n", 3, "--out", path)
+    assert refused.returncode == 2 and "exists: give --overwrite to replace it" in refused.stderr and path.read_bytes() == before
+    script("instance.py", "--n", 3, "--out", path, "--overwrite")
+    assert Instance.load(path).n == 3
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -26,7 +26,7 @@ run: $(STAMP)
 	@if [ -f $(QUICK)/sweep.json ]; then echo "resuming the sweep in $(QUICK)"; \
 		$(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) --resume $(SWEEP_FLAGS); \
 	else $(BIN)/python platform/sweep.py --config tune_configs/quick.yaml --out $(QUICK) $(SWEEP_FLAGS); fi
-	$(BIN)/python platform/report.py $(QUICK) --out $(QUICK)/report --decision-times
+	$(BIN)/python platform/report.py $(QUICK) --out $(QUICK)/report --decision-times --overwrite
 
 # A Ray cluster of several nodes on this machine (a head without CPUs, two worker nodes of 2 CPUs), a small sweep
 # on it with --address, then that cluster stopped (docs/cluster.md); CPUS=1 gives 1-CPU worker nodes.

@@ -51,7 +51,7 @@ scenarios = _flag(validate.scenarios)
 def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
     """The flags of the scripts that evaluate a policy or a bound on held-out episodes (evaluate.py, and with
     `solver_pool` milp.py and bound.py, which also take --workers and --address), one help text each: --episodes,
-    --horizon, --seed (of the exogenous paths, the held-out set's by default) and --out."""
+    --horizon, --seed (of the exogenous paths, the held-out set's by default), --out and --overwrite."""
     from envs.evaluation import EVAL_HORIZON  # imports torch: only once the script parses its flags
     from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
     from envs.job_output import out_argument  # imports this module
@@ -63,6 +63,9 @@ def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
         parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
         parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
     parser.add_argument("--out", type=out_argument, required=True, help="output directory")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a run that --out holds (all its files, whatever its kind) instead of refusing it"
+    )
 
 
 def device(text: str) -> str:

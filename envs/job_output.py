@@ -56,10 +56,31 @@ def job_runtime_env() -> dict | None:
     return json.loads(config).get("runtime_env") or {}
 
 
-def resolve_out(path, what: str = "--out", *, is_file: bool = False) -> Path:
+def apart_from_inputs(out: Path, inputs: dict[str, object], what: str, *, is_file: bool) -> None:
+    """Refuse an output that is one of the paths the script reads or writes under another flag (`inputs`: flag -> path,
+    None where not given), or, for an output folder, one that contains one: writing it would destroy that path, with
+    --overwrite too."""
+    target = out.resolve()
+    for flag, given in inputs.items():
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        if source == target or (not is_file and source.is_relative_to(target)):
+            where = "is" if source == target else "contains"
+            raise InputError(
+                f"{what} '{out}' {where} the {flag} '{given}' of this run, which writing {what} would destroy (a script never "
+                f"writes over its own input, even with --overwrite): give another {what}"
+            )
+
+
+def resolve_out(
+    path, what: str = "--out", *, is_file: bool = False, suffix: str | None = None, overwrite: bool = False, inputs=None
+) -> Path:
     """`path` as the script's output directory (or, with is_file, output file), checked before any work: not a
-    URI; under `ray job submit` absolute and outside the job's copy of its working directory; then writable
-    (envs.cli.output_dir, of the file's folder with is_file). Creates nothing."""
+    URI; under `ray job submit` absolute and outside the job's copy of its working directory; not one of the
+    script's `inputs` nor, for a directory, holding one (`apart_from_inputs`); a file not a directory, named with
+    `suffix` when given, and not an existing file unless `overwrite`; then writable (envs.cli.output_dir, of the
+    file's folder with is_file). Creates nothing."""
     text = str(path)
     if (refusal := uri_refusal(text)) is not None:
         raise InputError(f"{what} {refusal}")
@@ -77,8 +98,16 @@ def resolve_out(path, what: str = "--out", *, is_file: bool = False) -> Path:
             raise InputError(
                 f"{what} '{text}' lies in Ray's temporary copy of the job's --working-dir '{cwd}', which Ray deletes; {SHARED}"
             )
-    if is_file:
-        output_dir(Path(text).parent, f"{what}'s folder")
-    else:
-        output_dir(text, what)
-    return Path(text)
+    out = Path(text)
+    apart_from_inputs(out, inputs or {}, what, is_file=is_file)
+    if not is_file:
+        output_dir(out, what)
+        return out
+    if out.is_dir():
+        raise InputError(f"{what} '{text}' is a directory, expected the path of a file to write")
+    if suffix is not None and out.suffix.lower() != suffix:
+        raise InputError(f"{what} '{text}': expected a file name ending in {suffix}, got '{out.name}'")
+    if out.exists() and not overwrite:
+        raise InputError(f"{what} '{text}' exists: give --overwrite to replace it, or another {what}")
+    output_dir(out.parent, f"{what}'s folder")
+    return out

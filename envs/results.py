@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -77,6 +78,58 @@ TRACES = ("steps.parquet", "items.parquet")
 FORMAT = "or-transformer-platform/evaluation"
 VERSION = 2
 """Version 2 added the file checksums and the instance hash; folders of version 1 are refused."""
+
+
+EVALUATION = "an evaluation"
+TRAINING = "a training run"
+RUNS = {
+    "a rolling-MILP run": ("decisions.jsonl", "decisions.parquet"),
+    "a perfect-information bound": ("bounds.jsonl", "bounds.parquet"),
+    "a decomposition bound": ("split.jsonl", "split.parquet", "equal-shares", "lookahead"),
+    TRAINING: ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train"),
+    EVALUATION: (SUMMARY, COSTS, *TRACES),
+}
+"""Each kind of run by the entries it writes in its folder. A solver run and a bound also write an evaluation's files,
+so a kind is shown by its own entries, looked for in this order, and an evaluation by its files alone."""
+
+
+def held_run(folder: str | os.PathLike) -> tuple[str, str] | None:
+    """(kind, the entry that shows it) of the run that `folder` holds (RUNS, temporary files of atomic writes
+    included), or None when it holds none."""
+    folder = Path(folder)
+    names = {written_by_atomic_write(p.name) or p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    return next(((kind, entry) for kind, entries in RUNS.items() for entry in entries if entry in names), None)
+
+
+def check_run_folder(out: str | os.PathLike, kind: str, *, overwrite: bool, resumable: bool) -> None:
+    """Refuse, before any work, an `out` that holds a run of another kind than `kind` (RUNS), or of this kind when a
+    run of it does not resume (`resumable` False), unless `overwrite`: a folder holds one run, and one kind's files
+    beside another's would be read as either."""
+    held = held_run(out)
+    if held is None or overwrite or (held[0] == kind and resumable):
+        return
+    what, entry = held
+    this = "" if what == kind else f"; this run is {kind}"
+    raise InputError(f"--out '{out}' holds {what} ({entry}){this}: a folder holds one run; give --overwrite to replace it or another --out")
+
+
+def clear_run(out: str | os.PathLike) -> None:
+    """Remove from `out` every entry of the run it holds (RUNS, the files summary.json lists, temporary files of atomic
+    writes), so that no file of it is left beside the next run; anything else in the folder stays."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    entries = {entry for kind in RUNS.values() for entry in kind}
+    try:
+        entries |= set(json.loads((out / SUMMARY).read_text(encoding="utf-8")).get("files", {}))
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    for path in out.iterdir():
+        if path.name in entries or written_by_atomic_write(path.name):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def sha256(path: Path) -> str:

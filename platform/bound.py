@@ -20,8 +20,9 @@ identity: the instance's content hash, --seed, --horizon, --episodes and the gri
 docs/methods.md says what each figure is and how far it can be trusted.
 
 Re-running the same command resumes (the perfect-information bound also with more --episodes); a
-re-run into the same --out with other settings is refused, and so is a folder that holds the other kind of
-bound (or a MILP run), and a flag of the other kind. Ctrl-C or SIGTERM keeps the journal.
+re-run into the same --out with other settings is refused, and so is a folder that holds another kind of run (the
+other kind of bound, a MILP run, an evaluation, a training run), and a flag of the other kind; --overwrite replaces
+what --out holds, removing every file of it. Ctrl-C or SIGTERM keeps the journal.
 """
 
 import argparse
@@ -84,12 +85,12 @@ def main() -> None:
     held_out_flags(parser, solver_pool=True)
     args = parser.parse_args()
     check_kind_flags(args)
+    out = resolve_out(args.out, inputs={"--instance": args.instance})
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
-    out = resolve_out(args.out)
     if args.kind == "decomposition":
         options = DecompositionOptions(factor_points=args.factor_points, coarse_points=args.coarse_points, tolerance=args.tolerance)
-        journal = decomposition_journal(out, instance, args.seed, args.horizon, args.episodes, options)
+        journal = decomposition_journal(out, instance, args.seed, args.horizon, args.episodes, options, args.overwrite)
         init_ray(args.workers, args.address)
         s = run_decomposition_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, vars(args))
         stop_ray()
@@ -101,7 +102,7 @@ def main() -> None:
         )
         return
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
-    journal = bound_journal(out, instance, args.seed, args.horizon, options)
+    journal = bound_journal(out, instance, args.seed, args.horizon, options, args.overwrite)
     init_ray(args.workers, args.address)
     summary = run_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
     stop_ray()

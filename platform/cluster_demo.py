@@ -150,7 +150,7 @@ def main() -> None:
     # everything that would refuse the run, before a node starts: the machine's room, --out, the sweep file and --out's sweep
     if problem := capacity_problem(args.workers, args.cpus, *machine_room()):
         raise InputError(problem)
-    out = resolve_out(args.out)
+    out = resolve_out(args.out, inputs={"--config": args.config})
     os.environ.update(cluster_environment())  # before read_spec imports Ray, which reads the mode once (start_cluster keeps it)
     _, data = read_spec(args.config)
     open_results(out.resolve(), data, args.resume)

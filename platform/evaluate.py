@@ -10,7 +10,8 @@ decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/b
 decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or
 sampled). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
 from the held-out one) before the evaluation. --seed picks the exogenous paths; its default is the
-documented held-out seed.
+documented held-out seed. An --out that holds a run (an evaluation, a bound, a MILP or a training run) is refused;
+--overwrite replaces it, removing every file of it.
 """
 
 import argparse
@@ -21,8 +22,8 @@ from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.job_output import resolve_out
 from envs.lookahead import FORMS
-from envs.results import write_evaluation
-from solver_workers.policies import CHECKPOINT_PREFIX, named_label, named_policy, policy_name
+from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
+from solver_workers.policies import CHECKPOINT_PREFIX, named_label, named_policy, policy_name, policy_path
 from trainers.policy import MODES
 from trainers.registry import load_policy
 
@@ -42,11 +43,12 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
-    resolve_out(args.out)
+    resolve_out(args.out, inputs={"--instance": args.instance, "--policy": policy_path(args.policy)})
+    check_run_folder(args.out, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range
     if args.policy.startswith(CHECKPOINT_PREFIX):
-        path = args.policy[len(CHECKPOINT_PREFIX) :]
+        path = policy_path(args.policy)
         policy, ckpt = load_policy(path, args.mode, args.device, instance)
         parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
         label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
@@ -55,6 +57,8 @@ def main() -> None:
         label = named_label(args.policy, args.lookahead_form)
     result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "n": instance.n}
+    if args.overwrite:
+        clear_run(args.out)
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)
     print(
         f"{label}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "

@@ -7,9 +7,10 @@ period (0 for a period without sales); periods consecutive integers or dates (YY
 (daily, weekly, monthly, ...); at least 50 periods. --items: columns item, h, b, lead and optionally qbar (default
 4 lam_i, the paper's rule); one row per item of the history. CSV or Parquet for both.
 
-Writes OUT (an ordinary instance file: rho and every item's lam_i, beta_i fitted; it records the history's SHA-256
+Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i, beta_i fitted; it records the history's SHA-256
 and the periods used under 'source') and, next to it, OUT-stem.fit.json (the report's numbers and the smoothed
-factor path), .fit.md (the report) and .fit.png (its figure).
+factor path), .fit.md (the report) and .fit.png (its figure). An existing OUT or report file is refused unless
+--overwrite is given; a history or cost table is never written over.
 """
 
 import argparse
@@ -17,7 +18,6 @@ import json
 from pathlib import Path
 
 from envs.cli import positive_int, run_cli, seed
-from envs.errors import InputError
 from envs.fit import REPLICATES, fit_history, report_figure, report_markdown
 from envs.instance import atomic_write, atomic_write_text
 from envs.job_output import out_argument, resolve_out
@@ -38,11 +38,13 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the bootstrap and of the hold-out check's randomised intervals (default 0)"
     )
-    parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file")
+    parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file (.json)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and its report files")
     args = parser.parse_args()
-    out = resolve_out(args.out, is_file=True)
-    if out.is_dir():
-        raise InputError(f"--out '{out}' is a directory, expected the path of the instance file to write")
+    inputs = {"--history": args.history, "--items": args.items}
+    out = resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs=inputs)
+    for path in report_paths(out).values():
+        resolve_out(path, "--out's report", is_file=True, overwrite=args.overwrite, inputs=inputs)
     instance, report = fit_history(args.history, args.items, args.K, args.gamma, args.replicates, args.seed, progress=True)
     paths = report_paths(out)
     atomic_write_text(paths["json"], json.dumps(report, indent=1) + "\n")

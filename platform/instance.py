@@ -2,12 +2,13 @@
 
 python platform/instance.py --n 16 --seed 0 --out inst.json
 python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --out inst.json
+
+An existing --out is refused unless --overwrite is given; the item table is never written over.
 """
 
 import argparse
 
 from envs.cli import positive_int, run_cli, seed
-from envs.errors import InputError
 from envs.instance import Instance, paper_instance
 from envs.job_output import out_argument, resolve_out
 
@@ -21,11 +22,10 @@ def main() -> None:
     parser.add_argument("--K", type=float, help="with --items: joint setup cost K >= 0")
     parser.add_argument("--gamma", type=float, help="with --items: discount factor in (0, 1)")
     parser.add_argument("--rho", type=float, help="with --items: factor autocorrelation in [0, 1)")
-    parser.add_argument("--out", type=out_argument, required=True, help="output JSON file")
+    parser.add_argument("--out", type=out_argument, required=True, help="output JSON file (.json)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args()
-    out = resolve_out(args.out, is_file=True)
-    if out.is_dir():
-        raise InputError(f"--out '{out}' is a directory, expected the path of the instance file to write")
+    resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs={"--items": args.items})
     if args.items:
         missing = [f"--{k}" for k in ("K", "gamma", "rho") if getattr(args, k) is None]
         if missing:

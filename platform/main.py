@@ -2,7 +2,7 @@
 zero and classical-best on the held-out paths, and a comparison table printed. Each policy's folder is what
 `evaluate.py --policy NAME` writes for it (envs.classical.tuned_as_policy, classical_best), without tuning
 every variant again for classical-best. Runs on an embedded local Ray, or on a cluster under `ray job submit`
-(the first job of docs/cluster.md).
+(the first job of docs/cluster.md). An --out that holds these files already is refused unless --overwrite is given.
 
   python platform/main.py --n 16 --seed 0 --out runs/main
   ray job submit --working-dir . -- python platform/main.py --n 64 --out /mnt/shared/runs/main-n64
@@ -14,13 +14,13 @@ import os
 import ray
 import torch
 
-from envs.classical import VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
+from envs.classical import POLICY_NAMES, VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
 from envs.cli import horizon, positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.job_output import out_argument, resolve_out
-from envs.results import write_evaluation
+from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
 from solver_workers.ray_session import init_ray
 
 
@@ -37,9 +37,13 @@ def main() -> None:
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="held-out episodes (default 128)")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help="steps per episode (default 50)")
     parser.add_argument("--out", type=out_argument, default="runs/main", help="output directory (default runs/main)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the instance file and evaluations that --out holds")
     args = parser.parse_args()
 
     out = resolve_out(args.out)
+    resolve_out(out / "instance.json", is_file=True, overwrite=args.overwrite)
+    for name in POLICY_NAMES:
+        check_run_folder(out / name, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = paper_instance(args.n, args.seed)
     instance.save(out / "instance.json")
     init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray
@@ -58,6 +62,7 @@ def main() -> None:
     results = {}
     for name, (policy, params) in entries.items():
         results[name] = evaluate(policy, tinst, paths)
+        clear_run(out / name)  # what --overwrite replaces: the folder held no run otherwise
         write_evaluation(out / name, name, results[name], HELDOUT_SEED, {**vars(args), "policy": name}, params, instance=instance)
 
     reference = results["classical-best"].discounted_cost

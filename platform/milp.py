@@ -12,7 +12,9 @@ DIR/decisions.jsonl as they finish, under the run's identity (the instance's con
 setting a decision depends on: --seed, --scenarios, --plan-horizon, --solver, --time-limit, --gap,
 --threads, --no-warm-start, --solver-seed; see solver_workers/pool.py). Re-running the same command
 resumes, also with more --episodes or a longer --horizon (the journal is extended); a re-run into the
-same --out with other settings is refused. Ctrl-C or SIGTERM keeps the journal.
+same --out with other settings is refused, and so is a folder that holds another kind of run (an evaluation, a
+bound, a training run); --overwrite replaces what --out holds, removing every file of it. Ctrl-C or SIGTERM keeps
+the journal.
 """
 
 import argparse
@@ -43,16 +45,16 @@ def main() -> None:
     held_out_flags(parser, solver_pool=True)
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     args = parser.parse_args()
+    out = resolve_out(args.out, inputs={"--instance": args.instance})
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
-    out = resolve_out(args.out)
     options = RollingOptions(
         args.scenarios,
         args.plan_horizon,
         SolverOptions(args.solver, args.time_limit, args.gap, args.threads, not args.no_warm_start, args.solver_seed),
     )
     check_size(instance.n, args.scenarios, args.plan_horizon, f"--instance '{args.instance}' with --scenarios and --plan-horizon")
-    journal = milp_journal(out, instance, args.seed, options)
+    journal = milp_journal(out, instance, args.seed, options, args.overwrite)
     if note := licence_note(args.solver, stock_columns(instance.n, args.scenarios, args.plan_horizon)):
         print(note, flush=True)
     init_ray(args.workers, args.address)

@@ -9,13 +9,16 @@ table.md, table.csv, curves.png, curves.svg and index.html (one self-contained p
 prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --decision-times also times
 each learned policy's decisions on --device (it loads and runs the first finished seed's policy) against
 the MILPs' seconds per decision: a table on the page and decision_time.png. --markdown also writes the
-cost table and the paired comparisons, each under the command that regenerates them (docs/results.md).
+cost table and the paired comparisons, each under the command that regenerates them (docs/results.md). An existing
+report (--out's files, --markdown) is refused unless --overwrite is given.
 
 Otherwise every argument is an evaluation folder written by evaluate.py, train.py (its greedy/ or
-sampled/), milp.py or bound.py: mean ± s.e., the paired 95% CI against the reference and, with --bound,
+sampled/) or milp.py: mean ± s.e., the paired 95% CI against the reference and, with --bound,
 the figure of the bound's kind: a perfect-information bound's gap (mean / bound's mean - 1), or the paired
 difference to a decomposition bound's relaxed policies with the bound, its DP value, under the table
-(solver_workers.decomposition.PAIRED_DIFFERENCE); printed and with --out written as Markdown. All must evaluate the same instance
+(solver_workers.decomposition.PAIRED_DIFFERENCE) and a note when it is the equal-shares split or a split the search
+did not certify; printed and with --out written as Markdown. A bound's folder is given with --bound, never as a
+run or --reference (its mean is no policy's cost). All must evaluate the same instance
 (summary.json records its content hash) on the same episodes, horizon and seed; anything else is
 refused, and so is an incomplete or modified folder.
 """
@@ -32,7 +35,7 @@ from envs.instance import atomic_write_text
 from envs.job_output import out_argument, resolve_out
 from envs.results import read_evaluation
 from solver_workers.decomposition import NAME as DECOMPOSITION
-from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, dp_figures
+from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
 
 
 def load(directory: str) -> dict:
@@ -45,6 +48,17 @@ def load(directory: str) -> dict:
         )
     run = read_evaluation(directory)
     return {"name": run["summary"]["policy"], "dir": str(directory), **run}
+
+
+def load_run(directory: str, flag: str = "") -> dict:
+    """An evaluation folder given as a run (or `flag`, --reference): a policy's evaluation; a bound's folder (summary.json's
+    kind lower-bound) is refused, since its mean is no policy's cost to pair with one."""
+    run = load(directory)
+    if run["summary"].get("kind") == "lower-bound":
+        raise InputError(
+            f"{flag + ' ' if flag else ''}'{directory}' holds a bound ({run['name']}), not a policy's evaluation: give it with --bound"
+        )
+    return run
 
 
 def check_comparable(run: dict, reference: dict) -> None:
@@ -79,6 +93,20 @@ def paired_cell(run: dict, other: dict) -> str:
     return f"{cmp.mean_difference:+.2f} [{cmp.ci_low:+.2f}, {cmp.ci_high:+.2f}]"
 
 
+def bound_notes(summary: dict) -> list[str]:
+    """What a decomposition bound's figure is not: the split at equal shares (bound.py's equal-shares/ folder), or a best
+    split that the search did not certify (solver_workers.decomposition.certificate_note)."""
+    if summary.get("split") == "equal shares":
+        return [
+            "note: this is the bound at equal shares K/n (bound.py's equal-shares/ folder), not at the best split: a valid but "
+            "weaker bound; the best split's is in the folder above it"
+        ]
+    search = summary.get("search")
+    if search and not search["certified"]:
+        return [f"note: {certificate_note(search)}: the bound holds, but a better split may exist"]
+    return []
+
+
 def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> list[str]:
     """The lines of the pairwise table: each run's mean, s.e. and paired difference to the reference, and with a bound
     its figure by the bound's kind. A perfect-information bound is a per-episode bound: its row is the bound, and each
@@ -111,6 +139,7 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
             f"{paired_cell(bound, reference)} | 0 |",
             "",
             f"decomposition bound: {dp_figures(b['dp_value'], b['conservative_value'])} (an expected cost: the bound)",
+            *bound_notes(b),
             "",
             PAIRED_DIFFERENCE,
         ]
@@ -122,7 +151,7 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
 
 
 def sweep_report(args: argparse.Namespace) -> None:
-    from sweeps.render import cost_table, markdown, write_report
+    from sweeps.render import REPORT_FILES, cost_table, markdown, write_report
     from sweeps.report import build_report, time_decisions
 
     root = args.runs[0]
@@ -132,10 +161,10 @@ def sweep_report(args: argparse.Namespace) -> None:
     if args.device and not args.decision_times:
         raise InputError("--device is the device of --decision-times: give it with --decision-times, or leave it out")
     out = resolve_out(args.out or Path(root) / "report")
+    if (held := [name for name in REPORT_FILES if (out / name).exists()]) and not args.overwrite:
+        raise InputError(f"--out '{out}' holds a report ({', '.join(held)}): give --overwrite to replace it, or another --out")
     if args.markdown:
-        resolve_out(args.markdown, "--markdown", is_file=True)
-        if Path(args.markdown).is_dir():
-            raise InputError(f"--markdown '{args.markdown}' is a directory, expected a file name for the Markdown tables")
+        resolve_out(args.markdown, "--markdown", is_file=True, overwrite=args.overwrite)
     report = build_report(root, args.opening or "greedy")
     if args.decision_times:
         time_decisions(report, args.device or "cpu")
@@ -149,6 +178,7 @@ def sweep_report(args: argparse.Namespace) -> None:
             *(["--markdown", args.markdown] if args.markdown else []),
             *(["--decision-times"] if args.decision_times else []),
             *(["--device", args.device] if args.device else []),
+            *(["--overwrite"] if args.overwrite else []),
         ]
     )
     written = write_report(report, out, args.markdown, command)
@@ -165,6 +195,7 @@ def main() -> None:
         help="a sweep's results directory: the report's folder (default RESULTS_DIR/report); "
         "evaluation folders: also write the table as Markdown to this file",
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing report: --out's files and --markdown")
     sweep = parser.add_argument_group("a sweep's results directory")
     sweep.add_argument("--opening", choices=("greedy", "sampled"), help="the learned policies' evaluation to report (default greedy)")
     sweep.add_argument(
@@ -186,11 +217,9 @@ def main() -> None:
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} needs a sweep's results directory (a directory holding sweep.json), given alone")
     if args.out:
-        resolve_out(args.out, is_file=True)
-        if Path(args.out).is_dir():
-            raise InputError(f"--out '{args.out}' is a directory, expected a file name for the Markdown table")
-    runs = [load(d) for d in args.runs]
-    reference = load(args.reference) if args.reference else runs[0]
+        resolve_out(args.out, is_file=True, overwrite=args.overwrite)
+    runs = [load_run(d) for d in args.runs]
+    reference = load_run(args.reference, "--reference") if args.reference else runs[0]
     bound = load_bound(args.bound) if args.bound else None
     for other in runs + ([bound] if bound else []):
         check_comparable(other, reference)

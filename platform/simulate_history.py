@@ -4,7 +4,8 @@ that the fit recovers the instance that made the data (docs/fitting.md).
   python platform/simulate_history.py --instance inst.json --periods 730 --seed 1 --out history.csv --costs costs.csv
 
 Writes the history (item, period, demand; daily dates from --start) and the cost table (item, h, b, lead, qbar) as
-CSV, or Parquet for a .parquet suffix. The history is episode 0 of --seed (envs.exogenous.sample_paths).
+CSV, or Parquet for a .parquet suffix. The history is episode 0 of --seed (envs.exogenous.sample_paths). An existing
+--out or --costs is refused unless --overwrite is given; the instance file is never written over.
 """
 
 import argparse
@@ -35,8 +36,13 @@ def main() -> None:
     parser.add_argument("--start", default="2024-01-01", help="date of the first period (default 2024-01-01)")
     parser.add_argument("--out", type=out_argument, required=True, help="history file (.csv or .parquet)")
     parser.add_argument("--costs", type=out_argument, required=True, help="cost table file (.csv or .parquet)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and --costs")
     args = parser.parse_args()
-    paths = [resolve_out(args.out, is_file=True), resolve_out(args.costs, "--costs", is_file=True)]
+    inputs = {"--instance": args.instance}
+    paths = [
+        resolve_out(args.out, is_file=True, overwrite=args.overwrite, inputs=inputs),
+        resolve_out(args.costs, "--costs", is_file=True, overwrite=args.overwrite, inputs=inputs | {"--out": args.out}),
+    ]
     try:
         import numpy as np
 

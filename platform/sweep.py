@@ -49,7 +49,7 @@ def main() -> None:
             init_ray(1, args.address)  # the cluster's resources decide what fits
         print("\n".join(dry_run(spec, cluster_nodes())))
         return
-    out = resolve_out(args.out)
+    out = resolve_out(args.out, inputs={"--config": args.config})
     if not args.verbose:
         # Tune's legacy output engine prints nothing at verbosity 0 (sweeps.console.tune_output); its default engine still
         # prints the experiment's box, its TensorBoard line and a block per trial error.

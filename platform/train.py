@@ -124,7 +124,8 @@ def main() -> None:
     parser.add_argument("--device", type=device, default="cpu", help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     run_mode = "resume" if args.resume else "overwrite" if args.overwrite else "new"
-    out = check_run_dir(resolve_out(args.out), run_mode)
+    inputs = {"--instance": args.instance, "--config": args.config, "--initial-weights": args.initial_weights}
+    out = check_run_dir(resolve_out(args.out, inputs=inputs), run_mode)
     instance = Instance.load(args.instance)
     overrides = {
         **read_config(args.config),

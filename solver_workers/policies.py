@@ -45,6 +45,12 @@ def policy_name(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected one of {list(NAMED_POLICIES)}, checkpoint:PATH or {TABLES_PREFIX}DIR, got '{text}'")
 
 
+def policy_path(name: str) -> str | None:
+    """The file or folder that a policy name reads (checkpoint:PATH, decomposition-lookahead:DIR), else None."""
+    prefix = next((p for p in PREFIXES if name.startswith(p)), None)
+    return name[len(prefix) :] if prefix else None
+
+
 def named_policy(instance: Instance, name: str, horizon: int = EVAL_HORIZON, device="cpu", progress: bool = False, form: str = FORMS[0]):
     """(policy, parameters for a summary) of a named policy (not a checkpoint): the DP optimum (n = 1 only), the
     decomposition lookahead (`form`: finite-horizon tables for `horizon` steps, or stationary), or a classical
@@ -52,8 +58,7 @@ def named_policy(instance: Instance, name: str, horizon: int = EVAL_HORIZON, dev
     if name == DP_OPTIMAL:
         return dp_optimal_policy(instance, horizon, device)
     if name == LOOKAHEAD or name.startswith(TABLES_PREFIX):
-        bound = name[len(TABLES_PREFIX) :] if name.startswith(TABLES_PREFIX) else None
-        return lookahead_policy(instance, horizon, device, form=form, bound=bound, progress=progress)
+        return lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), progress=progress)
     return tuned_policy(instance, name, horizon, device=device, progress=progress)
 
 

@@ -142,12 +142,12 @@ class Journal:
         if not (isinstance(header, dict) and isinstance(header.get("identity"), dict)):
             raise InputError(
                 f"journal '{self.path}' has no run identity (it was written before identities were recorded, or it is not a journal), "
-                f"so it cannot be checked against this run's settings; {_start_anew(self.path)}"
+                f"so it cannot be checked against this run's settings; start anew with --overwrite or another --out"
             )
         if changed := differences(header["identity"], self.identity):
             raise InputError(
                 f"journal '{self.path}' belongs to a run with other settings ({'; '.join(changed)}); "
-                f"re-run with its settings to resume it, or {_start_anew(self.path)}"
+                f"re-run with its settings to resume it, or start anew with --overwrite or another --out"
             )
         for line in lines[1:]:
             record = json_line(line)
@@ -173,10 +173,6 @@ class Journal:
         """Refuse to store results of a computation with another identity (a caller's bug, not bad input)."""
         if json.loads(json.dumps(identity)) != self.identity:
             raise ValueError(f"journal '{self.path}' was opened with another identity than this computation's")
-
-
-def _start_anew(path: Path) -> str:
-    return f"start anew with another --out, or delete '{path.parent}'"
 
 
 @ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)

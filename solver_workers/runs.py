@@ -14,11 +14,10 @@ import pyarrow as pa
 
 from envs import lookahead
 from envs.cli import Interrupted
-from envs.errors import InputError
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
-from envs.results import write_evaluation
+from envs.results import check_run_folder, clear_run, write_evaluation
 from solver_workers.backends import SolverOptions
 from solver_workers.decomposition import NAME as DECOMPOSITION
 from solver_workers.decomposition import TABLE_DTYPE, DecompositionOptions, combine
@@ -61,32 +60,31 @@ RUN_JOURNALS = {
     "bounds.jsonl": "a perfect-information bound",
     "split.jsonl": "a decomposition bound",
 }
-"""The journal of each kind of solver run, by file name: a results folder holds one run, so one of them at most."""
+"""The journal of each kind of solver run (envs.results.RUNS), by file name."""
 
 
-def open_journal(out: Path, name: str, key, identity: dict[str, Any]) -> Journal:
-    """The journal `name` of the run in `out`, refused when `out` holds the journal of another kind of run: both
-    write summary.json and costs.parquet, so the second would overwrite the first's results and leave the
-    rest of its files beside them."""
-    for other, what in RUN_JOURNALS.items():
-        if other != name and (Path(out) / other).exists():
-            raise InputError(
-                f"--out '{out}' holds {what} ({other}); this run ({RUN_JOURNALS[name]}) would overwrite its summary.json and "
-                "costs.parquet: use another --out"
-            )
+def open_journal(out: Path, name: str, key, identity: dict[str, Any], overwrite: bool = False) -> Journal:
+    """The journal `name` of the run in `out`; a folder that holds another kind of run is refused
+    (envs.results.check_run_folder), and with `overwrite` the run it holds is removed first, whatever its kind."""
+    check_run_folder(out, RUN_JOURNALS[name], overwrite=overwrite, resumable=True)
+    if overwrite:
+        clear_run(out)
     return Journal(Path(out) / name, key, identity)
 
 
-def milp_journal(out: Path, instance: Instance, seed: int, options: RollingOptions) -> Journal:
-    return open_journal(out, "decisions.jsonl", decision_key, rolling_identity(instance, seed, options))
+def milp_journal(out: Path, instance: Instance, seed: int, options: RollingOptions, overwrite: bool = False) -> Journal:
+    return open_journal(out, "decisions.jsonl", decision_key, rolling_identity(instance, seed, options), overwrite)
 
 
-def bound_journal(out: Path, instance: Instance, seed: int, horizon: int, options: SolverOptions) -> Journal:
-    return open_journal(out, "bounds.jsonl", episode_key, bound_identity(instance, seed, horizon, options))
+def bound_journal(out: Path, instance: Instance, seed: int, horizon: int, options: SolverOptions, overwrite: bool = False) -> Journal:
+    return open_journal(out, "bounds.jsonl", episode_key, bound_identity(instance, seed, horizon, options), overwrite)
 
 
-def decomposition_journal(out: Path, instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions) -> Journal:
-    return open_journal(out, "split.jsonl", split_key, decomposition_identity(instance, seed, horizon, episodes, options))
+def decomposition_journal(
+    out: Path, instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions, overwrite: bool = False
+) -> Journal:
+    identity = decomposition_identity(instance, seed, horizon, episodes, options)
+    return open_journal(out, "split.jsonl", split_key, identity, overwrite)
 
 
 EQUAL_SHARES = "equal-shares"

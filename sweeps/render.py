@@ -619,9 +619,13 @@ def decision_figure(report: Report):
     return figure
 
 
+REPORT_FILES = ("table.md", "table.csv", "curves.png", "curves.svg", "index.html", "decision_time.png")
+"""What write_report writes into its folder."""
+
+
 def write_report(report: Report, out, markdown_file=None, command: str | None = None) -> dict[str, Path]:
-    """Write every output into `out` (each file atomically; decision_time.png only when the report holds decision times);
-    with `markdown_file`, also results_markdown there."""
+    """Write every output into `out` (each file atomically; decision_time.png only when the report holds decision times,
+    else a previous report's is removed); with `markdown_file`, also results_markdown there."""
     plt = _pyplot()
     out = Path(out)
     curves = curves_figure(report)
@@ -639,6 +643,8 @@ def write_report(report: Report, out, markdown_file=None, command: str | None = 
     for name, text in texts.items():
         atomic_write_text(out / name, text)
         written[name] = out / name
+    for name in set(REPORT_FILES) - set(written):
+        (out / name).unlink(missing_ok=True)
     if markdown_file is not None:
         atomic_write_text(Path(markdown_file), results_markdown(report, command or f"python platform/report.py {report.results.root}"))
         written["markdown"] = Path(markdown_file)

@@ -80,3 +80,41 @@ def test_a_bound_flag_given_a_policy_is_refused(tmp_path, monkeypatch, capsys):
         runpy.run_path(str(ROOT / "platform" / "report.py"), run_name="__main__")
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("error: --bound") and "base-stock" in err and "not a bound" in err, err
+
+
+def report_error(monkeypatch, capsys, *args) -> str:
+    """platform/report.py with `args`, in this process, refused: its error output (exit status 2)."""
+    monkeypatch.setattr(sys, "argv", ["report.py", *map(str, args)])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(ROOT / "platform" / "report.py"), run_name="__main__")
+    captured = capsys.readouterr()
+    assert stop.value.code == 2, captured.out
+    return captured.err
+
+
+def test_a_bound_given_as_a_run_is_refused(tmp_path, monkeypatch, capsys):
+    """A bound's folder as a run or as --reference: one error line that says it is a bound and where it goes; catches
+    a row "decomposition-bound | 95.00" with a paired interval, as if the relaxed policies' cost were a policy's."""
+    best = write(tmp_path / "best", "classical-best", 110.0 + E)
+    bound = write(tmp_path / "dec", "decomposition-bound", 95.0 + D, DECOMPOSITION_FIGURES)
+    for args in ((best, bound), (best, "--reference", bound)):
+        err = report_error(monkeypatch, capsys, *args)
+        assert err.count("error:") == 1 and f"'{bound}' holds a bound (decomposition-bound)" in err and "give it with --bound" in err, err
+
+
+def test_an_uncertified_split_and_the_equal_shares_split_are_noted(tmp_path, monkeypatch, capsys):
+    """--bound with a best split the search did not certify says so with its gap; --bound with the equal-shares folder
+    says it is the equal-shares split; a certified best split gets no note."""
+    best = write(tmp_path / "best", "classical-best", 110.0 + E)
+    search = {"certified": False, "relative_gap": 0.0123, "rounds": 8, "tolerance": 1e-4}
+    for name, extra, note in (
+        ("uncertified", {"split": "best", "search": search}, "note: best split not certified (gap 1.23% at the round limit 8"),
+        ("certified", {"split": "best", "search": search | {"certified": True, "relative_gap": 1e-5}}, None),
+        ("equal-shares", {"split": "equal shares"}, "note: this is the bound at equal shares K/n"),
+    ):
+        bound = write(tmp_path / name, "decomposition-bound", 95.0 + D, DECOMPOSITION_FIGURES | extra)
+        notes = [line for line in report_script(monkeypatch, capsys, best, "--bound", bound).splitlines() if line.startswith("note:")]
+        if note is None:
+            assert notes == [], (name, notes)
+        else:
+            assert len(notes) == 1 and notes[0].startswith(note), (name, notes)

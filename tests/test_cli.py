@@ -120,6 +120,37 @@ def test_item_table_import(tmp_path):
     assert inst.n == 2 and inst.K == 20 and inst.lead.tolist() == [2, 1]
 
 
+def test_an_existing_instance_file_is_replaced_only_with_overwrite(tmp_path, script_runner):
+    """instance.py refuses an existing --out and leaves it as it was; with --overwrite it writes the new instance."""
+    path = tmp_path / "inst.json"
+    paper_instance(2, 0).save(path)
+    before = path.read_bytes()
+    refused = script_runner("instance.py", "--n", 3, "--out", path)
+    assert refused.returncode == 2 and "exists: give --overwrite to replace it" in refused.stderr and path.read_bytes() == before
+    script("instance.py", "--n", 3, "--out", path, "--overwrite")
+    assert Instance.load(path).n == 3
+
+
+def test_overwrite_replaces_a_run_of_another_kind_whole(tmp_path, script_runner):
+    """evaluate.py refuses a folder that holds a decomposition bound and leaves it as it was; with --overwrite no file of
+    the bound is left beside the evaluation (a report would read its split.jsonl or lookahead/ as the evaluation's),
+    and a file that is no run's stays."""
+    inst, run = tmp_path / "inst.json", tmp_path / "run"
+    paper_instance(2, 0).save(inst)
+    for name in ("split.jsonl", "split.parquet", "summary.json", "costs.parquet", "equal-shares/summary.json", "lookahead/tables.json"):
+        (run / name).parent.mkdir(parents=True, exist_ok=True)
+        (run / name).write_text("{}")
+    (run / "notes.txt").write_text("mine")
+    before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    args = ["--instance", inst, "--policy", "zero", "--episodes", 2, "--horizon", 3, "--out", run]
+    refused = script_runner("evaluate.py", *args)
+    assert refused.returncode == 2 and "holds a decomposition bound (split.jsonl)" in refused.stderr
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
+    script("evaluate.py", *args, "--overwrite")
+    assert sorted(p.name for p in run.iterdir()) == ["costs.parquet", "notes.txt", "summary.json"]
+    assert json.loads((run / "summary.json").read_text())["policy"] == "zero"
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

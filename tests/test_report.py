@@ -506,6 +506,22 @@ def test_script_modes_and_errors(results, tmp_path):
         )
 
 
+def test_an_existing_report_is_replaced_only_with_overwrite(results, tmp_path):
+    """A report folder that holds a report and an existing --markdown file are refused (and left as they were) unless
+    --overwrite is given, which writes the report again."""
+    out, notes = tmp_path / "report", tmp_path / "notes.md"
+    assert run_script("report.py", results, "--out", out).returncode == 0
+    page = (out / "index.html").read_bytes()
+    again = run_script("report.py", results, "--out", out)
+    assert again.returncode == 2 and f"--out '{out}' holds a report (" in again.stderr and "--overwrite" in again.stderr, again.stderr
+    notes.write_text("mine")
+    markdown = run_script("report.py", results, "--out", tmp_path / "other", "--markdown", notes)
+    assert markdown.returncode == 2 and f"--markdown '{notes}' exists" in markdown.stderr and notes.read_text() == "mine"
+    assert (out / "index.html").read_bytes() == page and not (tmp_path / "other").exists()
+    replaced = run_script("report.py", results, "--out", out, "--markdown", notes, "--overwrite")
+    assert replaced.returncode == 0 and "| 4 |" in notes.read_text(), replaced.stderr
+
+
 def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_path, monkeypatch):
     """Registering a method is the only edit: its label, column and throughput come from trainers.registry.
     The fake method trains like OR-Transformer (its family's config accepts the name); sweeps.spec reads

@@ -13,10 +13,11 @@ Files in the run directory:
   ray_train/      Ray Train's storage of a data-parallel run (trainers.ray_train)
 
 Modes: `new` refuses a folder that already holds a run (any of the files above), so a run is never
-overwritten or mixed with another by accident; `overwrite` removes the previous run's files (and nothing
-else) first; `resume` continues from checkpoint.pt with the identical curve, and needs a checkpoint whose
-config and instance match and a curve that holds its updates 1..k. Resuming a run that has ended (it
-diverged, or completed `updates` updates) trains nothing and returns its training.json; a larger
+overwritten or mixed with another by accident, and every mode but `overwrite` refuses a folder that holds another
+kind of run (an evaluation, a bound, a MILP run: envs.results.RUNS); `overwrite` removes the previous run's files,
+whatever its kind (and nothing else), first; `resume` continues from checkpoint.pt with the identical curve, and
+needs a checkpoint whose config and instance match and a curve that holds its updates 1..k. Resuming a run that
+has ended (it diverged, or completed `updates` updates) trains nothing and returns its training.json; a larger
 `updates` continues a completed run.
 
 An interruption (Ctrl-C or SIGTERM, in the main thread) lets the current update finish, then saves the
@@ -61,13 +62,13 @@ from tqdm.auto import tqdm
 
 from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text, written_by_atomic_write
-from envs.results import manifest, write_parquet
+from envs.results import RUNS, TRAINING, check_run_folder, clear_run, manifest, write_parquet
 from envs.validate import differences
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from trainers.config import TrainerConfig
 
 MODES = ("new", "resume", "overwrite")
-RUN_FILES = ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train")
+RUN_FILES = RUNS[TRAINING]
 CURVE_COLUMNS = ("method", "n", "seed", "update", "cost10", "wall_seconds")
 
 
@@ -83,6 +84,7 @@ def check_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     out = Path(out_dir)
+    check_run_folder(out, TRAINING, overwrite=mode == "overwrite", resumable=True)
     found = run_files(out)
     if mode == "new" and found:
         raise InputError(
@@ -95,15 +97,10 @@ def check_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
 
 
 def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
-    """`check_run_dir`, then (mode overwrite) remove the previous run's files, and make the folder."""
+    """`check_run_dir`, then (mode overwrite) remove the previous run's files, whatever its kind, and make the folder."""
     out = check_run_dir(out_dir, mode)
     if mode == "overwrite":
-        for name in run_files(out):
-            path = out / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+        clear_run(out)
     out.mkdir(parents=True, exist_ok=True)
     return out
 

@@ -24,6 +24,7 @@ from envs.cli import _terminate
 from envs.errors import InputError
 from envs.instance import paper_instance
 from envs.validate import load_yaml
+from trainers import pathwise
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.registry import load_checkpoint, method_config
@@ -170,6 +171,36 @@ def test_an_interrupt_finishes_the_update_saves_it_and_the_resume_matches(tmp_pa
     resumed = train(cfg, instance, tmp_path / "run", mode="resume", progress=False)
     assert resumed["status"] == "completed" and resumed["updates_done"] == 6
     assert curve(tmp_path / "run")["cost10"] == curve(tmp_path / "straight")["cost10"] and straight["updates_done"] == 6
+
+
+def test_a_failed_update_saves_the_last_finished_one_and_the_resume_matches(tmp_path, monkeypatch):
+    """An update that raises in the middle (here the third, after its exogenous draws, as an out-of-memory error
+    would) saves the run at update 2 with status failed and the error as the reason, raises the error again, and
+    a resume continues the uninterrupted curve: the failed update's draws were given back. Without the save the
+    run would keep no checkpoint (checkpoint_every 0), without giving the draws back the resumed curve would differ."""
+    instance = paper_instance(2, 0)
+    cfg = TrainConfig(**{**RUN, "checkpoint_every": 0}, updates=5)
+    straight = train(cfg, instance, tmp_path / "straight", progress=False)
+    losses = pathwise.hybrid_losses
+
+    def out_of_memory_at_update_3(model, state, *args, **kwargs):
+        if len(curve_rows) == 2:
+            raise RuntimeError("out of memory (simulated)\ndetails")
+        curve_rows.append(1)
+        return losses(model, state, *args, **kwargs)
+
+    curve_rows: list[int] = []
+    monkeypatch.setattr(pathwise, "hybrid_losses", out_of_memory_at_update_3)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        train(cfg, instance, tmp_path / "run", progress=False)
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"]) == ("failed", 2)
+    assert ckpt["reason"] == "update 3 failed: RuntimeError: out of memory (simulated)"
+    assert json.loads((tmp_path / "run" / "training.json").read_text())["status"] == "failed"
+    monkeypatch.undo()
+    resumed = train(cfg, instance, tmp_path / "run", mode="resume", progress=False)
+    assert resumed["status"] == "completed" and curve(tmp_path / "run")["cost10"] == curve(tmp_path / "straight")["cost10"]
+    assert straight["updates_done"] == 5
 
 
 def test_a_second_interrupt_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):

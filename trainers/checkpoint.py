@@ -38,7 +38,7 @@ def save_checkpoint(
     attempts: list[int] | None = None,
 ) -> None:
     """Write atomically (temporary file, then rename). `status` is the run's (running, completed, diverged,
-    interrupted) at the checkpoint's update; `reason` says why it diverged; `attempts` the update each training
+    interrupted, failed) at the checkpoint's update; `reason` says why it diverged or failed; `attempts` the update each training
     attempt of the run started from (trainers.run), [0] when not given."""
     payload = {
         "format": FORMAT,

@@ -530,9 +530,16 @@ class PathwiseTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, self.update)
         alpha_entropy = entropy_weight(config, self.update)
-        draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
-        self.optimizer.zero_grad(set_to_none=True)
-        result = hybrid_losses(self.model, self.state, instance, draws, config, alpha_entropy, self.memory.rollout_chunks())
+        streams = (self.stream.generator.get_state(), self.generator.get_state())
+        try:
+            draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
+            self.optimizer.zero_grad(set_to_none=True)
+            result = hybrid_losses(self.model, self.state, instance, draws, config, alpha_entropy, self.memory.rollout_chunks())
+        except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run saves it there)
+            self.stream.generator.set_state(streams[0])
+            self.generator.set_state(streams[1])
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
         norms = self._gradient_step(self.optimizer)
         _, world = rank_and_world()
         self.state = result.final_state  # truncated backpropagation through time: detached
@@ -632,6 +639,12 @@ class PathwiseRun(MethodRun):
 
     def describe(self) -> str:
         return self.trainer.memory.describe()
+
+    @property
+    def saves_after_failure(self) -> bool:
+        """In one process: a failed step restores its streams (PathwiseTrainer.step). Not data-parallel, where saving
+        gathers every rank's rollouts and a rank that failed alone would leave the others waiting."""
+        return rank_and_world()[1] == 1
 
     def step(self) -> dict[str, float]:
         return self.trainer.step()

@@ -7,7 +7,7 @@ Files in the run directory:
   curve.parquet   method, n, seed, update, cost10, wall_seconds: updates 1..k of the checkpoint's update k
                   (rewritten atomically before each checkpoint)
   tensorboard/    event files (every metric of every update)
-  training.json   config, status (completed | diverged | interrupted), reason, updates done, attempts, wall time,
+  training.json   config, status (completed | diverged | interrupted | failed), reason, updates done, attempts, wall time,
                   manifest, and the warm start's record when the run has one (trainers.pathwise)
   greedy/, sampled/, rllib/  the held-out evaluations (trainers.experiment) and RLlib's state (trainers.rllib_ppo)
   ray_train/      Ray Train's storage of a data-parallel run (trainers.ray_train)
@@ -22,7 +22,9 @@ has ended (it diverged, or completed `updates` updates) trains nothing and retur
 
 An interruption (Ctrl-C or SIGTERM, in the main thread) lets the current update finish, then saves the
 checkpoint (status `interrupted`), the curve and training.json at that update and raises KeyboardInterrupt
-again; a second one stops at once, keeping the files of the last checkpoint.
+again; a second one stops at once, keeping the files of the last checkpoint. An update that fails (an exception,
+e.g. out of memory) saves the run at the last finished update with status `failed` and the error as the reason,
+then raises it again, where the method can (`MethodRun.saves_after_failure`); a resume continues the same curve.
 
 A warm start (config imitation_updates > 0) runs before any file is written, so an interruption during it
 leaves no run in the folder; then an update-0 checkpoint (status `running`, an empty curve) holds the
@@ -341,15 +343,25 @@ def training_loop(
     save: Callable[[str, str | None], None],
     checkpoint_every: int,
     on_update: Callable[[int, dict[str, float]], None] | None = None,
+    save_on_failure: bool = False,
 ) -> dict[str, Any] | None:
     """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the run
     (`save(status, reason)`: the curve and the checkpoint) and training.json; returns training.json's content
-    (`recorder.summary`'s). Interruptions: module docstring."""
+    (`recorder.summary`'s). Interruptions and failed updates: module docstring (`save_on_failure`: whether a failed
+    `step` leaves the trainer at its last update, so that it may be saved)."""
     status, reason, update = "completed", None, done
     with StopRequest() as stop:
         try:
             while update < updates and not stop.requested:
-                metrics = step()
+                try:
+                    metrics = step()
+                except Exception as error:
+                    if save_on_failure:
+                        message = (str(error).strip().splitlines() or [""])[0]
+                        reason = f"update {update + 1} failed: {type(error).__name__}: {message}"
+                        save("failed", reason)
+                        recorder.summary("failed", reason, update)
+                    raise
                 update += 1
                 recorder.record(update, metrics)
                 if on_update is not None:
@@ -406,6 +418,12 @@ class MethodRun(ABC):
     def lead(self) -> bool:
         """Whether this process writes the run folder (rank 0 of a data-parallel run; a run in one process: always)."""
         return True
+
+    @property
+    def saves_after_failure(self) -> bool:
+        """Whether an update that raised left the trainer as it was after the last finished update, so that the run
+        can be saved there (`training_loop`)."""
+        return False
 
     @property
     def warm_start_record(self) -> dict[str, Any] | None:
@@ -517,7 +535,17 @@ def continue_run(
 
     if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
         save("running", None)
-    return training_loop(recorder, config.updates, method.update, method.step, method.diverged, save, method.checkpoint_every, on_update)
+    return training_loop(
+        recorder,
+        config.updates,
+        method.update,
+        method.step,
+        method.diverged,
+        save,
+        method.checkpoint_every,
+        on_update,
+        method.saves_after_failure,
+    )
 
 
 def train_run(

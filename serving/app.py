@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -180,6 +181,9 @@ class DecisionService:
     def __init__(self, decider: Decider, config: ServiceConfig):
         torch.set_num_threads(config.threads)
         self.decider, self.config = decider, config
+        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decide")
+        """Policy calls run here, one at a time, so the event loop goes on reading bodies and answering /healthz and
+        /info while a batch computes."""
         self.requests = self.states = self.refused = self.batches = self.largest_batch = 0
         self.decide_batch.set_max_batch_size(config.max_batch_size)
         self.decide_batch.set_batch_wait_timeout_s(config.batch_wait_ms / 1000)
@@ -200,7 +204,7 @@ class DecisionService:
             state, single = parse_states(
                 await read_body(request, self.config.max_body_bytes), request.headers.get("content-type"), self.decider.instance
             )
-            answer = await self.decide_batch(state) if self.config.max_batch_size > 1 else self.decide_alone(state)
+            answer = await (self.decide_batch(state) if self.config.max_batch_size > 1 else self.decide_alone(state))
             if isinstance(answer, PolicyError):
                 raise answer
             self.requests, self.states = self.requests + 1, self.states + state.batch
@@ -220,12 +224,12 @@ class DecisionService:
         """Concurrent requests' states in one policy call (Decider.decide_many): an answer or a PolicyError per request.
         The settings are set per replica."""
         self.count_batch(len(states))
-        return self.decider.decide_many(states)
+        return await asyncio.get_running_loop().run_in_executor(self.compute, self.decider.decide_many, states)
 
-    def decide_alone(self, state: State):
+    async def decide_alone(self, state: State):
         """One request's states in a policy call of their own (batching off)."""
         self.count_batch(1)
-        return self.decider.decide(state)
+        return await asyncio.get_running_loop().run_in_executor(self.compute, self.decider.decide, state)
 
     def count_batch(self, requests: int) -> None:
         self.batches, self.largest_batch = self.batches + 1, max(self.largest_batch, requests)

@@ -35,14 +35,24 @@ def write(folder, policy: str, costs: np.ndarray, extra: dict | None = None):
     return folder
 
 
-def report_script(monkeypatch, capsys, *args) -> str:
-    """platform/report.py with `args`, in this process; its standard output."""
+def run_report(monkeypatch, capsys, *args, status: int = 0):
+    """platform/report.py with `args`, in this process, ending with exit status `status`: its (output, error output)."""
     monkeypatch.setattr(sys, "argv", ["report.py", *map(str, args)])
     with pytest.raises(SystemExit) as stop:
         runpy.run_path(str(ROOT / "platform" / "report.py"), run_name="__main__")
     captured = capsys.readouterr()
-    assert stop.value.code == 0, captured.err
-    return captured.out
+    assert stop.value.code == status, captured
+    return captured.out, captured.err
+
+
+def report_script(monkeypatch, capsys, *args) -> str:
+    """platform/report.py with `args`, in this process; its standard output."""
+    return run_report(monkeypatch, capsys, *args)[0]
+
+
+def report_error(monkeypatch, capsys, *args) -> str:
+    """platform/report.py with `args`, in this process, refused: its error output (exit status 2)."""
+    return run_report(monkeypatch, capsys, *args, status=2)[1]
 
 
 def test_a_decomposition_bound_is_named_by_its_kind_and_its_dp_value_is_the_bound(tmp_path, monkeypatch, capsys):
@@ -75,21 +85,8 @@ def test_a_bound_flag_given_a_policy_is_refused(tmp_path, monkeypatch, capsys):
     policy reported as "the lower bound"."""
     best = write(tmp_path / "best", "classical-best", 110.0 + E)
     other = write(tmp_path / "other", "base-stock", 100.0 + D)
-    monkeypatch.setattr(sys, "argv", ["report.py", str(best), "--bound", str(other)])
-    with pytest.raises(SystemExit) as stop:
-        runpy.run_path(str(ROOT / "platform" / "report.py"), run_name="__main__")
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and err.startswith("error: --bound") and "base-stock" in err and "not a bound" in err, err
-
-
-def report_error(monkeypatch, capsys, *args) -> str:
-    """platform/report.py with `args`, in this process, refused: its error output (exit status 2)."""
-    monkeypatch.setattr(sys, "argv", ["report.py", *map(str, args)])
-    with pytest.raises(SystemExit) as stop:
-        runpy.run_path(str(ROOT / "platform" / "report.py"), run_name="__main__")
-    captured = capsys.readouterr()
-    assert stop.value.code == 2, captured.out
-    return captured.err
+    err = report_error(monkeypatch, capsys, best, "--bound", other)
+    assert err.startswith("error: --bound") and "base-stock" in err and "not a bound" in err, err
 
 
 def test_a_bound_given_as_a_run_is_refused(tmp_path, monkeypatch, capsys):

@@ -142,7 +142,7 @@ def test_micro_batched_losses_and_gradients_equal_the_one_graph_reference(method
     reference = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     chunks = [slice(0, 3), slice(3, 6), slice(6, 8)]
-    result = hybrid_losses(model, trainer.state, inst, draws(), cfg, 0.01, chunks)
+    result = hybrid_losses(model, inst, trainer.state, draws(), cfg, 0.01, chunks)
     for got, want in zip(result.losses, expected):
         assert got.item() == pytest.approx(want.item(), rel=1e-9, abs=1e-12)
     assert 0 < result.open_rate < 1
@@ -188,7 +188,7 @@ def test_one_update_lowers_the_loss_on_a_fixed_batch():
 
     def loss_now():
         chunks = trainer.memory.rollout_chunks()
-        return hybrid_losses(trainer.model, state, inst, draws(), cfg, 0.01, chunks, backward=False).losses.total
+        return hybrid_losses(trainer.model, inst, state, draws(), cfg, 0.01, chunks, backward=False).losses.total
 
     before = loss_now().item()
     trainer.step()
@@ -300,7 +300,7 @@ def test_bfloat16_networks_agree_with_float32():
         trainer = PathwiseTrainer(TrainConfig(**{**RUN, "batch": 8}, precision=precision), inst)
         draws = fixed_draws(trainer, RUN["rollout"])()
         trainer.optimizer.zero_grad()
-        result = hybrid_losses(trainer.model, trainer.state, inst, draws, trainer.config, 0.01, trainer.memory.rollout_chunks())
+        result = hybrid_losses(trainer.model, inst, trainer.state, draws, trainer.config, 0.01, trainer.memory.rollout_chunks())
         assert result.discounted_cost.dtype == torch.float64 and result.final_state.inv.dtype == torch.float32
         grad = torch.cat([p.grad.flatten() for p in trainer.model.quantity_net.parameters()])
         results[precision] = (result.losses, grad)

@@ -183,13 +183,13 @@ def test_a_failed_update_saves_the_last_finished_one_and_the_resume_matches(tmp_
     straight = train(cfg, instance, tmp_path / "straight", progress=False)
     losses = pathwise.hybrid_losses
 
-    def out_of_memory_at_update_3(model, state, *args, **kwargs):
-        if len(curve_rows) == 2:
+    def out_of_memory_at_update_3(*args, **kwargs):
+        if len(calls) == 2:
             raise RuntimeError("out of memory (simulated)\ndetails")
-        curve_rows.append(1)
-        return losses(model, state, *args, **kwargs)
+        calls.append(1)
+        return losses(*args, **kwargs)
 
-    curve_rows: list[int] = []
+    calls: list[int] = []
     monkeypatch.setattr(pathwise, "hybrid_losses", out_of_memory_at_update_3)
     with pytest.raises(RuntimeError, match="out of memory"):
         train(cfg, instance, tmp_path / "run", progress=False)

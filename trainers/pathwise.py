@@ -346,8 +346,8 @@ class UpdateResult(NamedTuple):
 
 def hybrid_losses(
     model: ThreeNetworks,
-    state: State,
     instance: TensorInstance,
+    state: State,
     draws: RolloutDraws,
     config: TrainConfig,
     alpha_entropy: float,
@@ -534,7 +534,7 @@ class PathwiseTrainer:
         try:
             draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
             self.optimizer.zero_grad(set_to_none=True)
-            result = hybrid_losses(self.model, self.state, instance, draws, config, alpha_entropy, self.memory.rollout_chunks())
+            result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, self.memory.rollout_chunks())
         except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run saves it there)
             self.stream.generator.set_state(streams[0])
             self.generator.set_state(streams[1])

@@ -16,8 +16,8 @@ The budget is the config's `memory_budget` (GiB), or by default a share of what 
 of a GPU's free memory (what the backward pass and the model need comes on top, and an 80 GiB card keeps room);
 on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger
 micro-batch buys no speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
-the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024
-about a fifth more per rollout and 0.4 GiB in all, docs/benchmarks.md).
+the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024 an
+update adds about 1.8 times what its micro-batch keeps, plus 0.25 GiB, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -61,13 +61,16 @@ def default_budget(device: torch.device) -> tuple[float, str]:
     return share, f"a quarter of {free:.1f} GiB available RAM"
 
 
-def saved_bytes(forward) -> int:
-    """Bytes of the distinct storages that autograd saves for the backward pass of `forward()`."""
+def saved_bytes(forward, parameters) -> int:
+    """Bytes of the distinct storages that autograd saves for the backward pass of `forward()`, but those of
+    `parameters` (a linear layer saves its weight too: memory the model holds anyway, not one more per state)."""
+    held = {p.untyped_storage().data_ptr() for p in parameters}
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in held:
+            storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):

@@ -454,9 +454,9 @@ class PathwiseTrainer:
 
         def network(forward):
             with autocast(config.precision, instance.device):
-                return saved_bytes(lambda: forward(items, glob))
+                return saved_bytes(lambda: forward(items, glob), model.parameters())
 
-        quantity = saved_bytes(lambda: rollout(model, instance, state, draws, config.precision).pathwise)
+        quantity = saved_bytes(lambda: rollout(model, instance, state, draws, config.precision).pathwise, model.parameters())
         critic = network(model.value)
         recomputed = 0
         if config.checkpoint_activations:

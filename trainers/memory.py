@@ -14,8 +14,8 @@ micro-batch come on top (`StateBytes.recomputed`).
 
 The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: two fifths
 of a GPU's free memory (what the backward pass and the model need comes on top, and an 80 GiB card keeps room);
-on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger
-micro-batch buys no speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
+on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger micro-batch buys no
+speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
 the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024 an
 update adds about 1.8 times what its micro-batch keeps, plus 0.25 GiB, docs/benchmarks.md).
 """
@@ -112,7 +112,7 @@ class MemoryPlan:
     rollouts: int
     """Rollouts per micro-batch of a pathwise update (of this rank's shard)."""
     states: int
-    """States per micro-batch of an imitation update and of the open and critic passes."""
+    """States per micro-batch of an imitation update (all three networks on each state)."""
     shard: int
     """Rollouts this rank simulates per update."""
     steps: int

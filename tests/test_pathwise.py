@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -311,18 +312,14 @@ def test_bfloat16_networks_agree_with_float32():
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
 
 
-SLACK_GIB = 0.3
-"""What an update's peak resident memory may add above its activations' budget (test below)."""
-
-
 def update_memory(batch: int, micro_batch: int, budget: float) -> dict:
-    """bench/memory.py's measurement of one paper-preset update at n = 256 in a fresh process (on one thread)."""
+    """bench/memory.py's measurement of one paper-preset update at n = 256 in a fresh process (on one thread). glibc's
+    mmap threshold is fixed, so every freed tensor goes back to the system at once and the peak resident memory
+    follows the live memory (with its moving threshold, freed blocks stay in the heap by chance: the same update's
+    peak varied by a factor of two between runs)."""
     script = Path(__file__).resolve().parent.parent / "bench" / "memory.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "--child", "256", str(batch), str(micro_batch), str(budget), "cpu", "1"],
-        capture_output=True,
-        text=True,
-    )
+    command = [sys.executable, str(script), "--child", "256", str(batch), str(micro_batch), str(budget), "cpu", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -330,13 +327,14 @@ def update_memory(batch: int, micro_batch: int, budget: float) -> dict:
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")
 def test_a_paper_update_at_n_256_stays_within_a_small_memory_budget():
     """A paper-preset update (four blocks of 128) at n = 256, B = 8, under a budget of 0.07 GiB: the trainer takes
-    micro-batches of at most 0.07 GiB of activations, and the update's peak resident memory grows by at most the
-    budget and SLACK_GIB (the backward pass's working memory and the allocator's slack come on top of what it
-    keeps: 0.17 GiB in all on an idle machine, 0.32 GiB beside a training run). The control, the same update in
-    one micro-batch (what an unbounded update keeps), grows by more than that bound and by more than twice the
-    bounded update, so the test would catch a trainer that ignored its budget."""
+    micro-batches of at most 0.07 GiB of activations, and the update's peak resident memory grows by at most twice
+    the budget (the backward pass's working memory comes on top of what the micro-batch keeps: 0.10 GiB in all on
+    this project's machine). The control, the same update in one micro-batch (what an unbounded update keeps: 0.70
+    GiB there), grows by more than that bound and by more than twice the bounded update, so the test would catch a
+    trainer that ignored its budget."""
     budget = 0.07
     bounded, whole = update_memory(8, 0, budget), update_memory(8, 8, budget)
-    assert 1 <= bounded["micro_batch"] < 8 and bounded["micro_batch"] * bounded["rollout_gib"] <= budget
-    assert bounded["update_gib"] <= budget + SLACK_GIB < whole["update_gib"], (bounded, whole)
+    kept = bounded["micro_batch"] * bounded["rollout_gib"]
+    assert bounded["micro_batch"] == 1 or kept <= budget  # the plan: the largest micro-batch within the budget, at least one rollout
+    assert bounded["update_gib"] <= 2 * max(budget, kept) < whole["update_gib"], (bounded, whole)
     assert 2 * bounded["update_gib"] < whole["update_gib"], (bounded, whole)

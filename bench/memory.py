@@ -1,8 +1,9 @@
 """Peak memory and time of one pathwise update of the paper preset (B rollouts of T = 10 steps, four blocks of
 width 128) at n = 1,024: with the default memory budget (micro-batches chosen by the trainer) against the whole
 batch in one micro-batch (the reference: the memory an update took before it was bounded), each in a fresh
-process, measured in the same run. On a CPU the peak is the process's peak resident memory less its resident
-memory before the update; on a GPU, torch's peak allocation during the update.
+process, measured in the same run. On a CPU the peak is the process's peak resident memory during the update (the
+kernel's record reset before it) less its resident memory before it; on a GPU, torch's peak allocation during the
+update.
 
   python bench/memory.py [--n 1024] [--batch 8 64] [--reference-batch 8] [--device cpu] [--threads 2]
 """
@@ -21,6 +22,29 @@ GIB = 2**30
 def resident_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def reset_peak_resident() -> bool:
+    """Start the kernel's record of this process's peak resident memory anew (Linux: /proc/self/clear_refs), so that
+    the peak read after the update is the update's, not that of the imports before it; False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_resident_bytes() -> int:
+    """The peak resident memory since the last reset (VmHWM), or over the process's life (ru_maxrss) without one."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def one_update(n: int, batch: int, micro_batch: int, budget: float, device: str, threads: int) -> dict:
@@ -42,13 +66,14 @@ def one_update(n: int, batch: int, micro_batch: int, budget: float, device: str,
         before = torch.cuda.memory_allocated()
     else:
         before = resident_bytes()
+        reset_peak_resident()
     start = time.perf_counter()
     trainer.step()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak = peak_resident_bytes()
     return {
         "figure": "update_memory",
         "n": n,

@@ -156,7 +156,7 @@ def per_micro_batch_standardize(rows: int):
     return lambda advantage: torch.cat([standardize(part) for part in advantage.split(rows)])
 
 
-@pytest.mark.parametrize("n", [4, pytest.param(64, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("n", [4, 64])
 def test_one_update_in_1_2_and_4_micro_batches_gives_the_same_parameters(n, monkeypatch):
     """One update (score, pathwise, critic and entropy terms; Adam's step) at B = 8 leaves the same parameters with
     the batch in 1, 2 or 4 micro-batches; the control, advantages standardised per micro-batch instead of over the

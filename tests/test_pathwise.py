@@ -288,7 +288,7 @@ def test_activation_checkpointing_gives_the_same_update():
     for a, b in zip(plain, recomputed):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
     kept = [t.memory.state.quantity for t in trainers]
-    assert kept[1] < 0.5 * kept[0] and trainers[1].memory.state.recomputed > 0
+    assert 0 < kept[1] < 0.5 * kept[0] and trainers[1].memory.state.recomputed > 0
 
 
 def test_bfloat16_networks_agree_with_float32():
@@ -326,13 +326,13 @@ def update_memory(batch: int, micro_batch: int, budget: float) -> dict:
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")
 def test_a_paper_update_at_n_256_stays_within_a_small_memory_budget():
-    """A paper-preset update (four blocks of 128) at n = 256, B = 8, under a budget of 0.07 GiB: the trainer takes
-    micro-batches of at most 0.07 GiB of activations, and the update's peak resident memory grows by at most twice
+    """A paper-preset update (four blocks of 128) at n = 256, B = 8, under a budget of 0.1 GiB: the trainer takes
+    micro-batches of at most 0.1 GiB of activations, and the update's peak resident memory grows by at most twice
     the budget (the backward pass's working memory comes on top of what the micro-batch keeps: 0.10 GiB in all on
     this project's machine). The control, the same update in one micro-batch (what an unbounded update keeps: 0.70
     GiB there), grows by more than that bound and by more than twice the bounded update, so the test would catch a
     trainer that ignored its budget."""
-    budget = 0.07
+    budget = 0.1
     bounded, whole = update_memory(8, 0, budget), update_memory(8, 8, budget)
     kept = bounded["micro_batch"] * bounded["rollout_gib"]
     assert bounded["micro_batch"] == 1 or kept <= budget  # the plan: the largest micro-batch within the budget, at least one rollout

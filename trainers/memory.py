@@ -17,7 +17,7 @@ of a GPU's free memory (what the backward pass and the model need comes on top, 
 on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger micro-batch buys no
 speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
 the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024 an
-update adds about 1.8 times what its micro-batch keeps, plus 0.25 GiB, docs/benchmarks.md).
+update adds about 1.4 times what its micro-batch keeps, plus 0.25 GiB, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ class StateBytes:
     """What one state keeps for the backward pass of each network, in bytes."""
 
     quantity: int
-    """The quantity network, features and simulator step included (one rollout step)."""
+    """One rollout step: the quantity network, the features and the simulator step."""
+    terminal: int
+    """The frozen critic on a rollout's last state (it keeps less than the trainable critic: no weight gradient)."""
     open: int
     critic: int
     recomputed: int = 0
@@ -98,7 +100,7 @@ class StateBytes:
 
     def rollout(self, steps: int) -> int:
         """One rollout of `steps` steps: the quantity network on every state, the frozen critic on the last."""
-        return steps * self.quantity + self.critic + self.recomputed
+        return steps * self.quantity + self.terminal + self.recomputed
 
 
 @dataclass(frozen=True)

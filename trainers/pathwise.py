@@ -445,25 +445,32 @@ class PathwiseTrainer:
         """The micro-batches of an update and of an imitation update (trainers.memory)."""
 
     def _memory_plan(self) -> MemoryPlan:
-        """Measure what one state keeps for each network (one state's forward, trainers.memory) and choose the
-        micro-batches for the config's budget."""
+        """Measure what one state keeps for each network (one state's forwards, trainers.memory) and choose the
+        micro-batches for the config's budget. A rollout of one row is measured over one and over two steps: the
+        difference is one step (quantity network, features, simulator), the rest the frozen critic on s_T."""
         config, instance, model = self.config, self.instance, self.model
         state = self.state.index(slice(0, 1))
-        draws = RolloutDraws(torch.zeros_like(state.inv)[None], state.factor[None], torch.ones_like(state.factor)[None])
         items, glob = (x.detach() for x in tokens(instance, state))
+
+        def one_row_rollout(steps: int) -> int:
+            draws = RolloutDraws(
+                torch.zeros_like(state.inv).expand(steps, -1, -1),
+                state.factor.expand(steps, -1),
+                torch.ones_like(state.factor).expand(steps, -1),
+            )
+            return saved_bytes(lambda: rollout(model, instance, state, draws, config.precision).pathwise, model.parameters())
 
         def network(forward):
             with autocast(config.precision, instance.device):
                 return saved_bytes(lambda: forward(items, glob), model.parameters())
 
-        quantity = saved_bytes(lambda: rollout(model, instance, state, draws, config.precision).pathwise, model.parameters())
-        critic = network(model.value)
+        one, two = one_row_rollout(1), one_row_rollout(2)
         recomputed = 0
         if config.checkpoint_activations:
             model.quantity_net.encoder.checkpoint_blocks = False
             recomputed = network(model.quantity_fraction) // config.blocks
             model.quantity_net.encoder.checkpoint_blocks = True
-        per_state = StateBytes(quantity - critic, network(model.open_logit), critic, recomputed)
+        per_state = StateBytes(two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed)
         if config.memory_budget:
             budget, source = config.memory_budget, "config field 'memory_budget'"
         else:

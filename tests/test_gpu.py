@@ -9,8 +9,10 @@ from envs.classical import make_policy
 from envs.dynamics import State, step
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
+from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network
+from trainers.policy import LearnedPolicy
 
 pytestmark = pytest.mark.gpu
 
@@ -49,3 +51,24 @@ def test_a_training_update_runs_on_cuda():
     )
     metrics = trainer.step()
     assert np.isfinite(metrics["loss"]) and next(trainer.model.parameters()).is_cuda
+
+
+def test_the_policy_call_on_cuda_masks_the_quantities_the_cpu_skips():
+    """The policy call computes Q on every state on a GPU and masks those that do not open (no host synchronisation);
+    on the CPU it runs the quantity network only on the states that open. Both give Y and Y Q alike, and Q = 0
+    where Y = 0."""
+    torch.manual_seed(0)
+    inst = paper_instance(16, 0)
+    model = build_network(TrainConfig(blocks=1, width=32, heads=2, feed_forward=64), 16)
+    g = torch.Generator().manual_seed(1)
+    state = State(torch.randn(64, 16, generator=g) * 5, torch.rand(64, 16, 3, generator=g) * 3, torch.randn(64, generator=g))
+    with torch.no_grad():  # half of the states open, none of them near the threshold
+        logits = model.open_logit(item_tokens(inst.to_torch(), state), global_token(inst.to_torch(), state)).sort().values
+        model.open_net.head.bias -= (logits[31] + logits[32]) / 2
+    cpu_open, cpu_quantity = LearnedPolicy(model)(state, inst.to_torch())
+    cuda_state = State(*(x.cuda() for x in (state.inv, state.pipe, state.factor)))
+    gpu_open, gpu_quantity = LearnedPolicy(model.cuda())(cuda_state, inst.to_torch("cuda"))
+    assert 0 < cpu_open.mean() < 1
+    torch.testing.assert_close(gpu_open.cpu(), cpu_open)
+    torch.testing.assert_close(gpu_quantity.cpu(), cpu_quantity, rtol=1e-4, atol=1e-4)
+    assert bool((gpu_quantity[gpu_open == 0] == 0).all())

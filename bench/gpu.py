@@ -139,8 +139,8 @@ def paper_updates(device: str, n: int, preset: str, updates: int, precision: str
     from trainers.registry import method_config
 
     config = method_config("or-transformer", preset, {"device": device, "imitation_updates": 0, "precision": precision})
-    record = {"figure": "paper_updates", "preset": preset, "precision": precision, "n": n, "batch": config.batch, "rollout": config.rollout}
-    record["device"] = device
+    record = {"figure": "paper_updates", "preset": preset, "precision": precision, "device": device}
+    record.update(n=n, batch=config.batch, rollout=config.rollout)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     error = None

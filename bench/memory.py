@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-GIB = 2**30
+from trainers.memory import GIB, proc_field_bytes
 
 
 def resident_bytes() -> int:
@@ -24,27 +24,20 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * resource.getpagesize()
 
 
-def reset_peak_resident() -> bool:
+def reset_peak_resident() -> None:
     """Start the kernel's record of this process's peak resident memory anew (Linux: /proc/self/clear_refs), so that
-    the peak read after the update is the update's, not that of the imports before it; False where it cannot."""
+    the peak read after the update is the update's, not that of the imports before it; nothing where it cannot."""
     try:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")
-        return True
     except OSError:
-        return False
+        pass
 
 
 def peak_resident_bytes() -> int:
     """The peak resident memory since the last reset (VmHWM), or over the process's life (ru_maxrss) without one."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = proc_field_bytes("/proc/self/status", "VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def one_update(n: int, batch: int, micro_batch: int, budget: float, device: str, threads: int) -> dict:

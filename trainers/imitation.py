@@ -40,7 +40,7 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, TABLES_PREFIX, named_policy
+from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, TABLES_PREFIX, is_policy_name, named_policy
 from trainers.memory import accumulate
 from trainers.networks import ThreeNetworks, autocast
 from trainers.streams import exogenous_step
@@ -52,7 +52,7 @@ end at a horizon, the teacher's rollouts do not)."""
 
 def is_teacher(name) -> bool:
     """Whether `name` names a teacher: one of TEACHERS, or decomposition-lookahead:DIR (a bound run's tables)."""
-    return isinstance(name, str) and (name in TEACHERS or (name.startswith(TABLES_PREFIX) and len(name) > len(TABLES_PREFIX)))
+    return name in TEACHERS or (is_policy_name(name) and name.startswith(TABLES_PREFIX))
 
 
 TAIL = 0.01

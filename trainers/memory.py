@@ -35,19 +35,25 @@ CPU_SHARE, GPU_SHARE = 0.25, 0.4
 """The share of the available RAM (CPU) or of the free device memory (GPU) that the default budget takes."""
 
 
+def proc_field_bytes(path: str, name: str) -> int | None:
+    """The bytes of the line `name:  N kB` of the Linux /proc file `path`, or None where the file or the line is missing."""
+    try:
+        with open(path) as lines:
+            for line in lines:
+                if line.startswith(f"{name}:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def available_bytes(device: torch.device) -> int:
     """The free memory of a GPU, or the RAM the operating system reports available (MemAvailable; the free pages
     where /proc/meminfo is missing)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as lines:
-            for line in lines:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    available = proc_field_bytes("/proc/meminfo", "MemAvailable")
+    return available if available is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def default_budget(device: torch.device) -> tuple[float, str]:

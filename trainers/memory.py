@@ -17,7 +17,7 @@ of a GPU's free memory (what the backward pass and the model need comes on top, 
 on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger micro-batch buys no
 speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
 the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024 an
-update adds about 1.4 times what its micro-batch keeps, plus 0.25 GiB, docs/benchmarks.md).
+update adds about 1.3 times what its micro-batch keeps, plus 0.27 GiB, docs/benchmarks.md).
 """
 
 from __future__ import annotations

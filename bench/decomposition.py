@@ -16,9 +16,9 @@ import time
 import numpy as np
 import torch
 
-from envs import dp_optimal
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
+from policies import dp_optimal
 from solver_workers.decomposition import DecompositionOptions, guess_shares, item_figures, item_instance, item_values, search_split
 
 

@@ -1,4 +1,4 @@
-"""Decomposition-lookahead benchmark (paper instances, seed 0, T = 50; envs/lookahead.py): per size n, the
+"""Decomposition-lookahead benchmark (paper instances, seed 0, T = 50; policies/lookahead.py): per size n, the
 tables' build time, their size in memory for both forms, one state's decision time on one torch thread, and
 the 128 x 50 held-out evaluation's time, each as wall-clock and as CPU time (one thread: on an idle core the two
 agree; on a shared machine the CPU time is the figure to compare). One JSON line per size, with the machine's
@@ -24,11 +24,11 @@ import time
 import numpy as np
 import torch
 
-from envs import lookahead
 from envs.dynamics import initial_state
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
+from policies import lookahead
 from solver_workers.decomposition import DecompositionOptions, guess_shares, item_table
 
 REPEATS = 50

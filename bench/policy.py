@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs.classical import make_policy
 from envs.dynamics import State, initial_state, step
 from envs.exogenous import HELDOUT_SEED, FactorDemandStream, sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
+from policies.classical import make_policy
 from trainers.pathwise import PathwiseTrainer, build_network
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from envs.instance import LMAX, paper_instance
+from policies.names import CHECKPOINT_PREFIX
 from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
 from serving.decisions import read_states
-from solver_workers.policies import CHECKPOINT_PREFIX
 from solver_workers.ray_session import init_ray, stop_ray
 from trainers.checkpoint import save_checkpoint
 from trainers.registry import family, method_config

@@ -2,7 +2,7 @@
 the range of costs they can drive an instance to over a horizon (`check_cost_range`, run by `sample_paths`).
 
 Every factor step is `factor_step` and every demand rate `demand_rate`, here and in the other
-simulators (envs.gym_env, envs.dp_optimal, solver_workers.model). Two samplers use them:
+simulators (envs.gym_env, policies.dp_optimal, solver_workers.model). Two samplers use them:
 
 * `sample_paths` draws fixed episode sets (evaluation, tuning) as common random numbers. Episode e
   uses its own NumPy stream keyed by (stream tag, seed, e), so its path depends only on

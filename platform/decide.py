@@ -30,8 +30,8 @@ import time
 from envs.cli import device, input_file, read_file, run_cli
 from envs.errors import InputError
 from envs.instance import Instance
+from policies.names import CHECKPOINT_PREFIX, policy_name
 from serving.decisions import load_decider, read_states
-from solver_workers.policies import CHECKPOINT_PREFIX, policy_name
 from trainers.policy import MODES
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     )
     parser.add_argument("--state", required=True, help="state JSON (one object or a list)")
     parser.add_argument("--instance", help="instance JSON (default: the checkpoint's)")
-    parser.add_argument("--mode", default="greedy", choices=MODES)
+    parser.add_argument("--mode", default="greedy", choices=MODES, help="for --checkpoint: greedy or sampled opening (default greedy)")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     if args.checkpoint is not None:
@@ -65,7 +65,7 @@ def main() -> None:
     answer = decider.decide(state)  # the sampled answer is the stream's first draw: the decider restarts it
     latency = time.perf_counter() - start
     print(json.dumps(answer.to_json(isinstance(data, dict))))
-    print(f"{state.batch} states decided in {latency * 1e3:.2f} ms ({args.mode}, after one warm-up call)", file=sys.stderr)
+    print(f"{state.batch} states decided in {latency * 1e3:.2f} ms ({decider.mode}, after one warm-up call)", file=sys.stderr)
 
 
 if __name__ == "__main__":

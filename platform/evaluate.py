@@ -4,8 +4,8 @@
 
 POLICY is one of: zero, base-stock, base-stock-factor, can-order, can-order-factor, periodic,
 periodic-factor, classical-best, dp-optimal (one-item instances only: the exact dynamic-programming
-optimum for this horizon, envs/dp_optimal.py), decomposition-lookahead (the joint rule on the
-decomposition bound's per-item values, envs/lookahead.py: its tables computed now) or
+optimum for this horizon, policies/dp_optimal.py), decomposition-lookahead (the joint rule on the
+decomposition bound's per-item values, policies/lookahead.py: its tables computed now) or
 decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/bound.py --kind
 decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or
 sampled). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
@@ -21,11 +21,12 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.job_output import resolve_out
-from envs.lookahead import FORMS
 from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
-from solver_workers.policies import CHECKPOINT_PREFIX, named_label, named_policy, policy_name, policy_path
+from policies.lookahead import FORMS
+from policies.lookahead import NAME as LOOKAHEAD
+from policies.names import TABLES_PREFIX, is_lookahead, policy_name, policy_path
 from trainers.policy import MODES
-from trainers.registry import load_policy
+from trainers.resolver import resolve
 
 
 def main() -> None:
@@ -35,7 +36,6 @@ def main() -> None:
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
     parser.add_argument(
         "--lookahead-form",
-        default=FORMS[0],
         choices=FORMS,
         help="for decomposition-lookahead: finite-horizon tables for --horizon, or the stationary ones (default finite)",
     )
@@ -43,20 +43,17 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
+    if args.lookahead_form is not None and not is_lookahead(args.policy):
+        parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, not to --policy {args.policy}")
     resolve_out(args.out, inputs={"--instance": args.instance, "--policy": policy_path(args.policy)})
     check_run_folder(args.out, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range
-    if args.policy.startswith(CHECKPOINT_PREFIX):
-        path = policy_path(args.policy)
-        policy, ckpt = load_policy(path, args.mode, args.device, instance)
-        parameters = {"checkpoint": path, "mode": args.mode, "method": ckpt["config"].method, "training_status": ckpt["status"]}
-        label = f"{ckpt['config'].method}-{args.mode}"  # as train.py names its evaluations
-    else:
-        policy, parameters = named_policy(instance, args.policy, args.horizon, args.device, progress=True, form=args.lookahead_form)
-        label = named_label(args.policy, args.lookahead_form)
-    result = evaluate(policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
-    config = {**vars(args), "n": instance.n}
+    form = args.lookahead_form or FORMS[0]
+    resolved = resolve(args.policy, instance, args.horizon, args.mode, form, args.device, progress=True)
+    label, parameters = resolved.label, resolved.parameters
+    result = evaluate(resolved.policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
+    config = {**vars(args), "lookahead_form": form if is_lookahead(args.policy) else None, "n": instance.n}
     if args.overwrite:
         clear_run(args.out)
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)

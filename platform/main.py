@@ -1,6 +1,6 @@
 """Every classical policy on a paper instance: each variant tuned in its own Ray task, then evaluated with
 zero and classical-best on the held-out paths, and a comparison table printed. Each policy's folder is what
-`evaluate.py --policy NAME` writes for it (envs.classical.tuned_as_policy, classical_best), without tuning
+`evaluate.py --policy NAME` writes for it (policies.classical.tuned_as_policy, classical_best), without tuning
 every variant again for classical-best. Runs on an embedded local Ray, or on a cluster under `ray job submit`
 (the first job of docs/cluster.md). An --out that holds these files already is refused unless --overwrite is given.
 
@@ -14,13 +14,13 @@ import os
 import ray
 import torch
 
-from envs.classical import POLICY_NAMES, VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
 from envs.cli import horizon, positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.job_output import out_argument, resolve_out
 from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
+from policies.classical import POLICY_NAMES, VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
 from solver_workers.ray_session import init_ray
 
 

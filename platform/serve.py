@@ -22,7 +22,7 @@ import time
 
 from envs.cli import input_file, non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
-from solver_workers.policies import CHECKPOINT_PREFIX, policy_name
+from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
 from trainers.policy import MODES
 
 APP_NAME = "decisions"
@@ -59,8 +59,8 @@ def main() -> None:
     parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
     args = parser.parse_args()
     policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint else args.policy
-    if policy.startswith(CHECKPOINT_PREFIX):
-        input_file(policy[len(CHECKPOINT_PREFIX) :], "checkpoint")
+    if is_checkpoint(policy):
+        input_file(policy_path(policy), "checkpoint")
     elif not args.instance:
         raise InputError(f"--policy {policy}: needs --instance (the instance to tune or solve it on)")
     if args.instance:
@@ -84,7 +84,7 @@ def main() -> None:
         max_body_bytes=args.max_body_bytes,
         access_log=args.access_log,
     )
-    print(f"loading {policy}" + ("" if policy.startswith(CHECKPOINT_PREFIX) else " (tuned or solved on the instance first)"), flush=True)
+    print(f"loading {policy}" + ("" if is_checkpoint(policy) else " (tuned or solved on the instance first)"), flush=True)
     decider = config.decider(progress=True)
     deploying = False
     try:

@@ -31,8 +31,8 @@ from envs import validate
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.instance import Instance
+from policies.names import ALLOWED, is_policy_name
 from serving.decisions import Decider, PolicyError, load_decider, read_states
-from solver_workers.policies import NAMED_POLICIES, is_policy_name
 from trainers.policy import MODES
 
 MAX_BODY_BYTES = 8 * 2**20
@@ -61,7 +61,7 @@ class ServiceConfig:
     """The service's settings: platform/serve.py's flags, or a Serve config file's application args."""
 
     policy: str
-    """checkpoint:PATH (a checkpoint of any learned method) or a named policy (classical families, classical-best, dp-optimal)."""
+    """A policy name (policies/names.py): checkpoint:PATH (a checkpoint of any learned method) or a named policy."""
     instance: str = ""
     """Instance JSON: required for a named policy; for a checkpoint, an instance other than its own (OR-Transformer)."""
     mode: str = "greedy"
@@ -88,9 +88,7 @@ class ServiceConfig:
         values = {**asdict(cls(policy="zero")), **data}
         policy = values["policy"]
         if not is_policy_name(policy):
-            raise InputError(
-                f"{where} field 'policy': expected one of {list(NAMED_POLICIES)} or checkpoint:PATH, got {validate.describe(policy)}"
-            )
+            raise InputError(f"{where} field 'policy': expected {ALLOWED}, got {validate.describe(policy)}")
         if not isinstance(values["instance"], str):
             raise InputError(f"{where} field 'instance': expected a path, got {validate.describe(values['instance'])}")
         return cls(

@@ -1,6 +1,6 @@
 """Decisions for states that a user sends: the state format, the check that a state is one the instance can
 produce, and `Decider`, which answers a batch of states with any policy (a checkpoint of a learned method,
-a tuned classical policy, the n = 1 optimum or the decomposition lookahead; names are looked up in solver_workers/policies.py).
+a tuned classical policy, the n = 1 optimum or the decomposition lookahead; made by trainers/resolver.py).
 platform/decide.py and the decision service (serving.app) go through here.
 
 A state is {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}. It must be one
@@ -38,9 +38,8 @@ from envs.errors import InputError
 from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
-from solver_workers.policies import CHECKPOINT_PREFIX, named_policy
-from trainers.policy import MODES
-from trainers.registry import load_policy
+from policies.names import policy_path
+from trainers.resolver import resolve
 
 KEYS = ("factor", "in_transit", "inventory")
 INVENTORY_PERIODS = 10_000
@@ -239,35 +238,18 @@ class Decider:
 
 
 def load_decider(policy: str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
-    """The Decider of `policy`: checkpoint:PATH (a checkpoint of any learned method, on its own instance unless
-    `instance` is given) or a named policy (solver_workers.policies) on `instance`, tuned or solved now (the decomposition
-    lookahead in its stationary form: a state carries no period)."""
-    if mode not in MODES:
-        raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")
-    if policy.startswith(CHECKPOINT_PREFIX):
-        path = policy[len(CHECKPOINT_PREFIX) :]
-        learned, ckpt = load_policy(path, mode, device, instance)
-        instance = instance or ckpt["instance"]
-        info = {"method": ckpt["config"].method, "mode": mode, "checkpoint_sha256": sha256(Path(path)), "training_status": ckpt["status"]}
-        return Decider(
-            learned,
-            instance,
-            True,
-            mode,
-            f"checkpoint '{path}' (training status '{ckpt['status']}')",
-            {**info, "n": instance.n, "instance_hash": instance.content_hash()},
-            device,
-        )
-    if instance is None:
-        raise InputError(f"policy '{policy}': needs an instance (--instance)")
-    named, parameters = named_policy(instance, policy, device=device, progress=progress, form="stationary")
-    info = {"method": policy, "mode": "deterministic", "checkpoint_sha256": None, "parameters": parameters}
-    return Decider(
-        named,
-        instance,
-        False,
-        "deterministic",
-        f"policy '{policy}'",
-        {**info, "n": instance.n, "instance_hash": instance.content_hash()},
-        device,
-    )
+    """The Decider of `policy` (trainers.resolver): checkpoint:PATH on its own instance unless `instance` is given,
+    or a named policy on `instance`, tuned or solved now (the decomposition lookahead in its stationary form: a
+    state carries no period)."""
+    resolved = resolve(policy, instance, mode=mode, form="stationary", device=device, progress=progress)
+    instance = resolved.instance
+    if resolved.learned:
+        path = policy_path(policy)
+        status = resolved.parameters["training_status"]
+        label = f"checkpoint '{path}' (training status '{status}')"
+        info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(Path(path)), "training_status": status}
+    else:
+        label = f"policy '{policy}'"
+        info = {"method": policy, "checkpoint_sha256": None, "parameters": resolved.parameters}
+    info = {**info, "mode": resolved.mode, "n": instance.n, "instance_hash": instance.content_hash()}
+    return Decider(resolved.policy, instance, resolved.learned, resolved.mode, label, info, device)

@@ -1,5 +1,5 @@
 """The decomposition lower bound: the joint setup cost K split into per-item shares k_i >= 0 with
-sum_i k_i <= K, each item solved exactly by the n = 1 dynamic program (envs/dp_optimal.py).
+sum_i k_i <= K, each item solved exactly by the n = 1 dynamic program (policies/dp_optimal.py).
 
 Why it is a bound. For every action K 1{some item orders} >= sum_i k_i 1{item i orders}, so the
 relaxed problem costs no more than the JRP for every policy. Given the factor path the items' demands
@@ -21,7 +21,7 @@ bound); the values at the chosen split and at equal shares K/n come from the fin
 coarse grid's values at the same shares give the convergence check in the grid step: Tauchen's error
 is O(step^2) (measured), so the fine grid's remaining error is estimated as |coarse - fine| / (r^2 - 1)
 with r the ratio of the grid steps (Richardson), and the conservative figure subtracts twice that.
-The per-item cap is raised to ceil(qbar) (envs.dp_optimal.make_lattice, a relaxation) and the
+The per-item cap is raised to ceil(qbar) (policies.dp_optimal.make_lattice, a relaxation) and the
 position domain reaches dmax below min(x_0, 0) (both only lower the values).
 
 Per episode: each item's relaxed-optimal policy (the fine grid's DP policy) is simulated on that
@@ -42,11 +42,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs import dp_optimal, lookahead, validate
+from envs import validate
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths
 from envs.instance import ITEM_COLUMNS, Instance
+from policies import dp_optimal, lookahead
 
 NAME = "decomposition-bound"
 RELAXED_POLICIES = "decomposition bound's relaxed policies"
@@ -68,7 +69,7 @@ def dp_figures(value: float, conservative: float) -> str:
 
 TAUCHEN_BYTES = 50
 """Peak bytes per factor_points^2 of building the Tauchen table ([M, M+1] normal probabilities, their
-temporaries and differences), measured: `python -c "import tracemalloc; from envs.dp_optimal import tauchen_grid;
+temporaries and differences), measured: `python -c "import tracemalloc; from policies.dp_optimal import tauchen_grid;
 tracemalloc.start(); tauchen_grid(0.5, 3000, 4.0); print(tracemalloc.get_traced_memory()[1] / 3000**2)"` printed 50.01."""
 
 
@@ -108,7 +109,7 @@ class DecompositionOptions:
         three as int, int, float.
 
         factor_points: at least 3 (the coarse grid needs 2 points and fewer than the fine one), and at most
-        what this machine's memory holds: building the factor grid's Tauchen table (envs.dp_optimal.tauchen_grid)
+        what this machine's memory holds: building the factor grid's Tauchen table (policies.dp_optimal.tauchen_grid)
         takes TAUCHEN_BYTES x factor_points^2 bytes at its peak, which may take half of the memory: the DP's own
         arrays need the rest. tolerance: > 0, since the search certifies `upper - value <= tolerance |value|` on
         rounded sums, which 0 meets only by coincidence: 0 would run every round and report the split
@@ -414,7 +415,7 @@ def item_figures(
 
 
 TABLE_DTYPE = "float16"
-"""The finite-horizon lookahead tables' storage type (envs/lookahead.py: the excess rows are small where a
+"""The finite-horizon lookahead tables' storage type (policies/lookahead.py: the excess rows are small where a
 decision is taken; measured against float32 in docs/methods.md)."""
 
 
@@ -427,7 +428,7 @@ def item_table(
     solution: dp_optimal.DPSolution | None = None,
     dtype: str = TABLE_DTYPE,
 ) -> lookahead.ItemTable:
-    """The decomposition lookahead's tables of one item with setup cost `share` (envs/lookahead.py): the finite
+    """The decomposition lookahead's tables of one item with setup cost `share` (policies/lookahead.py): the finite
     form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already) and the
     stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor grid."""
     one = item_instance(instance, item, share)

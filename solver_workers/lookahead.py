@@ -1,4 +1,4 @@
-"""The decomposition lookahead policy (envs/lookahead.py) built from an instance: its tables come from a
+"""The decomposition lookahead policy (policies/lookahead.py) built from an instance: its tables come from a
 decomposition bound run's folder (platform/bound.py --kind decomposition writes them under lookahead/), or,
 without one, from the same computation in this process (the split search on the coarse grid, then each
 item's DP at its share on the fine grid: solver_workers/decomposition.py, no Ray).
@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from envs import lookahead
-from envs.classical import TUNING_EPISODES
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import TUNING_SEED, sample_paths
 from envs.instance import Instance
+from policies import lookahead
+from policies.classical import TUNING_EPISODES
 from solver_workers.decomposition import DecompositionOptions, item_table, item_values, search_split
 
 THRESHOLDS = (0.5, 0.75, 1.0, 1.25, 1.5)

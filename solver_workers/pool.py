@@ -46,7 +46,7 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
-from envs import lookahead, validate
+from envs import validate
 from envs.cli import read_text
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
@@ -54,6 +54,7 @@ from envs.exogenous import ExogenousPaths
 from envs.instance import Instance, atomic_write_text
 from envs.results import append_json_line, json_line
 from envs.validate import differences
+from policies import lookahead
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
 from solver_workers.decomposition import DecompositionOptions, item_figures, item_values, search_split

@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from envs import lookahead
 from envs.cli import Interrupted
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.results import check_run_folder, clear_run, write_evaluation
+from policies import lookahead
 from solver_workers.backends import SolverOptions
 from solver_workers.decomposition import NAME as DECOMPOSITION
 from solver_workers.decomposition import TABLE_DTYPE, DecompositionOptions, combine
@@ -208,7 +208,7 @@ def run_decomposition_bound(
     shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
     'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
     DP figures), with split.parquet: every item's share, values and order counts, and the lookahead
-    tables (envs/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
+    tables (policies/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
     content. Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
     paths = sample_paths(instance, seed, episodes, horizon)
     try:

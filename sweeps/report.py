@@ -376,7 +376,7 @@ def seed_curves(results: Results, entry: Entry) -> list[tuple[np.ndarray, np.nda
 def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> tuple[dict[int, dict[str, float]], list[str]]:
     """Per size, the mean cost of the first REFERENCE_DECISIONS decisions of classical-best and of each MILP
     on the held-out episodes (module docstring), and a note for each baseline that gets no line."""
-    from envs.classical import policy_from_parameters
+    from policies.classical import policy_from_parameters
     from solver_workers.rolling import ReplayPolicy
 
     references: dict[int, dict[str, float]] = {}

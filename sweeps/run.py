@@ -58,22 +58,25 @@ def read_spec(path) -> tuple[SweepSpec, dict]:
 
 def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -> None:
     """Every size's baselines, each skipped when its folder is already whole (the solver journals resume)."""
+    from policies.dp_optimal import NAME as DP_OPTIMAL
+    from policies.lookahead import NAME as LOOKAHEAD
+    from policies.names import TABLES_PREFIX
     from solver_workers.backends import SolverOptions
     from solver_workers.decomposition import NAME as DECOMPOSITION
     from solver_workers.decomposition import DecompositionOptions
-    from solver_workers.policies import DP_OPTIMAL, LOOKAHEAD, TABLES_PREFIX, named_policy
     from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
+    from trainers.resolver import resolve
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
 
     def named_baseline(inst: Instance, base: Path, label: str, name: str) -> None:
-        """Evaluate the named policy `name` (solver_workers.policies) into base/label, unless it is already there."""
+        """Evaluate the named policy `name` (trainers.resolver) into base/label, unless it is already there."""
         if baseline_done(base / label, inst, episodes, horizon):
             return
         log(f"baseline n={inst.n} {label}")
-        policy, params = named_policy(inst, name, horizon)
-        result = evaluate(policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
-        write_evaluation(base / label, label, result, HELDOUT_SEED, {"sweep": True, "n": inst.n}, params, instance=inst)
+        resolved = resolve(name, inst, horizon)
+        result = evaluate(resolved.policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
+        write_evaluation(base / label, label, result, HELDOUT_SEED, {"sweep": True, "n": inst.n}, resolved.parameters, instance=inst)
 
     for n, inst in insts.items():
         base = out / "baselines" / f"n{n}"

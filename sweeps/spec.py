@@ -148,9 +148,9 @@ def _decomposition(value) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class Baselines:
     classical_best: bool = True
-    """Every classical family tuned on training paths; the best evaluated (envs.classical)."""
+    """Every classical family tuned on training paths; the best evaluated (policies.classical)."""
     dp_optimal: bool = True
-    """The exact DP optimum, at n = 1 only (envs.dp_optimal)."""
+    """The exact DP optimum, at n = 1 only (policies.dp_optimal)."""
     bound: dict[str, Any] | None = None
     """The perfect-information bound: {solver, time_limit (seconds per episode), threads}; null to skip."""
     milp: tuple[MilpBaseline, ...] = ()
@@ -159,7 +159,7 @@ class Baselines:
     """The decomposition lower bound: {factor_points, coarse_points, tolerance}
     (solver_workers.decomposition.DecompositionOptions); null to skip."""
     lookahead: bool = False
-    """The decomposition lookahead policy (envs.lookahead), from the tables of the decomposition bound's run
+    """The decomposition lookahead policy (policies.lookahead), from the tables of the decomposition bound's run
     (needs `decomposition`)."""
     """Actors of the Ray solver pool."""
 

@@ -154,9 +154,9 @@ def no_stray_ray(request):
 
 @pytest.fixture(scope="session")
 def tuned():
-    """envs.classical.tuned_policy, tuned once per session for each instance, name, horizon and options (tuning is
+    """policies.classical.tuned_policy, tuned once per session for each instance, name, horizon and options (tuning is
     deterministic and takes seconds); each call gets a copy of the policy (a tuned policy may hold a clock)."""
-    from envs.classical import tuned_policy
+    from policies.classical import tuned_policy
 
     cache = {}
 

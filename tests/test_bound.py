@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from envs.classical import make_policy, tune_family, zero_policy
 from envs.dynamics import initial_state
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
+from policies.classical import make_policy, tune_family, zero_policy
 from solver_workers.backends import SolverOptions, solve
 from solver_workers.bound import episode_bound, prepare, uncapacitated_bound
 from solver_workers.model import build_model

@@ -7,12 +7,12 @@ import pytest
 import torch
 from scipy import stats
 
-from envs import classical
-from envs.classical import FAMILIES, DemandMoments, Parameter, make_policy, refine, tune_family
 from envs.dynamics import State
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import HELDOUT_SEED, TUNING_SEED, sample_paths
 from envs.instance import Instance, paper_instance
+from policies import classical
+from policies.classical import FAMILIES, DemandMoments, Parameter, make_policy, refine, tune_family
 
 
 @pytest.mark.parametrize("factor", [None, 1.2])

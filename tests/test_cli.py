@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
 
-from envs.classical import FAMILIES, POLICY_NAMES
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance, paper_instance
+from policies.classical import FAMILIES, POLICY_NAMES
 
 
 def script(name, *args, check=True):

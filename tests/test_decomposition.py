@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from envs import dp_optimal
 from envs.exogenous import sample_paths
 from envs.instance import Instance
+from policies import dp_optimal
 from solver_workers.decomposition import (
     DecompositionOptions,
     best_split,

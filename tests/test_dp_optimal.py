@@ -1,4 +1,4 @@
-"""The n = 1 dynamic-programming optimum (envs/dp_optimal.py) against independently derived numbers:
+"""The n = 1 dynamic-programming optimum (policies/dp_optimal.py) against independently derived numbers:
 an exhaustive recursion over the original dynamics (no lead-time reduction, no lattice argument,
 exact Poisson probabilities), Monte Carlo simulation of its own policy by the shared evaluator, and
 the tuned classical policies on common paths."""
@@ -13,12 +13,12 @@ import pytest
 import torch
 from scipy import stats
 
-from envs.dp_optimal import DPOptimalPolicy, solve
 from envs.dynamics import initial_state
 from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
+from policies.dp_optimal import DPOptimalPolicy, solve
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

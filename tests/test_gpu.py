@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from envs.classical import make_policy
 from envs.dynamics import State, step
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
+from policies.classical import make_policy
 from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network
 from trainers.policy import LearnedPolicy
 

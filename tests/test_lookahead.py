@@ -1,4 +1,4 @@
-"""The decomposition lookahead (envs/lookahead.py, solver_workers/lookahead.py) against independently derived
+"""The decomposition lookahead (policies/lookahead.py, solver_workers/lookahead.py) against independently derived
 numbers: the n = 1 DP policy (its decisions and its cost on a held-out trace), the exact expected cost of the
 policy on a two-item instance by a brute-force joint policy evaluation written here (against the joint
 optimum of tests/test_decomposition.py), permuted items, and the tables a bound run keeps."""
@@ -14,12 +14,12 @@ import torch
 from scipy import stats
 from test_decomposition import TINY, joint_optimum, two_items
 
-from envs import dp_optimal, lookahead
 from envs.dynamics import State
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance
+from policies import dp_optimal, lookahead
 from solver_workers.decomposition import DecompositionOptions
 from solver_workers.lookahead import item_tables
 
@@ -304,7 +304,7 @@ def test_each_form_is_evaluated_under_its_own_name():
     """evaluate.py writes the finite form as decomposition-lookahead and the stationary one under its own name,
     whether the tables are computed now or read from a bound run's folder; other names stay as given. Catches a
     report whose two lookahead rows carry one name (they could not be told apart, nor compared by name)."""
-    from solver_workers.policies import TABLES_PREFIX, named_label
+    from policies.names import TABLES_PREFIX, named_label
 
     for name in (lookahead.NAME, f"{TABLES_PREFIX}runs/dec16"):
         assert named_label(name, "finite") == lookahead.NAME

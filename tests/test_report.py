@@ -15,12 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, TINY, run_script
 
-from envs.classical import make_policy, zero_policy
 from envs.errors import InputError
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import manifest, write_evaluation, write_parquet
+from policies.classical import make_policy, zero_policy
 from solver_workers.runs import DECISION_COLUMNS, decision_summary
 from sweeps import render as rn
 from sweeps import report as rp

@@ -25,10 +25,10 @@ import pytest
 import yaml
 from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
 
-from envs.classical import make_policy
 from envs.errors import InputError
+from policies.classical import make_policy
+from policies.names import CHECKPOINT_PREFIX
 from serving.decisions import Decider, PolicyError, load_decider, read_states
-from solver_workers.policies import CHECKPOINT_PREFIX
 
 # INSTANCE (conftest): paper_instance(2, 0): lead times [3, 3] (in_transit[i][2] is 0), qbar [24.8, 22.4]
 STATES = [
@@ -489,7 +489,10 @@ def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
     [
         ({"policy": "classical-best", "replica": 2}, r"service args: unknown keys \['replica'\]; allowed keys are"),
         ({"mode": "greedy"}, r"missing keys \['policy'\]"),
-        ({"policy": "best"}, r"field 'policy': expected one of .*'decomposition-lookahead'\] or checkpoint:PATH, got a string \"best\""),
+        (
+            {"policy": "best"},
+            r"field 'policy': expected one of .*'decomposition-lookahead'\], checkpoint:PATH or decomposition-lookahead:DIR, got a string \"best\"",
+        ),
         ({"policy": "zero", "replicas": 0}, r"field 'replicas': expected an integer >= 1, got 0"),
         ({"policy": "zero", "max_batch_size": 2.5}, r"field 'max_batch_size': expected an integer >= 1, got 2.5"),
         ({"policy": "zero", "batch_wait_ms": -1}, r"field 'batch_wait_ms': expected a number >= 0, got -1"),

@@ -13,14 +13,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import TINY
 
-import solver_workers.policies as policies
 import trainers.imitation as imitation
 import trainers.pathwise as pathwise
+import trainers.resolver as resolver
 from envs.dynamics import initial_state, step
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.instance import paper_instance
-from envs.lookahead import NAME as LOOKAHEAD
+from policies.lookahead import NAME as LOOKAHEAD
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.imitation import StudentMix, imitation_losses, lookahead, teacher_rollout
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tune_once(tuned):
     """The teachers tuned once per session (conftest.tuned)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(policies, "tuned_policy", tuned)
+        patch.setattr(resolver, "tuned_policy", tuned)
         yield
 
 
@@ -156,7 +156,7 @@ def warm_trainer():
 def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
-    teacher, _ = policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     stream = FactorDemandStream(inst, 256, seed=987_654)
     factor = stream.initial_factor()
     state = initial_state(inst, factor)
@@ -233,7 +233,7 @@ def test_the_warm_started_student_costs_within_a_margin_of_its_teacher_and_a_bro
     each broken control's (excess_costs) is above it, so the margin tells a working imitation from one that
     lost either target."""
     trainer, untrained = warm_trainer
-    teacher, _ = policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
 

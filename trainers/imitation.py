@@ -1,5 +1,5 @@
-"""Warm start by imitation of a teacher policy, before the paper's first update (issue 11, section 3, and
-issue 24, section 2; not part of the paper: `imitation_updates` = 0, the default, runs none of this).
+"""Warm start by imitation of a teacher policy, before the paper's first update (not part of the paper:
+`imitation_updates` = 0, the default, runs none of this).
 
 A teacher is a policy found by name (`teacher_policy`): a Policy (state, instance) -> (Y, Q) whose Q is its
 proposal for every item of every state, also where Y = 0 (a classical policy's Q = clip(S - IP, 0, qbar), the
@@ -40,9 +40,11 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from solver_workers.policies import DP_OPTIMAL, NAMED_POLICIES, TABLES_PREFIX, is_policy_name, named_policy
+from policies.dp_optimal import NAME as DP_OPTIMAL
+from policies.names import NAMED_POLICIES, TABLES_PREFIX, is_policy_name
 from trainers.memory import accumulate
 from trainers.networks import ThreeNetworks, autocast
+from trainers.resolver import resolve
 from trainers.streams import exogenous_step
 
 TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
@@ -61,10 +63,11 @@ TAIL = 0.01
 
 def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
     """(policy, parameters for the record) of the teacher `name` (`is_teacher`) on `source`, as evaluate.py builds
-    it (solver_workers.policies.named_policy): a classical family tuned on the training paths for the evaluation
+    it (trainers.resolver): a classical family tuned on the training paths for the evaluation
     horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
     periods than any finite table has; its threshold tuned on the training paths)."""
-    return named_policy(source, name, EVAL_HORIZON, device, progress=progress, form="stationary")
+    teacher = resolve(name, source, EVAL_HORIZON, form="stationary", device=device, progress=progress)
+    return teacher.policy, teacher.parameters
 
 
 @dataclass

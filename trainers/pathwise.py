@@ -50,7 +50,7 @@ from envs.errors import InputError
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from solver_workers.policies import TABLES_PREFIX
+from policies.names import TABLES_PREFIX
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.imitation import TEACHERS, StudentMix, imitation_losses, is_teacher, teacher_policy, teacher_rollout

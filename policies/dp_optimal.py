@@ -557,7 +557,7 @@ def _nearest(positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def dp_optimal_policy(instance: Instance, horizon: int, device="cpu", **solve_kwargs) -> tuple[DPOptimalPolicy, dict]:
-    """Solve the DP and return (policy, parameters for the summary), like envs.classical.tuned_policy.
+    """Solve the DP and return (policy, parameters for the summary), like policies.classical.tuned_policy.
     An InputError for n > 1."""
     solution = solve(instance, horizon, **solve_kwargs)
     return DPOptimalPolicy(solution), solution.summary()

@@ -1,0 +1,68 @@
+"""The one resolver of every policy name (trainers/resolver.py): each prefix resolved once, the same labels and
+parameters for every caller, and names or options that do not apply refused."""
+
+import numpy as np
+import pytest
+from conftest import INSTANCE
+
+from envs.errors import InputError
+from envs.evaluation import evaluate
+from envs.exogenous import sample_paths
+from policies.classical import zero_policy
+from policies.names import ALLOWED, TABLES_PREFIX, is_policy_name, named_label, policy_path
+from serving.decisions import load_decider
+from trainers.resolver import DETERMINISTIC, resolve
+
+
+def test_a_checkpoint_resolves_to_its_method_and_mode_on_its_own_instance(trained):
+    """checkpoint:PATH: the label train.py gives its evaluations (<method>-<mode>), the checkpoint's own instance when
+    none is given, and the same decisions as the service's Decider (which resolves here too)."""
+    run = trained["or-transformer"]
+    name = f"checkpoint:{run.checkpoint}"
+    for mode in ("greedy", "sampled"):
+        resolved = resolve(name, mode=mode)
+        assert resolved.learned and resolved.mode == mode and resolved.label == f"or-transformer-{mode}"
+        assert resolved.instance.content_hash() == INSTANCE.content_hash()
+        assert resolved.parameters == {
+            "checkpoint": str(run.checkpoint),
+            "mode": mode,
+            "method": "or-transformer",
+            "training_status": "completed",
+        }
+    paths = sample_paths(INSTANCE, 5, 4, 6)
+    ours = evaluate(resolve(name).policy, INSTANCE.to_torch(), paths).discounted_cost
+    decider = load_decider(name)
+    assert decider.info["method"] == "or-transformer" and decider.mode == "greedy"
+    assert np.array_equal(ours, evaluate(decider.policy, INSTANCE.to_torch(), paths).discounted_cost)
+
+
+def test_a_named_policy_is_deterministic_and_labelled_by_its_name():
+    resolved = resolve("zero", INSTANCE, horizon=6)
+    assert not resolved.learned and resolved.mode == DETERMINISTIC and resolved.label == "zero"
+    paths = sample_paths(INSTANCE, 5, 4, 6)
+    ours = evaluate(resolved.policy, INSTANCE.to_torch(), paths).discounted_cost
+    assert np.array_equal(ours, evaluate(zero_policy, INSTANCE.to_torch(), paths).discounted_cost)
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("best", {}, f"policy: expected {ALLOWED}"),
+        ("checkpoint:", {}, "policy: expected"),
+        ("zero", {"mode": "sampled"}, "mode 'sampled': applies to checkpoint:PATH only; policy 'zero' is deterministic"),
+        ("zero", {"mode": "eager"}, "mode: expected one of ['greedy', 'sampled']"),
+        ("zero", {"form": "infinite"}, "lookahead form: expected one of ['finite', 'stationary']"),
+        ("classical-best", {"instance": None}, "policy 'classical-best': needs an instance"),
+    ],
+)
+def test_names_and_options_that_do_not_apply_are_refused(name, options, message):
+    with pytest.raises(InputError) as error:
+        resolve(name, **{"instance": INSTANCE, **options})
+    assert message in str(error.value)
+
+
+def test_the_name_grammar():
+    """Prefixes need a path; the tables folder is read from the name, and both lookahead forms keep their labels."""
+    assert is_policy_name("checkpoint:run/checkpoint.pt") and not is_policy_name("checkpoint:") and not is_policy_name(3)
+    assert policy_path(f"{TABLES_PREFIX}runs/dec") == "runs/dec" and policy_path("zero") is None
+    assert named_label(f"{TABLES_PREFIX}runs/dec", "stationary") == "decomposition-lookahead-stationary"

@@ -15,7 +15,7 @@ import torch
 from envs.dynamics import initial_state
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
-from solver_workers.backends import SolverOptions, solve
+from solver_workers.backends import SolverOptions, load_highs, solve
 from solver_workers.bound import episode_bound
 from solver_workers.model import build_model, sample_scenarios
 
@@ -75,34 +75,6 @@ def build_per_variable(inst, inventory, in_transit, demand):
     return h, rows, len(col)
 
 
-def load_arrays(model):
-    """The array-built model passed to HiGHS in one call (what the back end does)."""
-    import highspy
-
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    A = model.matrix
-    rows, cols, _ = model.shape
-    h.passModel(
-        cols,
-        rows,
-        int(A.nnz),
-        1,
-        1,
-        0.0,
-        model.cost,
-        model.col_lower,
-        model.col_upper,
-        model.row_lower,
-        model.row_upper,
-        A.indptr.astype(np.int32),
-        A.indices.astype(np.int32),
-        A.data,
-        model.integrality,
-    )
-    return h
-
-
 def emit(**row):
     print(json.dumps(row), flush=True)
 
@@ -116,7 +88,7 @@ def bench_build(sizes):
         t0 = time.perf_counter()
         model = build_model(inst, inventory, in_transit, demand)
         arrays = time.perf_counter() - t0
-        load_arrays(model)
+        load_highs(model, SolverOptions())  # what the back end does: the arrays passed to HiGHS in one call
         arrays_loaded = time.perf_counter() - t0
         t0 = time.perf_counter()
         _, loop_rows, loop_cols = build_per_variable(inst, inventory, in_transit, demand)

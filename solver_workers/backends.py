@@ -88,7 +88,9 @@ def _finite(value) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
-def solve_highs(model: MilpModel, options: SolverOptions) -> SolveResult:
+def load_highs(model: MilpModel, options: SolverOptions):
+    """A highspy.Highs holding `model`, passed in one call from its arrays, with `options`' settings and output off;
+    None when HiGHS rejects the model."""
     import highspy
 
     h = highspy.Highs()
@@ -119,8 +121,16 @@ def solve_highs(model: MilpModel, options: SolverOptions) -> SolveResult:
         A.data,
         model.integrality,
     )
-    if status == highspy.HighsStatus.kError:
+    return None if status == highspy.HighsStatus.kError else h
+
+
+def solve_highs(model: MilpModel, options: SolverOptions) -> SolveResult:
+    import highspy
+
+    h = load_highs(model, options)
+    if h is None:
         return SolveResult("error:passModel rejected the model", 0.0, None, None, None, None)
+    cols = model.shape[1]
     if options.warm_start:
         h.setSolution(cols, np.arange(cols, dtype=np.int32), model.warm_start)
     incumbents = []

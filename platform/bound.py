@@ -35,7 +35,7 @@ from envs.job_output import resolve_out
 from solver_workers.backends import SOLVERS, SolverOptions
 from solver_workers.decomposition import DecompositionOptions, certificate_note
 from solver_workers.ray_session import init_ray, stop_ray
-from solver_workers.runs import bound_journal, decomposition_journal, run_bound, run_decomposition_bound
+from solver_workers.runs import SolverRun, bound_journal, decomposition_journal, run_bound, run_decomposition_bound
 
 KINDS = ("perfect-information", "decomposition")
 DEFAULTS = DecompositionOptions()
@@ -88,11 +88,12 @@ def main() -> None:
     out = resolve_out(args.out, inputs={"--instance": args.instance})
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
+    run = SolverRun.from_args(out, args)
     if args.kind == "decomposition":
         options = DecompositionOptions(factor_points=args.factor_points, coarse_points=args.coarse_points, tolerance=args.tolerance)
-        journal = decomposition_journal(out, instance, args.seed, args.horizon, args.episodes, options, args.overwrite)
+        journal = decomposition_journal(run, instance, options, args.overwrite)
         init_ray(args.workers, args.address)
-        s = run_decomposition_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, vars(args))
+        s = run_decomposition_bound(run, instance, journal, options)
         stop_ray()
         print(
             f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
@@ -102,9 +103,9 @@ def main() -> None:
         )
         return
     options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
-    journal = bound_journal(out, instance, args.seed, args.horizon, options, args.overwrite)
+    journal = bound_journal(run, instance, options, args.overwrite)
     init_ray(args.workers, args.address)
-    summary = run_bound(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
+    summary = run_bound(run, instance, journal, options)
     stop_ray()
     optimal = summary["episodes_solved_to_optimality"]
     print(

@@ -28,7 +28,7 @@ from solver_workers.backends import SOLVERS, SolverOptions, licence_note
 from solver_workers.model import check_size, stock_columns
 from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.rolling import RollingOptions
-from solver_workers.runs import milp_journal, run_milp
+from solver_workers.runs import SolverRun, milp_journal, run_milp
 
 
 def main() -> None:
@@ -54,11 +54,12 @@ def main() -> None:
         SolverOptions(args.solver, args.time_limit, args.gap, args.threads, not args.no_warm_start, args.solver_seed),
     )
     check_size(instance.n, args.scenarios, args.plan_horizon, f"--instance '{args.instance}' with --scenarios and --plan-horizon")
-    journal = milp_journal(out, instance, args.seed, options, args.overwrite)
+    run = SolverRun.from_args(out, args)
+    journal = milp_journal(run, instance, options, args.overwrite)
     if note := licence_note(args.solver, stock_columns(instance.n, args.scenarios, args.plan_horizon)):
         print(note, flush=True)
     init_ray(args.workers, args.address)
-    summary = run_milp(out, instance, journal, options, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
+    summary = run_milp(run, instance, journal, options)
     stop_ray()
     d = summary["decisions"]
     print(

@@ -6,6 +6,7 @@ and the evaluation format (envs.results) with the solver's own table. The caller
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 
 from envs.cli import Interrupted
 from envs.evaluation import Evaluation, evaluate
-from envs.exogenous import sample_paths
+from envs.exogenous import ExogenousPaths, sample_paths
 from envs.instance import Instance
 from envs.results import check_run_folder, clear_run, write_evaluation
 from policies import lookahead
@@ -55,6 +56,32 @@ DECISION_COLUMNS = [
 BOUND_COLUMNS = ["episode", "bound", "source", "status", "mip_bound", "uncapacitated_bound", "incumbent", "gap", "seconds"]
 
 
+@dataclass(frozen=True)
+class SolverRun:
+    """What every solver run shares: its results folder, the held-out paths it is evaluated on (`seed`, `episodes` x
+    `horizon`), the Ray solver pool's actors, whether to write the traces, and the settings summary.json records."""
+
+    out: Path
+    seed: int
+    episodes: int
+    horizon: int
+    workers: int
+    trace: bool = False
+    config: dict[str, Any] | None = None
+
+    @classmethod
+    def from_args(cls, out: Path, args) -> SolverRun:
+        """The run of a script's parsed flags (envs.cli.held_out_flags with the solver pool, and --trace), all recorded."""
+        return cls(out, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
+
+    def paths(self, instance: Instance) -> ExogenousPaths:
+        return sample_paths(instance, self.seed, self.episodes, self.horizon)
+
+    def recorded_config(self, instance: Instance) -> dict[str, Any]:
+        """summary.json's config: the given settings and the instance's size."""
+        return {**(self.config or {}), "n": instance.n}
+
+
 RUN_JOURNALS = {
     "decisions.jsonl": "a rolling-MILP run",
     "bounds.jsonl": "a perfect-information bound",
@@ -72,19 +99,17 @@ def open_journal(out: Path, name: str, key, identity: dict[str, Any], overwrite:
     return Journal(Path(out) / name, key, identity)
 
 
-def milp_journal(out: Path, instance: Instance, seed: int, options: RollingOptions, overwrite: bool = False) -> Journal:
-    return open_journal(out, "decisions.jsonl", decision_key, rolling_identity(instance, seed, options), overwrite)
+def milp_journal(run: SolverRun, instance: Instance, options: RollingOptions, overwrite: bool = False) -> Journal:
+    return open_journal(run.out, "decisions.jsonl", decision_key, rolling_identity(instance, run.seed, options), overwrite)
 
 
-def bound_journal(out: Path, instance: Instance, seed: int, horizon: int, options: SolverOptions, overwrite: bool = False) -> Journal:
-    return open_journal(out, "bounds.jsonl", episode_key, bound_identity(instance, seed, horizon, options), overwrite)
+def bound_journal(run: SolverRun, instance: Instance, options: SolverOptions, overwrite: bool = False) -> Journal:
+    return open_journal(run.out, "bounds.jsonl", episode_key, bound_identity(instance, run.seed, run.horizon, options), overwrite)
 
 
-def decomposition_journal(
-    out: Path, instance: Instance, seed: int, horizon: int, episodes: int, options: DecompositionOptions, overwrite: bool = False
-) -> Journal:
-    identity = decomposition_identity(instance, seed, horizon, episodes, options)
-    return open_journal(out, "split.jsonl", split_key, identity, overwrite)
+def decomposition_journal(run: SolverRun, instance: Instance, options: DecompositionOptions, overwrite: bool = False) -> Journal:
+    identity = decomposition_identity(instance, run.seed, run.horizon, run.episodes, options)
+    return open_journal(run.out, "split.jsonl", split_key, identity, overwrite)
 
 
 EQUAL_SHARES = "equal-shares"
@@ -108,79 +133,57 @@ def decision_summary(records: list[dict]) -> dict:
     }
 
 
-def run_milp(
-    out: Path,
-    instance: Instance,
-    journal: Journal,
-    options: RollingOptions,
-    seed: int,
-    episodes: int,
-    horizon: int,
-    workers: int,
-    trace: bool = False,
-    config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The rolling-horizon MILP controller on `episodes` x `horizon` of seed `seed`; returns summary.json's content.
+def run_milp(run: SolverRun, instance: Instance, journal: Journal, options: RollingOptions) -> dict[str, Any]:
+    """The rolling-horizon MILP controller on the run's held-out paths; returns summary.json's content.
     Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
-    paths = sample_paths(instance, seed, episodes, horizon)
+    paths = run.paths(instance)
     try:
-        open_order, quantity = run_rolling(instance, paths, options, Pool(workers), journal)
-        records = [journal.records[(e, t)] for e in paths.episodes for t in range(horizon)]
+        open_order, quantity = run_rolling(instance, paths, options, Pool(run.workers), journal)
+        records = [journal.records[(e, t)] for e in paths.episodes for t in range(run.horizon)]
         table = pa.table({c: [r[c] for r in records] for c in DECISION_COLUMNS} | {"quantity": [r["quantity"] for r in records]})
-        result = evaluate(ReplayPolicy(open_order, quantity), instance.to_torch(), paths, trace=trace)
+        result = evaluate(ReplayPolicy(open_order, quantity), instance.to_torch(), paths, trace=run.trace)
         return write_evaluation(
-            out,
+            run.out,
             f"milp-{options.solver.solver}",
             result,
-            seed,
-            {**(config or {}), "n": instance.n},
+            run.seed,
+            run.recorded_config(instance),
             options.to_dict(),
             decision_summary(records),
             instance=instance,
             tables={"decisions.parquet": table},
         )
     except KeyboardInterrupt:
-        done = sum((e, t) in journal for e in paths.episodes for t in range(horizon))
+        done = sum((e, t) in journal for e in paths.episodes for t in range(run.horizon))
         raise Interrupted(
-            f"no results written; journal '{journal.path}' keeps {done} of {episodes * horizon} decisions; "
+            f"no results written; journal '{journal.path}' keeps {done} of {run.episodes * run.horizon} decisions; "
             "re-run the same command to resume"
         ) from None
 
 
-def run_bound(
-    out: Path,
-    instance: Instance,
-    journal: Journal,
-    options: SolverOptions,
-    seed: int,
-    episodes: int,
-    horizon: int,
-    workers: int,
-    trace: bool = False,
-    config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: SolverOptions) -> dict[str, Any]:
     """The perfect-information bound of every episode; returns summary.json's content (policy
     'perfect-information-bound', kind 'lower-bound'). Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
-    paths = sample_paths(instance, seed, episodes, horizon)
+    paths = run.paths(instance)
     try:
-        records = run_bounds(instance, paths, options, Pool(workers), journal)
+        records = run_bounds(instance, paths, options, Pool(run.workers), journal)
         table = pa.table({c: [r[c] for r in records] for c in BOUND_COLUMNS})
         plan_trace = None
-        if trace:
+        if run.trace:
             plan = ReplayPolicy(np.array([r["plan_open"] for r in records]), np.array([r["plan_quantity"] for r in records]))
             plan_trace = evaluate(plan, instance.to_torch(), paths, trace=True).trace
-        result = Evaluation(np.array([r["bound"] for r in records]), paths.episodes, horizon, plan_trace)
+        result = Evaluation(np.array([r["bound"] for r in records]), paths.episodes, run.horizon, plan_trace)
         extra = {
             "kind": "lower-bound",
             "episodes_solved_to_optimality": sum(r["status"] == "optimal" for r in records),
             "bound_sources": {s: sum(r["source"] == s for r in records) for s in ("facility-location", "uncapacitated-dp")},
         }
         return write_evaluation(
-            out,
+            run.out,
             "perfect-information-bound",
             result,
-            seed,
-            {**(config or {}), "n": instance.n},
+            run.seed,
+            run.recorded_config(instance),
             {"solver": options.solver, "time_limit": options.time_limit, "threads": options.threads},
             extra,
             instance=instance,
@@ -189,37 +192,28 @@ def run_bound(
     except KeyboardInterrupt:
         done = sum(e in journal for e in paths.episodes)
         raise Interrupted(
-            f"no results written; journal '{journal.path}' keeps {done} of {episodes} episodes; re-run the same command to resume"
+            f"no results written; journal '{journal.path}' keeps {done} of {run.episodes} episodes; re-run the same command to resume"
         ) from None
 
 
-def run_decomposition_bound(
-    out: Path,
-    instance: Instance,
-    journal: Journal,
-    options: DecompositionOptions,
-    seed: int,
-    episodes: int,
-    horizon: int,
-    workers: int,
-    config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal, options: DecompositionOptions) -> dict[str, Any]:
     """The decomposition bound (solver_workers/decomposition.py) at the best split in `out` and at equal
     shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
     'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
     DP figures), with split.parquet: every item's share, values and order counts, and the lookahead
     tables (policies/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
     content. Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
-    paths = sample_paths(instance, seed, episodes, horizon)
+    out = Path(run.out)
+    paths = run.paths(instance)
     try:
-        records, split = run_decomposition(instance, paths, options, Pool(workers), journal, Path(out) / lookahead.TABLES_DIR)
+        records, split = run_decomposition(instance, paths, options, Pool(run.workers), journal, out / lookahead.TABLES_DIR)
     except KeyboardInterrupt:
         raise Interrupted(
             f"no results written; journal '{journal.path}' keeps {len(journal.records)} records (split-search values and items' figures); "
             "re-run the same command to resume"
         ) from None
     lookahead.write_manifest(
-        Path(out) / lookahead.TABLES_DIR, instance, horizon, {"finite_dtype": TABLE_DTYPE, "run_identity": journal.identity}
+        out / lookahead.TABLES_DIR, instance, run.horizon, {"finite_dtype": TABLE_DTYPE, "run_identity": journal.identity}
     )
     figures = {name: combine(records, name, options) for name in ("best", "equal")}
     columns = {"item": [r["item"] for r in records]}
@@ -227,7 +221,7 @@ def run_decomposition_bound(
         for field in ("share", "value", "coarse_value", "orders", "discounted_orders"):
             columns[f"{name}_{field}"] = [r[name][field] for r in records]
     table = pa.table(columns)
-    config = {**(config or {}), "n": instance.n}
+    config = run.recorded_config(instance)
     parameters = options.to_dict()
     cpu_seconds = float(
         sum(r["cpu_seconds"] for r in records) + sum(r["cpu_seconds"] for key, r in journal.records.items() if key[0] == "grid")
@@ -246,16 +240,16 @@ def run_decomposition_bound(
             "task_cpu_seconds": cpu_seconds,
         }
 
-    equal = Evaluation(figures["equal"]["costs"], paths.episodes, horizon)
+    equal = Evaluation(figures["equal"]["costs"], paths.episodes, run.horizon)
     write_evaluation(
-        Path(out) / EQUAL_SHARES, f"{DECOMPOSITION}-{EQUAL_SHARES}", equal, seed, config, parameters, extra("equal"), instance=instance
+        out / EQUAL_SHARES, f"{DECOMPOSITION}-{EQUAL_SHARES}", equal, run.seed, config, parameters, extra("equal"), instance=instance
     )
-    best = Evaluation(figures["best"]["costs"], paths.episodes, horizon)
+    best = Evaluation(figures["best"]["costs"], paths.episodes, run.horizon)
     return write_evaluation(
         out,
         DECOMPOSITION,
         best,
-        seed,
+        run.seed,
         config,
         parameters,
         {**extra("best"), "search": split, "equal_shares": {k: figures["equal"][k] for k in ("value", "extrapolated", "conservative")}},

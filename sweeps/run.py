@@ -64,7 +64,15 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from solver_workers.backends import SolverOptions
     from solver_workers.decomposition import NAME as DECOMPOSITION
     from solver_workers.decomposition import DecompositionOptions
-    from solver_workers.runs import bound_journal, decomposition_journal, milp_journal, run_bound, run_decomposition_bound, run_milp
+    from solver_workers.runs import (
+        SolverRun,
+        bound_journal,
+        decomposition_journal,
+        milp_journal,
+        run_bound,
+        run_decomposition_bound,
+        run_milp,
+    )
     from trainers.resolver import resolve
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
@@ -87,13 +95,13 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
         if b.bound is not None and not baseline_done(base / "bound", inst, episodes, horizon):
             log(f"baseline n={n} perfect-information bound")
             options = SolverOptions(b.bound["solver"], b.bound["time_limit"], 0.0, b.bound["threads"])
-            journal = bound_journal(base / "bound", inst, HELDOUT_SEED, horizon, options)
-            run_bound(base / "bound", inst, journal, options, HELDOUT_SEED, episodes, horizon, b.solver_workers)
+            run = SolverRun(base / "bound", HELDOUT_SEED, episodes, horizon, b.solver_workers)
+            run_bound(run, inst, bound_journal(run, inst, options), options)
         if b.decomposition is not None and not baseline_done(base / DECOMPOSITION, inst, episodes, horizon):
             log(f"baseline n={n} decomposition bound")
             options = DecompositionOptions(**b.decomposition)
-            journal = decomposition_journal(base / DECOMPOSITION, inst, HELDOUT_SEED, horizon, episodes, options)
-            run_decomposition_bound(base / DECOMPOSITION, inst, journal, options, HELDOUT_SEED, episodes, horizon, b.solver_workers)
+            run = SolverRun(base / DECOMPOSITION, HELDOUT_SEED, episodes, horizon, b.solver_workers)
+            run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
         if b.lookahead:  # on the tables of the decomposition bound's run above
             named_baseline(inst, base, LOOKAHEAD, f"{TABLES_PREFIX}{base / DECOMPOSITION}")
         for m in b.milp:
@@ -104,8 +112,8 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
                 continue
             log(f"baseline n={n} {m.name}")
             options = milp_options(m)
-            journal = milp_journal(base / m.name, inst, HELDOUT_SEED, options)
-            run_milp(base / m.name, inst, journal, options, HELDOUT_SEED, m_episodes, m_horizon, b.solver_workers)
+            run = SolverRun(base / m.name, HELDOUT_SEED, m_episodes, m_horizon, b.solver_workers)
+            run_milp(run, inst, milp_journal(run, inst, options), options)
 
 
 def milp_options(m: MilpBaseline):

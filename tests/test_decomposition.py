@@ -274,12 +274,13 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     solving again; other settings are refused."""
     from envs.errors import InputError
     from envs.results import read_evaluation
-    from solver_workers.runs import EQUAL_SHARES, decomposition_journal, run_decomposition_bound
+    from solver_workers.runs import EQUAL_SHARES, SolverRun, decomposition_journal, run_decomposition_bound
 
     inst = Instance(h=[1.0, 0.7], b=[9.0, 6.0], lam=[2.0, 3.0], beta=[0.3, 0.5], lead=[1, 2], qbar=[8.0, 12.0], K=6.0, gamma=0.95, rho=0.8)
     options = DecompositionOptions(factor_points=7, coarse_points=4)
     out = tmp_path / "run"
-    summary = run_decomposition_bound(out, inst, decomposition_journal(out, inst, 3, 8, 5, options), options, 3, 5, 8, 2)
+    run = SolverRun(out, seed=3, episodes=5, horizon=8, workers=2)
+    summary = run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
     best, equal = read_evaluation(out), read_evaluation(out / EQUAL_SHARES)
     assert summary["kind"] == "lower-bound" and summary["search"]["certified"]
     assert summary["dp_value"] >= equal["summary"]["dp_value"] - 1e-9
@@ -290,7 +291,7 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     np.testing.assert_allclose(best["cost"], alone, rtol=1e-12)
     assert summary["cumulative_cost"][-1] == pytest.approx(best["cost"].mean(), rel=1e-12) and len(summary["cumulative_cost"]) == 8
     lines = (out / "split.jsonl").read_text().splitlines()
-    again = run_decomposition_bound(out, inst, decomposition_journal(out, inst, 3, 8, 5, options), options, 3, 5, 8, 2)
+    again = run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]
     with pytest.raises(InputError, match="coarse_points 4 there, 5 here"):
-        decomposition_journal(out, inst, 3, 8, 5, DecompositionOptions(factor_points=7, coarse_points=5))
+        decomposition_journal(run, inst, DecompositionOptions(factor_points=7, coarse_points=5))

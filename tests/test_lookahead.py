@@ -265,14 +265,15 @@ def test_bound_run_keeps_the_tables_reuses_them_and_refuses_others(tmp_path, ray
     process at the same split), a re-run with the same identity writes none again (a missing item file is
     written again), and tables are refused for another instance, another horizon (finite form) or another grid.
     Catches tables from a wrong share or grid, re-runs that recompute, and loads that accept foreign tables."""
-    from solver_workers.runs import decomposition_journal, run_decomposition_bound
+    from solver_workers.runs import SolverRun, decomposition_journal, run_decomposition_bound
 
     inst = Instance(h=[1.0, 0.7], b=[9.0, 6.0], lam=[2.0, 3.0], beta=[0.3, 0.5], lead=[1, 2], qbar=[8.0, 12.0], K=6.0, gamma=0.95, rho=0.8)
     options = DecompositionOptions(factor_points=7, coarse_points=4)
     out = tmp_path / "run"
+    solver_run = SolverRun(out, seed=3, episodes=5, horizon=8, workers=2)
 
     def run():
-        return run_decomposition_bound(out, inst, decomposition_journal(out, inst, 3, 8, 5, options), options, 3, 5, 8, 2)
+        return run_decomposition_bound(solver_run, inst, decomposition_journal(solver_run, inst, options), options)
 
     run()
     folder = out / lookahead.TABLES_DIR
@@ -297,7 +298,7 @@ def test_bound_run_keeps_the_tables_reuses_them_and_refuses_others(tmp_path, ray
         lookahead.load_tables(out, inst, "finite", 10)
     assert lookahead.load_tables(out, inst, "stationary").horizon is None  # no period: any horizon
     with pytest.raises(InputError, match="factor_points 7 there, 9 here"):
-        decomposition_journal(out, inst, 3, 8, 5, DecompositionOptions(factor_points=9, coarse_points=4))
+        decomposition_journal(solver_run, inst, DecompositionOptions(factor_points=9, coarse_points=4))
 
 
 def test_each_form_is_evaluated_under_its_own_name():

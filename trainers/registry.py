@@ -84,65 +84,68 @@ def method(name) -> Method:
 # ---- the two families ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where and how one training run goes (the arguments of `train` after the config and the instance)."""
+
+    out_dir: str | os.PathLike
+    mode: str = "new"
+    progress: bool = True
+    workers: int | None = None
+    """None: train in this process; k: on k Ray processes (pathwise: Ray Train workers; RLlib: env runners and learners)."""
+    use_gpu: bool = False
+    on_update: OnUpdate = None
+    resources_per_worker: dict[str, float] | None = None
+
+
 class Family(NamedTuple):
     config_class: type
     train: Callable[..., dict[str, Any]]
-    """(config, instance, out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker) -> training.json's content."""
+    """(config, instance, placement) -> training.json's content."""
     build_model: Callable[[Any, int], torch.nn.Module]
     """(config, n) -> the network whose state_dict the checkpoint holds."""
     policy_class: type
     """(model, mode, seed) -> a policy for the shared evaluator and decide.py."""
 
 
-def _train_pathwise(
-    config: TrainConfig,
-    instance: Instance,
-    out_dir,
-    mode: str,
-    progress: bool,
-    workers: int | None,
-    use_gpu: bool,
-    on_update: OnUpdate,
-    resources_per_worker: dict[str, float] | None,
-) -> dict[str, Any]:
+def _train_pathwise(config: TrainConfig, instance: Instance, placement: Placement) -> dict[str, Any]:
     """In this process (workers None), or on `workers` Ray Train workers, each simulating its shard of the
     B rollouts; their metrics go to ray.train.report (and on to Tune inside a trial), not to `on_update`."""
-    if workers is None:
-        return pathwise.train(config, instance, out_dir, mode, progress, on_update)
+    if placement.workers is None:
+        return pathwise.train(config, instance, placement.out_dir, placement.mode, placement.progress, placement.on_update)
     from trainers.ray_train import train_data_parallel  # imports Ray Train
 
     return train_data_parallel(
-        config, instance, out_dir, mode=mode, workers=workers, use_gpu=use_gpu, resources_per_worker=resources_per_worker, progress=progress
+        config,
+        instance,
+        placement.out_dir,
+        mode=placement.mode,
+        workers=placement.workers,
+        use_gpu=placement.use_gpu,
+        resources_per_worker=placement.resources_per_worker,
+        progress=placement.progress,
     )
 
 
-def _train_rllib(
-    config,
-    instance: Instance,
-    out_dir,
-    mode: str,
-    progress: bool,
-    workers: int | None,
-    use_gpu: bool,
-    on_update: OnUpdate,
-    resources_per_worker: dict[str, float] | None,
-) -> dict[str, Any]:
+def _train_rllib(config, instance: Instance, placement: Placement) -> dict[str, Any]:
     """RLlib's driver runs in this process, and its env runners and learners too unless the config asks for
     remote ones or `workers` is given: then, as a Ray Train worker holds a simulator shard and a learner
     replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`).
     The driver runs with one torch thread, as `python bench/rllib.py` measures the throughputs above."""
     from trainers.rllib_ppo import train_ppo
 
-    if workers is not None:
-        scaling = {"env_runners": workers, "learners": workers, "gpus_per_learner": 1 if use_gpu else 0}
+    if placement.workers is not None:
+        scaling = {"env_runners": placement.workers, "learners": placement.workers, "gpus_per_learner": 1 if placement.use_gpu else 0}
         defaults = type(config)(method=config.method)
         if any(getattr(config, k) != getattr(defaults, k) for k in scaling):
-            raise ConfigError(f"config fields {list(scaling)}: set by workers = {workers}; leave them at their defaults or give no workers")
+            raise ConfigError(
+                f"config fields {list(scaling)}: set by workers = {placement.workers}; leave them at their defaults or give no workers"
+            )
         config = replace(config, **scaling)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return train_ppo(config, instance, out_dir, mode, progress, on_update)
+        return train_ppo(config, instance, placement.out_dir, placement.mode, placement.progress, placement.on_update)
     finally:
         torch.set_num_threads(threads)
 
@@ -199,9 +202,8 @@ def train(
     ray.train.ScalingConfig, e.g. {"CPU": 2, "GPU": 0.25}."""
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
-    return family(method(config.method).family).train(
-        config, instance, out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker
-    )
+    placement = Placement(out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker)
+    return family(method(config.method).family).train(config, instance, placement)
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:

@@ -9,7 +9,7 @@ table.md, table.csv, curves.png, curves.svg and index.html (one self-contained p
 prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --decision-times also times
 each learned policy's decisions on --device (it loads and runs the first finished seed's policy) against
 the MILPs' seconds per decision: a table on the page and decision_time.png. --markdown also writes the
-cost table and the paired comparisons, each under the command that regenerates them (docs/results.md). An existing
+headline, the cost table and the paired comparisons, each under the command that regenerates them (docs/results.md). An existing
 report (--out's files, --markdown) is refused unless --overwrite is given.
 
 Otherwise every argument is an evaluation folder written by evaluate.py, train.py (its greedy/ or
@@ -199,7 +199,7 @@ def main() -> None:
     sweep = parser.add_argument_group("a sweep's results directory")
     sweep.add_argument("--opening", choices=("greedy", "sampled"), help="the learned policies' evaluation to report (default greedy)")
     sweep.add_argument(
-        "--markdown", type=out_argument, help="also write the cost table and paired comparisons as Markdown (docs/results.md)"
+        "--markdown", type=out_argument, help="also write the headline, cost table and paired comparisons as Markdown (docs/results.md)"
     )
     sweep.add_argument(
         "--decision-times",

@@ -4,7 +4,7 @@ is computed in sweeps/report.py; this module only formats them. platform/report.
 
   write_report(report, "results/quick/report")      table.md, table.csv, curves.png/.svg, index.html, and decision_time.png
                                                     when the report holds decision times (sweeps.report.time_decisions)
-  results_markdown(report, command)                 the cost table and paired comparisons for docs/results.md
+  results_markdown(report, command)                 the headline, cost table and paired comparisons for docs/results.md
 
 How cells are shown:
 
@@ -390,8 +390,9 @@ def markdown_report(report: Report) -> str:
 
 
 def results_markdown(report: Report, command: str) -> str:
-    """The cost table and the paired comparisons as Markdown for docs/results.md, with `command` (the one that
-    regenerates them) written above each table."""
+    """The headline, the cost table, the paired comparisons against classical-best and, with the decomposition bound in
+    the sweep, the paired differences to its relaxed policies, as Markdown for docs/results.md, with `command` (the one
+    that regenerates them) written above each table."""
     head = [
         f"# Results of the sweep in `{report.results.root}`",
         "",
@@ -400,7 +401,8 @@ def results_markdown(report: Report, command: str) -> str:
         *(f"- {line}" for line in manifest_lines(report.results)),
         "",
     ]
-    return "\n".join(head) + "\n" + "\n".join(markdown(t, command) for t in (cost_table(report), paired_table(report)))
+    shown = (headline_table(report), cost_table(report), paired_table(report), relaxed_difference_table(report))
+    return "\n".join(head) + "\n" + "\n".join(markdown(t, command) for t in shown if t is not None)
 
 
 def csv_text(report: Report) -> str:

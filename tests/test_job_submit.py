@@ -144,9 +144,13 @@ def check_results(out: Path) -> None:
         (1, "dp-optimal"),
         (1, "bound"),
         (1, "milp-highs"),
+        (1, "decomposition-bound"),
+        (1, "decomposition-lookahead"),
         (4, "classical-best"),
         (4, "bound"),
         (4, "milp-highs"),
+        (4, "decomposition-bound"),
+        (4, "decomposition-lookahead"),
     }
     for n in (1, 4):
         assert (

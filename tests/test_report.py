@@ -448,15 +448,25 @@ def test_sampled_opening_is_selectable_and_stated(results):
         rp.build_report(results, opening="best")
 
 
-def test_results_markdown_writes_the_command_above_each_table(report):
-    text = rn.results_markdown(report, "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md")
-    sections = text.split("## ")[1:]
-    assert [s.splitlines()[0] for s in sections] == [
+def test_results_markdown_writes_the_command_above_each_table(report, tmp_path, monkeypatch):
+    """docs/results.md holds the headline, the cost table and the paired comparisons and, with the decomposition bound
+    in the sweep, the paired differences to its relaxed policies with the hand-worked row of
+    test_report_pairs_every_policy_with_the_decomposition_bound."""
+    command = "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md"
+    shown = [
+        "Headline: the best policy of each size",
         "Mean discounted cost over 10 decisions (greedy opening)",
         "Paired comparisons against classical-best",
     ]
-    for section in sections:
-        assert section.index("--markdown docs/results.md") < section.index("| n |")
+    for sweep_report, titles in (
+        (report, shown),
+        (decomposition_report(tmp_path, monkeypatch), [*shown, "Paired difference to the decomposition bound's relaxed policies"]),
+    ):
+        sections = rn.results_markdown(sweep_report, command).split("## ")[1:]
+        assert [s.splitlines()[0] for s in sections] == titles
+        for section in sections:
+            assert section.index("--markdown docs/results.md") < section.index("| n |")
+    assert "| 1 | classical-best | 1 | +15.00 (15.8%) | +15.00 [+14.37, +15.63] |" in sections[-1]
 
 
 def test_bad_results_directories(results, tmp_path):

@@ -22,6 +22,7 @@ MINIMAL = {"sizes": [1, 4], "seeds": 2, "methods": ["hpo", "ppo"]}
 def test_the_shipped_sweep_files_are_valid_and_expand_as_documented():
     quick, _ = read_spec(ROOT / "tune_configs" / "quick.yaml")
     assert len(quick.trials()) == 4 * 2 * 2 and quick.sizes == (1, 4)
+    assert quick.baselines.decomposition is not None and quick.baselines.lookahead  # make run's headline: the bound, the lookahead
     paper, data = read_spec(ROOT / "tune_configs" / "paper.yaml")
     assert SweepSpec.from_dict(data) == paper  # as read back from sweep.json (string keys)
     per_size = {n: sum(t.n == n for t in paper.trials()) for n in paper.sizes}

@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 from conftest import TINY
 
 import trainers.imitation as imitation
+import trainers.named_policies as named_policies
 import trainers.pathwise as pathwise
-import trainers.resolver as resolver
 from envs.dynamics import initial_state, step
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import FactorDemandStream, sample_paths
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tune_once(tuned):
     """The teachers tuned once per session (conftest.tuned)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(resolver, "tuned_policy", tuned)
+        patch.setattr(named_policies, "tuned_policy", tuned)
         yield
 
 
@@ -156,7 +156,7 @@ def warm_trainer():
 def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
-    teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = named_policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     stream = FactorDemandStream(inst, 256, seed=987_654)
     factor = stream.initial_factor()
     state = initial_state(inst, factor)
@@ -233,7 +233,7 @@ def test_the_warm_started_student_costs_within_a_margin_of_its_teacher_and_a_bro
     each broken control's (excess_costs) is above it, so the margin tells a working imitation from one that
     lost either target."""
     trainer, untrained = warm_trainer
-    teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = named_policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
 

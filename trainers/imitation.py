@@ -43,8 +43,8 @@ from envs.instance import Instance, TensorInstance
 from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.names import NAMED_POLICIES, TABLES_PREFIX, is_policy_name
 from trainers.memory import accumulate
+from trainers.named_policies import named_policy
 from trainers.networks import ThreeNetworks, autocast
-from trainers.resolver import resolve
 from trainers.streams import exogenous_step
 
 TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
@@ -63,11 +63,10 @@ TAIL = 0.01
 
 def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
     """(policy, parameters for the record) of the teacher `name` (`is_teacher`) on `source`, as evaluate.py builds
-    it (trainers.resolver): a classical family tuned on the training paths for the evaluation
+    it (trainers.named_policies): a classical family tuned on the training paths for the evaluation
     horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
     periods than any finite table has; its threshold tuned on the training paths)."""
-    teacher = resolve(name, source, EVAL_HORIZON, form="stationary", device=device, progress=progress)
-    return teacher.policy, teacher.parameters
+    return named_policy(source, name, EVAL_HORIZON, device, form="stationary", progress=progress)
 
 
 @dataclass

@@ -188,6 +188,10 @@ class LookaheadTables:
             self._on_device[device] = DeviceTables(*(torch.as_tensor(getattr(self, name), device=device) for name in DeviceTables._fields))
         return self._on_device[device]
 
+    def __getstate__(self) -> dict:
+        """Pickled (sent to another process) without the device copies: each process makes its own."""
+        return {**self.__dict__, "_on_device": {}}
+
     @property
     def form(self) -> str:
         return FORMS[1] if self.horizon is None else FORMS[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import pickle
 
 import numpy as np
 import pytest
@@ -254,7 +255,8 @@ def test_a_form_built_alone_solves_only_its_own_dp_and_decides_alike(three, monk
 def test_policies_on_the_same_tables_share_one_device_copy(three):
     """The threshold's tuning makes a policy per threshold on one tables object: afterwards the tables hold one
     device copy, and a new policy on them decides from that very tensor, while other tables get their own.
-    Catches a policy that copies the tables to the device for itself (one copy per policy)."""
+    Catches a policy that copies the tables to the device for itself (one copy per policy), and device copies
+    pickled with the tables."""
     from solver_workers.lookahead import THRESHOLDS, tune_threshold
 
     inst, items = three
@@ -269,6 +271,8 @@ def test_policies_on_the_same_tables_share_one_device_copy(three):
     assert list(tables._on_device) == [torch.device("cpu")]
     others = lookahead.LookaheadTables.from_items(items, "stationary", 20, inst.content_hash())
     assert others.on("cpu").excess is not cached.excess
+    sent = pickle.loads(pickle.dumps(tables))  # another process makes its own copy
+    assert sent._on_device == {} and np.array_equal(sent.excess, tables.excess) and tables._on_device
 
 
 def test_a_policy_evaluated_twice_starts_at_period_zero(three, monkeypatch):

@@ -427,18 +427,32 @@ def item_table(
     options: DecompositionOptions,
     solution: dp_optimal.DPSolution | None = None,
     dtype: str = TABLE_DTYPE,
+    forms: tuple[str, ...] = lookahead.FORMS,
 ) -> lookahead.ItemTable:
-    """The decomposition lookahead's tables of one item with setup cost `share` (policies/lookahead.py): the finite
-    form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already) and the
-    stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor grid."""
+    """The decomposition lookahead's tables of one item with setup cost `share` (policies/lookahead.py), of `forms`
+    only: the finite form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already)
+    and the stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor
+    grid. The two are separate solves (the stationary form is not the finite one's recursion run on), so a form
+    not asked for is not solved."""
+    if not forms or not set(forms) <= set(lookahead.FORMS):
+        raise ValueError(f"forms: expected a non-empty subset of {lookahead.FORMS}, got {forms!r}")
     one = item_instance(instance, item, share)
     settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, "integer_cap": True, "floor_periods": 1}
-    solution = solution or dp_optimal.solve(one, horizon, **settings)
-    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), **settings)
-    positions = solution.positions if solution.positions.size >= long.positions.size else long.positions
-    stationary = long.action_value[0] if long.action_value.shape[0] else np.zeros((long.grid.points.size, long.positions.size))
+    finite = (solution or dp_optimal.solve(one, horizon, **settings)) if lookahead.FORMS[0] in forms else None
+    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), **settings) if lookahead.FORMS[1] in forms else None
+    solved = [solution for solution in (finite, long) if solution is not None]
+    widest = max(solved, key=lambda solution: solution.positions.size)  # the first of equal ones: the finite form's lattice
+    stationary = None
+    if long is not None:
+        stationary = long.action_value[0] if long.action_value.shape[0] else np.zeros((long.grid.points.size, long.positions.size))
     return lookahead.ItemTable.from_values(
-        positions, solution.grid.points, solution.action_value, stationary, share, solution.window, dtype
+        widest.positions,
+        widest.grid.points,
+        finite.action_value if finite is not None else None,
+        stationary,
+        share,
+        widest.window,
+        dtype,
     )
 
 

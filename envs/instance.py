@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from envs import validate
-from envs.cli import input_file, read_text
 from envs.errors import InputError
+from envs.files import input_file, read_text
 
 LMAX = 4
 """Maximum admissible lead time L_max; the item token has L_max - 1 = 3 in-transit slots."""

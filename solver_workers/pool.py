@@ -47,10 +47,10 @@ import torch
 from tqdm.auto import tqdm
 
 from envs import validate
-from envs.cli import read_text
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
+from envs.files import read_text
 from envs.instance import Instance, atomic_write_text
 from envs.results import append_json_line, json_line
 from envs.validate import differences

@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
+from helpers import import_circle, package_imports
 
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance, paper_instance
@@ -14,6 +15,13 @@ from policies.classical import FAMILIES, POLICY_NAMES
 
 def script(name, *args, check=True):
     return run_script(name, *args, check=check)
+
+
+def test_the_envs_modules_import_each_other_without_a_circle():
+    graph = package_imports("envs")
+    assert "envs.evaluation" in graph["envs.cli"]  # the graph sees lazy imports
+    assert import_circle(graph) is None, " -> ".join(import_circle(graph))
+    assert graph["envs.files"] == {"envs.errors", "envs.validate"}  # below the scripts' boundary and the instance
 
 
 def test_instance_and_evaluate_zero_policy_with_trace(tmp_path):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,13 @@ TABLES_FILE = "tables.json"
 EXCESS_CAP = 60000.0
 """The largest excess stored, in its item's unit (float16 holds up to 65504); also the value that pads a row."""
 DTYPES = {"float16": np.float16, "float32": np.float32}
+REBUILD = "run the decomposition bound again (platform/bound.py --kind decomposition --out DIR) and use its folder"
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of an exception's message, or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def stationary_horizon(gamma: float) -> int:
@@ -127,17 +135,23 @@ class ItemTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> ItemTable:
-        """The tables in `path`; a file without a scale holds its excess in the instance's own cost units (scale 1)."""
-        with np.load(path, allow_pickle=False) as z:
-            return cls(
-                z["positions"],
-                z["factor_points"],
-                z["finite"] if "finite" in z else None,
-                z["stationary"] if "stationary" in z else None,
-                float(z["share"]),
-                int(z["window"]),
-                float(z["scale"]) if "scale" in z else 1.0,
-            )
+        """The tables in `path`; a file without a scale holds its excess in the instance's own cost units (scale 1). A
+        missing, truncated or foreign file is one InputError naming it."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                return cls(
+                    z["positions"],
+                    z["factor_points"],
+                    z["finite"] if "finite" in z else None,
+                    z["stationary"] if "stationary" in z else None,
+                    float(z["share"]),
+                    int(z["window"]),
+                    float(z["scale"]) if "scale" in z else 1.0,
+                )
+        except FileNotFoundError:
+            raise InputError(f"{NAME} tables: item file '{path}' does not exist; {REBUILD}") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{NAME} tables: item file '{path}' is truncated or not a tables file ({_reason(exc)}); {REBUILD}") from None
 
 
 def item_file(item: int) -> str:
@@ -220,6 +234,11 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
     `instance`; the finite form needs the evaluation `horizon` the tables were built for. Refuses tables of
     another instance or horizon, and a folder without tables."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(
+            f"{NAME} tables: folder '{folder}' {'is a file' if folder.exists() else 'does not exist'}; expected the folder of a "
+            "decomposition bound run (platform/bound.py --kind decomposition --out DIR)"
+        )
     if (folder / TABLES_DIR / TABLES_FILE).exists():
         folder = folder / TABLES_DIR
     manifest = folder / TABLES_FILE

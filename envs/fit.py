@@ -633,12 +633,14 @@ def fit_history(
     boot = bootstrap(demand, fitted, replicates, seed, progress)
     factor = smooth_factor(demand, fitted.lam, fitted.beta, fitted.rho)
     holdout = holdout_check(demand, seed)
-    report = _report(history, fitted, cov, boot, factor, holdout, source)
+    report = _report(history, fitted, cov, boot, factor, holdout, source, instance.qbar)
     return instance, report
 
 
-def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap, factor: dict, holdout: dict, source: dict) -> dict:
-    """The numbers of the fit report (JSON-ready)."""
+def _report(
+    history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap, factor: dict, holdout: dict, source: dict, qbar: np.ndarray
+) -> dict:
+    """The numbers of the fit report (JSON-ready); `qbar` the instance's order caps."""
     se = {
         name: getattr(boot, name).std(axis=0, ddof=1) for name in ("lam", "beta", "rho", "variance", "autocorrelation", "cross_correlation")
     }
@@ -656,6 +658,7 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
     drift_off = np.abs(drift) > drift_z * drift_sd
     coverage_low = INTERVAL - CHECK_SE * holdout["item_coverage_se"]
     holdout_below = holdout["item_coverage"] < coverage_low
+    cap_below = qbar < fitted.lam  # Instance.caps_below_demand: no policy keeps up with the item's demand
     items = []
     for i, name in enumerate(history.items):
         items.append(
@@ -691,6 +694,7 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
             "drift_level": DRIFT_LEVEL,
             "drift": [history.items[i] for i in np.flatnonzero(drift_off)],
             "holdout_below": bool(holdout_below),
+            "cap_below_demand": [history.items[i] for i in np.flatnonzero(cap_below)],
         },
         "holdout": {
             **{
@@ -720,6 +724,11 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
                 [f"hold-out coverage {100 * holdout['item_coverage']:.1f}% below its interval (from {100 * coverage_low:.1f}%)"]
                 if holdout_below
                 else []
+            ),
+            *(
+                f"item '{history.items[i]}': order cap qbar {qbar[i]:g} below its mean demand lam {fitted.lam[i]:.3g} per period: "
+                "no policy keeps up (the backlog grows without bound); the decomposition bound and lookahead refuse it"
+                for i in np.flatnonzero(cap_below)
             ),
         ],
         "factor": {"period": history.periods, "mean": factor["mean"].tolist(), "sd": factor["sd"].tolist()},
@@ -763,6 +772,8 @@ def report_markdown(report: dict, figure_name: str) -> str:
         f"* rho at its cap: {'**yes**' if report['checks']['rho_at_cap'] else 'no'}",
         f"* Items whose mean drifts between the first and the second half (level {report['checks']['drift_level']:g} over all items): "
         f"{len(report['checks']['drift'])}" + (f" ({', '.join(report['checks']['drift'][:20])})" if report["checks"]["drift"] else ""),
+        f"* Items whose order cap qbar is below their mean demand lam: {len(report['checks']['cap_below_demand'])}"
+        + (f" ({', '.join(report['checks']['cap_below_demand'][:20])})" if report["checks"]["cap_below_demand"] else ""),
         "",
     ]
     if report["flags"]:

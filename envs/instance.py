@@ -129,6 +129,16 @@ class Instance:
     def n(self) -> int:
         return int(self.h.size)
 
+    def item_name(self, item: int) -> str:
+        """How a message names item `item`: "item 'NAME'" where the instance has item names (a fitted one), else "item K"."""
+        names = (self.source or {}).get("item_names")
+        return f"item '{names[item]}'" if isinstance(names, list) and len(names) == self.n else f"item {item}"
+
+    def caps_below_demand(self) -> np.ndarray:
+        """The items whose order cap qbar_i is below their mean demand lam_i per period (E D_i = lam_i, eq.
+        conditional_demand): no policy keeps up with their demand, so their backlog grows without bound."""
+        return np.flatnonzero(self.qbar < self.lam)
+
     @property
     def mu(self) -> np.ndarray:
         """mu_i = lam_i (L_i + 1), eq. (feature_scales): the feature scale, and the initial inventory I_0 of

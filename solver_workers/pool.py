@@ -248,6 +248,10 @@ class Pool:
                 slot, method, args = in_flight.pop(ready[0])
                 try:
                     result = ray.get(ready[0])
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, InputError):  # bad input found in a worker: its one line, not the worker's traceback
+                        raise exc.cause from None
+                    raise
                 except ray.exceptions.RayActorError:
                     self.actors[slot] = SolverWorker.remote()  # restarts exhausted: replace, retry the task
                     pending.insert(0, (method, args))

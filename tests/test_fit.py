@@ -176,6 +176,23 @@ def test_one_iid_poisson_item(tmp_path):
     assert abs(fitted.lam[0] / 4.0 - 1) < 0.1
 
 
+def test_a_cap_below_the_demand_is_flagged(tmp_path):
+    """A cost table whose qbar for item-000 (0.5) is below its demand (lam 4): the report flags that item, by name and
+    in its checks, and not item-001 (qbar 8 against lam 2); the Markdown counts it. Catches a fit that writes an
+    instance whose bound and lookahead then fail on that item with nothing said at fit time."""
+    from envs.fit import report_markdown
+
+    caps = dict(qbar=[0.5, 8.0], K=10.0, gamma=0.95, rho=0.5)
+    instance = Instance(h=[1.0, 2.0], b=[9.0, 9.0], lam=[4.0, 2.0], beta=[0.3, 0.3], lead=[2, 1], **caps)
+    fitted, report = fit_history(*write_files(tmp_path, instance, 3, 200), replicates=20)
+    assert report["checks"]["cap_below_demand"] == ["item-000"] and fitted.caps_below_demand().tolist() == [0]
+    assert [flag for flag in report["flags"] if "cap" in flag] == [
+        f"item 'item-000': order cap qbar 0.5 below its mean demand lam {fitted.lam[0]:.3g} per period: no policy keeps up "
+        "(the backlog grows without bound); the decomposition bound and lookahead refuse it"
+    ]
+    assert "* Items whose order cap qbar is below their mean demand lam: 1 (item-000)" in report_markdown(report, "f.png")
+
+
 def two_factor_history(seed: int) -> np.ndarray:
     """Items 0..7 driven by one factor, items 8..15 by another, independent one: no single factor can say both."""
     rng = np.random.default_rng(seed)

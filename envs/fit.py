@@ -31,8 +31,10 @@ the report: statistics off, rho at its cap, a drift of an item's mean between th
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,6 +72,7 @@ DRIFT_LEVEL = 0.01
 """Level of the drift test: the chance that a history of the fitted model flags the drift of any item's mean
 (two-sided, Bonferroni over the items)."""
 HISTORY_COLUMNS = ("item", "period", "demand")
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COST_COLUMNS = ("item", "h", "b", "lead")
 """The cost table's required columns; `qbar` is optional (default QBAR_PER_LAM lam_i, the paper's rule)."""
 QBAR_PER_LAM = 4.0
@@ -119,6 +122,9 @@ def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable
     import pyarrow.compute as pc
 
     kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        column = _text_periods(column, path, items)
+        kind = column.type
     if pa.types.is_integer(kind):
         return column.to_numpy().astype(np.int64), "period", str
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
@@ -136,6 +142,30 @@ def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable
         f"history '{path}' column 'period': expected consecutive integers or dates (YYYY-MM-DD) at one frequency, "
         f"got {kind} values (first: {first!r} for item '{items[0]}')"
     )
+
+
+def _text_periods(column, path, items: np.ndarray):
+    """A text period column (a Parquet string column, or a CSV column with a value that is not a date or an integer) as
+    dates (YYYY-MM-DD) or integers, whichever its first value is; an InstanceError naming the first row that is not."""
+    import pyarrow as pa
+
+    values = column.to_pylist()
+    as_dates = bool(ISO_DATE.fullmatch(values[0].strip()))
+    parsed = []
+    for row, value in enumerate(values):
+        text = value.strip()
+        try:
+            period = (datetime.date.fromisoformat(text) if ISO_DATE.fullmatch(text) else None) if as_dates else int(text)
+        except ValueError:  # 2024-02-30, or not an integer
+            period = None
+        if period is None:
+            expected = "a date (YYYY-MM-DD) of the calendar, like the history's first period" if as_dates else "an integer"
+            raise InstanceError(
+                f"history '{path}' item '{items[row]}' data row {row + 1}: column 'period': expected {expected}, got {value!r} "
+                "(periods are consecutive integers or dates at one frequency)"
+            )
+        parsed.append(period)
+    return pa.array(parsed, type=pa.date32() if as_dates else pa.int64())
 
 
 def _is_number_text(value) -> bool:
@@ -222,6 +252,19 @@ def history_matrix(path) -> History:
     counts = np.bincount(item_code, minlength=names.size)
     if (counts < periods).any():
         k = int(np.argmax(counts < periods))
+        rows = np.flatnonzero(same_item & (item_code[1:] == k))  # gap r: from row r to row r + 1, both of item k
+        spacing = gaps[rows]
+        run = (spacing[:-2] != step) & (spacing[:-2] == spacing[1:-1]) & (spacing[1:-1] == spacing[2:])
+        if run.any():  # three gaps in a row at another spacing than the step: a stretch at another frequency, not missing rows
+            r = int(rows[np.argmax(run)]) + 1
+            raise _bad(
+                path,
+                names[k],
+                label(keys[r]),
+                f"comes {gaps[r - 1]} {word}(s) after the item's previous period, and so do the next ones, while its other periods "
+                f"are {step} {word}(s) apart: dates at mixed frequencies; give every period the same frequency (sum the finer "
+                "periods into the coarser ones)",
+            )
         present = np.zeros(periods, bool)
         present[index[item_code == k]] = True
         missing = start + step * int(np.argmin(present))

@@ -3,9 +3,11 @@
   python platform/fit.py --history demand.csv --items costs.csv --out inst.json
 
 --history: long form, columns item, period, demand (units sold, non-negative integers); one row per item and
-period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD) at one frequency
-(daily, weekly, monthly, ...); at least 50 periods. --items: columns item, h, b, lead and optionally qbar (default
-4 lam_i, the paper's rule); one row per item of the history. CSV or Parquet for both.
+period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD, as dates or text) at one
+frequency (daily, weekly, monthly, ...); at least 50 periods. --items: columns item, h, b, lead and optionally qbar
+(default 4 lam_i, the paper's rule); one row per item of the history. CSV or Parquet for both. Units are per period
+of the history (a day for a daily one): h and b per unit per period, lead in periods, qbar in units per order (the
+fitted lam is units per period; a qbar below lam is flagged). docs/formats.md has the formats.
 
 Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i, beta_i fitted; it records the history's SHA-256
 and the periods used under 'source') and, next to it, OUT-stem.fit.json (the report's numbers and the smoothed

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_script
 
+from envs.errors import InputError
 from envs.exogenous import demand_rate, factor_step, sample_paths
 from envs.fit import (
     BETA_MAX,
@@ -339,6 +340,36 @@ def test_rows_in_any_order_and_weekly_or_monthly_dates(tmp_path):
         columns = [history.items.index(x) for x in "AB"]
         np.testing.assert_array_equal(history.demand[:, columns], demand)
         assert history.periods[0] == "2024-01-01" and history.periods[1] == str(dates[1])
+
+
+def dated_history(path, dates: list[str]) -> None:
+    """A CSV history of items A and B with 3 units sold on each of `dates` (text as given)."""
+    path.write_text("item,period,demand\n" + "".join(f"{item},{date},3\n" for item in "AB" for date in dates))
+
+
+def test_dates_as_text_in_parquet_and_their_refusals(tmp_path):
+    """A Parquet history whose periods are YYYY-MM-DD strings reads as the same dates as the CSV (was refused, though
+    the help promises dates); an impossible date (2024-02-30) is refused naming its own row, not the first; a history
+    that turns from daily to weekly says 'mixed frequencies' at the first weekly period, not 'write 0' for the days
+    between. Catches a text-date reader that names the wrong row or advises zeros for a change of frequency."""
+    import pyarrow.csv
+    import pyarrow.parquet as pq
+
+    days = [str(np.datetime64("2024-01-01") + t) for t in range(60)]
+    dated_history(tmp_path / "h.csv", days)
+    table = pyarrow.csv.read_csv(tmp_path / "h.csv")
+    pq.write_table(table.set_column(1, "period", table.column("period").cast("string")), tmp_path / "h.parquet")
+    from_csv, from_parquet = history_matrix(tmp_path / "h.csv"), history_matrix(tmp_path / "h.parquet")
+    assert from_parquet.periods == from_csv.periods == days and from_parquet.step == "1 day"
+    np.testing.assert_array_equal(from_parquet.demand, from_csv.demand)
+    dated_history(tmp_path / "bad.csv", days[:40] + ["2024-02-30"] + days[41:])
+    with pytest.raises(InputError, match=r"item 'A' data row 41: column 'period': expected a date \(YYYY-MM-DD\).*got '2024-02-30'"):
+        history_matrix(tmp_path / "bad.csv")
+    weekly = [str(np.datetime64("2024-01-31") + 7 * t) for t in range(1, 30)]  # after 2024-01-01..2024-01-31 daily
+    dated_history(tmp_path / "mixed.csv", [str(np.datetime64("2024-01-01") + t) for t in range(31)] + weekly)
+    with pytest.raises(InputError, match=r"item 'A' period 2024-02-07: comes 7 day\(s\) after .* mixed frequencies") as raised:
+        history_matrix(tmp_path / "mixed.csv")
+    assert "write 0" not in str(raised.value)
 
 
 def test_source_is_kept_and_not_part_of_the_problem(tmp_path):

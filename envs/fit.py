@@ -378,8 +378,12 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         beta[active] = np.minimum(b / weight, BETA_MAX)
         for j, i in enumerate(active):
             if b[j] <= 0:
+                others = active[active != i]
+                correlation = cov[0][i, others] / np.sqrt(var[i] * var[others]) if others.size else np.zeros(0)
                 notes[int(i)] = (
-                    "beta = 0: its loading came out negative (it moves against the other items), which the model cannot represent"
+                    f"beta = 0: its variance {var[i]:.3g} above its mean {mean[i]:.3g} is not shared with the other items through "
+                    f"the common factor (its loading came out <= 0; its average correlation with them is {correlation.mean():+.2f}): "
+                    "variance of its own (e.g. negative-binomial demand), or a move against them, which the model cannot represent"
                 )
             elif b[j] / weight[j] > BETA_MAX:
                 notes[int(i)] = f"beta = {BETA_MAX:g}: its loading {b[j] / weight[j]:.3g} is above the instance's upper bound"
@@ -780,6 +784,11 @@ def _report(
     }
 
 
+def markdown_cell(text: str) -> str:
+    """`text` for a cell of a Markdown table: a '|' escaped, so that it does not end the cell."""
+    return text.replace("|", "\\|")
+
+
 def report_markdown(report: dict, figure_name: str) -> str:
     """The fit report as Markdown (the numbers of `report`)."""
     source, rho, hold, cross = report["source"], report["rho"], report["holdout"], report["cross_correlation"]
@@ -831,7 +840,7 @@ def report_markdown(report: dict, figure_name: str) -> str:
     ]
     for row in report["items"]:
         lines.append(
-            f"| {row['item']} | {row['lam']:.3f} ({row['lam_se']:.3f}) | {row['beta']:.3f} ({row['beta_se']:.3f}) | "
+            f"| {markdown_cell(row['item'])} | {row['lam']:.3f} ({row['lam_se']:.3f}) | {row['beta']:.3f} ({row['beta_se']:.3f}) | "
             f"{row['observed_mean']:.3f} / {row['model_mean']:.3f} | {row['observed_variance']:.2f} / {row['model_variance']:.2f}"
             f"{' **off**' if row['variance_off'] else ''} | {row['observed_autocorrelation']:.3f} / {row['model_autocorrelation']:.3f}"
             f"{' **off**' if row['autocorrelation_off'] else ''} | {100 * row['holdout_coverage']:.0f}% |"

@@ -4,6 +4,7 @@ Every history here is drawn by the project's own model (envs.exogenous.sample_pa
 which uses the same factor_step and demand_rate) from a known instance, so the fit can be judged against the truth."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -194,6 +195,23 @@ def test_a_cap_below_the_demand_is_flagged(tmp_path):
     assert "* Items whose order cap qbar is below their mean demand lam: 1 (item-000)" in report_markdown(report, "f.png")
 
 
+def test_an_overdispersed_item_of_its_own_is_said_so_and_a_bar_in_its_name_is_escaped(tmp_path):
+    """Items on one factor beside an item 'nb|1' of independent negative-binomial demand (variance 4 x its mean, shared
+    with nobody): its note says what was detected (variance not shared through the factor, with its average correlation
+    with the others), and its name keeps the Markdown table's columns (the '|' escaped)."""
+
+    from envs.fit import report_markdown
+
+    rng = np.random.default_rng(0)
+    shared = simulate_demand(BASE.lam[:4], np.full(4, 0.5), 0.8, 500, rng)
+    own = rng.negative_binomial(2.5, 0.25, size=(500, 1)).astype(np.float64)  # mean 7.5, variance 30
+    report = fit_report_of(np.concatenate([shared, own], axis=1), tmp_path, names=["i0", "i1", "i2", "i3", "nb|1"])
+    note = report["items"][4]["note"]
+    assert report["items"][4]["beta"] == 0 and "is not shared with the other items through the common factor" in note
+    row = next(line for line in report_markdown(report, "f.png").splitlines() if line.startswith("| nb"))
+    assert row.startswith("| nb\\|1 |") and len(re.split(r"(?<!\\)\|", row)) == 9, row
+
+
 def two_factor_history(seed: int) -> np.ndarray:
     """Items 0..7 driven by one factor, items 8..15 by another, independent one: no single factor can say both."""
     rng = np.random.default_rng(seed)
@@ -201,12 +219,12 @@ def two_factor_history(seed: int) -> np.ndarray:
     return np.concatenate(halves, axis=1)
 
 
-def fit_report_of(demand: np.ndarray, tmp_path):
+def fit_report_of(demand: np.ndarray, tmp_path, names: list[str] | None = None):
     import pyarrow as pa
     import pyarrow.csv
 
     periods, n = demand.shape
-    names = [f"i{i}" for i in range(n)]
+    names = names or [f"i{i}" for i in range(n)]
     history = pa.table(
         {"item": np.repeat(names, periods), "period": np.tile(np.arange(periods), n), "demand": demand.T.ravel().astype(np.int64)}
     )

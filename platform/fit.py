@@ -36,7 +36,9 @@ def main() -> None:
     parser.add_argument("--items", required=True, help="CSV or Parquet cost table: item, h, b, lead [, qbar]")
     parser.add_argument("--K", type=float, help="joint setup cost K >= 0 (default 10 n, the paper family's)")
     parser.add_argument("--gamma", type=float, default=0.95, help="discount factor in (0, 1) (default 0.95)")
-    parser.add_argument("--replicates", type=positive_int, default=REPLICATES, help=f"bootstrap replicates, at least 2 (default {REPLICATES})")
+    parser.add_argument(
+        "--replicates", type=positive_int, default=REPLICATES, help=f"bootstrap replicates, at least 2 (default {REPLICATES})"
+    )
     parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the bootstrap and of the hold-out check's randomised intervals (default 0)"
     )

@@ -113,7 +113,10 @@ class Instance:
             if not ok.all():
                 i = int(np.argmin(ok))
                 raise _refuse(
-                    name, allowed, f"{values[i]:g} (item {i})", why if name != "lead" and values[i] > FIELD_RANGES[name][2] else ""
+                    name,
+                    allowed,
+                    f"{values[i]:g} ({self.item_name(i)})",
+                    why if name != "lead" and values[i] > FIELD_RANGES[name][2] else "",
                 )
         low, low_open, high, why = FIELD_RANGES["K"]
         where = "instance field '{}'"
@@ -183,7 +186,10 @@ class Instance:
     def load(cls, path: str | os.PathLike) -> Instance:
         path = Path(path)
         data = validate.load_json(read_text(path, "instance file"), "instance file", path, InstanceError)
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except InstanceError as exc:
+            raise InstanceError(f"instance file '{path}': {exc}") from None
 
     @classmethod
     def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> Instance:

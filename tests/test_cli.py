@@ -192,7 +192,7 @@ def test_bad_instance_file_is_reported_and_nothing_written(tmp_path, script_runn
     )
     result = script_runner("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: instance field 'gamma': expected a number in (0, 1), got 1.5"
+    assert result.stderr.strip() == f"error: instance file '{bad}': instance field 'gamma': expected a number in (0, 1), got 1.5"
     assert not (tmp_path / "o").exists()
 
 

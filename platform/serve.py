@@ -20,8 +20,9 @@ import os
 import socket
 import time
 
-from envs.cli import input_file, non_negative_real, port, positive_int, run_cli
+from envs.cli import non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
+from envs.files import input_file
 from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
 from trainers.policy import MODES
 

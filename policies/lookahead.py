@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -60,6 +61,13 @@ TABLES_FILE = "tables.json"
 EXCESS_CAP = 60000.0
 """The largest excess stored, in its item's unit (float16 holds up to 65504); also the value that pads a row."""
 DTYPES = {"float16": np.float16, "float32": np.float32}
+REBUILD = "run the decomposition bound again (platform/bound.py --kind decomposition --out DIR) and use its folder"
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of an exception's message, or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def stationary_horizon(gamma: float) -> int:
@@ -127,18 +135,23 @@ class ItemTable:
         """The tables in `path`, of `forms` only: only the members of those forms are read (a form not asked for,
         or not in the file, is None). A form's scale is its `{form}_scale`; a file that has one `scale` holds
         both forms in that unit, and a file without any scale holds its excess in the instance's own cost
-        units (scale 1)."""
-        with np.load(path, allow_pickle=False) as members:
-            kept = [form for form in FORMS if form in forms and form in members]
-            shared = float(members["scale"]) if "scale" in members else 1.0
-            return cls(
-                members["positions"],
-                members["factor_points"],
-                *(members[form] if form in kept else None for form in FORMS),
-                float(members["share"]),
-                int(members["window"]),
-                {form: float(members[f"{form}_scale"]) if f"{form}_scale" in members else shared for form in kept},
-            )
+        units (scale 1). A missing, truncated or foreign file is one InputError naming it."""
+        try:
+            with np.load(path, allow_pickle=False) as members:
+                kept = [form for form in FORMS if form in forms and form in members]
+                shared = float(members["scale"]) if "scale" in members else 1.0
+                return cls(
+                    members["positions"],
+                    members["factor_points"],
+                    *(members[form] if form in kept else None for form in FORMS),
+                    float(members["share"]),
+                    int(members["window"]),
+                    {form: float(members[f"{form}_scale"]) if f"{form}_scale" in members else shared for form in kept},
+                )
+        except FileNotFoundError:
+            raise InputError(f"{NAME} tables: item file '{path}' does not exist; {REBUILD}") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{NAME} tables: item file '{path}' is truncated or not a tables file ({_reason(exc)}); {REBUILD}") from None
 
 
 class DeviceTables(NamedTuple):
@@ -247,6 +260,11 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
     `instance`, reading that form's rows only; the finite form needs the evaluation `horizon` the tables were built for. Refuses tables of
     another instance or horizon, and a folder without tables."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(
+            f"{NAME} tables: folder '{folder}' {'is a file' if folder.exists() else 'does not exist'}; expected the folder of a "
+            "decomposition bound run (platform/bound.py --kind decomposition --out DIR)"
+        )
     if (folder / TABLES_DIR / TABLES_FILE).exists():
         folder = folder / TABLES_DIR
     manifest = folder / TABLES_FILE

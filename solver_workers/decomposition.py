@@ -32,6 +32,7 @@ cost, which is at least the relaxed optimum; they serve the paired comparisons.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -137,6 +138,34 @@ class DecompositionOptions:
         return (self.factor_points - 1) / (self.coarse_points - 1)
 
 
+def check_caps(instance: Instance, where: str) -> None:
+    """Refuse, before any solve, an instance with an item whose order cap is below its mean demand
+    (Instance.caps_below_demand): its backlog grows without bound, and so does its DP's order-up-to position."""
+    short = instance.caps_below_demand()
+    if short.size:
+        item = int(short[0])
+        more = f" ({short.size} items in all)" if short.size > 1 else ""
+        raise InputError(
+            f"{where}: {instance.item_name(item)}: its order cap qbar {instance.qbar[item]:g} is below its mean demand lam "
+            f"{instance.lam[item]:g} per period{more}, so no policy keeps up with its demand, its backlog grows without bound and its "
+            "DP has no finite optimum; give it a qbar of at least its lam (the cost table's qbar column, or the instance's items.qbar)"
+        )
+
+
+def names_the_item(solve_item: Callable) -> Callable:
+    """Wrap a function of (instance, item, ...) that solves the item's DP: an item without a finite optimum
+    (policies.dp_optimal.NoFiniteOptimum) is refused naming the item, as the user's instance names it."""
+
+    @functools.wraps(solve_item)
+    def solve(instance: Instance, item: int, *args, **kwargs):
+        try:
+            return solve_item(instance, item, *args, **kwargs)
+        except dp_optimal.NoFiniteOptimum as exc:
+            raise InputError(f"{instance.item_name(item)}: {exc}") from None
+
+    return solve
+
+
 def item_instance(instance: Instance, item: int, setup: float) -> Instance:
     """Item `item` of `instance` alone, with setup cost `setup` (gamma and rho of the instance)."""
     return Instance(
@@ -151,6 +180,7 @@ def guess_shares(instance: Instance) -> np.ndarray:
     return instance.K * weight / weight.sum()
 
 
+@names_the_item
 def item_values(instance: Instance, item: int, setups, horizon: int, points: int, options: DecompositionOptions) -> np.ndarray:
     """V_item(k) for every k in `setups` on a grid of `points` factor points: [G]."""
     return dp_optimal.expected_costs(
@@ -354,6 +384,7 @@ def search_split(instance: Instance, options: DecompositionOptions, values_of: C
 # ---- one item's figures at the chosen shares --------------------------------------------------------
 
 
+@names_the_item
 def item_figures(
     instance: Instance,
     item: int,
@@ -419,6 +450,7 @@ TABLE_DTYPE = "float16"
 decision is taken; measured against float32 in docs/methods.md)."""
 
 
+@names_the_item
 def item_table(
     instance: Instance,
     item: int,

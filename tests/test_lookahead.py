@@ -292,6 +292,20 @@ def test_a_policy_evaluated_twice_starts_at_period_zero(three, monkeypatch):
     assert not np.array_equal(evaluate(policy, tinst, paths).discounted_cost, first)
 
 
+def test_a_truncated_or_foreign_item_file_is_one_input_error_naming_it(three, tmp_path):
+    """A real item file cut to half its bytes, and an .npz of other arrays, are refused naming the file (not a
+    BadZipFile or KeyError); the whole file loads back as it was saved."""
+    _, items = three
+    whole, cut, foreign = (tmp_path / name for name in ("whole.npz", "cut.npz", "foreign.npz"))
+    items[0].save(whole)
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    np.savez(foreign, values=np.zeros(3))
+    np.testing.assert_array_equal(lookahead.ItemTable.load(whole).finite, items[0].finite)
+    for path in (cut, foreign):
+        with pytest.raises(InputError, match=rf"item file '{path}' is truncated or not a tables file"):
+            lookahead.ItemTable.load(path)
+
+
 # ---- n = 2: the exact cost of the policy ----------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from envs.instance import paper_instance
 from policies.lookahead import NAME as LOOKAHEAD
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
-from trainers.imitation import StudentMix, imitation_losses, lookahead, teacher_rollout
+from trainers.imitation import Frontier, StudentMix, TeacherRollouts, cost_to_go_steps, imitation_losses
 from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.policy import LearnedPolicy
 from trainers.run import run_files
@@ -56,28 +56,29 @@ class EveryThird:
         return torch.full((state.batch,), due), quantity
 
 
-def test_lookahead_reaches_one_percent_of_the_tail():
-    assert lookahead(0.95) == 90 and 0.95**90 <= 0.01 < 0.95**89
-    assert lookahead(0.5) == 7 and lookahead(1e-9) == 1
+def rollouts_from_the_start(teacher, inst, stream: FactorDemandStream, batch: int) -> TeacherRollouts:
+    """The warm start's rollouts of all `batch` rows from the stream's initial factor."""
+    factor = stream.initial_factor()
+    return TeacherRollouts(teacher, inst, stream, Frontier(initial_state(inst, factor), factor, stream.generator.get_state()), slice(0, batch))
+
+
+def test_cost_to_go_reaches_one_percent_of_the_tail():
+    assert cost_to_go_steps(0.95) == 90 and 0.95**90 <= 0.01 < 0.95**89
+    assert cost_to_go_steps(0.5) == 7 and cost_to_go_steps(1e-9) == 1
 
 
 def test_teacher_targets_match_a_slow_reference_loop():
-    """Two calls of 4 steps against one plain simulation of 8 + lookahead steps from the same stream: the
-    states, Y, Q / qbar and the cost-to-go sum_k gamma^k C_{t+k} / c_ref (double loop), and the second call
-    continues exactly where the first one's 4 steps ended (the clock and the stream too)."""
+    """Two updates of 4 steps against one plain simulation of 8 + cost_to_go_steps steps from the same stream:
+    the states, Y, Q / qbar and the cost-to-go sum_k gamma^k C_{t+k} / c_ref (double loop) truncated where its
+    update's simulation ends, and the second update continues exactly where the first one's 4 steps ended (the
+    clock and the stream too)."""
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
     batch, steps = 6, 4
-    stream = FactorDemandStream(inst, batch, seed=11)
     reference_stream = FactorDemandStream(inst, batch, seed=11)
-    factor = stream.initial_factor()
-    state = initial_state(inst, factor)
-    teacher = EveryThird()
-    calls = []
-    for _ in range(2):
-        batch_steps, state, factor = teacher_rollout(teacher, inst, state, factor, stream, steps, slice(0, batch))
-        calls.append(batch_steps)
-    # the reference: one simulation long enough for the second call's lookahead
-    total = 2 * steps + lookahead(inst.gamma)
+    rollouts = rollouts_from_the_start(EveryThird(), inst, FactorDemandStream(inst, batch, seed=11), batch)
+    calls = [rollouts.next_update(steps) for _ in range(2)]
+    # the reference: one simulation long enough for the second update's cost-to-go
+    total = 2 * steps + cost_to_go_steps(inst.gamma)
     ref_teacher, ref_factor = EveryThird(), reference_stream.initial_factor()
     ref_state, invs, opens, fractions, costs = initial_state(inst, ref_factor), [], [], [], []
     for _ in range(total):
@@ -91,14 +92,14 @@ def test_teacher_targets_match_a_slow_reference_loop():
         for t in range(steps):
             u = call * steps + t
             rows = slice(t, None, steps)  # flattened (row, step): step t of every row
-            horizon = steps + lookahead(inst.gamma) - t  # this call simulated up to its own end
+            horizon = steps + cost_to_go_steps(inst.gamma) - t  # up to the end of this update's simulation
             expected_g = sum(inst.gamma**k * costs[u + k] for k in range(horizon))
             torch.testing.assert_close(got.cost_to_go[rows], expected_g)
             torch.testing.assert_close(got.open_order[rows], opens[u])
             torch.testing.assert_close(got.fraction[rows], fractions[u])
             torch.testing.assert_close(got.items[rows][..., 0], (invs[u] - inst.mu) / inst.sigma)
     assert calls[0].open_order.view(batch, steps)[0].tolist() == [1, 0, 0, 1]
-    assert calls[1].open_order.view(batch, steps)[0].tolist() == [0, 0, 1, 0]  # the clock went on from 4, not from 4 + lookahead
+    assert calls[1].open_order.view(batch, steps)[0].tolist() == [0, 0, 1, 0]  # the clock went on from 4
 
 
 def half_base_stock(state, instance):
@@ -117,12 +118,11 @@ def test_dagger_rollout_acts_by_the_mix_and_labels_by_the_teacher():
     batch, steps, share = 6, 4, 0.5
     stream = FactorDemandStream(inst, batch, seed=5)
     reference_stream = FactorDemandStream(inst, batch, seed=5)
-    factor = stream.initial_factor()
     mix = StudentMix(half_base_stock, share, stream.generator, slice(0, batch))
-    got, _, _ = teacher_rollout(EveryThird(), inst, initial_state(inst, factor), factor, stream, steps, slice(0, batch), mix=mix)
+    got = rollouts_from_the_start(EveryThird(), inst, stream, batch).next_update(steps, mix)
     ref_teacher, ref_factor = EveryThird(), reference_stream.initial_factor()
     ref_state, invs, opens, fractions, costs, executed_differs = initial_state(inst, ref_factor), [], [], [], [], []
-    for _ in range(steps + lookahead(inst.gamma)):
+    for _ in range(steps + cost_to_go_steps(inst.gamma)):
         y, q = ref_teacher(ref_state, inst)
         invs.append(ref_state.inv), opens.append(y), fractions.append(q / inst.qbar)
         student = torch.rand(batch, generator=reference_stream.generator, dtype=inst.dtype) < share
@@ -136,7 +136,7 @@ def test_dagger_rollout_acts_by_the_mix_and_labels_by_the_teacher():
     assert any(executed_differs[:steps])
     for t in range(steps):
         rows = slice(t, None, steps)
-        expected_g = sum(inst.gamma**k * costs[t + k] for k in range(steps + lookahead(inst.gamma) - t))
+        expected_g = sum(inst.gamma**k * costs[t + k] for k in range(steps + cost_to_go_steps(inst.gamma) - t))
         torch.testing.assert_close(got.cost_to_go[rows], expected_g)
         torch.testing.assert_close(got.open_order[rows], opens[t])
         torch.testing.assert_close(got.fraction[rows], fractions[t])
@@ -157,11 +157,9 @@ def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
     teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
-    stream = FactorDemandStream(inst, 256, seed=987_654)
-    factor = stream.initial_factor()
-    state = initial_state(inst, factor)
+    rollouts = rollouts_from_the_start(teacher, inst, FactorDemandStream(inst, 256, seed=987_654), 256)
     for _ in range(3):
-        batch, state, factor = teacher_rollout(teacher, inst, state, factor, stream, 20, slice(0, 256))
+        batch = rollouts.next_update(20)
     assert 0.2 < batch.open_order.mean() < 0.8  # both decisions occur
     return batch
 
@@ -425,9 +423,7 @@ def test_imitation_in_micro_batches_gives_the_gradient_of_the_whole_batch():
     of 4), equal those of one pass over all 24 (float64), and the micro-batched call did run the networks once per
     micro-batch. Catches a micro-batch weighted by its own count instead of the batch's."""
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
-    stream = FactorDemandStream(inst, 3, seed=5)
-    factor = stream.initial_factor()
-    batch, _, _ = teacher_rollout(EveryThird(), inst, initial_state(inst, factor), factor, stream, 8, slice(0, 3))
+    batch = rollouts_from_the_start(EveryThird(), inst, FactorDemandStream(inst, 3, seed=5), 3).next_update(8)
     model = PathwiseTrainer(TrainConfig(**{**RUN, "batch": 3}), inst).model
     gradients, results = [], []
     for chunks in (None, [slice(s, s + 5) for s in range(0, 24, 5)]):

@@ -25,9 +25,10 @@ Optional warm start (not the paper's; `imitation_updates` or `imitation_dagger_u
 `warm_start` makes that many supervised updates imitating a teacher policy (trainers.imitation), first on the
 teacher's own states, then (DAgger) on states the student visits, with its own Adam at a constant
 `imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as without
-it. It keeps the world-size invariance: every rank builds the same teacher (tuning is deterministic),
-simulates its rows of the teacher's rollouts from a common stream, and the gradients are averaged; at its
-end every rank takes rank 0's weights.
+it. It keeps the world-size invariance: every rank acts with the same teacher (rank 0 tunes a classical one,
+the others make it from its parameters), simulates its rows of the teacher's rollouts from a common stream,
+and the gradients are averaged; at its end every rank takes rank 0's weights. A run saves the warm start under
+way every `checkpoint_every` imitation updates (`state_dict`'s `imitation`), and resumes it from there.
 """
 
 from __future__ import annotations

@@ -594,9 +594,16 @@ def warm_weights(trainer):
     return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), trainer.warm_start_record["open_loss"]
 
 
+def tuning_refused(*args, **kwargs):
+    raise AssertionError("a rank other than 0 tuned the teacher")
+
+
 def rank_worker(rank, world, init_file, results):
+    """One rank's warm start; only rank 0 may tune the teacher (the others make it from rank 0's parameters)."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
+    if rank > 0:
+        resolver.tuned_policy = tuning_refused
     try:
         results[rank] = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
     finally:

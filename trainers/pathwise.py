@@ -97,7 +97,8 @@ class TrainConfig(TrainerConfig):
     adam_eps: float = 1e-5
     """Adam's epsilon, > 0."""
     checkpoint_every: int = 500
-    """Updates between checkpoints (>= 0; 0: only at the end). Gradients are clipped for each network separately."""
+    """Updates between checkpoints (>= 0; 0: only at the end), and imitation updates between a warm start's checkpoints.
+    Gradients are clipped for each network separately."""
     imitation_updates: int = 0
     """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
     imitation_teacher: str = "classical-best"

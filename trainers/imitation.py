@@ -143,7 +143,11 @@ class TeacherRollouts:
     update simulates only T new ones; the targets are the numbers that simulating again gives. In a DAgger
     update the student acting changes with every update, so the steps past the T kept are dropped and the
     next update simulates them again with its own student (`rewind`): the targets are those of the DAgger
-    definition, with the student of the update that keeps the step."""
+    definition, with the student of the update that keeps the step.
+
+    Memory: the steps ahead hold each step's state and the teacher's Q, 5 numbers per rollout row, item and step
+    (LMAX = 4), for T + cost_to_go_steps steps: 2 GB in float32 at 1,024 rows of n = 1,024 and 100 steps; the
+    item tokens (11 per row and item) are made for the T steps kept only."""
 
     def __init__(self, teacher: Policy, instance: TensorInstance, stream: FactorDemandStream, start: Frontier, rows: slice):
         """`start`: the first update's state; the stream's generator is set to its `rng`."""

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
+from helpers import Gate
 
 from envs.errors import InputError
 from policies.classical import make_policy
@@ -39,8 +40,6 @@ STATES = [
 ]
 MAX_BODY = 4096
 """The test service's body limit (bytes): the four states fit, the too-large row does not."""
-BATCH_WAIT_MS = 200.0
-"""Long enough that concurrent requests on this loaded machine reach one batch."""
 
 
 def free_port() -> int:
@@ -91,9 +90,7 @@ def service(ray_session, trained):
     from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
 
     checkpoint = trained["or-transformer"].checkpoint
-    config = ServiceConfig(
-        policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, batch_wait_ms=BATCH_WAIT_MS, max_body_bytes=MAX_BODY
-    )
+    config = ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, max_body_bytes=MAX_BODY)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
     serve.run(application(config, config.decider()), name="test-decisions", route_prefix="/")
@@ -268,24 +265,44 @@ def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payloa
 
 
 @pytest.mark.slow
-def test_concurrent_requests_are_answered_one_policy_call_per_batch(service, script_runner, tmp_path):
-    """Catches a wrong answer to concurrent requests, or a batch answered by more than one policy call. How Serve groups
-    the 16 requests into batches depends on their timing, so the replica's own record (batches, forward passes) is
-    compared, not a count that assumes one batch window; that one batch takes several requests in one call is
-    test_one_bad_request_of_a_batch_fails_alone's explicit event."""
+def test_requests_queued_during_a_policy_call_share_the_next_one(service, script_runner, tmp_path):
+    """Catches batching that never merges requests (each request its own policy call), a batch answered by more than
+    one call, and a wrong answer to concurrent requests. The replica's first policy call is held at a gate
+    (tests/helpers.py) until the 15 other requests are queued in the replica, as its /info says: they must then
+    share the next call, with no batch wait."""
+    from ray import serve
+
+    from serving.app import ONGOING_REQUESTS, DecisionService, ServiceConfig
+
     port, checkpoint = service
+    gate = Gate(tmp_path / "gate", call=("serving.decisions:Decider.decide_many", "before", 1))
+    config = ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64)
+    options = {"num_cpus": 1, "runtime_env": {"env_vars": gate.env}}
+    serve.run(
+        DecisionService.options(max_ongoing_requests=ONGOING_REQUESTS, ray_actor_options=options).bind(config.decider(), config),
+        name="test-gated",
+        route_prefix="/gated",
+    )
     requests = [STATES[k % 4] for k in range(16)]
-    before = call(port, "GET", "/info")[1]["counters"]
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        answers = list(pool.map(lambda state: call(port, "POST", "/decide", json.dumps(state).encode()), requests))
-    after = call(port, "GET", "/info")[1]["counters"]
-    assert all(status == 200 for status, _ in answers)
+    try:
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            sent = [pool.submit(call, port, "POST", "/gated/decide", json.dumps(requests[0]).encode())]
+            gate.wait()
+            sent += [pool.submit(call, port, "POST", "/gated/decide", json.dumps(state).encode()) for state in requests[1:]]
+            deadline = time.monotonic() + 120
+            while call(port, "GET", "/gated/info")[1]["counters"]["queued"] < len(requests) - 1:
+                assert time.monotonic() < deadline, "the requests did not reach the replica's queue"
+                time.sleep(0.05)
+            gate.release()
+            answers = [future.result() for future in sent]
+        counters = call(port, "GET", "/gated/info")[1]["counters"]
+    finally:
+        serve.delete("test-gated")
+    assert all(status == 200 for status, _ in answers), answers
     expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
-    assert_same_answers([answer for _, answer in answers], [expected[i % 4] for i in range(16)])
-    assert after["requests"] - before["requests"] == 16 and after["states"] - before["states"] == 16
-    batches = after["batches"] - before["batches"]
-    assert 1 <= batches <= 16 and after["forward_passes"] - before["forward_passes"] == batches
-    assert 1 <= after["largest_batch"] <= 16
+    assert_same_answers([answer for _, answer in answers], [expected[k % 4] for k in range(16)])
+    assert (counters["requests"], counters["batches"], counters["largest_batch"], counters["forward_passes"]) == (16, 2, 15, 2)
+    assert counters["queued"] == 0
 
 
 POISON_FACTOR = 7.25
@@ -479,7 +496,7 @@ def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
     module, _, name = application.import_path.partition(":")
     assert module == "serving.app" and getattr(app, name) is app.build_app
     assert app.ServiceConfig.from_dict(application.args) == app.ServiceConfig(
-        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=2.0, max_body_bytes=8 * 2**20
+        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=0.0, max_body_bytes=8 * 2**20
     )
     assert config.http_options.host == "127.0.0.1" and config.http_options.request_timeout_s == app.REQUEST_TIMEOUT_S
 

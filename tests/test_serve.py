@@ -396,6 +396,40 @@ def test_a_replica_copy_of_the_decider_answers_each_request_as_decide_py(method,
         assert copy.forward_passes == (1 if mode == "greedy" else 2)
 
 
+@pytest.mark.parametrize(
+    "max_batch_size, calls", [(64, [[0], [1, 2, 3, 4, 5]]), (2, [[0], [1, 2], [3, 4], [5]]), (1, [[k] for k in range(6)])]
+)
+def test_a_batch_takes_the_requests_queued_while_the_policy_computes(max_batch_size, calls):
+    """serving.app.Batcher with no batch wait: the first request's call is held (an event) until five more are queued;
+    then they share the next calls, up to max_batch_size each, in arrival order, and each request gets its own answer.
+    Catches batching that never merges, a batch over its size, a request answered twice or by another's answer."""
+    import asyncio
+    import threading
+
+    from serving.app import Batcher
+
+    computing, release, seen = threading.Event(), threading.Event(), []
+
+    def decide_many(states):
+        seen.append(list(states))
+        computing.set()
+        release.wait()
+        return [f"answer {state}" for state in states]
+
+    async def scenario():
+        batcher = Batcher(decide_many, max_batch_size, 0.0, lambda size: None)
+        first = asyncio.create_task(batcher.decide(0))
+        await asyncio.to_thread(computing.wait)
+        rest = [asyncio.create_task(batcher.decide(k)) for k in range(1, 6)]
+        while len(batcher.queued) < 5:  # each task queues its request at its first step
+            await asyncio.sleep(0)
+        release.set()
+        return [answer for answer, _, _ in await asyncio.gather(first, *rest)]
+
+    assert asyncio.run(scenario()) == [f"answer {k}" for k in range(6)]
+    assert seen == calls
+
+
 def test_each_request_of_a_shared_call_gets_its_own_answer_or_its_own_error():
     """Catches Decider.decide_many raising for every request of a shared policy call when one request's decision is
     not finite, and an error that names the state by its index in the merged call (3 here) instead of in its request."""

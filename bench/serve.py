@@ -60,6 +60,9 @@ APP = "bench-decisions"
 POOL = 64
 """Distinct states per instance; requests cycle through them."""
 MIXED_REQUESTS = 1000
+KILL_RUN_S = 20.0
+"""The replica-kill run lasts this long at least, bounded in time only: the kill comes 2 s in, and Serve runs a new
+replica about 10-20 s later on 2 cores."""
 CEILING_REQUESTS_FACTOR = 100
 """The plain HTTP server's runs take this many times --requests, so that --seconds bounds them as it bounds the service's."""
 MIXED_BODY_LIMIT = 16384
@@ -492,7 +495,7 @@ def main() -> None:
 
     killer = threading.Timer(2.0, kill_and_watch)
     killer.start()
-    killed = generator.run(args.port, single16, 32, check=True, max_requests=args.requests * 4, seconds=max(args.seconds, 20.0))
+    killed = generator.run(args.port, single16, 32, check=True, max_requests=sys.maxsize, seconds=max(args.seconds, KILL_RUN_S))
     killer.join()
     emit(
         figure="serve_replica_killed",

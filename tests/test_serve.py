@@ -124,6 +124,25 @@ def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
         connection.close()
 
 
+@pytest.mark.slow
+def test_an_answer_says_where_the_replica_spent_its_time(service):
+    """The Server-Timing header of POST /decide: serving.app.TIMINGS in order, each a duration >= 0, the first five
+    (body read, parse, queue, policy call, answer) consecutive spans that make up the last (the replica's time)."""
+    from serving.app import TIMINGS
+
+    connection = http.client.HTTPConnection("127.0.0.1", service[0], timeout=60)
+    try:
+        connection.request("POST", "/decide", body=json.dumps(STATES[0]).encode(), headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and json.loads(response.read())["order"] is not None
+        entries = [part.strip().split(";dur=") for part in response.getheader("Server-Timing").split(",")]
+    finally:
+        connection.close()
+    assert [name for name, _ in entries] == list(TIMINGS)
+    spans = [float(ms) for _, ms in entries]
+    assert min(spans) >= 0 and sum(spans[:-1]) == pytest.approx(spans[-1], abs=0.005)  # each written to 0.001 ms
+
+
 def body(text: str) -> bytes:
     return text.encode()
 

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 from envs import validate
 from envs.exogenous import FACTOR_BOUND, demand_rate, factor_step, innovation_scale
-from envs.instance import FIELD_RANGES, InstanceError, exact_keys, number_column, read_table
+from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys, number_column, read_table
 
 LAGS = 4
 """Lags k = 0..LAGS of the moment equations: lag 0 fixes beta, lags >= 1 fix rho (their ratio) and add precision."""
@@ -313,6 +313,8 @@ def read_costs(path) -> Costs:
         for name in ("h", "b", "lead", "qbar")
         if name in table.column_names
     }
+    for name, values in numbers.items():  # the instance's ranges, said in the cost table's terms
+        check_item_column(name, values, f"cost table '{path}' column '{name}'", lambda i: f"item '{items[i]}'")
     return Costs(items, numbers["h"], numbers["b"], numbers["lead"], numbers.get("qbar"))
 
 

@@ -58,6 +58,20 @@ def _refuse(field_name: str, allowed: str, got, why: str = ""):
     return validate.refuse(f"instance field '{field_name}'", allowed, got, why, InstanceError)
 
 
+def check_item_column(name: str, values: np.ndarray, where: str, item_name) -> None:
+    """Refuse the first value of the per-item column `name` (ITEM_COLUMNS) outside its range: `where` names the
+    field as the user wrote it, `item_name(i)` the item."""
+    if name == "lead":
+        ok, allowed, why, high = (values == np.round(values)) & (values >= 1) & (values <= LMAX), f"integers in 1..{LMAX}", "", LMAX
+    else:
+        low, low_open, high, why = FIELD_RANGES[name]
+        ok = ((values > low) if low_open else (values >= low)) & (values <= high)
+        allowed = validate.real_range(low, high, low_open).replace("a number", "numbers", 1)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        raise validate.refuse(where, allowed, f"{values[i]:g} ({item_name(i)})", why if values[i] > high else "", InstanceError)
+
+
 def _item_array(items: dict, name: str, n: int | None) -> np.ndarray:
     values = np.asarray(items[name], dtype=object)
     for i, value in enumerate(values.ravel()):
@@ -103,21 +117,7 @@ class Instance:
             n = arr.size
             object.__setattr__(self, name, arr)
         for name in ITEM_COLUMNS:
-            values = getattr(self, name)
-            if name == "lead":
-                ok, allowed, why = (values == np.round(values)) & (values >= 1) & (values <= LMAX), f"integers in 1..{LMAX}", ""
-            else:
-                low, low_open, high, why = FIELD_RANGES[name]
-                ok = ((values > low) if low_open else (values >= low)) & (values <= high)
-                allowed = validate.real_range(low, high, low_open).replace("a number", "numbers", 1)
-            if not ok.all():
-                i = int(np.argmin(ok))
-                raise _refuse(
-                    name,
-                    allowed,
-                    f"{values[i]:g} ({self.item_name(i)})",
-                    why if name != "lead" and values[i] > FIELD_RANGES[name][2] else "",
-                )
+            check_item_column(name, getattr(self, name), f"instance field '{name}'", self.item_name)
         low, low_open, high, why = FIELD_RANGES["K"]
         where = "instance field '{}'"
         object.__setattr__(self, "K", validate.real(self.K, where.format("K"), low, high, low_open=low_open, why=why, error=InstanceError))

@@ -6,6 +6,7 @@ before its first checkpoint writes nothing), the paper's path unchanged when it 
 and bad config values."""
 
 import copy
+import dataclasses
 import json
 import os
 import signal
@@ -492,6 +493,45 @@ def test_a_warm_start_stopped_midway_resumes_to_the_uninterrupted_result(tmp_pat
         assert rebuilt_from == [{"family": "every third"}]
 
 
+def small_lookahead_tables(monkeypatch) -> None:
+    """The in-process lookahead tables on a coarse factor grid (seconds instead of minutes)."""
+    from solver_workers import lookahead as lookahead_tables
+    from solver_workers.decomposition import DecompositionOptions
+
+    build = lookahead_tables.item_tables
+    small = DecompositionOptions(factor_points=9, coarse_points=4)
+    monkeypatch.setattr(
+        lookahead_tables, "item_tables", lambda instance, horizon, _, *args, **kwargs: build(instance, horizon, small, *args, **kwargs)
+    )
+
+
+def test_a_resumed_lookahead_teacher_keeps_its_threshold_and_ends_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """The decomposition lookahead as teacher, its tables computed in process: Ctrl-C in imitation update 3, then a
+    resume that may not tune the threshold again (the checkpoint's is used) ends with the uninterrupted run's
+    weights and the first build's record."""
+    from solver_workers import lookahead as lookahead_tables
+
+    small_lookahead_tables(monkeypatch)
+    config = TrainConfig(**RUN, updates=1, imitation_updates=4, imitation_teacher=LOOKAHEAD, checkpoint_every=2)
+    inst = paper_instance(3, 0)
+    straight = train(config, inst, tmp_path / "straight", progress=False)
+    with monkeypatch.context() as patch:
+        in_imitation_update(patch, 3, interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, inst, tmp_path / "run", progress=False)
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("the resume tuned the threshold again")
+
+    monkeypatch.setattr(lookahead_tables, "tune_threshold", no_tuning)
+    resumed = train(config, inst, tmp_path / "run", mode="resume", progress=False)
+    for x, y in zip(
+        model_weights(tmp_path / "straight" / "checkpoint.pt").values(), model_weights(tmp_path / "run" / "checkpoint.pt").values()
+    ):
+        assert torch.equal(x, y)
+    assert resumed["warm_start"]["teacher_parameters"]["tuning_means"] == straight["warm_start"]["teacher_parameters"]["tuning_means"] != {}
+
+
 def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -598,28 +638,35 @@ def tuning_refused(*args, **kwargs):
     raise AssertionError("a rank other than 0 tuned the teacher")
 
 
-def rank_worker(rank, world, init_file, results):
-    """One rank's warm start; only rank 0 may tune the teacher (the others make it from rank 0's parameters)."""
+def rank_worker(rank, world, init_file, results, config):
+    """One rank's warm start; only rank 0 may build the teacher (the others make a classical one from rank 0's
+    parameters, and get a lookahead with its tables)."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    if rank > 0:
-        named_policies.tuned_policy = tuning_refused
-    try:
-        results[rank] = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
-    finally:
-        dist.destroy_process_group()
+    with pytest.MonkeyPatch.context() as patch:
+        small_lookahead_tables(patch)
+        if rank > 0:
+            patch.setattr(named_policies, "tuned_policy", tuning_refused)
+            patch.setattr(named_policies, "lookahead_policy", tuning_refused)
+        try:
+            results[rank] = warm_weights(PathwiseTrainer(config, WORLD_INSTANCE.to_torch()))
+        finally:
+            dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path):
+@pytest.mark.parametrize("teacher", ["base-stock-factor", LOOKAHEAD])
+def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path, monkeypatch, teacher):
+    config = dataclasses.replace(WORLD_CONFIG, imitation_teacher=teacher)
     results = mp.Manager().dict()
-    mp.spawn(rank_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, join=True)
+    mp.spawn(rank_worker, args=(2, str(tmp_path / "init"), results, config), nprocs=2, join=True)
     (w0, loss0), (w1, loss1) = results[0], results[1]
-    one, loss = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
+    small_lookahead_tables(monkeypatch)
+    one, loss = warm_weights(PathwiseTrainer(config, WORLD_INSTANCE.to_torch()))
     assert torch.equal(w0, w1) and loss0 == loss1
     torch.testing.assert_close(w0, one, rtol=0, atol=1e-5)
     assert loss0 == pytest.approx(loss, rel=1e-5)
-    initial = torch.cat([p.detach().flatten() for p in PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()).model.parameters()])
+    initial = torch.cat([p.detach().flatten() for p in PathwiseTrainer(config, WORLD_INSTANCE.to_torch()).model.parameters()])
     assert (one - initial).abs().max() > 1e-3  # the phase moved the weights
 
 

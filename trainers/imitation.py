@@ -66,12 +66,14 @@ TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
 
 
-def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
+def teacher_policy(
+    source: Instance, name: str, device="cpu", progress: bool = False, threshold: float | None = None
+) -> tuple[Policy, dict]:
     """(policy, parameters for the record) of the teacher `name` (`is_teacher`) on `source`, as evaluate.py builds
     it (trainers.named_policies): a classical family tuned on the training paths for the evaluation
     horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
-    periods than any finite table has; its threshold tuned on the training paths)."""
-    return named_policy(source, name, EVAL_HORIZON, device, form="stationary", progress=progress)
+    periods than any finite table has; its threshold `threshold`, or tuned on the training paths when None)."""
+    return named_policy(source, name, EVAL_HORIZON, device, form="stationary", progress=progress, threshold=threshold)
 
 
 @dataclass

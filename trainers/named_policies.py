@@ -20,12 +20,12 @@ from solver_workers.lookahead import lookahead_policy
 
 
 def named_policy(
-    instance: Instance, name: str, horizon: int, device="cpu", form: str = FORMS[0], progress: bool = False
+    instance: Instance, name: str, horizon: int, device="cpu", form: str = FORMS[0], progress: bool = False, threshold: float | None = None
 ) -> tuple[Policy, dict[str, Any]]:
-    """(policy, parameters for a summary) of the named policy `name` on `instance`; `form` is the lookahead's:
-    finite-horizon tables for `horizon` steps, or the stationary ones."""
+    """(policy, parameters for a summary) of the named policy `name` on `instance`; `form` and `threshold` are the
+    lookahead's: finite-horizon tables for `horizon` steps or the stationary ones, and its c (None: tuned)."""
     if name == DP_OPTIMAL:
         return dp_optimal_policy(instance, horizon, device)
     if is_lookahead(name):
-        return lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), progress=progress)
+        return lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), threshold=threshold, progress=progress)
     return tuned_policy(instance, name, horizon, device=device, progress=progress)

@@ -583,23 +583,28 @@ class PathwiseTrainer:
         return self.warm_start_record
 
     def _teacher(self, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
-        """The teacher on `source`, built once per run where its parameters say all: a classical family is tuned
-        by rank 0 alone, the other ranks make the rule from its parameters (policies.classical.policy_from_parameters),
-        and a resumed warm start from those its checkpoint holds (`parameters`). The decomposition lookahead is
-        built on every rank and again on a resume (its tables read from DIR or computed, its threshold tuned)."""
-        device = self.instance.device
-        if is_lookahead(self.config.imitation_teacher):
-            return teacher_policy(source, self.config.imitation_teacher, device=device, progress=progress)
-        if parameters is not None:
+        """The teacher on `source`, built by rank 0 alone. A classical family: the other ranks make the rule from its
+        parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint
+        holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
+        its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
+        from DIR again, or computes them again when the teacher has no DIR."""
+        device, name = self.instance.device, self.config.imitation_teacher
+        lookahead = is_lookahead(name)
+        if parameters is not None and not lookahead:
             return policy_from_parameters(source.to_torch(device), parameters), parameters
         rank, world = rank_and_world()
-        built = teacher_policy(source, self.config.imitation_teacher, device=device, progress=progress) if rank == 0 else None
+        threshold = parameters["threshold"] if parameters is not None else None
+        built = teacher_policy(source, name, device=device, progress=progress, threshold=threshold) if rank == 0 else None
+        if built is not None and parameters is not None:
+            built = (built[0], parameters)  # the record keeps the first build's tuning
         if world == 1:
             return built
-        shared = [built[1] if rank == 0 else None]
+        shared = [(built if lookahead else built[1]) if rank == 0 else None]  # a lookahead's tables travel without device copies
         dist.broadcast_object_list(shared, src=0)
         if rank == 0:
             return built
+        if lookahead:
+            return shared[0]
         return policy_from_parameters(source.to_torch(device), shared[0]), shared[0]
 
     def step(self) -> dict[str, float]:

@@ -13,13 +13,26 @@ decision and a table's size depend on the items' lattice sizes, not on their val
 items are drawn from one distribution, so the repeated sample stands for the rest (the table size is
 scaled from the sampled items' mean, exact when n <= --items).
 
-  python bench/lookahead.py [--sizes 16 64 1024] [--items 32]
+Loading the stationary form from a bound folder: the n items' tables (both forms, as a decomposition bound run
+writes them) are saved in a temporary folder, then read two ways in the same run, `--load-repeats` times each,
+alternating: `load_tables(..., "stationary")`, which reads the stationary members only, against the full
+load that reads every member of every file and keeps the stationary form (the reference). Figures per way: the
+median wall-clock seconds, the bytes read (`rchar` of /proc/self/io: bytes read by system calls, page cache
+included; the folder was just written, so both ways read from the page cache) and the peak of the memory
+allocated while loading (tracemalloc, numpy's arrays included; measured in a separate pass, tracing slows the
+load), and the ratios full / stationary-only (keys read_*).
+
+  python bench/lookahead.py [--sizes 16 64 1024] [--items 32] [--load-repeats 5]
 """
 
 import argparse
 import json
 import os
+import statistics
+import tempfile
 import time
+import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,10 +47,60 @@ from solver_workers.decomposition import DecompositionOptions, guess_shares, ite
 REPEATS = 50
 
 
+def bytes_read() -> int:
+    """rchar of /proc/self/io: the bytes this process has read by system calls."""
+    with open("/proc/self/io") as lines:
+        return next(int(line.split()[1]) for line in lines if line.startswith("rchar:"))
+
+
+def full_load(folder: Path, inst) -> lookahead.LookaheadTables:
+    """The reference: every item's file read whole (both forms), then the stationary form kept."""
+    items = [lookahead.ItemTable.load(folder / lookahead.item_file(i)) for i in range(inst.n)]
+    return lookahead.LookaheadTables.from_items(items, "stationary", None, inst.content_hash())
+
+
+def load_figures(inst, items: list, repeats: int) -> dict:
+    """Seconds, bytes read and peak allocation of loading the stationary form alone against the full load (module docstring)."""
+    ways = {
+        "stationary_only": lambda folder: lookahead.load_tables(folder, inst, "stationary"),
+        "full": lambda folder: full_load(folder, inst),
+    }
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary)
+        for i, table in enumerate(items):
+            table.save(folder / lookahead.item_file(i))
+        lookahead.write_manifest(folder, inst, EVAL_HORIZON, {})
+        record = {"table_folder_megabytes": round(sum(f.stat().st_size for f in folder.iterdir()) / 2**20, 1)}
+        seconds, read = {way: [] for way in ways}, {}
+        for _ in range(repeats):
+            for way, load in ways.items():
+                before, tick = bytes_read(), time.perf_counter()
+                load(folder)
+                seconds[way].append(time.perf_counter() - tick)
+                read[way] = bytes_read() - before
+        peak = {}
+        for way, load in ways.items():
+            tracemalloc.start()
+            load(folder)
+            peak[way] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    for way in ways:
+        record[f"read_{way}_seconds"] = round(statistics.median(seconds[way]), 4)
+        record[f"read_{way}_megabytes_read"] = round(read[way] / 2**20, 2)
+        record[f"read_{way}_peak_megabytes"] = round(peak[way] / 2**20, 2)
+    record["read_full_over_stationary_only_seconds"] = round(
+        statistics.median(seconds["full"]) / statistics.median(seconds["stationary_only"]), 2
+    )
+    record["read_full_over_stationary_only_bytes_read"] = round(read["full"] / read["stationary_only"], 2)
+    record["read_full_over_stationary_only_peak"] = round(peak["full"] / peak["stationary_only"], 2)
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 1024], help="instance sizes (default 16 64 1024)")
     parser.add_argument("--items", type=int, default=32, help="items whose tables are built and timed per size (default 32)")
+    parser.add_argument("--load-repeats", type=int, default=5, help="loads of the stationary form timed per way and size (default 5)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = DecompositionOptions()
@@ -73,6 +136,7 @@ def main() -> None:
         evaluate(lookahead.LookaheadPolicy(forms["finite"]), tinst, paths)
         record["evaluation_seconds_128x50_finite"] = round(time.perf_counter() - tick, 1)
         record["evaluation_cpu_seconds_128x50_finite"] = round(time.process_time() - tock, 1)
+        record |= load_figures(inst, items, args.load_repeats)
         record["load"] = [round(x, 2) for x in os.getloadavg()]
         print(json.dumps(record), flush=True)
 

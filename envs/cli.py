@@ -1,7 +1,7 @@
-"""What every script in platform/ shares at its boundary: argument types, checks of input and output
-paths made before any work starts, file reading with one clear error, and `run_cli`, which reports
-bad input (`InputError`) as one line `error: ...` with exit status 2 and an interruption as one line
-with exit status 130. Any other exception is a bug and keeps its traceback."""
+"""What every script in platform/ shares at its boundary: argument types, the flags of held-out evaluation, and
+`run_cli`, which reports bad input (`InputError`) as one line `error: ...` with exit status 2 and an interruption
+as one line with exit status 130. Any other exception is a bug and keeps its traceback. Input files are read, and
+output folders checked, by envs.files."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 from envs import validate
 from envs.errors import InputError
+from envs.job_output import out_argument
 from envs.validate import DECIMAL_INTEGER, NUMBER_LITERAL
 
 INTERRUPTED_EXIT = 130
@@ -54,7 +53,6 @@ def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
     --horizon, --seed (of the exogenous paths, the held-out set's by default), --out and --overwrite."""
     from envs.evaluation import EVAL_HORIZON  # imports torch: only once the script parses its flags
     from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
-    from envs.job_output import out_argument  # imports this module
 
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help=f"episodes (default {HELDOUT_EPISODES})")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help=f"decisions per episode (default {EVAL_HORIZON})")
@@ -86,58 +84,6 @@ def device(text: str) -> str:
                 f"'{text}': this machine has {torch.cuda.device_count()} CUDA devices (0..{torch.cuda.device_count() - 1})"
             )
     return text
-
-
-def input_file(path, what: str) -> Path:
-    """`path` as an existing, readable regular file; otherwise an InputError naming `what` and the path."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{what} '{path}' does not exist")
-    if path.is_dir():
-        raise InputError(f"{what} '{path}' is a directory, expected a file")
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise InputError(f"{what} '{path}' cannot be read ({exc.strerror})") from None
-    return path
-
-
-def read_text(path, what: str) -> str:
-    """The UTF-8 text of an input file, checked by `input_file`."""
-    path = input_file(path, what)
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{what} '{path}' is not valid UTF-8 (byte {exc.start})") from None
-
-
-def read_file(path, what: str):
-    """Parse a JSON (.json, envs.validate.load_json) or YAML (other suffixes, envs.validate.load_yaml) input file; a
-    missing, unreadable or malformed file is one InputError naming `what` ("state file", "config file") and the path."""
-    text = read_text(path, what)
-    if Path(path).suffix.lower() != ".json":
-        return validate.load_yaml(text, what, path)
-    return validate.load_json(text, what, path)
-
-
-def output_dir(path, what: str = "--out") -> Path:
-    """Check, before any work, that `path` can be the output directory: not an existing file, and
-    writable (tested by creating and removing a temporary file). Creates nothing."""
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{what} '{path}' is an existing file, expected a directory")
-    ancestor = path
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise InputError(f"{what} '{path}': '{ancestor}' is a file, so no directory can be made under it")
-    try:
-        with tempfile.TemporaryFile(dir=ancestor):
-            pass
-    except OSError as exc:
-        raise InputError(f"{what} '{path}': cannot write in '{ancestor}' ({exc.strerror})") from None
-    return path
 
 
 def free_port() -> int:

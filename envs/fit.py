@@ -31,8 +31,10 @@ the report: statistics off, rho at its cap, a drift of an item's mean between th
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +45,7 @@ from tqdm.auto import tqdm
 
 from envs import validate
 from envs.exogenous import FACTOR_BOUND, demand_rate, factor_step, innovation_scale
-from envs.instance import FIELD_RANGES, InstanceError, exact_keys, number_column, read_table
+from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys, number_column, read_table
 
 LAGS = 4
 """Lags k = 0..LAGS of the moment equations: lag 0 fixes beta, lags >= 1 fix rho (their ratio) and add precision."""
@@ -70,6 +72,7 @@ DRIFT_LEVEL = 0.01
 """Level of the drift test: the chance that a history of the fitted model flags the drift of any item's mean
 (two-sided, Bonferroni over the items)."""
 HISTORY_COLUMNS = ("item", "period", "demand")
+ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COST_COLUMNS = ("item", "h", "b", "lead")
 """The cost table's required columns; `qbar` is optional (default QBAR_PER_LAM lam_i, the paper's rule)."""
 QBAR_PER_LAM = 4.0
@@ -119,6 +122,9 @@ def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable
     import pyarrow.compute as pc
 
     kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        column = _text_periods(column, path, items)
+        kind = column.type
     if pa.types.is_integer(kind):
         return column.to_numpy().astype(np.int64), "period", str
     if pa.types.is_date(kind) or pa.types.is_timestamp(kind):
@@ -136,6 +142,30 @@ def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable
         f"history '{path}' column 'period': expected consecutive integers or dates (YYYY-MM-DD) at one frequency, "
         f"got {kind} values (first: {first!r} for item '{items[0]}')"
     )
+
+
+def _text_periods(column, path, items: np.ndarray):
+    """A text period column (a Parquet string column, or a CSV column with a value that is not a date or an integer) as
+    dates (YYYY-MM-DD) or integers, whichever its first value is; an InstanceError naming the first row that is not."""
+    import pyarrow as pa
+
+    values = column.to_pylist()
+    as_dates = bool(ISO_DATE.fullmatch(values[0].strip()))
+    parsed = []
+    for row, value in enumerate(values):
+        text = value.strip()
+        try:
+            period = (datetime.date.fromisoformat(text) if ISO_DATE.fullmatch(text) else None) if as_dates else int(text)
+        except ValueError:  # 2024-02-30, or not an integer
+            period = None
+        if period is None:
+            expected = "a date (YYYY-MM-DD) of the calendar, like the history's first period" if as_dates else "an integer"
+            raise InstanceError(
+                f"history '{path}' item '{items[row]}' data row {row + 1}: column 'period': expected {expected}, got {value!r} "
+                "(periods are consecutive integers or dates at one frequency)"
+            )
+        parsed.append(period)
+    return pa.array(parsed, type=pa.date32() if as_dates else pa.int64())
 
 
 def _is_number_text(value) -> bool:
@@ -222,6 +252,19 @@ def history_matrix(path) -> History:
     counts = np.bincount(item_code, minlength=names.size)
     if (counts < periods).any():
         k = int(np.argmax(counts < periods))
+        rows = np.flatnonzero(same_item & (item_code[1:] == k))  # gap r: from row r to row r + 1, both of item k
+        spacing = gaps[rows]
+        run = (spacing[:-2] != step) & (spacing[:-2] == spacing[1:-1]) & (spacing[1:-1] == spacing[2:])
+        if run.any():  # three gaps in a row at another spacing than the step: a stretch at another frequency, not missing rows
+            r = int(rows[np.argmax(run)]) + 1
+            raise _bad(
+                path,
+                names[k],
+                label(keys[r]),
+                f"comes {gaps[r - 1]} {word}(s) after the item's previous period, and so do the next ones, while its other periods "
+                f"are {step} {word}(s) apart: dates at mixed frequencies; give every period the same frequency (sum the finer "
+                "periods into the coarser ones)",
+            )
         present = np.zeros(periods, bool)
         present[index[item_code == k]] = True
         missing = start + step * int(np.argmin(present))
@@ -270,6 +313,8 @@ def read_costs(path) -> Costs:
         for name in ("h", "b", "lead", "qbar")
         if name in table.column_names
     }
+    for name, values in numbers.items():  # the instance's ranges, said in the cost table's terms
+        check_item_column(name, values, f"cost table '{path}' column '{name}'", lambda i: f"item '{items[i]}'")
     return Costs(items, numbers["h"], numbers["b"], numbers["lead"], numbers.get("qbar"))
 
 
@@ -335,8 +380,12 @@ def estimate(mean: np.ndarray, cov: np.ndarray) -> Estimate:
         beta[active] = np.minimum(b / weight, BETA_MAX)
         for j, i in enumerate(active):
             if b[j] <= 0:
+                others = active[active != i]
+                correlation = cov[0][i, others] / np.sqrt(var[i] * var[others]) if others.size else np.zeros(0)
                 notes[int(i)] = (
-                    "beta = 0: its loading came out negative (it moves against the other items), which the model cannot represent"
+                    f"beta = 0: its variance {var[i]:.3g} above its mean {mean[i]:.3g} is not shared with the other items through "
+                    f"the common factor (its loading came out <= 0; its average correlation with them is {correlation.mean():+.2f}): "
+                    "variance of its own (e.g. negative-binomial demand), or a move against them, which the model cannot represent"
                 )
             elif b[j] / weight[j] > BETA_MAX:
                 notes[int(i)] = f"beta = {BETA_MAX:g}: its loading {b[j] / weight[j]:.3g} is above the instance's upper bound"
@@ -633,12 +682,14 @@ def fit_history(
     boot = bootstrap(demand, fitted, replicates, seed, progress)
     factor = smooth_factor(demand, fitted.lam, fitted.beta, fitted.rho)
     holdout = holdout_check(demand, seed)
-    report = _report(history, fitted, cov, boot, factor, holdout, source)
+    report = _report(history, fitted, cov, boot, factor, holdout, source, instance.qbar)
     return instance, report
 
 
-def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap, factor: dict, holdout: dict, source: dict) -> dict:
-    """The numbers of the fit report (JSON-ready)."""
+def _report(
+    history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap, factor: dict, holdout: dict, source: dict, qbar: np.ndarray
+) -> dict:
+    """The numbers of the fit report (JSON-ready); `qbar` the instance's order caps."""
     se = {
         name: getattr(boot, name).std(axis=0, ddof=1) for name in ("lam", "beta", "rho", "variance", "autocorrelation", "cross_correlation")
     }
@@ -656,6 +707,7 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
     drift_off = np.abs(drift) > drift_z * drift_sd
     coverage_low = INTERVAL - CHECK_SE * holdout["item_coverage_se"]
     holdout_below = holdout["item_coverage"] < coverage_low
+    cap_below = qbar < fitted.lam  # Instance.caps_below_demand: no policy keeps up with the item's demand
     items = []
     for i, name in enumerate(history.items):
         items.append(
@@ -691,6 +743,7 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
             "drift_level": DRIFT_LEVEL,
             "drift": [history.items[i] for i in np.flatnonzero(drift_off)],
             "holdout_below": bool(holdout_below),
+            "cap_below_demand": [history.items[i] for i in np.flatnonzero(cap_below)],
         },
         "holdout": {
             **{
@@ -721,11 +774,21 @@ def _report(history: History, fitted: Estimate, cov: np.ndarray, boot: Bootstrap
                 if holdout_below
                 else []
             ),
+            *(
+                f"item '{history.items[i]}': order cap qbar {qbar[i]:g} below its mean demand lam {fitted.lam[i]:.3g} per period: "
+                "no policy keeps up (the backlog grows without bound); the decomposition bound and lookahead refuse it"
+                for i in np.flatnonzero(cap_below)
+            ),
         ],
         "factor": {"period": history.periods, "mean": factor["mean"].tolist(), "sd": factor["sd"].tolist()},
         "total_demand": history.demand.sum(axis=1).tolist(),
         "total_model_given_factor": demand_rate(fitted.lam, fitted.beta, factor["mean"][:, None]).sum(axis=1).tolist(),
     }
+
+
+def markdown_cell(text: str) -> str:
+    """`text` for a cell of a Markdown table: a '|' escaped, so that it does not end the cell."""
+    return text.replace("|", "\\|")
 
 
 def report_markdown(report: dict, figure_name: str) -> str:
@@ -763,6 +826,8 @@ def report_markdown(report: dict, figure_name: str) -> str:
         f"* rho at its cap: {'**yes**' if report['checks']['rho_at_cap'] else 'no'}",
         f"* Items whose mean drifts between the first and the second half (level {report['checks']['drift_level']:g} over all items): "
         f"{len(report['checks']['drift'])}" + (f" ({', '.join(report['checks']['drift'][:20])})" if report["checks"]["drift"] else ""),
+        f"* Items whose order cap qbar is below their mean demand lam: {len(report['checks']['cap_below_demand'])}"
+        + (f" ({', '.join(report['checks']['cap_below_demand'][:20])})" if report["checks"]["cap_below_demand"] else ""),
         "",
     ]
     if report["flags"]:
@@ -777,7 +842,7 @@ def report_markdown(report: dict, figure_name: str) -> str:
     ]
     for row in report["items"]:
         lines.append(
-            f"| {row['item']} | {row['lam']:.3f} ({row['lam_se']:.3f}) | {row['beta']:.3f} ({row['beta_se']:.3f}) | "
+            f"| {markdown_cell(row['item'])} | {row['lam']:.3f} ({row['lam_se']:.3f}) | {row['beta']:.3f} ({row['beta_se']:.3f}) | "
             f"{row['observed_mean']:.3f} / {row['model_mean']:.3f} | {row['observed_variance']:.2f} / {row['model_variance']:.2f}"
             f"{' **off**' if row['variance_off'] else ''} | {row['observed_autocorrelation']:.3f} / {row['model_autocorrelation']:.3f}"
             f"{' **off**' if row['autocorrelation_off'] else ''} | {100 * row['holdout_coverage']:.0f}% |"

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from envs import validate
-from envs.cli import input_file, read_text
 from envs.errors import InputError
+from envs.files import input_file, read_text
 
 LMAX = 4
 """Maximum admissible lead time L_max; the item token has L_max - 1 = 3 in-transit slots."""
@@ -56,6 +56,20 @@ FIELD_RANGES = {
 
 def _refuse(field_name: str, allowed: str, got, why: str = ""):
     return validate.refuse(f"instance field '{field_name}'", allowed, got, why, InstanceError)
+
+
+def check_item_column(name: str, values: np.ndarray, where: str, item_name) -> None:
+    """Refuse the first value of the per-item column `name` (ITEM_COLUMNS) outside its range: `where` names the
+    field as the user wrote it, `item_name(i)` the item."""
+    if name == "lead":
+        ok, allowed, why, high = (values == np.round(values)) & (values >= 1) & (values <= LMAX), f"integers in 1..{LMAX}", "", LMAX
+    else:
+        low, low_open, high, why = FIELD_RANGES[name]
+        ok = ((values > low) if low_open else (values >= low)) & (values <= high)
+        allowed = validate.real_range(low, high, low_open).replace("a number", "numbers", 1)
+    if not ok.all():
+        i = int(np.argmin(ok))
+        raise validate.refuse(where, allowed, f"{values[i]:g} ({item_name(i)})", why if values[i] > high else "", InstanceError)
 
 
 def _item_array(items: dict, name: str, n: int | None) -> np.ndarray:
@@ -103,18 +117,7 @@ class Instance:
             n = arr.size
             object.__setattr__(self, name, arr)
         for name in ITEM_COLUMNS:
-            values = getattr(self, name)
-            if name == "lead":
-                ok, allowed, why = (values == np.round(values)) & (values >= 1) & (values <= LMAX), f"integers in 1..{LMAX}", ""
-            else:
-                low, low_open, high, why = FIELD_RANGES[name]
-                ok = ((values > low) if low_open else (values >= low)) & (values <= high)
-                allowed = validate.real_range(low, high, low_open).replace("a number", "numbers", 1)
-            if not ok.all():
-                i = int(np.argmin(ok))
-                raise _refuse(
-                    name, allowed, f"{values[i]:g} (item {i})", why if name != "lead" and values[i] > FIELD_RANGES[name][2] else ""
-                )
+            check_item_column(name, getattr(self, name), f"instance field '{name}'", self.item_name)
         low, low_open, high, why = FIELD_RANGES["K"]
         where = "instance field '{}'"
         object.__setattr__(self, "K", validate.real(self.K, where.format("K"), low, high, low_open=low_open, why=why, error=InstanceError))
@@ -128,6 +131,16 @@ class Instance:
     @property
     def n(self) -> int:
         return int(self.h.size)
+
+    def item_name(self, item: int) -> str:
+        """How a message names item `item`: "item 'NAME'" where the instance has item names (a fitted one), else "item K"."""
+        names = (self.source or {}).get("item_names")
+        return f"item '{names[item]}'" if isinstance(names, list) and len(names) == self.n else f"item {item}"
+
+    def caps_below_demand(self) -> np.ndarray:
+        """The items whose order cap qbar_i is below their mean demand lam_i per period (E D_i = lam_i, eq.
+        conditional_demand): no policy keeps up with their demand, so their backlog grows without bound."""
+        return np.flatnonzero(self.qbar < self.lam)
 
     @property
     def mu(self) -> np.ndarray:
@@ -173,7 +186,10 @@ class Instance:
     def load(cls, path: str | os.PathLike) -> Instance:
         path = Path(path)
         data = validate.load_json(read_text(path, "instance file"), "instance file", path, InstanceError)
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except InstanceError as exc:
+            raise InstanceError(f"instance file '{path}': {exc}") from None
 
     @classmethod
     def from_table(cls, path: str | os.PathLike, K: float, gamma: float, rho: float) -> Instance:

@@ -16,8 +16,8 @@ import os
 import re
 from pathlib import Path
 
-from envs.cli import output_dir
 from envs.errors import InputError
+from envs.files import output_dir
 
 # Set by Ray's job supervisor for the driver of a submitted job, and for nothing else (Ray 2.60:
 # ray/dashboard/modules/job/job_supervisor.py, _get_driver_env_vars; RAY_JOB_ID is removed from the driver's
@@ -79,7 +79,7 @@ def resolve_out(
     """`path` as the script's output directory (or, with is_file, output file), checked before any work: not a
     URI; under `ray job submit` absolute and outside the job's copy of its working directory; not one of the
     script's `inputs` nor, for a directory, holding one (`apart_from_inputs`); a file not a directory, named with
-    `suffix` when given, and not an existing file unless `overwrite`; then writable (envs.cli.output_dir, of the
+    `suffix` when given, and not an existing file unless `overwrite`; then writable (envs.files.output_dir, of the
     file's folder with is_file). Creates nothing."""
     text = str(path)
     if (refusal := uri_refusal(text)) is not None:

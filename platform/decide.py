@@ -27,8 +27,9 @@ import json
 import sys
 import time
 
-from envs.cli import device, input_file, read_file, run_cli
+from envs.cli import device, run_cli
 from envs.errors import InputError
+from envs.files import input_file, read_file
 from envs.instance import Instance
 from policies.names import CHECKPOINT_PREFIX, policy_name
 from serving.decisions import load_decider, read_states

@@ -2,10 +2,9 @@
 
   python platform/evaluate.py --instance inst.json --policy classical-best --out runs/eval
 
-POLICY is one of: zero, base-stock, base-stock-factor, can-order, can-order-factor, periodic,
-periodic-factor, classical-best, dp-optimal (one-item instances only: the exact dynamic-programming
-optimum for this horizon, policies/dp_optimal.py), decomposition-lookahead (the joint rule on the
-decomposition bound's per-item values, policies/lookahead.py: its tables computed now) or
+POLICY is one of: {rules} (tuned rules, policies/classical.py), dp-optimal (one-item instances only: the
+exact dynamic-programming optimum for this horizon, policies/dp_optimal.py), decomposition-lookahead (the
+joint rule on the decomposition bound's per-item values, policies/lookahead.py: its tables computed now) or
 decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/bound.py --kind
 decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or
 sampled). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
@@ -15,6 +14,7 @@ documented held-out seed. An --out that holds a run (an evaluation, a bound, a M
 """
 
 import argparse
+import textwrap
 
 from envs.cli import device, held_out_flags, run_cli
 from envs.evaluation import evaluate
@@ -22,6 +22,7 @@ from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.job_output import resolve_out
 from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
+from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, is_lookahead, policy_name, policy_path
@@ -30,7 +31,8 @@ from trainers.resolver import resolve
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rules = textwrap.fill(", ".join(POLICY_NAMES), 100, initial_indent=" " * 18, break_on_hyphens=False).strip()
+    parser = argparse.ArgumentParser(description=__doc__.format(rules=rules), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")

@@ -3,9 +3,11 @@
   python platform/fit.py --history demand.csv --items costs.csv --out inst.json
 
 --history: long form, columns item, period, demand (units sold, non-negative integers); one row per item and
-period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD) at one frequency
-(daily, weekly, monthly, ...); at least 50 periods. --items: columns item, h, b, lead and optionally qbar (default
-4 lam_i, the paper's rule); one row per item of the history. CSV or Parquet for both.
+period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD, as dates or text) at one
+frequency (daily, weekly, monthly, ...); at least 50 periods. --items: columns item, h, b, lead and optionally qbar
+(default 4 lam_i, the paper's rule); one row per item of the history. CSV or Parquet for both. Units are per period
+of the history (a day for a daily one): h and b per unit per period, lead in periods, qbar in units per order (the
+fitted lam is units per period; a qbar below lam is flagged). docs/formats.md has the formats.
 
 Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i, beta_i fitted; it records the history's SHA-256
 and the periods used under 'source') and, next to it, OUT-stem.fit.json (the report's numbers and the smoothed
@@ -34,13 +36,17 @@ def main() -> None:
     parser.add_argument("--items", required=True, help="CSV or Parquet cost table: item, h, b, lead [, qbar]")
     parser.add_argument("--K", type=float, help="joint setup cost K >= 0 (default 10 n, the paper family's)")
     parser.add_argument("--gamma", type=float, default=0.95, help="discount factor in (0, 1) (default 0.95)")
-    parser.add_argument("--replicates", type=positive_int, default=REPLICATES, help=f"bootstrap replicates (default {REPLICATES})")
+    parser.add_argument(
+        "--replicates", type=positive_int, default=REPLICATES, help=f"bootstrap replicates, at least 2 (default {REPLICATES})"
+    )
     parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the bootstrap and of the hold-out check's randomised intervals (default 0)"
     )
     parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file (.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and its report files")
     args = parser.parse_args()
+    if args.replicates < 2:
+        parser.error(f"--replicates: expected an integer >= 2 (a standard error needs two replicates), got {args.replicates}")
     inputs = {"--history": args.history, "--items": args.items}
     out = resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs=inputs)
     for path in report_paths(out).values():

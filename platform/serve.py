@@ -20,8 +20,9 @@ import os
 import socket
 import time
 
-from envs.cli import input_file, non_negative_real, port, positive_int, run_cli
+from envs.cli import non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
+from envs.files import input_file
 from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
 from trainers.policy import MODES
 
@@ -52,7 +53,10 @@ def main() -> None:
         "--max-batch-size", type=positive_int, default=32, help="most requests per policy call; 1: no batching (default 32)"
     )
     parser.add_argument(
-        "--batch-wait-ms", type=non_negative_real, default=2.0, help="wait for more requests before a partial batch (default 2)"
+        "--batch-wait-ms",
+        type=non_negative_real,
+        default=0.0,
+        help="wait for more requests before a partial batch (default 0: a batch runs when the policy is free)",
     )
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20, help="largest request body (default 8 MiB)")
     parser.add_argument("--access-log", action="store_true", help="a log line per request in the replica's log (default off)")

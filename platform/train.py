@@ -29,9 +29,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from envs.cli import Interrupted, device, horizon, positive_int, read_file, run_cli, seed
+from envs.cli import Interrupted, device, horizon, positive_int, run_cli, seed
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES
+from envs.files import read_file
 from envs.instance import Instance
 from envs.job_output import out_argument, resolve_out
 from trainers.checkpoint import CheckpointError, read_checkpoint

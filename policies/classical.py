@@ -268,10 +268,10 @@ class _Simulator:
         self.evaluated = 0
 
     @torch.no_grad()
-    def costs(self, candidates: list[tuple[float, ...]], progress: str | None = None) -> np.ndarray:
-        """Per-episode discounted costs [C, episodes] of each candidate."""
+    def costs(self, candidates: list[tuple[float, ...]], bar: tqdm | None = None) -> np.ndarray:
+        """Per-episode discounted costs [C, episodes] of each candidate; `bar` counts the candidates simulated."""
         out = []
-        for start in tqdm(range(0, len(candidates), self.chunk), desc=progress, disable=progress is None, leave=False):
+        for start in range(0, len(candidates), self.chunk):
             started = time.perf_counter()
             block = candidates[start : start + self.chunk]
             values = torch.tensor(block, device=self.tinst.device, dtype=self.tinst.dtype)  # [C, P]
@@ -279,6 +279,8 @@ class _Simulator:
             policy = ClassicalPolicy(self.family, self.aware, params, self.moments)
             total = rollout_costs(policy, self.tinst, self.paths.factor, self.paths.demand, repeats=len(block))
             out.append(total.view(len(block), self.episodes).cpu().numpy())
+            if bar is not None:
+                bar.update(len(block))
             if self.clock is not None:
                 self.clock.timed(len(block), time.perf_counter() - started)
         self.evaluated += len(candidates)
@@ -375,18 +377,23 @@ def tune_family(
 ) -> TunedPolicy:
     """Tune one variant on `episodes` training paths: every parameter set of the family's coarse grid is
     simulated on the same paths (common random numbers) in batched chunks, then `refine` searches from
-    each of the REFINE_STARTS best; the lowest mean discounted cost wins. `clock` times the simulations."""
+    each of the REFINE_STARTS best; the lowest mean discounted cost wins. `clock` times the simulations; the
+    progress bar counts them, grid and search alike, against the most the search may add (tuning_candidates)."""
     if seed == HELDOUT_SEED:
         raise ValueError(f"tuning seed: must differ from the held-out seed {HELDOUT_SEED}")
     started = time.perf_counter()
     sim = _Simulator(instance, name, episodes, horizon, seed, device, max_elements, clock)
     spec = list(FAMILIES[sim.family].values())
     grid = [tuple(float(v) for v in c) for c in itertools.product(*(p.grid for p in spec))]
-    grid_costs = sim.costs(grid, progress=f"tune {name}" if progress else None)  # [C, episodes]
-    ranked = np.argsort(grid_costs.mean(1), kind="stable")[: REFINE_STARTS if refinement else 1]
-    found = [(grid[i], grid_costs[i]) for i in ranked]
-    if refinement:  # from the best few grid points: the grid's best may sit in a worse basin
-        found = [refine(sim.costs, point, costs, spec) for point, costs in found]
+    most = tuning_candidates(name, refinement)[1]
+    with tqdm(total=most, desc=f"tune {name}", unit="sim", disable=not progress, leave=False) as bar:
+        grid_costs = sim.costs(grid, bar)  # [C, episodes]
+        ranked = np.argsort(grid_costs.mean(1), kind="stable")[: REFINE_STARTS if refinement else 1]
+        found = [(grid[i], grid_costs[i]) for i in ranked]
+        if refinement:  # from the best few grid points: the grid's best may sit in a worse basin
+            found = [refine(lambda moves: sim.costs(moves, bar), point, costs, spec) for point, costs in found]
+        bar.total = sim.evaluated  # the search stopped before its most
+        bar.refresh()
     point, costs = min(found, key=lambda f: f[1].mean())
     return TunedPolicy(
         name=name,

@@ -97,6 +97,10 @@ DEFAULT_MAX_DENOMINATOR = 10
 DEFAULT_TAIL = 1e-13
 
 
+class NoFiniteOptimum(InputError):
+    """The item's optimal order-up-to positions leave every domain the DP tries (an order cap below the demand)."""
+
+
 def check_single_item(n: int) -> None:
     if n != 1:
         raise InputError(f"{NAME}: the exact DP exists for one item (n = 1), got n = {n}")
@@ -343,9 +347,13 @@ def _solve(problem: _Problem, setups: np.ndarray, tables: bool):
             break
         p.upper += p.lattice.cap  # an optimal target touched the top of the domain: widen it and solve again
     else:
-        raise InputError(
-            f"{NAME}: optimal order-up-to positions exceed {p.upper:g}; the instance has no finite optimal policy on this domain"
+        lam, qbar = float(p.instance.lam[0]), float(p.instance.qbar[0])
+        cause = (
+            f": its order cap qbar {qbar:g} is below its mean demand lam {lam:g} per period, so its backlog grows without bound"
+            if qbar < lam
+            else ""
         )
+        raise NoFiniteOptimum(f"{NAME}: optimal order-up-to positions exceed {p.upper:g}{cause}; the item has no finite optimal policy")
     initial_value, action_value, _ = result
     k0 = int(np.argmin(np.abs(positions - p.x0)))
     sunk = np.zeros(p.grid.points.size)

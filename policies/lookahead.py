@@ -16,7 +16,7 @@ K + min W < W(x)).
 
 Tables. Only differences of W_i,t(., f) along y matter, so each (stage, item, factor point) row keeps
 W - min_y W ("excess", >= 0), which is also what makes a float16 copy precise where it matters (near the
-minimiser the excess is small). An item's excess is stored in its own unit, scale_i = (its largest excess) /
+minimiser the excess is small). An item's form is stored in its own unit, scale_i = (its largest excess) /
 EXCESS_CAP, kept in its file: W scales with h, b and K, so costs in any currency give the same stored rows,
 and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two forms:
 * finite: W_i,t for every decision stage t < T - L_i of the evaluation horizon T (the horizon is known;
@@ -39,8 +39,10 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -59,6 +61,13 @@ TABLES_FILE = "tables.json"
 EXCESS_CAP = 60000.0
 """The largest excess stored, in its item's unit (float16 holds up to 65504); also the value that pads a row."""
 DTYPES = {"float16": np.float16, "float32": np.float32}
+REBUILD = "run the decomposition bound again (platform/bound.py --kind decomposition --out DIR) and use its folder"
+
+
+def _reason(exc: Exception) -> str:
+    """The first line of an exception's message, or its type's name."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def stationary_horizon(gamma: float) -> int:
@@ -75,8 +84,8 @@ def excess(action_value: np.ndarray) -> np.ndarray:
 class ItemTable:
     """One item's tables: positions [N] (its lattice), factor grid points [M], finite [T_i, M, N] excess of
     W_t for t < T_i = max(T - L_i, 0) (None when not kept), stationary [M, N] excess of W_0 of a long
-    horizon (None when not kept), both in units of `scale` (the excess is stored times 1 / scale), the share
-    k_i it was solved with and the window (largest order in lattice steps)."""
+    horizon (None when not kept), each in its own unit `scales[form]` (the excess is stored times
+    1 / scale), the share k_i it was solved with and the window (largest order in lattice steps)."""
 
     positions: np.ndarray
     factor_points: np.ndarray
@@ -84,40 +93,36 @@ class ItemTable:
     stationary: np.ndarray | None
     share: float
     window: int
-    scale: float
+    scales: dict[str, float]
 
     @classmethod
     def from_values(cls, positions: np.ndarray, factor_points: np.ndarray, finite, stationary, share: float, window: int, dtype: str):
         """From the DP's action values W (finite [T_dec, M, N], stationary [M, N'] on the same lattice from the
         same bottom; the shorter one is padded with EXCESS_CAP, the top of the stored range, after every
         position, so never the first minimiser), in `dtype` (the stationary form always in float32: one
-        stage, and decide.py's answers should not depend on it). The scale is the largest excess of both
-        forms over EXCESS_CAP (1 when every excess is 0)."""
+        stage, and decide.py's answers should not depend on it). Each form's scale is its largest excess over
+        EXCESS_CAP (1 when every excess is 0), so a form's stored rows do not depend on whether the other form
+        was built beside it."""
         N = positions.size
         rows = {form: excess(values) for form, values in zip(FORMS, (finite, stationary)) if values is not None}
-        largest = max((float(r.max(initial=0.0)) for r in rows.values()), default=0.0)
-        scale = largest / EXCESS_CAP if largest > 0 else 1.0
+        scales = {form: float(row.max(initial=0.0)) / EXCESS_CAP or 1.0 for form, row in rows.items()}
 
         def stored(form, kind):
             if form not in rows:
                 return None
-            scaled = (rows[form] / scale).astype(DTYPES[kind])
+            scaled = (rows[form] / scales[form]).astype(DTYPES[kind])
             extra = N - scaled.shape[-1]
             return np.concatenate([scaled, np.full((*scaled.shape[:-1], extra), EXCESS_CAP, scaled.dtype)], -1) if extra else scaled
 
-        return cls(positions, factor_points, stored(FORMS[0], dtype), stored(FORMS[1], "float32"), float(share), int(window), scale)
+        return cls(positions, factor_points, stored(FORMS[0], dtype), stored(FORMS[1], "float32"), float(share), int(window), scales)
 
     def save(self, path: str | os.PathLike) -> None:
-        arrays = {
-            "positions": self.positions,
-            "factor_points": self.factor_points,
-            "share": np.float64(self.share),
-            "window": self.window,
-            "scale": np.float64(self.scale),
-        }
-        for name in FORMS:
-            if getattr(self, name) is not None:
-                arrays[name] = getattr(self, name)
+        """One .npz member per array: each form (with its scale, `{form}_scale`) can be read without the other."""
+        arrays = {"positions": self.positions, "factor_points": self.factor_points, "share": np.float64(self.share), "window": self.window}
+        for form in FORMS:
+            if getattr(self, form) is not None:
+                arrays[form] = getattr(self, form)
+                arrays[f"{form}_scale"] = np.float64(self.scales[form])
 
         def write(tmp):
             with open(tmp, "wb") as handle:
@@ -126,18 +131,40 @@ class ItemTable:
         atomic_write(path, write)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ItemTable:
-        """The tables in `path`; a file without a scale holds its excess in the instance's own cost units (scale 1)."""
-        with np.load(path, allow_pickle=False) as z:
-            return cls(
-                z["positions"],
-                z["factor_points"],
-                z["finite"] if "finite" in z else None,
-                z["stationary"] if "stationary" in z else None,
-                float(z["share"]),
-                int(z["window"]),
-                float(z["scale"]) if "scale" in z else 1.0,
-            )
+    def load(cls, path: str | os.PathLike, forms: tuple[str, ...] = FORMS) -> ItemTable:
+        """The tables in `path`, of `forms` only: only the members of those forms are read (a form not asked for,
+        or not in the file, is None). A form's scale is its `{form}_scale`; a file that has one `scale` holds
+        both forms in that unit, and a file without any scale holds its excess in the instance's own cost
+        units (scale 1). A missing, truncated or foreign file is one InputError naming it."""
+        try:
+            with np.load(path, allow_pickle=False) as members:
+                kept = [form for form in FORMS if form in forms and form in members]
+                shared = float(members["scale"]) if "scale" in members else 1.0
+                return cls(
+                    members["positions"],
+                    members["factor_points"],
+                    *(members[form] if form in kept else None for form in FORMS),
+                    float(members["share"]),
+                    int(members["window"]),
+                    {form: float(members[f"{form}_scale"]) if f"{form}_scale" in members else shared for form in kept},
+                )
+        except FileNotFoundError:
+            raise InputError(f"{NAME} tables: item file '{path}' does not exist; {REBUILD}") from None
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise InputError(f"{NAME} tables: item file '{path}' is truncated or not a tables file ({_reason(exc)}); {REBUILD}") from None
+
+
+class DeviceTables(NamedTuple):
+    """A LookaheadTables' arrays as tensors on one device (the same names)."""
+
+    excess: torch.Tensor
+    positions: torch.Tensor
+    count: torch.Tensor
+    offset: torch.Tensor
+    stages: torch.Tensor
+    window: torch.Tensor
+    factor_points: torch.Tensor
+    scales: torch.Tensor
 
 
 def item_file(item: int) -> str:
@@ -151,7 +178,8 @@ class LookaheadTables:
     padded (item sizes differ by a factor of 3 on the paper family): one flat array, item i's block
     [stages_i, M, count_i] from `offset[i]`, in units of scales[i]. stages [n]: the finite form's T - L_i (no
     order from stage T - L_i on; at least one row is kept), 1 for the stationary form; window [n];
-    factor_points [M]; shares [n]; `horizon` the evaluation horizon T (None: the stationary form)."""
+    factor_points [M]; shares [n]; `horizon` the evaluation horizon T (None: the stationary form). `on(device)`
+    gives them as tensors, copied once per device and shared by every policy on these tables."""
 
     positions: np.ndarray
     count: np.ndarray
@@ -164,6 +192,18 @@ class LookaheadTables:
     scales: np.ndarray
     horizon: int | None
     instance_hash: str
+    _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def on(self, device: torch.device | str) -> DeviceTables:
+        """The arrays as tensors on `device`, made at the first call for that device and kept."""
+        device = torch.device(device)
+        if device not in self._on_device:
+            self._on_device[device] = DeviceTables(*(torch.as_tensor(getattr(self, name), device=device) for name in DeviceTables._fields))
+        return self._on_device[device]
+
+    def __getstate__(self) -> dict:
+        """Pickled (sent to another process) without the device copies: each process makes its own."""
+        return {**self.__dict__, "_on_device": {}}
 
     @property
     def form(self) -> str:
@@ -200,7 +240,7 @@ class LookaheadTables:
             np.array([t.window for t in items]),
             items[0].factor_points,
             np.array([t.share for t in items]),
-            np.array([t.scale for t in items]),
+            np.array([t.scales[form] for t in items]),
             horizon if form == FORMS[0] else None,
             instance_hash,
         )
@@ -217,9 +257,14 @@ def write_manifest(folder: str | os.PathLike, instance: Instance, horizon: int, 
 
 def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizon: int | None = None) -> LookaheadTables:
     """The `form` tables in `folder` (a decomposition bound's results folder or its lookahead/ subfolder) for
-    `instance`; the finite form needs the evaluation `horizon` the tables were built for. Refuses tables of
+    `instance`, reading that form's rows only; the finite form needs the evaluation `horizon` the tables were built for. Refuses tables of
     another instance or horizon, and a folder without tables."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise InputError(
+            f"{NAME} tables: folder '{folder}' {'is a file' if folder.exists() else 'does not exist'}; expected the folder of a "
+            "decomposition bound run (platform/bound.py --kind decomposition --out DIR)"
+        )
     if (folder / TABLES_DIR / TABLES_FILE).exists():
         folder = folder / TABLES_DIR
     manifest = folder / TABLES_FILE
@@ -246,7 +291,7 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
             f"{NAME} tables: '{folder}' holds finite-horizon tables for horizon {record['horizon']}, asked for {horizon}; "
             f"evaluate with --horizon {record['horizon']}, use the stationary form, or run the bound with --horizon {horizon}"
         )
-    items = [ItemTable.load(folder / item_file(i)) for i in range(instance.n)]
+    items = [ItemTable.load(folder / item_file(i), forms=(form,)) for i in range(instance.n)]
     return LookaheadTables.from_items(items, form, record["horizon"], record["instance_hash"])
 
 
@@ -257,77 +302,73 @@ class LookaheadPolicy:
     """The rule of the module docstring as a policy (state, instance) -> (Y [B], Q [B, n]).
 
     Q holds every item's proposal y_i* - x_i where g_i > 0 (clipped to [0, qbar_i]), also in states where the
-    rule does not open (what an imitating student learns from); the order placed is Y Q. The finite form
-    counts its calls as the period (the evaluator calls `reset()` before every rollout); the stationary form
-    answers every call from its one table. `threshold` is c (open iff sum_i g_i > c K)."""
+    rule does not open (what an imitating student learns from); the order placed is Y Q. `period` is the
+    period t of the next call: each call answers at `period` and advances it by one, and `reset()` sets it to 0
+    (the evaluator resets a policy before every rollout, so a policy evaluated twice starts at period 0 both
+    times). The finite form uses W_i,t of that period; the stationary form answers every period from its one
+    table. `threshold` is c (open iff sum_i g_i > c K). The tables' device copies are the tables' own
+    (`LookaheadTables.on`): policies on the same tables share them."""
 
     def __init__(self, tables: LookaheadTables, threshold: float = 1.0):
         if not threshold >= 0:
             raise InputError(f"{NAME} threshold c: expected a number >= 0, got {threshold!r}")
         self.tables = tables
         self.threshold = float(threshold)
-        self.t = 0
-        self._device_tables: dict = {}
+        self.period = 0
 
     def reset(self) -> None:
-        self.t = 0
-
-    def _on(self, device):
-        key = str(device)
-        if key not in self._device_tables:
-            tb = self.tables
-            self._device_tables[key] = tuple(
-                torch.as_tensor(a, device=device)
-                for a in (tb.excess, tb.positions, tb.count, tb.offset, tb.stages, tb.window, tb.factor_points, tb.scales)
-            )
-        return self._device_tables[key]
+        """Start a rollout: the next call is period 0."""
+        self.period = 0
 
     @torch.no_grad()
-    def gains(self, state: State, instance: TensorInstance, t: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g [B, n], proposed quantity [B, n]) at period t (the stationary form ignores t)."""
-        tb = self.tables
-        n = tb.positions.shape[0]
+    def gains(self, state: State, instance: TensorInstance, period: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g [B, n], proposed quantity [B, n]) at `period` (the stationary form ignores it)."""
+        n = self.tables.positions.shape[0]
         if instance.n != n:
             raise InputError(f"{NAME}: the tables are for n = {n} items, the instance has n = {instance.n}")
-        excess, positions, count, offset, stages, window, points, scales = self._on(state.inv.device)
-        N, M = positions.shape[1], points.numel()
-        x = state.inventory_position().double().T.contiguous()  # [n, B]
-        upper = torch.searchsorted(positions, x).clamp(1, N - 1)
-        nearer_lower = (x - positions.gather(1, upper - 1)) <= (positions.gather(1, upper) - x)
-        k = torch.minimum(torch.where(nearer_lower, upper - 1, upper), (count - 1)[:, None])  # [n, B] nearest lattice point
-        steps = torch.arange(int(tb.window.max()) + 1, device=x.device)
-        idx = torch.minimum(k[..., None] + steps, (count - 1)[:, None, None])  # [n, B, w+1]: column 0 is no order
-        y = positions.gather(1, idx.reshape(n, -1)).reshape(idx.shape)
+        tables = self.tables.on(state.inv.device)
+        count, window, points = tables.count, tables.window, tables.factor_points
+        N, M = tables.positions.shape[1], points.numel()
+        position = state.inventory_position().double().T.contiguous()  # [n, B] x_i
+        above = torch.searchsorted(tables.positions, position).clamp(1, N - 1)
+        lower_nearer = (position - tables.positions.gather(1, above - 1)) <= (tables.positions.gather(1, above) - position)
+        nearest = torch.minimum(torch.where(lower_nearer, above - 1, above), (count - 1)[:, None])  # [n, B] nearest lattice point
+        steps = torch.arange(int(self.tables.window.max()) + 1, device=position.device)
+        columns = torch.minimum(nearest[..., None] + steps, (count - 1)[:, None, None])  # [n, B, w+1]: column 0 is no order
+        targets = tables.positions.gather(1, columns.reshape(n, -1)).reshape(columns.shape)  # y
         qbar = instance.qbar.double()[:, None]  # [n, 1]
-        valid = (steps > 0) & (steps <= window[:, None, None]) & (k[..., None] + steps < count[:, None, None])
-        valid &= y - x[..., None] <= qbar[..., None] * (1 + 1e-9)  # the lattice's cap is ceil(qbar): keep the true cap
-        t = t if tb.horizon is not None else 0  # the stationary form: one stage, every period
-        stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, t)), min=0)
-        base = (offset + stage * M * count)[:, None, None]  # [n, 1, 1] start of item i's rows at its stage
-        f = state.factor.double().clamp(points[0], points[-1])  # [B]
+        valid = (steps > 0) & (steps <= window[:, None, None]) & (nearest[..., None] + steps < count[:, None, None])
+        valid &= targets - position[..., None] <= qbar[..., None] * (1 + 1e-9)  # the lattice's cap is ceil(qbar): keep the true cap
+        period = period if self.tables.horizon is not None else 0  # the stationary form: one stage, every period
+        stages = tables.stages
+        stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, period)), min=0)
+        base = (tables.offset + stage * M * count)[:, None, None]  # [n, 1, 1] start of item i's rows at its stage
+        factor = state.factor.double().clamp(points[0], points[-1])  # [B]
         if M == 1:
-            values = excess[base + idx].double()
+            values = tables.excess[base + columns].double()
         else:
-            hi = torch.searchsorted(points, f).clamp(1, M - 1)  # [B]
-            a = ((f - points[hi - 1]) / (points[hi] - points[hi - 1]))[None, :, None]
-            row = count[:, None, None] * hi[None, :, None]
-            values = (1 - a) * excess[base + row - count[:, None, None] + idx].double() + a * excess[base + row + idx].double()
-        values = values * scales[:, None, None]  # [n, B, w+1] in cost units
-        best, offset_best = values.masked_fill(~valid, math.inf).min(-1)  # [n, B]
+            upper_point = torch.searchsorted(points, factor).clamp(1, M - 1)  # [B]
+            weight = ((factor - points[upper_point - 1]) / (points[upper_point] - points[upper_point - 1]))[None, :, None]
+            upper_row = base + count[:, None, None] * upper_point[None, :, None]
+            lower_row = upper_row - count[:, None, None]
+            values = (1 - weight) * tables.excess[lower_row + columns].double() + weight * tables.excess[upper_row + columns].double()
+        values = values * tables.scales[:, None, None]  # [n, B, w+1] in cost units
+        best, best_column = values.masked_fill(~valid, math.inf).min(-1)  # [n, B]
         gain = (values[..., 0] - best).clamp_min(0.0)
-        gain = torch.where(torch.isfinite(best) & (t < stages)[:, None], gain, torch.zeros_like(gain))
-        target = y.gather(2, offset_best[..., None])[..., 0]
-        quantity = torch.where(gain > 0, torch.minimum(target - x, qbar).clamp_min(0.0), torch.zeros_like(x))
+        gain = torch.where(torch.isfinite(best) & (period < stages)[:, None], gain, torch.zeros_like(gain))
+        target = targets.gather(2, best_column[..., None])[..., 0]
+        quantity = torch.where(gain > 0, torch.minimum(target - position, qbar).clamp_min(0.0), torch.zeros_like(position))
         return gain.T, quantity.T
 
     def __call__(self, state: State, instance: TensorInstance):
-        t = self.t
-        if self.tables.horizon is not None and t >= self.tables.horizon:
+        period = self.period
+        if self.tables.horizon is not None and period >= self.tables.horizon:
             raise InputError(
-                f"{NAME}: the finite-horizon tables are for {self.tables.horizon} periods, called at period {t}; use the stationary form"
+                f"{NAME}: the finite-horizon tables are for {self.tables.horizon} periods, called at period {period}; "
+                "use the stationary form"
             )
-        self.t += 1
-        gain, quantity = self.gains(state, instance, t)
+        self.period += 1
+        gain, quantity = self.gains(state, instance, period)
         opens = gain.sum(1) > self.threshold * instance.K
         dtype = state.inv.dtype
         return opens.to(dtype), quantity.to(dtype)

@@ -1,6 +1,7 @@
 """The decision service: one policy (a serving.decisions.Decider) behind HTTP on Ray Serve, with dynamic batching.
 
-  POST /decide   a state, or a list of states (decide.py's format) -> an answer, or a list of answers
+  POST /decide   a state, or a list of states (decide.py's format) -> an answer, or a list of answers; its
+                 Server-Timing header says where the replica spent the request's time (TIMINGS)
   GET  /healthz  200 {"status": "ready"} once a replica answers (HEAD: 200 without a body)
   GET  /info     method, mode, n, instance_hash, checkpoint_sha256, the batching settings and this replica's counters
 
@@ -16,7 +17,10 @@ application is built, and travels to every replica with the deployment's argumen
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -72,8 +76,10 @@ class ServiceConfig:
     """torch threads per replica; also the CPUs each replica reserves in Ray."""
     max_batch_size: int = 32
     """Most requests that share one policy call; 1 turns batching off (each request is its own call)."""
-    batch_wait_ms: float = 2.0
-    """How long a replica waits for more requests before it runs a batch that is not full."""
+    batch_wait_ms: float = 0.0
+    """How long a replica waits for more requests before it runs a batch that is not full. At 0 a batch runs as soon
+    as the policy is free, with every request queued by then: one request alone waits for nothing, and under load
+    the requests that arrive during a policy call share the next one."""
     max_body_bytes: int = MAX_BODY_BYTES
     """Largest request body; a larger one gets 413."""
     access_log: bool = False
@@ -170,6 +176,60 @@ def parse_states(body: bytes, content_type: str | None, instance: Instance) -> t
 
 
 ROUTES = {"/decide": "POST", "/healthz": "GET", "/info": "GET"}
+TIMINGS = ("read", "parse", "queue", "decide", "respond", "replica")
+"""POST /decide's Server-Timing entries, in ms: the body received, parsed and checked, waiting for the policy (the
+batch wait and the calls before), the policy call that answered it (shared by its batch), the answer written as
+JSON, and all of it (the handler's time in the replica; the rest of what a client sees is Serve's proxy, the hop
+to the replica, and the network)."""
+
+
+class Batcher:
+    """Requests' states queued for one policy, answered in batches on one worker thread, so that the event loop goes
+    on reading bodies and answering /healthz and /info while a batch computes. A batch takes every request queued
+    when the policy is free (up to `max_batch_size`), once the queue holds that many or `wait_s` has passed since
+    the policy was free with a request queued."""
+
+    def __init__(self, decide_many: Callable[[list[State]], list], max_batch_size: int, wait_s: float, on_batch: Callable[[int], None]):
+        self.decide_many, self.max_batch_size, self.wait_s, self.on_batch = decide_many, max_batch_size, wait_s, on_batch
+        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decide")
+        self.queued: list[tuple[State, asyncio.Future]] = []
+        self.arrived = asyncio.Event()
+        self.runner: asyncio.Task | None = None
+
+    async def decide(self, state: State) -> tuple[Any, float, float]:
+        """(Decider.decide_many's outcome for this request, its batch's start and end on time.perf_counter)."""
+        outcome = asyncio.get_running_loop().create_future()
+        self.queued.append((state, outcome))
+        self.arrived.set()
+        if self.runner is None:  # started in the loop that runs the requests
+            self.runner = asyncio.create_task(self.run())
+        return await outcome
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.arrived.wait()
+            deadline = loop.time() + self.wait_s
+            while len(self.queued) < self.max_batch_size and (left := deadline - loop.time()) > 0:
+                self.arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.arrived.wait(), left)
+            batch = [(state, outcome) for state, outcome in self.queued[: self.max_batch_size] if not outcome.cancelled()]
+            self.queued = self.queued[self.max_batch_size :]
+            if not self.queued:
+                self.arrived.clear()
+            if not batch:
+                continue
+            self.on_batch(len(batch))
+            started = time.perf_counter()
+            try:
+                answers = await loop.run_in_executor(self.compute, self.decide_many, [state for state, _ in batch])
+            except Exception as exc:  # a bug: each request of the batch gets it
+                answers = [exc] * len(batch)
+            ended = time.perf_counter()
+            for (_, outcome), answer in zip(batch, answers):
+                if not outcome.done():
+                    outcome.set_result((answer, started, ended))
 
 
 @serve.deployment
@@ -179,12 +239,8 @@ class DecisionService:
     def __init__(self, decider: Decider, config: ServiceConfig):
         torch.set_num_threads(config.threads)
         self.decider, self.config = decider, config
-        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decide")
-        """Policy calls run here, one at a time, so the event loop goes on reading bodies and answering /healthz and
-        /info while a batch computes."""
         self.requests = self.states = self.refused = self.batches = self.largest_batch = 0
-        self.decide_batch.set_max_batch_size(config.max_batch_size)
-        self.decide_batch.set_batch_wait_timeout_s(config.batch_wait_ms / 1000)
+        self.batcher = Batcher(decider.decide_many, config.max_batch_size, config.batch_wait_ms / 1000, self.count_batch)
 
     async def __call__(self, request: Request) -> JSONResponse:
         try:
@@ -199,14 +255,20 @@ class DecisionService:
                 return JSONResponse({"status": "ready"})
             if path == "/info":
                 return JSONResponse(self.info())
-            state, single = parse_states(
-                await read_body(request, self.config.max_body_bytes), request.headers.get("content-type"), self.decider.instance
-            )
-            answer = await (self.decide_batch(state) if self.config.max_batch_size > 1 else self.decide_alone(state))
-            if isinstance(answer, PolicyError):
+            arrived = time.perf_counter()
+            body = await read_body(request, self.config.max_body_bytes)
+            read = time.perf_counter()
+            state, single = parse_states(body, request.headers.get("content-type"), self.decider.instance)
+            parsed = time.perf_counter()
+            answer, started, ended = await self.batcher.decide(state)
+            if isinstance(answer, Exception):
                 raise answer
             self.requests, self.states = self.requests + 1, self.states + state.batch
-            return JSONResponse(answer.to_json(single))
+            response = JSONResponse(answer.to_json(single))
+            stamps = (arrived, read, parsed, started, ended, time.perf_counter())
+            spans = [*(later - earlier for earlier, later in zip(stamps, stamps[1:])), stamps[-1] - arrived]
+            response.headers["Server-Timing"] = ", ".join(f"{name};dur={1e3 * span:.3f}" for name, span in zip(TIMINGS, spans))
+            return response
         except HTTPError as exc:
             self.refused += 1
             return JSONResponse({"error": str(exc)}, status_code=exc.status)
@@ -216,18 +278,6 @@ class DecisionService:
         except Exception:
             logger.exception("decision service: a request failed")
             return JSONResponse({"error": "internal error: the traceback is in the server log"}, status_code=500)
-
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002)
-    async def decide_batch(self, states: list[State]) -> list:
-        """Concurrent requests' states in one policy call (Decider.decide_many): an answer or a PolicyError per request.
-        The settings are set per replica."""
-        self.count_batch(len(states))
-        return await asyncio.get_running_loop().run_in_executor(self.compute, self.decider.decide_many, states)
-
-    async def decide_alone(self, state: State):
-        """One request's states in a policy call of their own (batching off)."""
-        self.count_batch(1)
-        return await asyncio.get_running_loop().run_in_executor(self.compute, self.decider.decide, state)
 
     def count_batch(self, requests: int) -> None:
         self.batches, self.largest_batch = self.batches + 1, max(self.largest_batch, requests)
@@ -242,6 +292,7 @@ class DecisionService:
             "forward_passes": self.decider.forward_passes,
             "batches": self.batches,
             "largest_batch": self.largest_batch,
+            "queued": len(self.batcher.queued),
         }
         return {**self.decider.info, "settings": settings, "replica": replica, "counters": counters}
 

@@ -49,18 +49,26 @@ QBAR_ROUNDING = 1e-6  # relative slack on in_transit <= qbar_i: states copied fr
 # ---- states -------------------------------------------------------------------------------------
 
 
+def finite_array(rows: list[list]) -> np.ndarray | None:
+    """`rows` (lists of one length) as float64 [len(rows), length] when every entry is a finite JSON number (not bool,
+    not text): the service's hot path, one conversion for all of them; None otherwise."""
+    if not all(type(x) in (int, float) for row in rows for x in row):
+        return None
+    try:
+        array = np.array(rows, dtype=float)
+    except OverflowError:  # an integer beyond float64
+        return None
+    return array if np.isfinite(array).all() else None
+
+
 def numbers(value, length: int, where: str, what: str) -> np.ndarray:
     """`value` as a list of `length` finite numbers (float64 [length]). A list of finite JSON numbers is taken at once
-    (the service's hot path); anything else goes number by number through envs.validate, which names the culprit."""
+    (finite_array); anything else goes number by number through envs.validate, which names the culprit."""
     if not isinstance(value, list) or len(value) != length:
         raise InputError(f"{where}: expected {length} {what}, got {validate.describe(value)}")
-    if all(type(x) in (int, float) for x in value):  # not bool, not text
-        try:
-            array = np.array(value, dtype=float)
-        except OverflowError:  # an integer beyond float64: refused below
-            array = None
-        if array is not None and np.isfinite(array).all():
-            return array
+    array = finite_array([value])
+    if array is not None:
+        return array[0]
     return np.array([validate.real(x, f"{where}[{j}]") for j, x in enumerate(value)])
 
 
@@ -76,12 +84,12 @@ def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarr
             f"state {k} field 'in_transit': expected {n} lists (one per item) of {slots} numbers, got "
             f"{validate.describe(record['in_transit'])}"
         )
-    pipe = np.stack(
-        [
-            numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})")
-            for i, row in enumerate(record["in_transit"])
-        ]
-    )
+    rows = record["in_transit"]
+    pipe = finite_array(rows) if all(isinstance(row, list) and len(row) == slots for row in rows) else None
+    if pipe is None:  # row by row, naming the culprit
+        pipe = np.stack(
+            [numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})") for i, row in enumerate(rows)]
+        )
     factor = validate.real(record["factor"], f"state {k} field 'factor'")
 
     inv_bound = INVENTORY_PERIODS * (instance.qbar + instance.lam)

@@ -32,6 +32,7 @@ cost, which is at least the relaxed optimum; they serve the paired comparisons.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -137,6 +138,34 @@ class DecompositionOptions:
         return (self.factor_points - 1) / (self.coarse_points - 1)
 
 
+def check_caps(instance: Instance, where: str) -> None:
+    """Refuse, before any solve, an instance with an item whose order cap is below its mean demand
+    (Instance.caps_below_demand): its backlog grows without bound, and so does its DP's order-up-to position."""
+    short = instance.caps_below_demand()
+    if short.size:
+        item = int(short[0])
+        more = f" ({short.size} items in all)" if short.size > 1 else ""
+        raise InputError(
+            f"{where}: {instance.item_name(item)}: its order cap qbar {instance.qbar[item]:g} is below its mean demand lam "
+            f"{instance.lam[item]:g} per period{more}, so no policy keeps up with its demand, its backlog grows without bound and its "
+            "DP has no finite optimum; give it a qbar of at least its lam (the cost table's qbar column, or the instance's items.qbar)"
+        )
+
+
+def names_the_item(solve_item: Callable) -> Callable:
+    """Wrap a function of (instance, item, ...) that solves the item's DP: an item without a finite optimum
+    (policies.dp_optimal.NoFiniteOptimum) is refused naming the item, as the user's instance names it."""
+
+    @functools.wraps(solve_item)
+    def solve(instance: Instance, item: int, *args, **kwargs):
+        try:
+            return solve_item(instance, item, *args, **kwargs)
+        except dp_optimal.NoFiniteOptimum as exc:
+            raise InputError(f"{instance.item_name(item)}: {exc}") from None
+
+    return solve
+
+
 def item_instance(instance: Instance, item: int, setup: float) -> Instance:
     """Item `item` of `instance` alone, with setup cost `setup` (gamma and rho of the instance)."""
     return Instance(
@@ -151,6 +180,7 @@ def guess_shares(instance: Instance) -> np.ndarray:
     return instance.K * weight / weight.sum()
 
 
+@names_the_item
 def item_values(instance: Instance, item: int, setups, horizon: int, points: int, options: DecompositionOptions) -> np.ndarray:
     """V_item(k) for every k in `setups` on a grid of `points` factor points: [G]."""
     return dp_optimal.expected_costs(
@@ -354,6 +384,7 @@ def search_split(instance: Instance, options: DecompositionOptions, values_of: C
 # ---- one item's figures at the chosen shares --------------------------------------------------------
 
 
+@names_the_item
 def item_figures(
     instance: Instance,
     item: int,
@@ -419,6 +450,7 @@ TABLE_DTYPE = "float16"
 decision is taken; measured against float32 in docs/methods.md)."""
 
 
+@names_the_item
 def item_table(
     instance: Instance,
     item: int,
@@ -427,18 +459,32 @@ def item_table(
     options: DecompositionOptions,
     solution: dp_optimal.DPSolution | None = None,
     dtype: str = TABLE_DTYPE,
+    forms: tuple[str, ...] = lookahead.FORMS,
 ) -> lookahead.ItemTable:
-    """The decomposition lookahead's tables of one item with setup cost `share` (policies/lookahead.py): the finite
-    form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already) and the
-    stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor grid."""
+    """The decomposition lookahead's tables of one item with setup cost `share` (policies/lookahead.py), of `forms`
+    only: the finite form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already)
+    and the stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor
+    grid. The two are separate solves (the stationary form is not the finite one's recursion run on), so a form
+    not asked for is not solved."""
+    if not forms or not set(forms) <= set(lookahead.FORMS):
+        raise ValueError(f"forms: expected a non-empty subset of {lookahead.FORMS}, got {forms!r}")
     one = item_instance(instance, item, share)
     settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, "integer_cap": True, "floor_periods": 1}
-    solution = solution or dp_optimal.solve(one, horizon, **settings)
-    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), **settings)
-    positions = solution.positions if solution.positions.size >= long.positions.size else long.positions
-    stationary = long.action_value[0] if long.action_value.shape[0] else np.zeros((long.grid.points.size, long.positions.size))
+    finite = (solution or dp_optimal.solve(one, horizon, **settings)) if lookahead.FORMS[0] in forms else None
+    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), **settings) if lookahead.FORMS[1] in forms else None
+    solved = [solution for solution in (finite, long) if solution is not None]
+    widest = max(solved, key=lambda solution: solution.positions.size)  # the first of equal ones: the finite form's lattice
+    stationary = None
+    if long is not None:
+        stationary = long.action_value[0] if long.action_value.shape[0] else np.zeros((long.grid.points.size, long.positions.size))
     return lookahead.ItemTable.from_values(
-        positions, solution.grid.points, solution.action_value, stationary, share, solution.window, dtype
+        widest.positions,
+        widest.grid.points,
+        finite.action_value if finite is not None else None,
+        stationary,
+        share,
+        widest.window,
+        dtype,
     )
 
 

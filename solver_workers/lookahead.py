@@ -21,7 +21,7 @@ from envs.exogenous import TUNING_SEED, sample_paths
 from envs.instance import Instance
 from policies import lookahead
 from policies.classical import TUNING_EPISODES
-from solver_workers.decomposition import DecompositionOptions, item_table, item_values, search_split
+from solver_workers.decomposition import DecompositionOptions, check_caps, item_table, item_values, search_split
 
 THRESHOLDS = (0.5, 0.75, 1.0, 1.25, 1.5)
 SPLITS = ("best", "equal")
@@ -35,11 +35,13 @@ def item_tables(
     split: str = "best",
     dtype: str = "float16",
     progress: bool = False,
+    forms: tuple[str, ...] = lookahead.FORMS,
 ) -> list[lookahead.ItemTable]:
-    """Every item's tables in this process: at the best split of the bound's search (`split` = "best") or at
-    equal shares K/n ("equal")."""
+    """Every item's tables of `forms` in this process (a form not asked for is not solved): at the best split of
+    the bound's search (`split` = "best") or at equal shares K/n ("equal")."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
+    check_caps(instance, lookahead.NAME)
     n = instance.n
     if split == "best":
 
@@ -53,13 +55,14 @@ def item_tables(
     else:
         shares = np.full(n, instance.K / n)
     return [
-        item_table(instance, i, float(shares[i]), horizon, options, dtype=dtype)
+        item_table(instance, i, float(shares[i]), horizon, options, dtype=dtype, forms=forms)
         for i in tqdm(range(n), desc="lookahead tables", disable=not progress, leave=False)
     ]
 
 
 def tune_threshold(tables: lookahead.LookaheadTables, instance: Instance, horizon: int, device="cpu") -> tuple[float, dict]:
-    """c from THRESHOLDS by the mean discounted cost on the training paths; c = 1 unless another is cheaper."""
+    """c from THRESHOLDS by the mean discounted cost on the training paths; c = 1 unless another is cheaper. The
+    policies share the tables' device copy (`LookaheadTables.on`)."""
     paths = sample_paths(instance, TUNING_SEED, TUNING_EPISODES, horizon, device)
     tinst = instance.to_torch(device)
     means = {c: float(evaluate(lookahead.LookaheadPolicy(tables, c), tinst, paths).discounted_cost.mean()) for c in THRESHOLDS}
@@ -79,13 +82,14 @@ def lookahead_policy(
     progress: bool = False,
 ) -> tuple[lookahead.LookaheadPolicy, dict]:
     """(policy, parameters for a summary) of the decomposition lookahead on `instance`: tables of `form`
-    from the bound run folder `bound`, else computed here (`item_tables`); c = `threshold`, or tuned on the
+    from the bound run folder `bound` (that form read alone), else computed here (`item_tables`, that form
+    solved alone); c = `threshold`, or tuned on the
     training paths (`tune_threshold`) when None."""
     start = time.perf_counter()
     if bound is not None:
         tables = lookahead.load_tables(bound, instance, form, horizon)
     else:
-        items = item_tables(instance, horizon, options, split, progress=progress)
+        items = item_tables(instance, horizon, options, split, progress=progress, forms=(form,))
         tables = lookahead.LookaheadTables.from_items(items, form, horizon, instance.content_hash())
     built = time.perf_counter() - start
     tuning = {}

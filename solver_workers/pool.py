@@ -47,10 +47,10 @@ import torch
 from tqdm.auto import tqdm
 
 from envs import validate
-from envs.cli import read_text
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
+from envs.files import read_text
 from envs.instance import Instance, atomic_write_text
 from envs.results import append_json_line, json_line
 from envs.validate import differences
@@ -248,6 +248,10 @@ class Pool:
                 slot, method, args = in_flight.pop(ready[0])
                 try:
                     result = ray.get(ready[0])
+                except ray.exceptions.RayTaskError as exc:
+                    if isinstance(exc.cause, InputError):  # bad input found in a worker: its one line, not the worker's traceback
+                        raise exc.cause from None
+                    raise
                 except ray.exceptions.RayActorError:
                     self.actors[slot] = SolverWorker.remote()  # restarts exhausted: replace, retry the task
                     pending.insert(0, (method, args))

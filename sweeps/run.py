@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from envs.cli import read_text
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
+from envs.files import read_text
 from envs.instance import Instance
 from envs.results import manifest, write_evaluation
 from envs.validate import load_yaml

@@ -1,11 +1,49 @@
-"""What several test modules need to observe a Ray session from outside: its processes, the TCP sockets they
-listen on, and whether a port answers on this machine's other addresses (Linux /proc)."""
+"""What several test modules need: to observe a Ray session from outside (its processes, the TCP sockets they
+listen on, and whether a port answers on this machine's other addresses, from Linux /proc), to hold a child process
+at a gate, and to read a package's import graph."""
 
+import ast
 import ipaddress
 import os
 import socket
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def package_imports(package: str) -> dict[str, set[str]]:
+    """For every module of the package folder `package`, the package's modules it imports anywhere (at its top or
+    inside a function)."""
+    graph = {}
+    for path in sorted((ROOT / package).glob("*.py")):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == package:
+                imported |= {f"{package}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{package}."):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names if alias.name.startswith(f"{package}.")}
+        graph[f"{package}.{path.stem}"] = imported
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of imports in `graph` (module, ..., the same module), or None."""
+
+    def circle(module, path):
+        if module in path:
+            return path[path.index(module) :] + [module]
+        for other in sorted(graph.get(module, ())):
+            if found := circle(other, path + [module]):
+                return found
+        return None
+
+    for module in graph:
+        if found := circle(module, []):
+            return found
+    return None
 
 
 def descendants(pid: int) -> list[int]:

@@ -200,3 +200,21 @@ def test_tuning_candidates_are_the_grid_and_at_most_the_refinement_moves(monkeyp
     classical.tuned_policy(inst, "base-stock", 5, progress=True, episodes=4)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tuning base-stock")]
     assert len(lines) == 1 and "36 to 228 candidate simulations of 4 episodes x 5 steps x 2 items; the first took" in lines[0], lines
+
+
+def test_the_tuning_bar_counts_the_pattern_search_as_well_as_the_grid(monkeypatch):
+    """A variant's bar ends at every simulation it ran, the search's included, so its time covers the whole step
+    (a bar over the grid alone finished in a tenth of the step). Catches the search left out of the count."""
+    bars = []
+
+    class Recorded(classical.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(classical, "tqdm", Recorded)
+    tuned = tune_family(paper_instance(2, 0), "base-stock", episodes=8, horizon=10, progress=True)
+    grid = math.prod(len(p.grid) for p in FAMILIES["base-stock"].values())
+    (bar,) = bars
+    assert tuned.candidates > grid  # the search ran
+    assert bar.n == bar.total == tuned.candidates

@@ -1,19 +1,37 @@
 """The scripts in platform/ end to end at n = 4."""
 
 import json
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
+from helpers import import_circle, package_imports
 
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance, paper_instance
 from policies.classical import FAMILIES, POLICY_NAMES
+from policies.names import CHECKPOINT_PREFIX, NAMED_POLICIES, TABLES_PREFIX
 
 
 def script(name, *args, check=True):
     return run_script(name, *args, check=check)
+
+
+def test_the_envs_modules_import_each_other_without_a_circle():
+    graph = package_imports("envs")
+    assert "envs.evaluation" in graph["envs.cli"]  # the graph sees lazy imports
+    assert import_circle(graph) is None, " -> ".join(import_circle(graph))
+    assert graph["envs.files"] == {"envs.errors", "envs.validate"}  # below the scripts' boundary and the instance
+
+
+def test_evaluate_help_names_every_policy():
+    """evaluate.py --help lists every named policy (policies.names.NAMED_POLICIES) whole, and the two prefixes."""
+    help_text = " ".join(script("evaluate.py", "--help").stdout.split())
+    listed = set(re.findall(r"[a-z][a-z-]*[a-z]", help_text))
+    assert set(NAMED_POLICIES) <= listed, set(NAMED_POLICIES) - listed
+    assert f"{TABLES_PREFIX}DIR" in help_text and f"{CHECKPOINT_PREFIX}PATH" in help_text
 
 
 def test_instance_and_evaluate_zero_policy_with_trace(tmp_path):
@@ -174,7 +192,7 @@ def test_bad_instance_file_is_reported_and_nothing_written(tmp_path, script_runn
     )
     result = script_runner("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: instance field 'gamma': expected a number in (0, 1), got 1.5"
+    assert result.stderr.strip() == f"error: instance file '{bad}': instance field 'gamma': expected a number in (0, 1), got 1.5"
     assert not (tmp_path / "o").exists()
 
 

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
+from envs.errors import InputError
 from envs.exogenous import sample_paths
 from envs.instance import Instance
 from policies import dp_optimal
@@ -17,6 +18,7 @@ from solver_workers.decomposition import (
     DecompositionOptions,
     best_split,
     certificate_note,
+    check_caps,
     combine,
     item_figures,
     item_instance,
@@ -165,6 +167,23 @@ def test_best_split_ties_equal_slopes_by_item_and_never_moves_a_share_back():
     rising = best_split([[0.0, 1.0, 2.0, 3.0], [0.0, 1.0, 2.0, 3.0]], [[0.0, 2.0, 3.0, 4.0 + 4 * ulp], [0.0, 2.0, 2.5, 3.0]], 5.0)
     np.testing.assert_array_equal(rising.shares, [3.0, 2.0])
     assert rising.value == pytest.approx(6.5, rel=1e-12)
+
+
+def test_an_item_whose_cap_is_below_its_demand_is_refused_by_its_name_and_the_cause():
+    """qbar 0.5 against lam 5.39 (a fitted item): the check made before any solve names the item as the instance
+    names it and says why; the item's DP, solved anyway over a long horizon, fails naming the item and the same cause
+    (not an anonymous 'positions exceed'). A cap equal to the demand passes the check, and an item of an instance
+    without names is named by its index."""
+    items = dict(h=[1.0, 0.5], b=[9.0, 9.0], lam=[5.39, 2.0], beta=[0.4, 0.0], lead=[3, 1], K=6.0, gamma=0.95, rho=0.8)
+    short = Instance(**items, qbar=[0.5, 2.0], source={"item_names": ["widget", "gadget"]})
+    with pytest.raises(InputError, match=r"^here: item 'widget': its order cap qbar 0.5 is below its mean demand lam 5.39 per period, so"):
+        check_caps(short, "here")
+    cause = "its order cap qbar 0.5 is below its mean demand lam 5.39 per period, so its backlog grows without bound"
+    with pytest.raises(InputError, match=rf"^item 'widget': dp-optimal: optimal order-up-to positions exceed \d+: {cause}"):
+        item_values(short, 0, [1.0], 180, 3, TINY)
+    check_caps(Instance(**items, qbar=[5.39, 2.0]), "here")
+    with pytest.raises(InputError, match=r"^here: item 0: its order cap"):
+        check_caps(Instance(**items, qbar=[0.5, 2.0]), "here")
 
 
 def test_one_item_bound_is_the_dp_optimum():

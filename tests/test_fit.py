@@ -4,11 +4,13 @@ Every history here is drawn by the project's own model (envs.exogenous.sample_pa
 which uses the same factor_step and demand_rate) from a known instance, so the fit can be judged against the truth."""
 
 import json
+import re
 
 import numpy as np
 import pytest
 from conftest import run_script
 
+from envs.errors import InputError
 from envs.exogenous import demand_rate, factor_step, sample_paths
 from envs.fit import (
     BETA_MAX,
@@ -176,6 +178,40 @@ def test_one_iid_poisson_item(tmp_path):
     assert abs(fitted.lam[0] / 4.0 - 1) < 0.1
 
 
+def test_a_cap_below_the_demand_is_flagged(tmp_path):
+    """A cost table whose qbar for item-000 (0.5) is below its demand (lam 4): the report flags that item, by name and
+    in its checks, and not item-001 (qbar 8 against lam 2); the Markdown counts it. Catches a fit that writes an
+    instance whose bound and lookahead then fail on that item with nothing said at fit time."""
+    from envs.fit import report_markdown
+
+    caps = dict(qbar=[0.5, 8.0], K=10.0, gamma=0.95, rho=0.5)
+    instance = Instance(h=[1.0, 2.0], b=[9.0, 9.0], lam=[4.0, 2.0], beta=[0.3, 0.3], lead=[2, 1], **caps)
+    fitted, report = fit_history(*write_files(tmp_path, instance, 3, 200), replicates=20)
+    assert report["checks"]["cap_below_demand"] == ["item-000"] and fitted.caps_below_demand().tolist() == [0]
+    assert [flag for flag in report["flags"] if "cap" in flag] == [
+        f"item 'item-000': order cap qbar 0.5 below its mean demand lam {fitted.lam[0]:.3g} per period: no policy keeps up "
+        "(the backlog grows without bound); the decomposition bound and lookahead refuse it"
+    ]
+    assert "* Items whose order cap qbar is below their mean demand lam: 1 (item-000)" in report_markdown(report, "f.png")
+
+
+def test_an_overdispersed_item_of_its_own_is_said_so_and_a_bar_in_its_name_is_escaped(tmp_path):
+    """Items on one factor beside an item 'nb|1' of independent negative-binomial demand (variance 4 x its mean, shared
+    with nobody): its note says what was detected (variance not shared through the factor, with its average correlation
+    with the others), and its name keeps the Markdown table's columns (the '|' escaped)."""
+
+    from envs.fit import report_markdown
+
+    rng = np.random.default_rng(0)
+    shared = simulate_demand(BASE.lam[:4], np.full(4, 0.5), 0.8, 500, rng)
+    own = rng.negative_binomial(2.5, 0.25, size=(500, 1)).astype(np.float64)  # mean 7.5, variance 30
+    report = fit_report_of(np.concatenate([shared, own], axis=1), tmp_path, names=["i0", "i1", "i2", "i3", "nb|1"])
+    note = report["items"][4]["note"]
+    assert report["items"][4]["beta"] == 0 and "is not shared with the other items through the common factor" in note
+    row = next(line for line in report_markdown(report, "f.png").splitlines() if line.startswith("| nb"))
+    assert row.startswith("| nb\\|1 |") and len(re.split(r"(?<!\\)\|", row)) == 9, row
+
+
 def two_factor_history(seed: int) -> np.ndarray:
     """Items 0..7 driven by one factor, items 8..15 by another, independent one: no single factor can say both."""
     rng = np.random.default_rng(seed)
@@ -183,12 +219,12 @@ def two_factor_history(seed: int) -> np.ndarray:
     return np.concatenate(halves, axis=1)
 
 
-def fit_report_of(demand: np.ndarray, tmp_path):
+def fit_report_of(demand: np.ndarray, tmp_path, names: list[str] | None = None):
     import pyarrow as pa
     import pyarrow.csv
 
     periods, n = demand.shape
-    names = [f"i{i}" for i in range(n)]
+    names = names or [f"i{i}" for i in range(n)]
     history = pa.table(
         {"item": np.repeat(names, periods), "period": np.tile(np.arange(periods), n), "demand": demand.T.ravel().astype(np.int64)}
     )
@@ -322,6 +358,36 @@ def test_rows_in_any_order_and_weekly_or_monthly_dates(tmp_path):
         columns = [history.items.index(x) for x in "AB"]
         np.testing.assert_array_equal(history.demand[:, columns], demand)
         assert history.periods[0] == "2024-01-01" and history.periods[1] == str(dates[1])
+
+
+def dated_history(path, dates: list[str]) -> None:
+    """A CSV history of items A and B with 3 units sold on each of `dates` (text as given)."""
+    path.write_text("item,period,demand\n" + "".join(f"{item},{date},3\n" for item in "AB" for date in dates))
+
+
+def test_dates_as_text_in_parquet_and_their_refusals(tmp_path):
+    """A Parquet history whose periods are YYYY-MM-DD strings reads as the same dates as the CSV (was refused, though
+    the help promises dates); an impossible date (2024-02-30) is refused naming its own row, not the first; a history
+    that turns from daily to weekly says 'mixed frequencies' at the first weekly period, not 'write 0' for the days
+    between. Catches a text-date reader that names the wrong row or advises zeros for a change of frequency."""
+    import pyarrow.csv
+    import pyarrow.parquet as pq
+
+    days = [str(np.datetime64("2024-01-01") + t) for t in range(60)]
+    dated_history(tmp_path / "h.csv", days)
+    table = pyarrow.csv.read_csv(tmp_path / "h.csv")
+    pq.write_table(table.set_column(1, "period", table.column("period").cast("string")), tmp_path / "h.parquet")
+    from_csv, from_parquet = history_matrix(tmp_path / "h.csv"), history_matrix(tmp_path / "h.parquet")
+    assert from_parquet.periods == from_csv.periods == days and from_parquet.step == "1 day"
+    np.testing.assert_array_equal(from_parquet.demand, from_csv.demand)
+    dated_history(tmp_path / "bad.csv", days[:40] + ["2024-02-30"] + days[41:])
+    with pytest.raises(InputError, match=r"item 'A' data row 41: column 'period': expected a date \(YYYY-MM-DD\).*got '2024-02-30'"):
+        history_matrix(tmp_path / "bad.csv")
+    weekly = [str(np.datetime64("2024-01-31") + 7 * t) for t in range(1, 30)]  # after 2024-01-01..2024-01-31 daily
+    dated_history(tmp_path / "mixed.csv", [str(np.datetime64("2024-01-01") + t) for t in range(31)] + weekly)
+    with pytest.raises(InputError, match=r"item 'A' period 2024-02-07: comes 7 day\(s\) after .* mixed frequencies") as raised:
+        history_matrix(tmp_path / "mixed.csv")
+    assert "write 0" not in str(raised.value)
 
 
 def test_source_is_kept_and_not_part_of_the_problem(tmp_path):

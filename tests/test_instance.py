@@ -182,3 +182,18 @@ def test_values_at_their_upper_bounds_keep_every_cost_finite_in_float32_over_the
             state, cost = step(tinst, state, open_order, quantity, demand, factor)
             total = total + inst.gamma**t * cost
         assert torch.isfinite(total).all() and torch.isfinite(state.inv).all() and float(total) > 1e12
+
+
+def test_a_refused_instance_file_names_the_file_and_the_item_by_its_name(tmp_path):
+    """A fitted instance file (item names under 'source') with a negative lam for its second item: the refusal names the
+    file and the item as the user knows it ('gadget'), not only the internal index; without names, the index."""
+    data = {"K": 20.0, "gamma": 0.95, "rho": 0.8, "items": {name: list(GOOD[name]) for name in ("h", "b", "lam", "beta", "lead", "qbar")}}
+    data["items"]["lam"][1] = -1.0
+    (tmp_path / "plain.json").write_text(json.dumps(data))
+    (tmp_path / "fitted.json").write_text(json.dumps(data | {"source": {"item_names": ["widget", "gadget"]}}))
+    with pytest.raises(
+        InstanceError, match=rf"^instance file '{tmp_path}/fitted.json': instance field 'lam': .* got -1 \(item 'gadget'\)$"
+    ):
+        Instance.load(tmp_path / "fitted.json")
+    with pytest.raises(InstanceError, match=r"got -1 \(item 1\)$"):
+        Instance.load(tmp_path / "plain.json")

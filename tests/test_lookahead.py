@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import pickle
 
 import numpy as np
 import pytest
@@ -140,7 +141,7 @@ def test_items_permuted_give_the_decisions_permuted(three):
     for t in (0, 10, 18):
         a = lookahead.LookaheadPolicy(tables)
         b = lookahead.LookaheadPolicy(permuted_tables)
-        a.t = b.t = t
+        a.period = b.period = t
         open_a, q_a = a(state, inst.to_torch())
         open_b, q_b = b(State(inv[:, perm], pipe[:, perm], factor), permuted_inst.to_torch())
         assert 0 < open_a.mean() < 1
@@ -176,19 +177,133 @@ def test_costs_in_another_currency_change_no_decision(three, form):
 
 def test_a_table_file_without_a_scale_holds_cost_units(three, tmp_path):
     """A table file written before files kept a scale holds its excess in the instance's cost units: rewritten so
-    (the rows times the scale, no scale key), every item loads with scale 1 and the policy answers as before.
-    Catches a missing scale read as anything but 1, or a file without one refused."""
+    (the rows times the scale, no scale key), every item loads with scale 1 and the policy answers as before; a
+    file with one `scale` for both forms loads both in that unit. Catches a missing scale read as anything but 1,
+    a file without one refused, or a shared scale applied to one form only."""
     inst, items = three
+    old = {}
     for i, table in enumerate(items):
-        old = {"positions": table.positions, "factor_points": table.factor_points, "share": table.share, "window": table.window}
-        old |= {form: getattr(table, form).astype(np.float32) * np.float32(table.scale) for form in lookahead.FORMS}
-        np.savez(tmp_path / lookahead.item_file(i), **old)
+        old[i] = {"positions": table.positions, "factor_points": table.factor_points, "share": table.share, "window": table.window}
+        old[i] |= {form: getattr(table, form).astype(np.float32) * np.float32(table.scales[form]) for form in lookahead.FORMS}
+        np.savez(tmp_path / lookahead.item_file(i), **old[i])
     loaded = [lookahead.ItemTable.load(tmp_path / lookahead.item_file(i)) for i in range(inst.n)]
-    assert [t.scale for t in loaded] == [1.0] * inst.n
+    assert [t.scales for t in loaded] == [dict.fromkeys(lookahead.FORMS, 1.0)] * inst.n
+    np.savez(tmp_path / "shared.npz", **old[0], scale=2.5)  # the layout with one scale for both forms
+    shared = lookahead.ItemTable.load(tmp_path / "shared.npz")
+    assert shared.scales == dict.fromkeys(lookahead.FORMS, 2.5)
+    np.testing.assert_array_equal(shared.stationary, old[0]["stationary"])
     paths = sample_paths(inst, 5, 16, 20)
     traces = [trace_of(items, "finite", inst, paths), trace_of(loaded, "finite", inst, paths)]
     np.testing.assert_array_equal(traces[1].open, traces[0].open)
     np.testing.assert_allclose(traces[1].quantity, traces[0].quantity)
+
+
+def bound_folder(inst: Instance, items: list, horizon: int, folder):
+    """A folder as a decomposition bound run writes it: one file per item (both forms), then tables.json."""
+    folder.mkdir()
+    for i, table in enumerate(items):
+        table.save(folder / lookahead.item_file(i))
+    lookahead.write_manifest(folder, inst, horizon, {})
+    return folder
+
+
+@pytest.mark.parametrize("form", lookahead.FORMS)
+def test_a_form_read_alone_decides_as_the_full_load(three, tmp_path, form):
+    """A bound folder holds both forms; `load_tables` reads the form asked for alone (the other is not read: None
+    in the item it loads) and its decisions on every state of 64 episodes equal those of tables made from the
+    items loaded whole, the load that read both. Catches a form read from the other's member, or an item's
+    scale, positions or window lost when one form is left out."""
+    inst, items = three
+    folder = bound_folder(inst, items, 20, tmp_path / "lookahead")
+    other = lookahead.FORMS[1 - lookahead.FORMS.index(form)]
+    alone = lookahead.ItemTable.load(folder / lookahead.item_file(0), forms=(form,))
+    assert getattr(alone, other) is None and getattr(alone, form) is not None
+    whole = [lookahead.ItemTable.load(folder / lookahead.item_file(i)) for i in range(inst.n)]
+    paths = sample_paths(inst, 5, 64, 20)
+    tinst = inst.to_torch(dtype=torch.float64)
+    loaded = lookahead.load_tables(tmp_path, inst, form, 20)
+    traces = [
+        evaluate(lookahead.LookaheadPolicy(tables), tinst, paths, trace=True).trace
+        for tables in (lookahead.LookaheadTables.from_items(whole, form, 20, inst.content_hash()), loaded)
+    ]
+    assert 0.1 < traces[0].open.mean() < 0.9
+    np.testing.assert_array_equal(traces[1].open, traces[0].open)
+    np.testing.assert_array_equal(traces[1].quantity, traces[0].quantity)
+
+
+@pytest.mark.parametrize("form", lookahead.FORMS)
+def test_a_form_built_alone_solves_only_its_own_dp_and_decides_alike(three, monkeypatch, form):
+    """Built in process for one form, each item's DP is solved for that form's horizon only (the evaluation's T
+    for the finite form, the long horizon for the stationary one), and the decisions on every state of 64
+    episodes equal those of the form built beside the other (same split search, same DP values, each form in
+    its own scale). Catches the other form's DP still solved, a form's unit taken from the other form, and a
+    form alone built on another lattice or share."""
+    inst, items = three
+    horizons = []
+    solve = dp_optimal.solve
+    monkeypatch.setattr(dp_optimal, "solve", lambda one, horizon, **settings: horizons.append(horizon) or solve(one, horizon, **settings))
+    alone = item_tables(inst, 20, SMALL, dtype="float16", forms=(form,))
+    assert set(horizons) == {20 if form == "finite" else lookahead.stationary_horizon(inst.gamma)}
+    assert len(horizons) == inst.n
+    paths = sample_paths(inst, 5, 64, 20)
+    traces = [trace_of(items, form, inst, paths), trace_of(alone, form, inst, paths)]
+    assert 0.1 < traces[0].open.mean() < 0.9
+    np.testing.assert_array_equal(traces[1].open, traces[0].open)
+    np.testing.assert_array_equal(traces[1].quantity, traces[0].quantity)
+
+
+def test_policies_on_the_same_tables_share_one_device_copy(three):
+    """The threshold's tuning makes a policy per threshold on one tables object: afterwards the tables hold one
+    device copy, and a new policy on them decides from that very tensor, while other tables get their own.
+    Catches a policy that copies the tables to the device for itself (one copy per policy), and device copies
+    pickled with the tables."""
+    from solver_workers.lookahead import THRESHOLDS, tune_threshold
+
+    inst, items = three
+    tables = lookahead.LookaheadTables.from_items(items, "stationary", 20, inst.content_hash())
+    tune_threshold(tables, inst, 5)
+    assert len(THRESHOLDS) > 1 and list(tables._on_device) == [torch.device("cpu")]
+    cached = tables._on_device[torch.device("cpu")]
+    policy = lookahead.LookaheadPolicy(tables, 1.25)
+    state = State(torch.tensor([[2.0, 6.0, 1.0]]), torch.zeros(1, 3, LMAX - 1), torch.tensor([0.5]))
+    policy(state, inst.to_torch())
+    assert policy.tables.on(state.inv.device).excess is cached.excess
+    assert list(tables._on_device) == [torch.device("cpu")]
+    others = lookahead.LookaheadTables.from_items(items, "stationary", 20, inst.content_hash())
+    assert others.on("cpu").excess is not cached.excess
+    sent = pickle.loads(pickle.dumps(tables))  # another process makes its own copy
+    assert sent._on_device == {} and np.array_equal(sent.excess, tables.excess) and tables._on_device
+
+
+def test_a_policy_evaluated_twice_starts_at_period_zero(three, monkeypatch):
+    """The finite form answers at its `period`: the same policy object evaluated twice on the same 10-period paths
+    (tables for 20) gives identical costs both times, each rollout starting at period 0. The broken control, the
+    period not reset, starts the second rollout at period 10 and costs otherwise. Catches a counter that survives
+    a rollout."""
+    inst, items = three
+    tables = lookahead.LookaheadTables.from_items(items, "finite", 20, inst.content_hash())
+    paths = sample_paths(inst, 5, 32, 10)
+    tinst = inst.to_torch(dtype=torch.float64)
+    policy = lookahead.LookaheadPolicy(tables)
+    first = evaluate(policy, tinst, paths).discounted_cost
+    assert policy.period == 10
+    np.testing.assert_array_equal(evaluate(policy, tinst, paths).discounted_cost, first)
+    monkeypatch.setattr(policy, "reset", lambda: None)
+    assert not np.array_equal(evaluate(policy, tinst, paths).discounted_cost, first)
+
+
+def test_a_truncated_or_foreign_item_file_is_one_input_error_naming_it(three, tmp_path):
+    """A real item file cut to half its bytes, and an .npz of other arrays, are refused naming the file (not a
+    BadZipFile or KeyError); the whole file loads back as it was saved."""
+    _, items = three
+    whole, cut, foreign = (tmp_path / name for name in ("whole.npz", "cut.npz", "foreign.npz"))
+    items[0].save(whole)
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    np.savez(foreign, values=np.zeros(3))
+    np.testing.assert_array_equal(lookahead.ItemTable.load(whole).finite, items[0].finite)
+    for path in (cut, foreign):
+        with pytest.raises(InputError, match=rf"item file '{path}' is truncated or not a tables file"):
+            lookahead.ItemTable.load(path)
 
 
 # ---- n = 2: the exact cost of the policy ----------------------------------------------------------------
@@ -225,7 +340,7 @@ def joint_policy_cost(instance: Instance, policy, horizon: int, points: int, wid
                     for i, level, d in ((0, I1, d1), (1, I2, d2))
                 )
                 after += w * padded[dtop - d1 : dtop - d1 + size[0], dtop - d2 : dtop - d2 + size[1]]
-            policy.t = t
+            policy.period = t
             state = State(inv, torch.zeros(inv.shape[0], 2, LMAX - 1, dtype=torch.float64), torch.full((inv.shape[0],), grid.points[f]))
             opens, quantity = policy(state, tinst)
             order = (opens[:, None] * quantity).numpy().round().astype(int).reshape(*I1.shape, 2)

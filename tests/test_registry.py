@@ -3,7 +3,6 @@ circle among the trainers, and every method trained and evaluated by trainers.ex
 (once per session: conftest.trained), its checkpoint evaluated again by `evaluate.py --policy checkpoint:` (decide.py on every method's
 checkpoint: tests/test_decide.py)."""
 
-import ast
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from dataclasses import fields
 import pyarrow.parquet as pq
 import pytest
 from conftest import EPISODES, HORIZON, INSTANCE, METHODS, ROOT, TINY, tiny
+from helpers import import_circle, package_imports
 
 from envs.errors import InputError
 from envs.evaluation import evaluate
@@ -104,38 +104,12 @@ def test_experiment_arguments_are_checked_before_anything_is_written(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def trainer_imports() -> dict[str, set[str]]:
-    """For every module of trainers/, the trainers modules it imports anywhere (at its top or inside a function)."""
-    graph = {}
-    for path in sorted((ROOT / "trainers").glob("*.py")):
-        imported = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "trainers":
-                imported |= {f"trainers.{alias.name}" for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainers."):
-                imported.add(node.module)
-            elif isinstance(node, ast.Import):
-                imported |= {alias.name for alias in node.names if alias.name.startswith("trainers.")}
-        graph[f"trainers.{path.stem}"] = imported
-    return graph
-
-
 def test_the_trainers_import_each_other_without_a_circle():
-    graph = trainer_imports()
+    graph = package_imports("trainers")
     assert (
         "trainers.rllib_ppo" in graph["trainers.registry"] and "trainers.run" in graph["trainers.rllib_ppo"]
     )  # the graph sees lazy imports
-
-    def circle(module, path):
-        if module in path:
-            return path[path.index(module) :] + [module]
-        for other in sorted(graph.get(module, ())):
-            if found := circle(other, path + [module]):
-                return found
-        return None
-
-    for module in graph:
-        assert circle(module, []) is None, " -> ".join(circle(module, []))
+    assert import_circle(graph) is None, " -> ".join(import_circle(graph))
     assert graph["trainers.checkpoint"] == set()  # the file format knows no method
 
 

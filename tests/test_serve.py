@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
+from helpers import Gate
 
 from envs.errors import InputError
 from policies.classical import make_policy
@@ -39,8 +40,6 @@ STATES = [
 ]
 MAX_BODY = 4096
 """The test service's body limit (bytes): the four states fit, the too-large row does not."""
-BATCH_WAIT_MS = 200.0
-"""Long enough that concurrent requests on this loaded machine reach one batch."""
 
 
 def free_port() -> int:
@@ -91,9 +90,7 @@ def service(ray_session, trained):
     from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
 
     checkpoint = trained["or-transformer"].checkpoint
-    config = ServiceConfig(
-        policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, batch_wait_ms=BATCH_WAIT_MS, max_body_bytes=MAX_BODY
-    )
+    config = ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64, max_body_bytes=MAX_BODY)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
     serve.run(application(config, config.decider()), name="test-decisions", route_prefix="/")
@@ -125,6 +122,25 @@ def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
         assert response.status == 200 and response.read() == b""
     finally:
         connection.close()
+
+
+@pytest.mark.slow
+def test_an_answer_says_where_the_replica_spent_its_time(service):
+    """The Server-Timing header of POST /decide: serving.app.TIMINGS in order, each a duration >= 0, the first five
+    (body read, parse, queue, policy call, answer) consecutive spans that make up the last (the replica's time)."""
+    from serving.app import TIMINGS
+
+    connection = http.client.HTTPConnection("127.0.0.1", service[0], timeout=60)
+    try:
+        connection.request("POST", "/decide", body=json.dumps(STATES[0]).encode(), headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200 and json.loads(response.read())["order"] is not None
+        entries = [part.strip().split(";dur=") for part in response.getheader("Server-Timing").split(",")]
+    finally:
+        connection.close()
+    assert [name for name, _ in entries] == list(TIMINGS)
+    spans = [float(ms) for _, ms in entries]
+    assert min(spans) >= 0 and sum(spans[:-1]) == pytest.approx(spans[-1], abs=0.005)  # each written to 0.001 ms
 
 
 def body(text: str) -> bytes:
@@ -268,24 +284,44 @@ def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payloa
 
 
 @pytest.mark.slow
-def test_concurrent_requests_are_answered_one_policy_call_per_batch(service, script_runner, tmp_path):
-    """Catches a wrong answer to concurrent requests, or a batch answered by more than one policy call. How Serve groups
-    the 16 requests into batches depends on their timing, so the replica's own record (batches, forward passes) is
-    compared, not a count that assumes one batch window; that one batch takes several requests in one call is
-    test_one_bad_request_of_a_batch_fails_alone's explicit event."""
+def test_requests_queued_during_a_policy_call_share_the_next_one(service, script_runner, tmp_path):
+    """Catches batching that never merges requests (each request its own policy call), a batch answered by more than
+    one call, and a wrong answer to concurrent requests. The replica's first policy call is held at a gate
+    (tests/helpers.py) until the 15 other requests are queued in the replica, as its /info says: they must then
+    share the next call, with no batch wait."""
+    from ray import serve
+
+    from serving.app import ONGOING_REQUESTS, DecisionService, ServiceConfig
+
     port, checkpoint = service
+    gate = Gate(tmp_path / "gate", call=("serving.decisions:Decider.decide_many", "before", 1))
+    config = ServiceConfig(policy=CHECKPOINT_PREFIX + str(checkpoint), max_batch_size=64)
+    options = {"num_cpus": 1, "runtime_env": {"env_vars": gate.env}}
+    serve.run(
+        DecisionService.options(max_ongoing_requests=ONGOING_REQUESTS, ray_actor_options=options).bind(config.decider(), config),
+        name="test-gated",
+        route_prefix="/gated",
+    )
     requests = [STATES[k % 4] for k in range(16)]
-    before = call(port, "GET", "/info")[1]["counters"]
-    with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-        answers = list(pool.map(lambda state: call(port, "POST", "/decide", json.dumps(state).encode()), requests))
-    after = call(port, "GET", "/info")[1]["counters"]
-    assert all(status == 200 for status, _ in answers)
+    try:
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            sent = [pool.submit(call, port, "POST", "/gated/decide", json.dumps(requests[0]).encode())]
+            gate.wait()
+            sent += [pool.submit(call, port, "POST", "/gated/decide", json.dumps(state).encode()) for state in requests[1:]]
+            deadline = time.monotonic() + 120
+            while call(port, "GET", "/gated/info")[1]["counters"]["queued"] < len(requests) - 1:
+                assert time.monotonic() < deadline, "the requests did not reach the replica's queue"
+                time.sleep(0.05)
+            gate.release()
+            answers = [future.result() for future in sent]
+        counters = call(port, "GET", "/gated/info")[1]["counters"]
+    finally:
+        serve.delete("test-gated")
+    assert all(status == 200 for status, _ in answers), answers
     expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
-    assert_same_answers([answer for _, answer in answers], [expected[i % 4] for i in range(16)])
-    assert after["requests"] - before["requests"] == 16 and after["states"] - before["states"] == 16
-    batches = after["batches"] - before["batches"]
-    assert 1 <= batches <= 16 and after["forward_passes"] - before["forward_passes"] == batches
-    assert 1 <= after["largest_batch"] <= 16
+    assert_same_answers([answer for _, answer in answers], [expected[k % 4] for k in range(16)])
+    assert (counters["requests"], counters["batches"], counters["largest_batch"], counters["forward_passes"]) == (16, 2, 15, 2)
+    assert counters["queued"] == 0
 
 
 POISON_FACTOR = 7.25
@@ -377,6 +413,40 @@ def test_a_replica_copy_of_the_decider_answers_each_request_as_decide_py(method,
         for together, state in zip(copy.decide_many([first, second]), (first, second)):
             assert_same_answers(together.records(), alone.decide(state).records())
         assert copy.forward_passes == (1 if mode == "greedy" else 2)
+
+
+@pytest.mark.parametrize(
+    "max_batch_size, calls", [(64, [[0], [1, 2, 3, 4, 5]]), (2, [[0], [1, 2], [3, 4], [5]]), (1, [[k] for k in range(6)])]
+)
+def test_a_batch_takes_the_requests_queued_while_the_policy_computes(max_batch_size, calls):
+    """serving.app.Batcher with no batch wait: the first request's call is held (an event) until five more are queued;
+    then they share the next calls, up to max_batch_size each, in arrival order, and each request gets its own answer.
+    Catches batching that never merges, a batch over its size, a request answered twice or by another's answer."""
+    import asyncio
+    import threading
+
+    from serving.app import Batcher
+
+    computing, release, seen = threading.Event(), threading.Event(), []
+
+    def decide_many(states):
+        seen.append(list(states))
+        computing.set()
+        release.wait()
+        return [f"answer {state}" for state in states]
+
+    async def scenario():
+        batcher = Batcher(decide_many, max_batch_size, 0.0, lambda size: None)
+        first = asyncio.create_task(batcher.decide(0))
+        await asyncio.to_thread(computing.wait)
+        rest = [asyncio.create_task(batcher.decide(k)) for k in range(1, 6)]
+        while len(batcher.queued) < 5:  # each task queues its request at its first step
+            await asyncio.sleep(0)
+        release.set()
+        return [answer for answer, _, _ in await asyncio.gather(first, *rest)]
+
+    assert asyncio.run(scenario()) == [f"answer {k}" for k in range(6)]
+    assert seen == calls
 
 
 def test_each_request_of_a_shared_call_gets_its_own_answer_or_its_own_error():
@@ -479,7 +549,7 @@ def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
     module, _, name = application.import_path.partition(":")
     assert module == "serving.app" and getattr(app, name) is app.build_app
     assert app.ServiceConfig.from_dict(application.args) == app.ServiceConfig(
-        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=2.0, max_body_bytes=8 * 2**20
+        policy="checkpoint:/mnt/shared/runs/ot16/checkpoint.pt", replicas=2, max_batch_size=32, batch_wait_ms=0.0, max_body_bytes=8 * 2**20
     )
     assert config.http_options.host == "127.0.0.1" and config.http_options.request_timeout_s == app.REQUEST_TIMEOUT_S
 
@@ -491,7 +561,7 @@ def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
         ({"mode": "greedy"}, r"missing keys \['policy'\]"),
         (
             {"policy": "best"},
-            r"field 'policy': expected one of .*'decomposition-lookahead'\], checkpoint:PATH or decomposition-lookahead:DIR, got a string \"best\"",
+            r"field 'policy': expected one of .*'decomposition-lookahead'\], checkpoint:PATH or .*:DIR, got a string \"best\"",
         ),
         ({"policy": "zero", "replicas": 0}, r"field 'replicas': expected an integer >= 1, got 0"),
         ({"policy": "zero", "max_batch_size": 2.5}, r"field 'max_batch_size': expected an integer >= 1, got 2.5"),

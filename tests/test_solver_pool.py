@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from helpers import Gate
 
+from envs.errors import InputError
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from solver_workers.backends import SolverOptions
+from solver_workers.decomposition import DecompositionOptions
 from solver_workers.pool import (
     Journal,
     Pool,
@@ -118,6 +120,15 @@ def test_bounds_run_in_the_pool(tmp_path, ray_session):
     journal = Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 1, 8, SolverOptions(gap=0.0)))
     records = run_bounds(inst, paths, SolverOptions(gap=0.0), Pool(2), journal)
     assert [r["episode"] for r in records] == [0, 1, 2] and all(r["status"] == "optimal" for r in records)
+
+
+def test_bad_input_found_by_a_worker_reaches_the_driver_as_its_one_line(ray_session):
+    """A worker's InputError (here the DP's refusal of horizon 0) reaches the driver as an InputError whose message
+    is the worker's one line, not Ray's report of the worker's traceback."""
+    task = ("split_values", (paper_instance(1, 0), 0, [1.0], 0, 0, DecompositionOptions()))
+    with pytest.raises(InputError) as raised:
+        Pool(1).run([task], lambda record: [], 1, 0, "values")
+    assert str(raised.value).startswith("dp-optimal horizon: expected an integer") and "\n" not in str(raised.value), str(raised.value)
 
 
 def test_gurobi_licence_limit_is_a_recorded_fallback():

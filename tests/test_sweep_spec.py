@@ -8,8 +8,8 @@ import pytest
 import yaml
 from conftest import ROOT, run_script
 
-from envs.cli import read_file
 from envs.errors import InputError
+from envs.files import read_file
 from solver_workers.decomposition import DecompositionOptions
 from sweeps.results_dir import open_results
 from sweeps.run import dry_run, read_spec

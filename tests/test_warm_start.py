@@ -1,10 +1,15 @@
 """The warm start by imitation of classical-best (trainers.imitation, PathwiseTrainer.warm_start): targets
-against a slow reference loop, the fit (loss falls, greedy agreement with the teacher on states of another
-seed's rollouts), the run folder (update-0 checkpoint, resume without repeating it, an interruption during it
-writes nothing), the paper's path unchanged when it is off, world-size invariance, and bad config values."""
+against slow reference loops (the buffered steps against simulating them again, with broken controls), the fit
+(loss falls, greedy agreement with the teacher on states of another seed's rollouts), the run folder (update-0
+checkpoint, resume without repeating it, checkpoints within the warm start and their resume, an interruption
+before its first checkpoint writes nothing), the paper's path unchanged when it is off, world-size invariance,
+and bad config values."""
 
 import copy
+import dataclasses
 import json
+import os
+import signal
 
 import pyarrow.parquet as pq
 import pytest
@@ -14,16 +19,17 @@ import torch.multiprocessing as mp
 from conftest import TINY
 
 import trainers.imitation as imitation
+import trainers.named_policies as named_policies
 import trainers.pathwise as pathwise
-import trainers.resolver as resolver
 from envs.dynamics import initial_state, step
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import FactorDemandStream, sample_paths
+from envs.features import item_tokens
 from envs.instance import paper_instance
 from policies.lookahead import NAME as LOOKAHEAD
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
-from trainers.imitation import StudentMix, imitation_losses, lookahead, teacher_rollout
+from trainers.imitation import Frontier, StudentMix, TeacherRollouts, cost_to_go_steps, imitation_losses
 from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.policy import LearnedPolicy
 from trainers.run import run_files
@@ -35,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tune_once(tuned):
     """The teachers tuned once per session (conftest.tuned)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(resolver, "tuned_policy", tuned)
+        patch.setattr(named_policies, "tuned_policy", tuned)
         yield
 
 
@@ -56,28 +62,31 @@ class EveryThird:
         return torch.full((state.batch,), due), quantity
 
 
-def test_lookahead_reaches_one_percent_of_the_tail():
-    assert lookahead(0.95) == 90 and 0.95**90 <= 0.01 < 0.95**89
-    assert lookahead(0.5) == 7 and lookahead(1e-9) == 1
+def rollouts_from_the_start(teacher, inst, stream: FactorDemandStream, batch: int) -> TeacherRollouts:
+    """The warm start's rollouts of all `batch` rows from the stream's initial factor."""
+    factor = stream.initial_factor()
+    return TeacherRollouts(
+        teacher, inst, stream, Frontier(initial_state(inst, factor), factor, stream.generator.get_state()), slice(0, batch)
+    )
+
+
+def test_cost_to_go_reaches_one_percent_of_the_tail():
+    assert cost_to_go_steps(0.95) == 90 and 0.95**90 <= 0.01 < 0.95**89
+    assert cost_to_go_steps(0.5) == 7 and cost_to_go_steps(1e-9) == 1
 
 
 def test_teacher_targets_match_a_slow_reference_loop():
-    """Two calls of 4 steps against one plain simulation of 8 + lookahead steps from the same stream: the
-    states, Y, Q / qbar and the cost-to-go sum_k gamma^k C_{t+k} / c_ref (double loop), and the second call
-    continues exactly where the first one's 4 steps ended (the clock and the stream too)."""
+    """Two updates of 4 steps against one plain simulation of 8 + cost_to_go_steps steps from the same stream:
+    the states, Y, Q / qbar and the cost-to-go sum_k gamma^k C_{t+k} / c_ref (double loop) truncated where its
+    update's simulation ends, and the second update continues exactly where the first one's 4 steps ended (the
+    clock and the stream too)."""
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
     batch, steps = 6, 4
-    stream = FactorDemandStream(inst, batch, seed=11)
     reference_stream = FactorDemandStream(inst, batch, seed=11)
-    factor = stream.initial_factor()
-    state = initial_state(inst, factor)
-    teacher = EveryThird()
-    calls = []
-    for _ in range(2):
-        batch_steps, state, factor = teacher_rollout(teacher, inst, state, factor, stream, steps, slice(0, batch))
-        calls.append(batch_steps)
-    # the reference: one simulation long enough for the second call's lookahead
-    total = 2 * steps + lookahead(inst.gamma)
+    rollouts = rollouts_from_the_start(EveryThird(), inst, FactorDemandStream(inst, batch, seed=11), batch)
+    calls = [rollouts.next_update(steps) for _ in range(2)]
+    # the reference: one simulation long enough for the second update's cost-to-go
+    total = 2 * steps + cost_to_go_steps(inst.gamma)
     ref_teacher, ref_factor = EveryThird(), reference_stream.initial_factor()
     ref_state, invs, opens, fractions, costs = initial_state(inst, ref_factor), [], [], [], []
     for _ in range(total):
@@ -91,14 +100,14 @@ def test_teacher_targets_match_a_slow_reference_loop():
         for t in range(steps):
             u = call * steps + t
             rows = slice(t, None, steps)  # flattened (row, step): step t of every row
-            horizon = steps + lookahead(inst.gamma) - t  # this call simulated up to its own end
+            horizon = steps + cost_to_go_steps(inst.gamma) - t  # up to the end of this update's simulation
             expected_g = sum(inst.gamma**k * costs[u + k] for k in range(horizon))
             torch.testing.assert_close(got.cost_to_go[rows], expected_g)
             torch.testing.assert_close(got.open_order[rows], opens[u])
             torch.testing.assert_close(got.fraction[rows], fractions[u])
             torch.testing.assert_close(got.items[rows][..., 0], (invs[u] - inst.mu) / inst.sigma)
     assert calls[0].open_order.view(batch, steps)[0].tolist() == [1, 0, 0, 1]
-    assert calls[1].open_order.view(batch, steps)[0].tolist() == [0, 0, 1, 0]  # the clock went on from 4, not from 4 + lookahead
+    assert calls[1].open_order.view(batch, steps)[0].tolist() == [0, 0, 1, 0]  # the clock went on from 4
 
 
 def half_base_stock(state, instance):
@@ -117,12 +126,11 @@ def test_dagger_rollout_acts_by_the_mix_and_labels_by_the_teacher():
     batch, steps, share = 6, 4, 0.5
     stream = FactorDemandStream(inst, batch, seed=5)
     reference_stream = FactorDemandStream(inst, batch, seed=5)
-    factor = stream.initial_factor()
     mix = StudentMix(half_base_stock, share, stream.generator, slice(0, batch))
-    got, _, _ = teacher_rollout(EveryThird(), inst, initial_state(inst, factor), factor, stream, steps, slice(0, batch), mix=mix)
+    got = rollouts_from_the_start(EveryThird(), inst, stream, batch).next_update(steps, mix)
     ref_teacher, ref_factor = EveryThird(), reference_stream.initial_factor()
     ref_state, invs, opens, fractions, costs, executed_differs = initial_state(inst, ref_factor), [], [], [], [], []
-    for _ in range(steps + lookahead(inst.gamma)):
+    for _ in range(steps + cost_to_go_steps(inst.gamma)):
         y, q = ref_teacher(ref_state, inst)
         invs.append(ref_state.inv), opens.append(y), fractions.append(q / inst.qbar)
         student = torch.rand(batch, generator=reference_stream.generator, dtype=inst.dtype) < share
@@ -136,11 +144,118 @@ def test_dagger_rollout_acts_by_the_mix_and_labels_by_the_teacher():
     assert any(executed_differs[:steps])
     for t in range(steps):
         rows = slice(t, None, steps)
-        expected_g = sum(inst.gamma**k * costs[t + k] for k in range(steps + lookahead(inst.gamma) - t))
+        expected_g = sum(inst.gamma**k * costs[t + k] for k in range(steps + cost_to_go_steps(inst.gamma) - t))
         torch.testing.assert_close(got.cost_to_go[rows], expected_g)
         torch.testing.assert_close(got.open_order[rows], opens[t])
         torch.testing.assert_close(got.fraction[rows], fractions[t])
         torch.testing.assert_close(got.items[rows][..., 0], (invs[t] - inst.mu) / inst.sigma)
+
+
+class ShiftingStudent:
+    """A student whose rule changes between updates, as a trained one does: opens where some item's position is
+    below `level` mu, up to `level` mu; the test raises `level` after each update."""
+
+    def __init__(self):
+        self.level = 0.5
+
+    def __call__(self, state, instance):
+        quantity = torch.clamp(self.level * instance.mu - state.inventory_position(), min=0.0).minimum(instance.qbar)
+        return (quantity > 0).any(-1).to(quantity.dtype), quantity
+
+
+def simulated_again(inst, batch: int, steps: int, phases: list[str], seed: int = 3) -> list[tuple[torch.Tensor, ...]]:
+    """The slow reference: each update simulates its steps and cost_to_go_steps more from where the previous
+    update's kept steps ended, the steps past its own on a copy of the teacher (its clock stays), then rewinds
+    the stream and simulates those again in the next update. `phases`: "plain" (the teacher acts) or "dagger"
+    (the mix with a ShiftingStudent at share 0.5 acts, the student changing after each update). Per update:
+    (Y, Q / qbar, item tokens, G) as [b T] rows, G by the backward recursion C_t + gamma G_{t+1}."""
+    stream = FactorDemandStream(inst, batch, seed=seed)
+    teacher, student = EveryThird(), ShiftingStudent()
+    factor = stream.initial_factor()
+    state, updates = initial_state(inst, factor), []
+    for phase in phases:
+        acting, opens, fractions, tokens, costs = teacher, [], [], [], []
+        for t in range(steps + cost_to_go_steps(inst.gamma)):
+            if t == steps:
+                after, acting = (state, factor, stream.generator.get_state()), copy.copy(teacher)
+            y, q = acting(state, inst)
+            if t < steps:
+                opens.append(y), fractions.append(q / inst.qbar), tokens.append(item_tokens(inst, state))
+            if phase == "dagger":
+                chosen = torch.rand(batch, generator=stream.generator, dtype=inst.dtype) < 0.5
+                sy, sq = student(state, inst)
+                y, q = torch.where(chosen, sy, y), torch.where(chosen[:, None], sq, q)
+            demand = stream.demand(factor)
+            factor = stream.next_factor(factor)
+            state, cost = step(inst, state, y, q, demand, factor)
+            costs.append(cost / inst.c_ref)
+        running, cost_to_go = torch.zeros_like(costs[0]), []
+        for t in reversed(range(len(costs))):
+            running = costs[t] + inst.gamma * running
+            cost_to_go.insert(0, running)
+        state, factor, rng = after
+        stream.generator.set_state(rng)
+        student.level += 0.25 if phase == "dagger" else 0.0
+        flat = lambda xs: torch.stack(xs, dim=1).flatten(0, 1)  # noqa: E731
+        updates.append((flat(opens), flat(fractions), flat(tokens), flat(cost_to_go[:steps])))
+    return updates
+
+
+def buffered(rollouts_class, inst, batch: int, steps: int, phases: list[str], seed: int = 3) -> list[tuple[torch.Tensor, ...]]:
+    """The same updates from `rollouts_class` (TeacherRollouts or a broken copy), in the reference's form."""
+    stream = FactorDemandStream(inst, batch, seed=seed)
+    student = ShiftingStudent()
+    factor = stream.initial_factor()
+    start = Frontier(initial_state(inst, factor), factor, stream.generator.get_state())
+    rollouts = rollouts_class(EveryThird(), inst, stream, start, slice(0, batch))
+    mix = StudentMix(student, 0.5, stream.generator, slice(0, batch))
+    updates = []
+    for phase in phases:
+        got = rollouts.next_update(steps, mix if phase == "dagger" else None)
+        student.level += 0.25 if phase == "dagger" else 0.0
+        updates.append((got.open_order, got.fraction, got.items, got.cost_to_go))
+    return updates
+
+
+class ShiftedBuffer(TeacherRollouts):
+    """Broken control: the buffer loses one more step after each update (the next update starts a step late)."""
+
+    def next_update(self, steps, mix=None):
+        got = super().next_update(steps, mix)
+        if self.ahead:  # a plain update's buffer (a DAgger update keeps none)
+            self.ahead.popleft()
+        return got
+
+
+class BufferedDagger(TeacherRollouts):
+    """Broken control: DAgger keeps the steps simulated ahead (acted by the teacher or an earlier student)."""
+
+    def rewind(self):
+        pass
+
+
+PHASES = ["plain"] * 4 + ["dagger"] * 3
+
+
+def test_buffered_targets_are_those_of_simulating_again_and_broken_buffers_are_not():
+    """Four plain updates then three DAgger updates of 5 steps (T < cost_to_go_steps = 90: each plain update
+    takes 85 of its 90 steps past itself from the buffer) give exactly the targets of the reference that
+    simulates every update's steps past itself again, to the last bit: Y, Q / qbar, the states' tokens and G
+    (the same recursion on the same costs). A buffer shifted by one step differs from the second update on; a
+    DAgger that kept its steps ahead differs in the DAgger updates only, while the plain ones agree."""
+    inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
+    batch, steps = 6, 5
+    reference = simulated_again(inst, batch, steps, PHASES)
+
+    def equal(got, expected):
+        return all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+    assert all(equal(g, e) for g, e in zip(buffered(TeacherRollouts, inst, batch, steps, PHASES), reference, strict=True))
+    shifted = buffered(ShiftedBuffer, inst, batch, steps, PHASES)
+    assert equal(shifted[0], reference[0]) and not any(equal(g, e) for g, e in zip(shifted[1:], reference[1:]))
+    kept_ahead = buffered(BufferedDagger, inst, batch, steps, PHASES)
+    assert all(equal(g, e) for g, e in zip(kept_ahead[:4], reference[:4]))
+    assert not any(torch.equal(g[3], e[3]) for g, e in zip(kept_ahead[4:], reference[4:]))
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +271,10 @@ def warm_trainer():
 def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
-    teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
-    stream = FactorDemandStream(inst, 256, seed=987_654)
-    factor = stream.initial_factor()
-    state = initial_state(inst, factor)
+    teacher, _ = named_policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    rollouts = rollouts_from_the_start(teacher, inst, FactorDemandStream(inst, 256, seed=987_654), 256)
     for _ in range(3):
-        batch, state, factor = teacher_rollout(teacher, inst, state, factor, stream, 20, slice(0, 256))
+        batch = rollouts.next_update(20)
     assert 0.2 < batch.open_order.mean() < 0.8  # both decisions occur
     return batch
 
@@ -233,7 +346,7 @@ def test_the_warm_started_student_costs_within_a_margin_of_its_teacher_and_a_bro
     each broken control's (excess_costs) is above it, so the margin tells a working imitation from one that
     lost either target."""
     trainer, untrained = warm_trainer
-    teacher, _ = resolver.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = named_policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
     assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
 
@@ -306,6 +419,119 @@ def test_resume_after_the_warm_start_does_not_repeat_it(tmp_path, monkeypatch):
     assert straight["wall_seconds"] > straight["warm_start"]["seconds"]  # the curve's clock includes the warm start
 
 
+def clock_teacher(monkeypatch, rebuilt_from: list) -> None:
+    """The run's teacher is EveryThird (its opening follows its clock): built by the teacher's resolution and
+    rebuilt from its parameters on a resume, each rebuild noted in `rebuilt_from`."""
+    monkeypatch.setattr(pathwise, "teacher_policy", lambda *args, **kwargs: (EveryThird(), {"family": "every third"}))
+    monkeypatch.setattr(pathwise, "policy_from_parameters", lambda instance, parameters: rebuilt_from.append(parameters) or EveryThird())
+
+
+def in_imitation_update(monkeypatch, update: int, action) -> None:
+    """Call `action()` at the start of imitation update `update` (1-based), before its losses."""
+    losses, calls = pathwise.imitation_losses, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == update:
+            action()
+        return losses(*args, **kwargs)
+
+    monkeypatch.setattr(pathwise, "imitation_losses", counted)
+
+
+def interrupt() -> None:
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def fail() -> None:
+    raise RuntimeError("out of memory")
+
+
+@pytest.mark.parametrize("teacher", ["base-stock-factor", "clock"])
+@pytest.mark.parametrize("stop, saved_at, status", [(interrupt, 5, "interrupted"), (fail, 4, "running")])
+def test_a_warm_start_stopped_midway_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, teacher, stop, saved_at, status):
+    """4 plain and 3 DAgger imitation updates with checkpoint_every 2: Ctrl-C during imitation update 5 finishes
+    and saves it (status interrupted, training.json too); an exception in update 6 leaves update 4's periodic
+    checkpoint. Resumed, the run ends with the uninterrupted run's weights, warm start losses and curve, and
+    the resume builds no teacher anew: a tuned classical teacher is rebuilt from the parameters in the
+    checkpoint (tuning would fail), a teacher with a clock (EveryThird) has its clock brought to the saved
+    update's step (the plain updates' buffer is simulated again from the saved state)."""
+    config = TrainConfig(
+        **RUN, updates=2, imitation_updates=4, imitation_dagger_updates=3, imitation_teacher="base-stock-factor", checkpoint_every=2
+    )
+    inst, rebuilt_from = paper_instance(3, 0), []
+    if teacher == "clock":
+        clock_teacher(monkeypatch, rebuilt_from)
+    straight = train(config, inst, tmp_path / "straight", progress=False)
+    with monkeypatch.context() as patch:
+        in_imitation_update(patch, saved_at + 1 if stop is fail else saved_at, stop)
+        with pytest.raises(KeyboardInterrupt if stop is interrupt else RuntimeError):
+            train(config, inst, tmp_path / "run", progress=False)
+    ckpt = read_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    assert (ckpt["status"], ckpt["trainer"]["update"], ckpt["trainer"]["imitation"]["updates_done"]) == (status, 0, saved_at)
+    assert ckpt["trainer"]["warm_start"] is None and pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 0
+    if stop is interrupt:
+        assert json.loads((tmp_path / "run" / "training.json").read_text())["status"] == "interrupted"
+
+    def no_teacher_built(*args, **kwargs):
+        raise AssertionError("the resume built the teacher anew")
+
+    if teacher == "clock":
+        monkeypatch.setattr(pathwise, "teacher_policy", no_teacher_built)
+    else:
+        monkeypatch.setattr(named_policies, "tuned_policy", no_teacher_built)
+    resumed = train(config, inst, tmp_path / "run", mode="resume", progress=False)
+    for x, y in zip(
+        model_weights(tmp_path / "straight" / "checkpoint.pt").values(), model_weights(tmp_path / "run" / "checkpoint.pt").values()
+    ):
+        assert torch.equal(x, y)
+    losses = ("open_loss", "quantity_loss", "critic_loss", "open_agreement")
+    assert [resumed["warm_start"][k] for k in losses] == [straight["warm_start"][k] for k in losses]
+    assert pq.read_table(tmp_path / "run" / "curve.parquet")["cost10"] == pq.read_table(tmp_path / "straight" / "curve.parquet")["cost10"]
+    assert resumed["attempts"] == [0, 0] and "imitation" not in read_checkpoint(tmp_path / "run" / "checkpoint.pt")["trainer"]
+    if teacher == "clock":
+        assert rebuilt_from == [{"family": "every third"}]
+
+
+def small_lookahead_tables(monkeypatch) -> None:
+    """The in-process lookahead tables on a coarse factor grid (seconds instead of minutes)."""
+    from solver_workers import lookahead as lookahead_tables
+    from solver_workers.decomposition import DecompositionOptions
+
+    build = lookahead_tables.item_tables
+    small = DecompositionOptions(factor_points=9, coarse_points=4)
+    monkeypatch.setattr(
+        lookahead_tables, "item_tables", lambda instance, horizon, _, *args, **kwargs: build(instance, horizon, small, *args, **kwargs)
+    )
+
+
+def test_a_resumed_lookahead_teacher_keeps_its_threshold_and_ends_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """The decomposition lookahead as teacher, its tables computed in process: Ctrl-C in imitation update 3, then a
+    resume that may not tune the threshold again (the checkpoint's is used) ends with the uninterrupted run's
+    weights and the first build's record."""
+    from solver_workers import lookahead as lookahead_tables
+
+    small_lookahead_tables(monkeypatch)
+    config = TrainConfig(**RUN, updates=1, imitation_updates=4, imitation_teacher=LOOKAHEAD, checkpoint_every=2)
+    inst = paper_instance(3, 0)
+    straight = train(config, inst, tmp_path / "straight", progress=False)
+    with monkeypatch.context() as patch:
+        in_imitation_update(patch, 3, interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, inst, tmp_path / "run", progress=False)
+
+    def no_tuning(*args, **kwargs):
+        raise AssertionError("the resume tuned the threshold again")
+
+    monkeypatch.setattr(lookahead_tables, "tune_threshold", no_tuning)
+    resumed = train(config, inst, tmp_path / "run", mode="resume", progress=False)
+    for x, y in zip(
+        model_weights(tmp_path / "straight" / "checkpoint.pt").values(), model_weights(tmp_path / "run" / "checkpoint.pt").values()
+    ):
+        assert torch.equal(x, y)
+    assert resumed["warm_start"]["teacher_parameters"]["tuning_means"] == straight["warm_start"]["teacher_parameters"]["tuning_means"] != {}
+
+
 def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -335,14 +561,24 @@ def test_a_run_with_progress_shows_the_warm_start_as_a_bar(tmp_path, capsys):
 
 
 def test_without_imitation_updates_training_is_as_before(tmp_path):
-    """The 3-update curve with the field absent and at 0 (with another imitation learning rate), and the curve
-    that the same calls gave before the warm start existed (commit bbb6c6b, this machine)."""
-    inst = paper_instance(2, 0).to_torch()
+    """The paper's path does not see the warm start: the 3-update curve with the fields absent equals the one at 0
+    (with another imitation learning rate); a trainer warm-started by 3 imitation updates and then given back its
+    initial weights makes the never-warm-started trainer's curve to the last bit (the warm start changes the
+    weights alone, not the paper's streams, rollout state or optimiser), while with its warm-started weights
+    the curve differs (the comparison sees the weights)."""
+    source = paper_instance(2, 0)
+    inst = source.to_torch()
     absent = PathwiseTrainer(TrainConfig(**RUN, updates=3), inst)
+    initial = copy.deepcopy(absent.model.state_dict())
     zero = PathwiseTrainer(TrainConfig(**RUN, updates=3, imitation_updates=0, imitation_learning_rate=0.5), inst)
     curve_absent = [absent.step()["cost10"] for _ in range(3)]
     assert [zero.step()["cost10"] for _ in range(3)] == curve_absent
-    assert curve_absent == pytest.approx([298.6874198993595, 647.2065015891793, 928.6405972458219], rel=1e-5)
+    warm_config = TrainConfig(**RUN, updates=3, imitation_updates=3, imitation_teacher="base-stock")
+    reverted, warm = PathwiseTrainer(warm_config, inst), PathwiseTrainer(warm_config, inst)
+    reverted.warm_start(source), warm.warm_start(source)
+    reverted.model.load_state_dict(initial)
+    assert [reverted.step()["cost10"] for _ in range(3)] == curve_absent
+    assert [warm.step()["cost10"] for _ in range(3)] != curve_absent
     summary = train(TrainConfig(**RUN, updates=2), paper_instance(2, 0), tmp_path / "run", progress=False)
     assert "warm_start" not in summary and read_checkpoint(tmp_path / "run" / "checkpoint.pt")["trainer"]["warm_start"] is None
 
@@ -398,25 +634,39 @@ def warm_weights(trainer):
     return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), trainer.warm_start_record["open_loss"]
 
 
-def rank_worker(rank, world, init_file, results):
+def tuning_refused(*args, **kwargs):
+    raise AssertionError("a rank other than 0 tuned the teacher")
+
+
+def rank_worker(rank, world, init_file, results, config):
+    """One rank's warm start; only rank 0 may build the teacher (the others make a classical one from rank 0's
+    parameters, and get a lookahead with its tables)."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    try:
-        results[rank] = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
-    finally:
-        dist.destroy_process_group()
+    with pytest.MonkeyPatch.context() as patch:
+        small_lookahead_tables(patch)
+        if rank > 0:
+            patch.setattr(named_policies, "tuned_policy", tuning_refused)
+            patch.setattr(named_policies, "lookahead_policy", tuning_refused)
+        try:
+            results[rank] = warm_weights(PathwiseTrainer(config, WORLD_INSTANCE.to_torch()))
+        finally:
+            dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path):
+@pytest.mark.parametrize("teacher", ["base-stock-factor", LOOKAHEAD])
+def test_two_ranks_end_the_warm_start_with_the_weights_of_one_process(tmp_path, monkeypatch, teacher):
+    config = dataclasses.replace(WORLD_CONFIG, imitation_teacher=teacher)
     results = mp.Manager().dict()
-    mp.spawn(rank_worker, args=(2, str(tmp_path / "init"), results), nprocs=2, join=True)
+    mp.spawn(rank_worker, args=(2, str(tmp_path / "init"), results, config), nprocs=2, join=True)
     (w0, loss0), (w1, loss1) = results[0], results[1]
-    one, loss = warm_weights(PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()))
+    small_lookahead_tables(monkeypatch)
+    one, loss = warm_weights(PathwiseTrainer(config, WORLD_INSTANCE.to_torch()))
     assert torch.equal(w0, w1) and loss0 == loss1
     torch.testing.assert_close(w0, one, rtol=0, atol=1e-5)
     assert loss0 == pytest.approx(loss, rel=1e-5)
-    initial = torch.cat([p.detach().flatten() for p in PathwiseTrainer(WORLD_CONFIG, WORLD_INSTANCE.to_torch()).model.parameters()])
+    initial = torch.cat([p.detach().flatten() for p in PathwiseTrainer(config, WORLD_INSTANCE.to_torch()).model.parameters()])
     assert (one - initial).abs().max() > 1e-3  # the phase moved the weights
 
 
@@ -425,9 +675,7 @@ def test_imitation_in_micro_batches_gives_the_gradient_of_the_whole_batch():
     of 4), equal those of one pass over all 24 (float64), and the micro-batched call did run the networks once per
     micro-batch. Catches a micro-batch weighted by its own count instead of the batch's."""
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)
-    stream = FactorDemandStream(inst, 3, seed=5)
-    factor = stream.initial_factor()
-    batch, _, _ = teacher_rollout(EveryThird(), inst, initial_state(inst, factor), factor, stream, 8, slice(0, 3))
+    batch = rollouts_from_the_start(EveryThird(), inst, FactorDemandStream(inst, 3, seed=5), 3).next_update(8)
     model = PathwiseTrainer(TrainConfig(**{**RUN, "batch": 3}), inst).model
     gradients, results = [], []
     for chunks in (None, [slice(s, s + 5) for s in range(0, 24, 5)]):

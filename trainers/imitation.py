@@ -12,13 +12,17 @@ three networks are fitted on those B T_roll states by
   quantity  squared error of the fraction (eq. quantity_head) against Q_teacher / qbar, on every item of
             every state;
   critic    0.5 (V(s_t) - G_t)^2 (eq. value_head) with G_t = sum_k gamma^k C_{t+k} / c_ref the discounted
-            cost-to-go of the policy that acts, in the units of eq. (cost_normalization), simulated `lookahead`
-            steps past the last state of the update and truncated there (gamma^k <= TAIL: at most 1% of the
-            tail's value).
+            cost-to-go of the policy that acts, in the units of eq. (cost_normalization), simulated
+            `cost_to_go_steps` steps past the last state of the update and truncated there (gamma^k <= TAIL: at
+            most 1% of the tail's value).
 In a plain update the teacher acts. In a DAgger update (Ross et al. 2011) a `StudentMix` acts: in each row and
 step the student's greedy decision with probability `share`, else the teacher's; the teacher labels every
 state the rollout visits, so the student learns what the teacher would do in the states its own mistakes
-lead to, and the critic learns the cost-to-go of the mix (the student's own at share 1).
+lead to, and the critic learns the cost-to-go of the mix (the student's own at share 1), acted by the
+student of the update that keeps the state.
+The steps simulated past an update are kept ahead for the next plain update, which simulates only its own T
+new ones (`TeacherRollouts`); a DAgger update simulates its steps past the update again, since its student
+is new.
 The three networks have disjoint parameters, so the sum of the three losses trains each on its own loss.
 
 The rollouts draw their exogenous steps, and a mix its uniforms, for the whole batch (trainers.streams), so
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,8 +48,8 @@ from envs.instance import Instance, TensorInstance
 from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.names import NAMED_POLICIES, TABLES_PREFIX, is_policy_name
 from trainers.memory import accumulate
+from trainers.named_policies import named_policy
 from trainers.networks import ThreeNetworks, autocast
-from trainers.resolver import resolve
 from trainers.streams import exogenous_step
 
 TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
@@ -61,13 +66,14 @@ TAIL = 0.01
 """The cost-to-go is simulated until the discount gamma^k falls to this."""
 
 
-def teacher_policy(source: Instance, name: str, device="cpu", progress: bool = False) -> tuple[Policy, dict]:
+def teacher_policy(
+    source: Instance, name: str, device="cpu", progress: bool = False, threshold: float | None = None
+) -> tuple[Policy, dict]:
     """(policy, parameters for the record) of the teacher `name` (`is_teacher`) on `source`, as evaluate.py builds
-    it (trainers.resolver): a classical family tuned on the training paths for the evaluation
+    it (trainers.named_policies): a classical family tuned on the training paths for the evaluation
     horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
-    periods than any finite table has; its threshold tuned on the training paths)."""
-    teacher = resolve(name, source, EVAL_HORIZON, form="stationary", device=device, progress=progress)
-    return teacher.policy, teacher.parameters
+    periods than any finite table has; its threshold `threshold`, or tuned on the training paths when None)."""
+    return named_policy(source, name, EVAL_HORIZON, device, form="stationary", progress=progress, threshold=threshold)
 
 
 @dataclass
@@ -89,8 +95,9 @@ class StudentMix:
         return torch.where(student, student_open, teacher_open), torch.where(student[:, None], student_quantity, teacher_quantity)
 
 
-def lookahead(gamma: float) -> int:
-    """Steps simulated past a state for its cost-to-go: the least k >= 1 with gamma^k <= TAIL (90 at gamma = 0.95)."""
+def cost_to_go_steps(gamma: float) -> int:
+    """Steps simulated past an update's last state for its cost-to-go: the least k >= 1 with gamma^k <= TAIL
+    (90 at gamma = 0.95)."""
     return max(1, math.ceil(math.log(TAIL) / math.log(gamma)))
 
 
@@ -104,49 +111,117 @@ class TeacherSteps(NamedTuple):
     cost_to_go: torch.Tensor  # [b T]   G_t in c_ref units
 
 
-def teacher_rollout(
-    teacher: Policy,
-    instance: TensorInstance,
-    state: State,
-    factor: torch.Tensor,
-    stream: FactorDemandStream,
-    steps: int,
-    rows: slice,
-    mix: StudentMix | None = None,
-) -> tuple[TeacherSteps, State, torch.Tensor]:
-    """`steps` steps from `state` (this rank's `rows`; `factor` is F_t of the whole batch), then `lookahead` more
-    steps whose costs complete the cost-to-go; the teacher acts, or `mix` does (a DAgger update), and the
-    teacher labels every state. Returns the steps' states and targets, and the state (rows) and factor (whole
-    batch) after `steps` steps: the stream and the teacher's clock are left there too, so the next call draws
-    the lookahead's steps again as its own."""
-    gamma, total = instance.gamma, steps + lookahead(instance.gamma)
-    items, globs, opens, fractions, costs = [], [], [], [], []
-    policy = teacher
-    with torch.no_grad():
-        for t in range(total):
-            if t == steps:
-                after = (state, factor, stream.generator.get_state())
-                policy = copy.copy(teacher)  # the lookahead runs on a copy: the teacher's periodic clock stays at `steps`
-            open_order, quantity = policy(state, instance)
-            if t < steps:
-                items.append(item_tokens(instance, state))
-                globs.append(global_token(instance, state))
-                opens.append(open_order)
-                fractions.append(quantity / instance.qbar)
+class SimulatedStep(NamedTuple):
+    """One step u of the rollouts: where it starts (enough to simulate again from it), the teacher's label and
+    the cost of the decision executed."""
+
+    state: State  # s_u, this rank's rows
+    factor: torch.Tensor  # [B]  F_u of the whole batch
+    rng: torch.Tensor  # the stream's generator before step u's draws
+    teacher: Policy  # a copy of the teacher before its call at s_u (its clock)
+    open_order: torch.Tensor  # [b]     the teacher's Y_u
+    quantity: torch.Tensor  # [b, n]    the teacher's Q_u
+    cost: torch.Tensor  # [b]           C_u / c_ref
+
+
+class Frontier(NamedTuple):
+    """Where the next imitation update starts: s_t (this rank's rows), F_t (the whole batch) and the stream's
+    generator state; the teacher's clock there counts the steps kept so far."""
+
+    state: State
+    factor: torch.Tensor
+    rng: torch.Tensor
+
+
+class TeacherRollouts:
+    """The B rollouts of a warm start, continued by each imitation update (`next_update`), with the steps already
+    simulated past the last update kept ahead (`ahead`) so that each step is simulated once where the acting
+    policy does not change.
+
+    An update of T steps needs the costs of T + `cost_to_go_steps` steps (module docstring: G_t truncated
+    where that simulation ends). In a plain update the teacher acts, so the steps after the T kept are those
+    the next update would simulate again from the same state, clock and stream: they stay ahead, and the next
+    update simulates only T new ones; the targets are the numbers that simulating again gives. In a DAgger
+    update the student acting changes with every update, so the steps past the T kept are dropped and the
+    next update simulates them again with its own student (`rewind`): the targets are those of the DAgger
+    definition, with the student of the update that keeps the step.
+
+    Memory: the steps ahead hold each step's state and the teacher's Q, 5 numbers per rollout row, item and step
+    (LMAX = 4), for T + cost_to_go_steps steps: 2 GB in float32 at 1,024 rows of n = 1,024 and 100 steps; the
+    item tokens (11 per row and item) are made for the T steps kept only."""
+
+    def __init__(self, teacher: Policy, instance: TensorInstance, stream: FactorDemandStream, start: Frontier, rows: slice):
+        """`start`: the first update's state; the stream's generator is set to its `rng`."""
+        self.teacher, self.instance, self.stream, self.rows = teacher, instance, stream, rows
+        self.state, self.factor = start.state, start.factor  # after the last step simulated
+        stream.generator.set_state(start.rng)
+        self.ahead: deque[SimulatedStep] = deque()
+
+    def frontier(self) -> Frontier:
+        """Where the next update starts (the first step not kept yet)."""
+        if self.ahead:
+            first = self.ahead[0]
+            return Frontier(first.state, first.factor, first.rng)
+        return Frontier(self.state, self.factor, self.stream.generator.get_state())
+
+    def rewind(self) -> None:
+        """Drop the steps ahead: the rollouts, the stream and the teacher's clock go back to the frontier."""
+        if self.ahead:
+            first = self.ahead[0]
+            self.state, self.factor, self.teacher = first.state, first.factor, first.teacher
+            self.stream.generator.set_state(first.rng)
+            self.ahead.clear()
+
+    def simulate(self, mix: StudentMix | None) -> None:
+        """One more step past the last one simulated: the teacher labels it, the teacher or `mix` acts."""
+        state, factor, instance = self.state, self.factor, self.instance
+        rng, teacher = self.stream.generator.get_state(), copy.copy(self.teacher)
+        open_order, quantity = self.teacher(state, instance)
+        executed_open, executed_quantity = open_order, quantity
+        if mix is not None:
+            executed_open, executed_quantity = mix.act(state, instance, open_order, quantity, factor.shape[0])
+        demand, self.factor = exogenous_step(self.stream, factor, self.rows)
+        self.state, cost = step(instance, state, executed_open, executed_quantity, demand, self.factor[self.rows])
+        self.ahead.append(SimulatedStep(state, factor, rng, teacher, open_order, quantity, cost / instance.c_ref))
+
+    def next_update(self, steps: int, mix: StudentMix | None = None) -> TeacherSteps:
+        """The states and targets of the next `steps` steps; the teacher acts, or `mix` does (a DAgger update),
+        and the teacher labels every state."""
+        instance = self.instance
+        if mix is not None:
+            self.rewind()  # steps ahead acted by the teacher or an earlier student
+        with torch.no_grad():
+            while len(self.ahead) < steps + cost_to_go_steps(instance.gamma):
+                self.simulate(mix)
+            simulated = list(self.ahead)
+            cost_to_go, running = [], torch.zeros_like(simulated[0].cost)
+            for t in reversed(range(len(simulated))):
+                running = simulated[t].cost + instance.gamma * running
+                if t < steps:
+                    cost_to_go.append(running)
+            kept = [self.ahead.popleft() for _ in range(steps)]
             if mix is not None:
-                open_order, quantity = mix.act(state, instance, open_order, quantity, factor.shape[0])
-            demand, factor = exogenous_step(stream, factor, rows)
-            state, cost = step(instance, state, open_order, quantity, demand, factor[rows])
-            costs.append(cost / instance.c_ref)
-        cost_to_go, running = [], torch.zeros_like(costs[0])
-        for t in reversed(range(total)):
-            running = costs[t] + gamma * running
-            if t < steps:
-                cost_to_go.append(running)
-    state, factor, rng = after
-    stream.generator.set_state(rng)
-    flat = lambda xs: torch.stack(xs, dim=1).flatten(0, 1)  # noqa: E731  [b, T, ...] -> [b T, ...]
-    return TeacherSteps(flat(items), flat(globs), flat(opens), flat(fractions), flat(cost_to_go[::-1])), state, factor
+                self.rewind()
+            items = [item_tokens(instance, s.state) for s in kept]
+            globs = [global_token(instance, s.state) for s in kept]
+        flat = lambda xs: torch.stack(xs, dim=1).flatten(0, 1)  # noqa: E731  [b, T, ...] -> [b T, ...]
+        return TeacherSteps(
+            flat(items),
+            flat(globs),
+            flat([s.open_order for s in kept]),
+            flat([s.quantity / instance.qbar for s in kept]),
+            flat(cost_to_go[::-1]),
+        )
+
+
+def replay_clock(teacher: Policy, calls: int, state: State, instance: TensorInstance) -> None:
+    """Bring a newly built teacher's clock to where `calls` calls leave it: the clocks a teacher may hold (the
+    periodic review's, the lookahead's period) count its calls, so `calls` calls on one row of `state` do it
+    (a resumed warm start)."""
+    one_row = state.index(slice(0, 1))
+    with torch.no_grad():
+        for _ in range(calls):
+            teacher(one_row, instance)
 
 
 class ImitationLosses(NamedTuple):

@@ -25,9 +25,10 @@ Optional warm start (not the paper's; `imitation_updates` or `imitation_dagger_u
 `warm_start` makes that many supervised updates imitating a teacher policy (trainers.imitation), first on the
 teacher's own states, then (DAgger) on states the student visits, with its own Adam at a constant
 `imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as without
-it. It keeps the world-size invariance: every rank builds the same teacher (tuning is deterministic),
-simulates its rows of the teacher's rollouts from a common stream, and the gradients are averaged; at its
-end every rank takes rank 0's weights.
+it. It keeps the world-size invariance: every rank acts with the same teacher (rank 0 tunes a classical one,
+the others make it from its parameters), simulates its rows of the teacher's rollouts from a common stream,
+and the gradients are averaged; at its end every rank takes rank 0's weights. A run saves the warm start under
+way every `checkpoint_every` imitation updates (`state_dict`'s `imitation`), and resumes it from there.
 """
 
 from __future__ import annotations
@@ -47,13 +48,24 @@ from tqdm.auto import tqdm
 from envs import validate
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
+from envs.evaluation import Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from policies.names import TABLES_PREFIX
+from policies.classical import policy_from_parameters
+from policies.names import TABLES_PREFIX, is_lookahead
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
-from trainers.imitation import TEACHERS, StudentMix, imitation_losses, is_teacher, teacher_policy, teacher_rollout
+from trainers.imitation import (
+    TEACHERS,
+    Frontier,
+    StudentMix,
+    TeacherRollouts,
+    imitation_losses,
+    is_teacher,
+    replay_clock,
+    teacher_policy,
+)
 from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
 from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
 from trainers.policy import LearnedPolicy
@@ -85,7 +97,8 @@ class TrainConfig(TrainerConfig):
     adam_eps: float = 1e-5
     """Adam's epsilon, > 0."""
     checkpoint_every: int = 500
-    """Updates between checkpoints (>= 0; 0: only at the end). Gradients are clipped for each network separately."""
+    """Updates between checkpoints (>= 0; 0: only at the end), and imitation updates between a warm start's checkpoints.
+    Gradients are clipped for each network separately."""
     imitation_updates: int = 0
     """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
     imitation_teacher: str = "classical-best"
@@ -437,6 +450,10 @@ class PathwiseTrainer:
         self.update = 0
         self.warm_start_record: dict[str, Any] | None = None
         """What the warm start did (teacher, final losses, seconds), once it is done; part of the checkpoint."""
+        self.imitation: Callable[[], dict[str, Any]] | None = None
+        """A warm start under way (from a checkpoint, or after an imitation update but the last): its checkpoint
+        state (imitation updates done, the imitation optimizer, the rollouts' next state and stream, the
+        teacher's parameters, seconds)."""
         if config.checkpoint_activations:
             self.model.quantity_net.encoder.checkpoint_blocks = True
         if config.precision == "bfloat16" and instance.device.type == "cuda":
@@ -480,36 +497,75 @@ class PathwiseTrainer:
     def warm_start_due(self) -> bool:
         return self.config.imitation_updates + self.config.imitation_dagger_updates > 0 and self.warm_start_record is None
 
-    def warm_start(self, source: Instance, progress: bool = False) -> dict[str, Any]:
+    def warm_start(
+        self, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
+    ) -> dict[str, Any] | None:
         """The warm start (module docstring) on `source`, the instance this trainer's tensors come from (the
-        teacher is built on it); every rank calls it (collectives); `progress`: the teacher's tuning and the
-        updates as progress bars. Returns and keeps its record: the teacher and its parameters, the last update's
-        losses and greedy agreement (before that update's step), seconds."""
+        teacher is built on it), from its start or from the imitation update that a checkpoint holds
+        (`load_state_dict`); every rank calls it (collectives); `progress`: the teacher's tuning and the updates as
+        progress bars. `after_update(done)` is called after each imitation update but the last, where `state_dict`
+        holds the warm start at that update; when it returns True the warm start stops there and returns None.
+        Else returns and keeps its record: the teacher and its parameters, the last update's losses and greedy
+        agreement (before that update's step), seconds (of every attempt)."""
         config, instance = self.config, self.instance
         if not self.warm_start_due():
             raise RuntimeError(
                 f"no warm start is due: config fields 'imitation_updates' {config.imitation_updates} and "
                 f"'imitation_dagger_updates' {config.imitation_dagger_updates}, done: {self.warm_start_record is not None}"
             )
+        resumed = self.imitation() if self.imitation else None
         started = time.perf_counter()
-        teacher, parameters = teacher_policy(source, config.imitation_teacher, device=instance.device, progress=progress)
-        tuning_seconds = time.perf_counter() - started
+        teacher, parameters = self._teacher(source, resumed["teacher_parameters"] if resumed else None, progress)
+        tuning_seconds = time.perf_counter() - started + (resumed["tuning_seconds"] if resumed else 0.0)
+        earlier_seconds = resumed["seconds"] if resumed else 0.0
         stream = FactorDemandStream(instance, config.batch, seed=stream_seed(config.seed, TEACHER_STREAM))
-        factor = stream.initial_factor()
-        state = initial_state(instance, factor[self.rows])
         optimizer = torch.optim.Adam(self.model.parameters(), lr=config.imitation_learning_rate, eps=config.adam_eps)
+        if resumed:
+            rollout_state, done = resumed["rollout_state"], int(resumed["updates_done"])
+            factor = rollout_state["factor"].to(instance.device)
+            state = State(*(rollout_state[f][self.rows].to(instance.device) for f in ("inv", "pipe")), factor[self.rows])
+            start = Frontier(state, factor, resumed["rng"])
+            replay_clock(teacher, done * config.rollout, state, instance)
+            optimizer.load_state_dict(resumed["optimizer"])
+        else:
+            factor, done = stream.initial_factor(), 0
+            start = Frontier(initial_state(instance, factor[self.rows]), factor, stream.generator.get_state())
+        rollouts = TeacherRollouts(teacher, instance, stream, start, self.rows)
         _, world = rank_and_world()
         mix = StudentMix(LearnedPolicy(self.model, "greedy"), config.imitation_student_share, stream.generator, self.rows)
         self.model.train()  # LearnedPolicy set eval mode (no dropout anywhere: the same network either way)
         plain, total = config.imitation_updates, config.imitation_updates + config.imitation_dagger_updates
-        for update in tqdm(range(total), desc=f"warm start: imitate {config.imitation_teacher}", disable=not progress):
-            batch, state, factor = teacher_rollout(
-                teacher, instance, state, factor, stream, config.rollout, self.rows, mix=None if update < plain else mix
-            )
-            optimizer.zero_grad(set_to_none=True)
-            chunks = self.memory.state_chunks(batch.open_order.shape[0])
-            loss = imitation_losses(self.model, batch, chunks, config.precision, backward=True)
-            self._gradient_step(optimizer)
+        bar = tqdm(total=total, initial=done, desc=f"warm start: imitate {config.imitation_teacher}", disable=not progress)
+        with bar:
+            for update in range(done, total):
+                batch = rollouts.next_update(config.rollout, mix=None if update < plain else mix)
+                optimizer.zero_grad(set_to_none=True)
+                chunks = self.memory.state_chunks(batch.open_order.shape[0])
+                loss = imitation_losses(self.model, batch, chunks, config.precision, backward=True)
+                self._gradient_step(optimizer)
+                bar.update(1)
+                if update + 1 < total and after_update is not None:
+
+                    def progress_state(done: int = update + 1) -> dict[str, Any]:
+                        frontier = rollouts.frontier()
+                        return {
+                            "updates_done": done,
+                            "optimizer": optimizer.state_dict(),
+                            "rollout_state": {
+                                "inv": all_gather_rows(frontier.state.inv),
+                                "pipe": all_gather_rows(frontier.state.pipe),
+                                "factor": frontier.factor,
+                            },
+                            "rng": frontier.rng,
+                            "teacher_parameters": parameters,
+                            "tuning_seconds": tuning_seconds,
+                            "seconds": earlier_seconds + time.perf_counter() - started,
+                        }
+
+                    self.imitation = progress_state
+                    if after_update(update + 1):
+                        return None
+        self.imitation = None
         if world > 1:
             for tensor in self.model.state_dict().values():
                 dist.broadcast(tensor, src=0)
@@ -522,9 +578,34 @@ class PathwiseTrainer:
             "teacher_parameters": parameters,
             **dict(zip(("open_loss", "quantity_loss", "critic_loss", "open_agreement"), final)),
             "tuning_seconds": tuning_seconds,
-            "seconds": time.perf_counter() - started,
+            "seconds": earlier_seconds + time.perf_counter() - started,
         }
         return self.warm_start_record
+
+    def _teacher(self, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
+        """The teacher on `source`, built by rank 0 alone. A classical family: the other ranks make the rule from its
+        parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint
+        holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
+        its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
+        from DIR again, or computes them again when the teacher has no DIR."""
+        device, name = self.instance.device, self.config.imitation_teacher
+        lookahead = is_lookahead(name)
+        if parameters is not None and not lookahead:
+            return policy_from_parameters(source.to_torch(device), parameters), parameters
+        rank, world = rank_and_world()
+        threshold = parameters["threshold"] if parameters is not None else None
+        built = teacher_policy(source, name, device=device, progress=progress, threshold=threshold) if rank == 0 else None
+        if built is not None and parameters is not None:
+            built = (built[0], parameters)  # the record keeps the first build's tuning
+        if world == 1:
+            return built
+        shared = [(built if lookahead else built[1]) if rank == 0 else None]  # a lookahead's tables travel without device copies
+        dist.broadcast_object_list(shared, src=0)
+        if rank == 0:
+            return built
+        if lookahead:
+            return shared[0]
+        return policy_from_parameters(source.to_torch(device), shared[0]), shared[0]
 
     def step(self) -> dict[str, float]:
         """One update; returns its metrics, averaged over the ranks (cost10 is the rollouts' mean discounted cost
@@ -593,6 +674,7 @@ class PathwiseTrainer:
             "stream_rng": self.stream.generator.get_state(),
             "open_rng": self.generator.get_state(),
             "warm_start": self.warm_start_record,
+            **({"imitation": self.imitation()} if self.imitation else {}),
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
@@ -610,6 +692,8 @@ class PathwiseTrainer:
         self.stream.generator.set_state(data["stream_rng"])
         self.generator.set_state(data["open_rng"])
         self.warm_start_record = data.get("warm_start")  # absent from checkpoints older than the warm start
+        imitation = data.get("imitation")  # a warm start under way
+        self.imitation = (lambda: imitation) if imitation else None
 
 
 class PathwiseRun(MethodRun):
@@ -638,11 +722,10 @@ class PathwiseRun(MethodRun):
     def warm_start_record(self) -> dict[str, Any] | None:
         return self.trainer.warm_start_record
 
-    def warm_start(self, progress: bool = False) -> bool:
+    def warm_start(self, progress: bool = False, after_update: Callable[[int], bool] | None = None) -> bool:
         if not self.trainer.warm_start_due():
             return False
-        self.trainer.warm_start(self.instance, progress)
-        return True
+        return self.trainer.warm_start(self.instance, progress, after_update) is not None
 
     def describe(self) -> str:
         return self.trainer.memory.describe()

@@ -1,11 +1,9 @@
-"""One resolver of every policy name (policies/names.py): evaluate.py, decide.py, the decision service, the
-sweep's baselines and the warm start's teacher all make their policies here.
+"""One resolver of every policy name (policies/names.py): evaluate.py, decide.py, the decision service and the
+sweep's baselines make their policies here.
 
-A named policy is made on the instance it acts on: a classical family tuned on training paths for `horizon`
-steps, the n = 1 DP optimum, or the decomposition lookahead (its tables read from a bound run's folder, or
-computed now by solver_workers/lookahead.py) in the `form` the caller needs: the evaluator knows the horizon
-(finite tables); a decision for a state without a period (decide.py, the service, the teacher's rollouts)
-uses the stationary tables. checkpoint:PATH is a trained policy of any learned method (trainers.registry).
+A named policy is made on the instance it acts on (trainers/named_policies.py) in the `form` the caller needs: the
+evaluator knows the horizon (finite tables); a decision for a state without a period (decide.py, the service) uses
+the stationary tables. checkpoint:PATH is a trained policy of any learned method (trainers.registry).
 """
 
 from __future__ import annotations
@@ -16,13 +14,11 @@ from typing import Any
 from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON, Policy
 from envs.instance import Instance
-from policies.classical import tuned_policy
-from policies.dp_optimal import NAME as DP_OPTIMAL
-from policies.dp_optimal import dp_optimal_policy
 from policies.lookahead import FORMS
-from policies.names import ALLOWED, is_checkpoint, is_lookahead, is_policy_name, named_label, policy_path
-from solver_workers.lookahead import lookahead_policy
+from policies.names import ALLOWED, is_checkpoint, is_policy_name, named_label, policy_path
+from trainers.named_policies import named_policy
 from trainers.policy import MODES
+from trainers.registry import load_policy
 
 DETERMINISTIC = "deterministic"
 """The mode of a named policy: it has no sampled opening."""
@@ -56,8 +52,8 @@ def resolve(
 ) -> ResolvedPolicy:
     """The policy that `name` names, on `instance` (needed by every named policy; a checkpoint acts on its own
     instance unless one is given). `mode` applies to checkpoints (a named policy refuses `sampled`), `form` to the
-    lookahead; `horizon` is the
-    evaluation's, for which classical families and the lookahead's threshold are tuned and the DP solved."""
+    lookahead; `horizon` is the evaluation's, for which classical families and the lookahead's threshold are tuned
+    and the DP solved."""
     if not is_policy_name(name):
         raise InputError(f"policy: expected {ALLOWED}, got {name!r}")
     if mode not in MODES:
@@ -65,8 +61,6 @@ def resolve(
     if form not in FORMS:
         raise InputError(f"lookahead form: expected one of {list(FORMS)}, got {form!r}")
     if is_checkpoint(name):
-        from trainers.registry import load_policy  # the registry's trainers import the teacher, which resolves here
-
         path = policy_path(name)
         policy, ckpt = load_policy(path, mode, device, instance)
         method = ckpt["config"].method
@@ -76,10 +70,5 @@ def resolve(
         raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{name}' is deterministic")
     if instance is None:
         raise InputError(f"policy '{name}': needs an instance (--instance)")
-    if name == DP_OPTIMAL:
-        policy, parameters = dp_optimal_policy(instance, horizon, device)
-    elif is_lookahead(name):
-        policy, parameters = lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), progress=progress)
-    else:
-        policy, parameters = tuned_policy(instance, name, horizon, device=device, progress=progress)
+    policy, parameters = named_policy(instance, name, horizon, device, form, progress)
     return ResolvedPolicy(policy, named_label(name, form), parameters, instance, DETERMINISTIC, False)

@@ -26,10 +26,13 @@ again; a second one stops at once, keeping the files of the last checkpoint. An 
 e.g. out of memory) saves the run at the last finished update with status `failed` and the error as the reason,
 then raises it again, where the method can (`MethodRun.saves_after_failure`); a resume continues the same curve.
 
-A warm start (config imitation_updates > 0) runs before any file is written, so an interruption during it
-leaves no run in the folder; then an update-0 checkpoint (status `running`, an empty curve) holds the
-warm-started model, so a resume neither repeats nor skips it. The curve's wall_seconds count from the start
-of the run, the warm start included.
+A warm start (config imitation_updates > 0) runs before update 1. Every `checkpoint_every` imitation updates
+it saves a checkpoint of update 0 that holds the warm start under way (status `running`, an empty curve), and
+an interruption stops it like an update: after the current imitation update, saved (status `interrupted`);
+a resume continues it from there to the uninterrupted run's result. An interruption before its first
+checkpoint leaves no run in the folder. At its end an update-0 checkpoint holds the warm-started model, so a
+resume neither repeats nor skips it. The curve's wall_seconds count from the start of the run, the warm start
+included.
 
 A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
 method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then
@@ -53,7 +56,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -263,20 +266,7 @@ class RunRecorder:
         self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}")
 
     def write_curve(self) -> None:
-        rows = self.rows
-        write_parquet(
-            pa.table(
-                {
-                    "method": pa.array([r["method"] for r in rows], pa.string()),
-                    "n": pa.array([r["n"] for r in rows], pa.int64()),
-                    "seed": pa.array([r["seed"] for r in rows], pa.int64()),
-                    "update": pa.array([r["update"] for r in rows], pa.int64()),
-                    "cost10": pa.array([r["cost10"] for r in rows], pa.float64()),
-                    "wall_seconds": pa.array([r["wall_seconds"] for r in rows], pa.float64()),
-                }
-            ),
-            self.out / "curve.parquet",
-        )
+        write_curve(self.out, self.rows)
 
     def close(self) -> None:
         self.bar.close()
@@ -285,6 +275,23 @@ class RunRecorder:
     def summary(self, status: str, reason: str | None, updates_done: int) -> dict[str, Any]:
         """Write training.json; returns its content."""
         return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows, self.attempts, self.warm_start)
+
+
+def write_curve(out: Path, rows: list[dict[str, Any]]) -> None:
+    """Write curve.parquet of the curve rows `rows`."""
+    write_parquet(
+        pa.table(
+            {
+                "method": pa.array([r["method"] for r in rows], pa.string()),
+                "n": pa.array([r["n"] for r in rows], pa.int64()),
+                "seed": pa.array([r["seed"] for r in rows], pa.int64()),
+                "update": pa.array([r["update"] for r in rows], pa.int64()),
+                "cost10": pa.array([r["cost10"] for r in rows], pa.float64()),
+                "wall_seconds": pa.array([r["wall_seconds"] for r in rows], pa.float64()),
+            }
+        ),
+        out / "curve.parquet",
+    )
 
 
 class PeerRecorder:
@@ -344,13 +351,15 @@ def training_loop(
     checkpoint_every: int,
     on_update: Callable[[int, dict[str, float]], None] | None = None,
     save_on_failure: bool = False,
+    stop: StopRequest | None = None,
 ) -> dict[str, Any] | None:
     """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the run
     (`save(status, reason)`: the curve and the checkpoint) and training.json; returns training.json's content
     (`recorder.summary`'s). Interruptions and failed updates: module docstring (`save_on_failure`: whether a failed
-    `step` leaves the trainer at its last update, so that it may be saved)."""
+    `step` leaves the trainer at its last update, so that it may be saved; `stop`: the caller's StopRequest, already
+    entered, when its interruptions count since before the loop)."""
     status, reason, update = "completed", None, done
-    with StopRequest() as stop:
+    with nullcontext(stop) if stop is not None else StopRequest() as stop:
         try:
             while update < updates and not stop.requested:
                 try:
@@ -443,9 +452,10 @@ class MethodRun(ABC):
     def update(self) -> int:
         """Updates done (the next one is update + 1)."""
 
-    def warm_start(self, progress: bool = False) -> bool:
-        """Make the warm start when one is due (before the run's first update), with progress bars if `progress`;
-        returns whether it did."""
+    def warm_start(self, progress: bool = False, after_update: Callable[[int], bool] | None = None) -> bool:
+        """Make the warm start when one is due (before the run's first update), with progress bars if `progress`,
+        calling `after_update(updates done)` after each of its updates but the last, where `save` saves the warm
+        start under way, and stopping when it returns True; returns whether the warm start is done."""
         return False
 
     def describe(self) -> str | None:
@@ -501,8 +511,9 @@ def continue_run(
     on_update: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any] | None:
     """One training attempt from `start` (module docstring): training.json's content at once when the run has
-    ended; else build the trainer, warm-start it when due (before any file is written), save the update-0
-    checkpoint after a warm start, and run `training_loop`. The attempt is recorded in the checkpoint and in
+    ended; else build the trainer, warm-start it when due (saved every checkpoint_every imitation updates and
+    when interrupted), save the update-0 checkpoint after a warm start, and run `training_loop`; one
+    StopRequest serves both. The attempt is recorded in the checkpoint and in
     training.json's `attempts`: the update each attempt started from. Returns training.json's content (None on
     the processes other than the lead)."""
     if start.ended is not None:
@@ -510,42 +521,62 @@ def continue_run(
     method.build(out, start.checkpoint)
     if progress and method.lead and (line := method.describe()):
         tqdm.write(line, file=sys.stderr)
-    # before any file: an interruption here leaves the folder as the last attempt left it
-    warm_started = method.warm_start(progress and method.lead)
     attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]
-    recorder: Recorder
-    if method.lead:
-        if start.checkpoint is None:
-            shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the events of an attempt that stopped before its first checkpoint
-        recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method.warm_start_record)
-    else:
-        recorder = PeerRecorder()
 
-    def save(status: str, reason: str | None) -> None:
-        """Save the run at its update, in this order: curve.parquet first, then the method's save, which writes
-        checkpoint.pt (a checkpoint never names an update that the curve on disk lacks) and may copy both
-        (trainers.ray_train's Train checkpoint)."""
-
+    def write_checkpoint(status: str, reason: str | None) -> Callable[[dict[str, Any]], None]:
         def write(state: dict[str, Any]) -> None:
             if method.lead:
                 save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason, attempts)
 
-        recorder.write_curve()
-        method.save(write)
+        return write
 
-    if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
-        save("running", None)
-    return training_loop(
-        recorder,
-        config.updates,
-        method.update,
-        method.step,
-        method.diverged,
-        save,
-        method.checkpoint_every,
-        on_update,
-        method.saves_after_failure,
-    )
+    with StopRequest() as stop:
+        stopped = False
+
+        def after_imitation(done: int) -> bool:
+            """Save the warm start under way every checkpoint_every imitation updates and when asked to stop."""
+            nonlocal stopped
+            stopped = stop.requested
+            if stopped or (method.checkpoint_every and done % method.checkpoint_every == 0):
+                if method.lead:
+                    write_curve(out, start.rows)
+                method.save(write_checkpoint("interrupted" if stopped else "running", None))
+            return stopped
+
+        warm_started = method.warm_start(progress and method.lead, after_imitation)
+        if stopped:
+            if method.lead:
+                write_summary(out, config, instance.n, "interrupted", None, method.update, start.rows, attempts)
+            raise KeyboardInterrupt
+        recorder: Recorder
+        if method.lead:
+            if start.checkpoint is None:
+                shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the events of an attempt that stopped before its first checkpoint
+            recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method.warm_start_record)
+        else:
+            recorder = PeerRecorder()
+
+        def save(status: str, reason: str | None) -> None:
+            """Save the run at its update, in this order: curve.parquet first, then the method's save, which writes
+            checkpoint.pt (a checkpoint never names an update that the curve on disk lacks) and may copy both
+            (trainers.ray_train's Train checkpoint)."""
+            recorder.write_curve()
+            method.save(write_checkpoint(status, reason))
+
+        if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
+            save("running", None)
+        return training_loop(
+            recorder,
+            config.updates,
+            method.update,
+            method.step,
+            method.diverged,
+            save,
+            method.checkpoint_every,
+            on_update,
+            method.saves_after_failure,
+            stop,
+        )
 
 
 def train_run(

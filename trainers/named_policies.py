@@ -1,0 +1,31 @@
+"""Policies that are not learned, made by name on the instance they act on (policies/names.py's NAMED_POLICIES and
+decomposition-lookahead:DIR): a classical family tuned on training paths for `horizon` steps, the n = 1 DP optimum,
+or the decomposition lookahead (its tables read from a bound run's folder, or computed now by
+solver_workers/lookahead.py). trainers/resolver.py makes every policy name through here, learned ones through the
+registry; the warm start's teacher (trainers/imitation.py, below the registry) uses this module directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envs.evaluation import Policy
+from envs.instance import Instance
+from policies.classical import tuned_policy
+from policies.dp_optimal import NAME as DP_OPTIMAL
+from policies.dp_optimal import dp_optimal_policy
+from policies.lookahead import FORMS
+from policies.names import is_lookahead, policy_path
+from solver_workers.lookahead import lookahead_policy
+
+
+def named_policy(
+    instance: Instance, name: str, horizon: int, device="cpu", form: str = FORMS[0], progress: bool = False, threshold: float | None = None
+) -> tuple[Policy, dict[str, Any]]:
+    """(policy, parameters for a summary) of the named policy `name` on `instance`; `form` and `threshold` are the
+    lookahead's: finite-horizon tables for `horizon` steps or the stationary ones, and its c (None: tuned)."""
+    if name == DP_OPTIMAL:
+        return dp_optimal_policy(instance, horizon, device)
+    if is_lookahead(name):
+        return lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), threshold=threshold, progress=progress)
+    return tuned_policy(instance, name, horizon, device=device, progress=progress)

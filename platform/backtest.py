@@ -75,6 +75,10 @@ def history_demand(history: History, instance: Instance, history_path: str, inst
     return history.demand[:, [column[item] for item in names]]
 
 
+def count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def folder_name(label: str, taken: set[str]) -> str:
     """A policy's folder under --out: its method label, with -2, -3, ... after a label already taken (two checkpoints of
     one method)."""
@@ -167,8 +171,8 @@ def main() -> None:
         costs[folders[k]] = results[k].discounted_cost
         rows.append({"policy": args.policy[k], "folder": folders[k], "mean": summary["mean"], "se": summary["se"]})
         print(
-            f"{summary['policy']}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {windows} windows of {args.window} "
-            f"periods -> {out / folders[k]}"
+            f"{summary['policy']}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {count(windows, 'window')} of "
+            f"{args.window} periods -> {out / folders[k]}"
         )
     comparisons = paired_comparisons(costs)
     for row in comparisons:
@@ -189,7 +193,8 @@ def main() -> None:
     atomic_write_text(out / BACKTEST_FILE, json.dumps(record, indent=1) + "\n")
     unused = demand.shape[0] - windows * args.window
     print(
-        f"backtest on {args.history}: {windows} windows x {args.window} periods from {history.periods[0]}"
+        f"backtest on {args.history}: {count(windows, 'window')} x {args.window} periods from {history.periods[0]}"
+        + ("; one window has no standard error: give a shorter --window" if windows == 1 else "")
         + (f"; the last {unused} periods, fewer than a window, not replayed" if unused else "")
         + ("; in-sample: the instance was fitted on this history" if in_sample else "")
         + f" -> {out / BACKTEST_FILE}"

@@ -41,7 +41,7 @@ from policies.classical import POLICY_NAMES
 from policies.factor_filter import FILTER_POINTS, FILTER_WIDTH, causal_factor
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
-from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, policy_name, policy_path
+from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, named_label, policy_name, policy_path
 from trainers.policy import MODES
 from trainers.resolver import resolve
 
@@ -126,21 +126,22 @@ def main() -> None:
     windows = window_count(demand.shape[0], args.window, f"the history '{args.history}'")
     check_cost_range(instance, args.window)
     form = args.lookahead_form or FORMS[1]
-    order = sorted(range(len(args.policy)), key=lambda k: not is_checkpoint(args.policy[k]))  # checkpoints first: they load in seconds
-    resolved = {}
-    for k in order:
-        name = args.policy[k]
-        mode = args.mode if is_checkpoint(name) else "greedy"
-        resolved[k] = resolve(name, instance, args.window, mode, form, args.device, progress=True)
+    resolved = {  # checkpoints first: they load in seconds, and their labels name their folders
+        k: resolve(name, instance, args.window, args.mode, form, args.device, progress=True)
+        for k, name in enumerate(args.policy)
+        if is_checkpoint(name)
+    }
     folders = {}
-    for k in range(len(args.policy)):
-        label = resolved[k].label
-        folders[k] = folder_name(label, set(folders.values()))
-        check_run_folder(out / folders[k], EVALUATION, overwrite=args.overwrite, resumable=False)
+    for k, name in enumerate(args.policy):
+        folders[k] = folder_name(resolved[k].label if k in resolved else named_label(name, form), set(folders.values()))
+        check_run_folder(out / folders[k], EVALUATION, overwrite=args.overwrite, resumable=False)  # before any tuning
+    for k, name in enumerate(args.policy):
+        if k not in resolved:
+            resolved[k] = resolve(name, instance, args.window, "greedy", form, args.device, progress=True)
 
     factor = causal_factor(instance, demand)  # [T + 1] E[F_t | D_<t]
     tensors = instance.to_torch(args.device)
-    results = {k: replay(resolved[k].policy, tensors, demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in resolved}
+    results = {k: replay(resolved[k].policy, tensors, demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in folders}
 
     if args.overwrite:
         for folder in previous_folders(out):

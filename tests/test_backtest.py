@@ -9,7 +9,7 @@ import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import run_script, single_item
+from conftest import INSTANCE, run_script, single_item
 from scipy import stats
 
 from envs.backtest import replay, window_paths
@@ -229,3 +229,25 @@ def test_overwrite_replaces_the_whole_backtest(simulated, tmp_path):
     assert again.returncode == 2 and "holds a backtest (backtest.json)" in again.stderr
     run_script("backtest.py", *args, "--policy", "zero", "--out", tmp_path / "bt", "--overwrite", check=True)
     assert sorted(p.name for p in (tmp_path / "bt").iterdir()) == ["backtest.json", "zero"]
+
+
+def test_a_checkpoint_is_backtested_like_a_named_policy(trained, tmp_path):
+    """checkpoint:PATH (the session's tiny or-transformer run on INSTANCE) gets its folder under its method's label, and
+    its window costs are the replay of the resolver's policy with the filtered factor."""
+    from trainers.resolver import resolve
+
+    checkpoint = trained["or-transformer"].checkpoint
+    history, _ = simulate_history(INSTANCE, 4, 100)
+    pyarrow.csv.write_csv(history, tmp_path / "history.csv")
+    INSTANCE.save(tmp_path / "instance.json")
+    run_script(
+        "backtest.py", "--history", tmp_path / "history.csv", "--instance", tmp_path / "instance.json",
+        "--policy", f"checkpoint:{checkpoint}", "--policy", "zero", "--out", tmp_path / "bt", check=True,
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "bt" / "or-transformer-greedy" / "summary.json").read_text())
+    assert summary["policy"] == "backtest:or-transformer-greedy" and summary["parameters"]["checkpoint"] == str(checkpoint)
+    demand = history_matrix(tmp_path / "history.csv").demand
+    policy = resolve(f"checkpoint:{checkpoint}", INSTANCE).policy
+    expected = replay(policy, INSTANCE.to_torch(), demand, causal_factor(INSTANCE, demand), 50).discounted_cost
+    written = pq.read_table(tmp_path / "bt" / "or-transformer-greedy" / "costs.parquet").column("discounted_cost").to_numpy()
+    np.testing.assert_allclose(written, expected, rtol=1e-5)

@@ -117,6 +117,8 @@ def main() -> None:
         parser.error(f"--policy {repeated}: given twice; name each policy once")
     if args.lookahead_form is not None and not any(is_lookahead(name) for name in args.policy):
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, and no --policy names one")
+    if args.mode != "greedy" and not any(is_checkpoint(name) for name in args.policy):
+        parser.error(f"--mode {args.mode}: applies to checkpoint:PATH only, and no --policy names one")
     inputs = {"--history": args.history, "--instance": args.instance} | {f"--policy {name}": policy_path(name) for name in args.policy}
     out = resolve_out(args.out, inputs=inputs)
     check_run_folder(out, BACKTEST, overwrite=args.overwrite, resumable=False)

@@ -82,7 +82,13 @@ VERSION = 2
 
 EVALUATION = "an evaluation"
 TRAINING = "a training run"
+BACKTEST = "a backtest"
+BACKTEST_FILE = "backtest.json"
+BACKTEST_KIND = "backtest"
+"""summary.json's `kind` in each policy's evaluation folder of a backtest (platform/backtest.py): its episodes are
+windows of a history, not simulated paths."""
 RUNS = {
+    BACKTEST: (BACKTEST_FILE,),
     "a rolling-MILP run": ("decisions.jsonl", "decisions.parquet"),
     "a perfect-information bound": ("bounds.jsonl", "bounds.parquet"),
     "a decomposition bound": ("split.jsonl", "split.parquet", "equal-shares", "lookahead"),

@@ -20,7 +20,8 @@ difference to a decomposition bound's relaxed policies with the bound, its DP va
 did not certify; printed and with --out written as Markdown. A bound's folder is given with --bound, never as a
 run or --reference (its mean is no policy's cost). All must evaluate the same instance
 (summary.json records its content hash) on the same episodes, horizon and seed; anything else is
-refused, and so is an incomplete or modified folder.
+refused, and so is an incomplete or modified folder. Folders of platform/backtest.py (summary.json's kind backtest)
+are compared with each other only, on the same windows of one history; the table says "backtest on HISTORY".
 """
 
 import argparse
@@ -33,7 +34,7 @@ from envs.errors import InputError
 from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
 from envs.job_output import out_argument, resolve_out
-from envs.results import read_evaluation
+from envs.results import BACKTEST_KIND, read_evaluation
 from solver_workers.decomposition import NAME as DECOMPOSITION
 from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
 
@@ -61,14 +62,34 @@ def load_run(directory: str, flag: str = "") -> dict:
     return run
 
 
+def backtest_of(summary: dict) -> str | None:
+    """The history a backtest's folder replayed (platform/backtest.py: summary.json's kind backtest), else None."""
+    return summary.get("history") if summary.get("kind") == BACKTEST_KIND else None
+
+
 def check_comparable(run: dict, reference: dict) -> None:
-    """Paired comparisons need the same instance and the same held-out episodes."""
+    """Paired comparisons need the same instance and the same held-out episodes, or the same windows of one history."""
     a, b = run["summary"], reference["summary"]
+    if (backtest_of(a) is None) != (backtest_of(b) is None):
+        backtest, other = (run, reference) if backtest_of(a) is not None else (reference, run)
+        raise InputError(
+            f"results '{backtest['dir']}' are a backtest on the history {backtest_of(backtest['summary'])!r}, '{other['dir']}' an "
+            "evaluation on simulated episodes: their costs are of different episodes; compare backtests with backtests only"
+        )
     if a["instance_hash"] != b["instance_hash"]:
         raise InputError(
             f"results '{run['dir']}' (n = {a['n']}, instance {a['instance_hash'][:12]}) and the reference '{reference['dir']}' "
             f"(n = {b['n']}, instance {b['instance_hash'][:12]}) evaluate different instances; compare only evaluations of one instance"
         )
+    if backtest_of(a) is not None:
+        same_windows = a["horizon"] == b["horizon"] and np.array_equal(run["episodes"], reference["episodes"])
+        if a["history_sha256"] != b["history_sha256"] or not same_windows:
+            raise InputError(
+                f"results '{run['dir']}': a backtest on another history or other windows than the reference '{reference['dir']}' "
+                f"({backtest_of(a)!r}, windows of {a['horizon']} against {backtest_of(b)!r}, windows of {b['horizon']}); compare "
+                "only backtests of one history with one --window"
+            )
+        return
     if any(a[k] != b[k] for k in ("horizon", "seed")) or not np.array_equal(run["episodes"], reference["episodes"]):
         raise InputError(
             f"results '{run['dir']}': episodes, horizon or seed differ from the reference '{reference['dir']}'; "
@@ -116,8 +137,13 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
     decomposition = bound is not None and bound["name"].startswith(DECOMPOSITION)
     gap_header = " paired difference to the relaxed policies (95% CI, % of their mean) |" if decomposition else " gap to bound |"
     s = reference["summary"]
+    episodes = (
+        f"backtest on {backtest_of(s)}: {len(reference['episodes'])} windows x {s['horizon']} periods of the history (not the held-out set)"
+        if backtest_of(s) is not None
+        else f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}"
+    )
     lines = [
-        f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}; reference: {reference['name']}",
+        f"{episodes}; reference: {reference['name']}",
         "",
         "| method | mean | s.e. | vs reference (95% CI) |" + (gap_header if bound else ""),
         "| --- | ---: | ---: | --- |" + ((" --- |" if decomposition else " ---: |") if bound else ""),

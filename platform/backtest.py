@@ -1,0 +1,208 @@
+"""Backtest policies on a demand history: each decides period by period on the actual demand (docs/fitting.md#backtest).
+
+  python platform/backtest.py --history demand.csv --instance inst.json --policy classical-best --policy zero --out runs/bt
+
+--history is read as platform/fit.py reads it (item, period, demand); --instance is typically the one fit.py wrote
+from a history (its items are matched by name where it names them, else by count, in the history's order). POLICY is
+one of: {rules}, dp-optimal, decomposition-lookahead, decomposition-lookahead:DIR or checkpoint:PATH, as for
+evaluate.py; --policy may be given several times. Classical families and the lookahead's threshold are tuned on
+training paths of the instance for --window steps; the lookahead uses its stationary tables unless --lookahead-form
+says finite (a backtest's windows cut an unending history, so no horizon is known to the policy).
+
+The history's periods are cut into consecutive windows of --window periods (the last T mod W are not replayed);
+each window is one episode through the simulator's dynamics with the instance's costs (h, b, K, lead times, gamma
+discounting), from the simulator's initial state (I_0 = mu_i = lam_i (L_i + 1), nothing in transit), scored by its
+discounted cost. The factor in the policy's state is E[F_t | demand before t] under the instance's demand model
+(a causal filter, policies/factor_filter.py), never the smoothed path of the fit report, which sees the future.
+
+Writes under --out one evaluation folder per policy (summary.json with kind "backtest" and policy
+"backtest:<method>", costs.parquet with one row per window; platform/report.py reads them) and backtest.json: every
+policy's mean and the paired comparison of every two policies over the same windows (mean difference, s.e., 95%
+t-interval), also printed. An --out that holds a run is refused; --overwrite replaces it.
+"""
+
+import argparse
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from envs.backtest import paired_comparisons, replay, window_count
+from envs.cli import device, positive_int, run_cli
+from envs.errors import InputError
+from envs.evaluation import EVAL_HORIZON
+from envs.exogenous import check_cost_range
+from envs.fit import History, history_matrix
+from envs.instance import Instance, atomic_write_text
+from envs.job_output import out_argument, resolve_out
+from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
+from policies.classical import POLICY_NAMES
+from policies.factor_filter import FILTER_POINTS, FILTER_WIDTH, causal_factor
+from policies.lookahead import FORMS
+from policies.lookahead import NAME as LOOKAHEAD
+from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, named_label, policy_name, policy_path
+from trainers.policy import MODES
+from trainers.resolver import resolve
+
+FORMAT = "or-transformer-platform/backtest"
+VERSION = 1
+INITIAL_STATE = "the simulator's initial state: I_0 = mu_i = lam_i (L_i + 1), nothing in transit, the filtered factor"
+
+
+def history_demand(history: History, instance: Instance, history_path: str, instance_path: str) -> np.ndarray:
+    """The history's demand [T, n] in the instance's item order: matched by name where the instance names its items
+    (source.item_names, written by fit.py), else by count in the history's order; any other history is refused."""
+    names = (instance.source or {}).get("item_names")
+    if not (isinstance(names, list) and len(names) == instance.n):
+        if len(history.items) != instance.n:
+            raise InputError(
+                f"history '{history_path}' has {len(history.items)} items, the instance '{instance_path}' has n = {instance.n} "
+                "(it names no items, so the history's items are matched by count, in their order of first appearance)"
+            )
+        return history.demand
+    known = set(names)
+    for item in history.items:
+        if item not in known:
+            raise InputError(
+                f"history '{history_path}' item '{item}': not an item of the instance '{instance_path}' (its items: "
+                f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}); backtest a history of the instance's items"
+            )
+    column = {item: k for k, item in enumerate(history.items)}
+    for item in names:
+        if item not in column:
+            raise InputError(f"instance '{instance_path}' item '{item}': not in the history '{history_path}'; every item needs its demand")
+    return history.demand[:, [column[item] for item in names]]
+
+
+def count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
+def folder_name(label: str, taken: set[str]) -> str:
+    """A policy's folder under --out: its method label, with -2, -3, ... after a label already taken (two checkpoints of
+    one method)."""
+    return next(name for name in (label, *(f"{label}-{j}" for j in range(2, len(taken) + 3))) if name not in taken)
+
+
+def previous_folders(out: Path) -> list[Path]:
+    """The policy folders that the backtest held in `out` lists (its backtest.json), if any."""
+    try:
+        record = json.loads((out / BACKTEST_FILE).read_text(encoding="utf-8"))
+        return [out / entry["folder"] for entry in record["policies"] if Path(entry["folder"]).name == entry["folder"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def main() -> None:
+    rules = textwrap.fill(", ".join(POLICY_NAMES), 100, initial_indent=" " * 10, break_on_hyphens=False).strip()
+    parser = argparse.ArgumentParser(description=__doc__.format(rules=rules), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--history", required=True, help="CSV or Parquet demand history: item, period, demand (as fit.py reads it)")
+    parser.add_argument("--instance", required=True, help="instance JSON file (e.g. the one fit.py wrote from a history)")
+    parser.add_argument(
+        "--policy", required=True, action="append", type=policy_name, metavar="POLICY", help="policy name (see above); repeat for several"
+    )
+    parser.add_argument("--window", type=positive_int, default=EVAL_HORIZON, help=f"periods per window (episode) (default {EVAL_HORIZON})")
+    parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
+    parser.add_argument(
+        "--lookahead-form", choices=FORMS, help="for decomposition-lookahead: stationary tables (default) or finite ones for --window"
+    )
+    parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet per policy")
+    parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
+    parser.add_argument("--out", type=out_argument, required=True, help="output directory: one folder per policy and backtest.json")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run that --out holds instead of refusing it")
+    args = parser.parse_args()
+    if len(set(args.policy)) < len(args.policy):
+        repeated = next(name for name in args.policy if args.policy.count(name) > 1)
+        parser.error(f"--policy {repeated}: given twice; name each policy once")
+    if args.lookahead_form is not None and not any(is_lookahead(name) for name in args.policy):
+        parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, and no --policy names one")
+    if args.mode != "greedy" and not any(is_checkpoint(name) for name in args.policy):
+        parser.error(f"--mode {args.mode}: applies to checkpoint:PATH only, and no --policy names one")
+    inputs = {"--history": args.history, "--instance": args.instance} | {f"--policy {name}": policy_path(name) for name in args.policy}
+    out = resolve_out(args.out, inputs=inputs)
+    check_run_folder(out, BACKTEST, overwrite=args.overwrite, resumable=False)
+    instance = Instance.load(args.instance)
+    history = history_matrix(args.history)
+    demand = history_demand(history, instance, args.history, args.instance)
+    windows = window_count(demand.shape[0], args.window, f"the history '{args.history}'")
+    check_cost_range(instance, args.window)
+    form = args.lookahead_form or FORMS[1]
+    resolved = {  # checkpoints first: they load in seconds, and their labels name their folders
+        k: resolve(name, instance, args.window, args.mode, form, args.device, progress=True)
+        for k, name in enumerate(args.policy)
+        if is_checkpoint(name)
+    }
+    folders = {}
+    for k, name in enumerate(args.policy):
+        folders[k] = folder_name(resolved[k].label if k in resolved else named_label(name, form), set(folders.values()))
+        check_run_folder(out / folders[k], EVALUATION, overwrite=args.overwrite, resumable=False)  # before any tuning
+    for k, name in enumerate(args.policy):
+        if k not in resolved:
+            resolved[k] = resolve(name, instance, args.window, "greedy", form, args.device, progress=True)
+
+    factor = causal_factor(instance, demand)  # [T + 1] E[F_t | D_<t]
+    tensors = instance.to_torch(args.device)
+    results = {k: replay(resolved[k].policy, tensors, demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in folders}
+
+    if args.overwrite:
+        for folder in previous_folders(out):
+            clear_run(folder)
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        clear_run(out)
+    starts = [history.periods[w * args.window] for w in range(windows)]
+    in_sample = (instance.source or {}).get("history_sha256") == history.sha256
+    extra = {
+        "kind": BACKTEST_KIND,
+        "history": str(args.history),
+        "history_sha256": history.sha256,
+        "in_sample": in_sample,
+        "periods": demand.shape[0],
+        "periods_replayed": windows * args.window,
+        "window": args.window,
+        "window_starts": starts,
+        "step": history.step,
+        "initial_state": INITIAL_STATE,
+        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (policies/factor_filter.py: {FILTER_POINTS} grid points over +-{FILTER_WIDTH:g})",
+    }
+    config = {**vars(args), "lookahead_form": form if any(is_lookahead(name) for name in args.policy) else None, "n": instance.n}
+    costs, rows = {}, []
+    for k in range(len(args.policy)):
+        label = f"{BACKTEST_KIND}:{resolved[k].label}"
+        summary = write_evaluation(out / folders[k], label, results[k], 0, config, resolved[k].parameters, extra, instance=instance)
+        costs[folders[k]] = results[k].discounted_cost
+        rows.append({"policy": args.policy[k], "folder": folders[k], "mean": summary["mean"], "se": summary["se"]})
+        print(
+            f"{summary['policy']}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {count(windows, 'window')} of "
+            f"{args.window} periods -> {out / folders[k]}"
+        )
+    comparisons = paired_comparisons(costs)
+    for row in comparisons:
+        print(
+            f"{row['a']} - {row['b']}: {row['mean_difference']:+.2f} ± {row['se']:.2f} (s.e.), 95% CI "
+            f"[{row['ci_low']:+.2f}, {row['ci_high']:+.2f}] over the same {row['windows']} windows"
+        )
+    record = {
+        "format": FORMAT,
+        "version": VERSION,
+        **{key: extra[key] for key in ("history", "history_sha256", "in_sample", "periods", "periods_replayed", "window", "step")},
+        "windows": windows,
+        "instance": str(args.instance),
+        "instance_hash": instance.content_hash(),
+        "policies": rows,
+        "comparisons": comparisons,
+    }
+    atomic_write_text(out / BACKTEST_FILE, json.dumps(record, indent=1) + "\n")
+    unused = demand.shape[0] - windows * args.window
+    print(
+        f"backtest on {args.history}: {count(windows, 'window')} x {args.window} periods from {history.periods[0]}"
+        + ("; one window has no standard error: give a shorter --window" if windows == 1 else "")
+        + (f"; the last {unused} periods, fewer than a window, not replayed" if unused else "")
+        + ("; in-sample: the instance was fitted on this history" if in_sample else "")
+        + f" -> {out / BACKTEST_FILE}"
+    )
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,253 @@
+"""The backtest (platform/backtest.py, envs/backtest.py) and its causal factor filter (policies/factor_filter.py):
+costs worked out by hand, the replay against the evaluator on the same paths, the filter against a slow reference
+and its causality (the smoother as the broken control), the paired comparison by hand, and the report's label."""
+
+import json
+
+import numpy as np
+import pyarrow.csv
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import INSTANCE, run_script, single_item
+from scipy import stats
+
+from envs.backtest import replay, window_paths
+from envs.evaluation import evaluate
+from envs.exogenous import ExogenousPaths, sample_paths
+from envs.fit import history_matrix, simulate_history, smooth_factor
+from envs.instance import paper_instance
+from policies.classical import make_policy, zero_policy
+from policies.dp_optimal import tauchen_grid
+from policies.factor_filter import GridFilter, causal_factor
+
+
+def order_two_every_period(state, instance):
+    """Y = 1, Q = 2 for every item, whatever the state."""
+    return torch.ones(state.batch, dtype=state.inv.dtype), torch.full_like(state.inv, 2.0)
+
+
+def test_costs_worked_out_by_hand():
+    """One item, lead 1 (an order placed at t is on hand at t + 1), lam 2 so I_0 = mu = lam (L + 1) = 4, h 1, b 10, K 5,
+    gamma 0.9; demand 3, 1, 4 | 0, 2, 5 | 9 in windows of 3 (the seventh period is no whole window).
+    zero, window 1: Z = 1, 0, -4: 1 + 0.9 * 0 + 0.81 * 40 = 33.4; window 2: Z = 4, 2, -3: 4 + 0.9 * 2 + 0.81 * 30 = 30.1.
+    Order 2 each period, window 1: Z = 1 (I -> 3), 2 (I -> 4), 0: 6 + 0.9 * 7 + 0.81 * 5 = 16.35; window 2: Z = 4 (I -> 6),
+    4 (I -> 6), 1: 9 + 0.9 * 9 + 0.81 * 6 = 21.96."""
+    instance = single_item(lead=1).to_torch()
+    demand = np.array([[3.0], [1.0], [4.0], [0.0], [2.0], [5.0], [9.0]])
+    factor = np.zeros(8)
+    zero = replay(zero_policy, instance, demand, factor, window=3)
+    ordering = replay(order_two_every_period, instance, demand, factor, window=3)
+    assert zero.episodes == (0, 1) and zero.horizon == 3
+    np.testing.assert_allclose(zero.discounted_cost, [33.4, 30.1], rtol=1e-6)
+    np.testing.assert_allclose(ordering.discounted_cost, [16.35, 21.96], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """A 3-item paper instance, episode 0 of seed 11 over 160 periods (its true factor and demand), and the same demand
+    written as a history file by envs.fit.simulate_history."""
+    folder = tmp_path_factory.mktemp("simulated")
+    instance = paper_instance(3, 2)
+    paths = sample_paths(instance, 11, 1, 160)
+    history, _ = simulate_history(instance, 11, 160)
+    pyarrow.csv.write_csv(history, folder / "history.csv")
+    instance.save(folder / "instance.json")
+    return instance, paths, folder
+
+
+def aware_rule(instance):
+    """A factor-aware classical rule with fixed parameters (no tuning): base-stock-factor."""
+    return make_policy(instance, "base-stock-factor", {"reorder_z": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+
+
+def test_replay_with_the_true_factor_equals_the_evaluator_on_the_same_paths(simulated):
+    """The history file read back (envs.fit.history_matrix) and replayed with the true factor costs what
+    envs.evaluation.evaluate gives on the sampler's own paths: one window of 150 periods is episode 0 of
+    sample_paths(seed 11, 150 steps); windows of 50 are its slices, cut here by hand."""
+    instance, paths, folder = simulated
+    tensors = instance.to_torch()
+    demand = history_matrix(folder / "history.csv").demand
+    true_factor = paths.factor[0].double().numpy()  # [161]
+    whole = replay(aware_rule(tensors), tensors, demand, true_factor, window=150)
+    reference = evaluate(aware_rule(tensors), tensors, sample_paths(instance, 11, 1, 150))
+    np.testing.assert_allclose(whole.discounted_cost, reference.discounted_cost, rtol=1e-6)
+
+    windows = replay(aware_rule(tensors), tensors, demand, true_factor, window=50)
+    sliced = ExogenousPaths(
+        torch.cat([paths.factor[:, 50 * w : 50 * w + 51] for w in range(3)]),
+        torch.cat([paths.demand[:, 50 * w : 50 * w + 50] for w in range(3)]),
+        seed=11,
+        episodes=(0, 1, 2),
+    )
+    np.testing.assert_allclose(windows.discounted_cost, evaluate(aware_rule(tensors), tensors, sliced).discounted_cost, rtol=1e-6)
+    assert len(set(np.round(windows.discounted_cost, 3))) == 3  # three different windows, not one repeated
+
+
+def slow_filter(demand, lam, beta, rho, points, width):
+    """E[F_t | D_<t] by loops over the grid: the prior p_0 of the grid, then for each t the posterior
+    p_t(j) L_t(j) / sum_k p_t(k) L_t(k) with L_t(j) = prod_i Poisson pmf(D_i,t; lam_i exp(beta_i f_j - beta_i^2 / 2)),
+    and p_t+1(j) = sum_k posterior(k) P(k, j)."""
+    grid = tauchen_grid(rho, points, width)
+    law = list(grid.initial)
+    means = []
+    for t in range(len(demand)):
+        means.append(sum(law[j] * grid.points[j] for j in range(points)))
+        posterior = []
+        for j in range(points):
+            likelihood = 1.0
+            for i in range(len(lam)):
+                likelihood *= stats.poisson.pmf(demand[t][i], lam[i] * np.exp(beta[i] * grid.points[j] - beta[i] ** 2 / 2))
+            posterior.append(law[j] * likelihood)
+        total = sum(posterior)
+        law = [sum(posterior[k] / total * grid.transition[k, j] for k in range(points)) for j in range(points)]
+    means.append(sum(law[j] * grid.points[j] for j in range(points)))
+    return np.array(means)
+
+
+def test_the_filter_matches_a_slow_reference():
+    rng = np.random.default_rng(3)
+    lam, beta, rho = np.array([2.0, 5.0]), np.array([0.4, 0.9]), 0.7
+    demand = rng.poisson(3.0, size=(8, 2)).astype(float)
+    fast = GridFilter(lam, beta, rho, points=9, width=3.0).predictive_means(demand)
+    np.testing.assert_allclose(fast, slow_filter(demand, lam, beta, rho, 9, 3.0), rtol=1e-10, atol=1e-12)
+    assert fast[0] == pytest.approx(0.0, abs=1e-12) and np.ptp(fast) > 0.1  # the prior's mean, then the data move it
+
+
+def test_the_filter_is_causal_and_the_smoother_is_not():
+    """Changing D_t for t >= s leaves the filter's F_hat_0..F_hat_s unchanged (F_hat_t uses D_0..D_t-1) and moves
+    F_hat_s+1; the smoother of the fit report (envs.fit.smooth_factor), the broken control, moves before s."""
+    instance = paper_instance(4, 1)
+    demand = sample_paths(instance, 5, 1, 120).demand[0].double().numpy()
+    before = causal_factor(instance, demand)
+    smoothed = smooth_factor(demand, instance.lam, instance.beta, instance.rho)["mean"]
+    for s in (0, 30, 119):
+        changed = demand.copy()
+        changed[s:] = 3 * changed[s:] + 4
+        after = causal_factor(instance, changed)
+        np.testing.assert_array_equal(after[: s + 1], before[: s + 1])
+        assert abs(after[s + 1] - before[s + 1]) > 1e-3
+        if s > 0:
+            assert np.abs(smooth_factor(changed, instance.lam, instance.beta, instance.rho)["mean"][:s] - smoothed[:s]).max() > 1e-3
+
+
+def test_the_filter_tracks_the_true_factor():
+    """On a path of the model the predictive mean is closer to F_t than the prior's 0: mean squared error below the
+    factor's variance 1 by a margin (a sign error or an off-by-one shift would not be)."""
+    instance = paper_instance(4, 3)
+    paths = sample_paths(instance, 8, 1, 400)
+    estimate = causal_factor(instance, paths.demand[0].double().numpy())
+    error = np.mean((estimate[:400] - paths.factor[0, :400].double().numpy()) ** 2)
+    assert error < 0.8 * np.mean(paths.factor[0, :400].double().numpy() ** 2)
+
+
+def test_windows_show_the_filtered_factor_at_each_period():
+    """window_paths cuts the policy's factor [T + 1] so that window w's step t shows factor[w W + t]."""
+    demand = np.arange(14.0).reshape(7, 2)
+    factor = np.arange(8.0) / 10
+    paths = window_paths(demand, factor, 3)
+    np.testing.assert_allclose(paths.factor.numpy(), [[0.0, 0.1, 0.2, 0.3], [0.3, 0.4, 0.5, 0.6]], rtol=1e-6)
+    np.testing.assert_array_equal(paths.demand.numpy(), demand[:6].reshape(2, 3, 2))
+
+
+@pytest.fixture(scope="module")
+def backtest_run(simulated):
+    """platform/backtest.py with zero and base-stock-factor on the simulated history (windows of 50: 3 windows, 10
+    periods left over)."""
+    _, _, folder = simulated
+    out = folder / "bt"
+    result = run_script(
+        "backtest.py", "--history", folder / "history.csv", "--instance", folder / "instance.json",
+        "--policy", "zero", "--policy", "base-stock-factor", "--policy", "periodic", "--out", out,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out, result
+
+
+def test_the_paired_comparison_by_hand(backtest_run):
+    """backtest.json's and the printed comparisons: from the per-window costs in costs.parquet, d = a - b per window,
+    mean, s.e. = sd(d, ddof 1) / sqrt(3), half-width t_0.975 with 2 degrees of freedom (4.302653) x s.e."""
+    out, result = backtest_run
+    record = json.loads((out / "backtest.json").read_text())
+    cost = {
+        row["folder"]: pq.read_table(out / row["folder"] / "costs.parquet").column("discounted_cost").to_numpy()
+        for row in record["policies"]
+    }
+    assert [row["folder"] for row in record["policies"]] == ["zero", "base-stock-factor", "periodic"]
+    assert [(row["a"], row["b"]) for row in record["comparisons"]] == [
+        ("zero", "base-stock-factor"), ("zero", "periodic"), ("base-stock-factor", "periodic")
+    ]  # fmt: skip
+    for row in record["comparisons"]:
+        d = cost[row["a"]] - cost[row["b"]]
+        mean, se = d.sum() / 3, np.sqrt(((d - d.sum() / 3) ** 2).sum() / 2 / 3)
+        assert row["windows"] == 3
+        assert row["mean_difference"] == pytest.approx(mean, rel=1e-12)
+        assert row["se"] == pytest.approx(se, rel=1e-12)
+        assert (row["ci_low"], row["ci_high"]) == pytest.approx((mean - 4.302653 * se, mean + 4.302653 * se), rel=1e-6)
+        assert f"{row['a']} - {row['b']}: {mean:+.2f} ± {se:.2f} (s.e.)" in result.stdout
+    assert record["windows"] == 3 and record["periods"] == 160 and record["periods_replayed"] == 150
+    assert "the last 10 periods" in result.stdout
+
+
+def test_each_folder_is_an_evaluation_labelled_as_a_backtest(backtest_run, simulated):
+    """Every policy's folder is an evaluation folder (read by platform/report.py) of one row per window, labelled
+    backtest:<policy> with kind backtest; its costs are the replay's with the filtered factor."""
+    instance, _, folder = simulated
+    out, _ = backtest_run
+    summary = json.loads((out / "base-stock-factor" / "summary.json").read_text())
+    assert summary["policy"] == "backtest:base-stock-factor" and summary["kind"] == "backtest"
+    assert summary["episodes"] == 3 and summary["horizon"] == 50 and summary["window_starts"] == ["2024-01-01", "2024-02-20", "2024-04-10"]
+    zero = pq.read_table(out / "zero" / "costs.parquet").column("discounted_cost").to_numpy()
+    demand = history_matrix(folder / "history.csv").demand
+    expected = replay(zero_policy, instance.to_torch(), demand, causal_factor(instance, demand), 50).discounted_cost
+    np.testing.assert_allclose(zero, expected, rtol=1e-6)
+    report = run_script("report.py", out / "zero", out / "base-stock-factor")
+    assert report.returncode == 0, report.stderr
+    assert f"backtest on {folder / 'history.csv'}: 3 windows x 50 periods" in report.stdout
+    assert "| backtest:base-stock-factor |" in report.stdout
+
+
+def test_the_report_refuses_a_backtest_beside_an_evaluation(backtest_run, simulated, tmp_path):
+    out, _ = backtest_run
+    _, _, folder = simulated
+    run_script(
+        "evaluate.py", "--instance", folder / "instance.json", "--policy", "zero", "--episodes", 3, "--out", tmp_path / "ev", check=True
+    )
+    result = run_script("report.py", out / "zero", tmp_path / "ev")
+    assert (
+        result.returncode == 2 and "a backtest on the history" in result.stderr and "compare backtests with backtests only" in result.stderr
+    )
+
+
+def test_overwrite_replaces_the_whole_backtest(simulated, tmp_path):
+    """A second backtest into the same --out is refused; with --overwrite it replaces the first, whose policy folders
+    not in the second are removed with it."""
+    _, _, folder = simulated
+    args = ["--history", folder / "history.csv", "--instance", folder / "instance.json", "--window", 80]
+    run_script("backtest.py", *args, "--policy", "zero", "--policy", "periodic", "--out", tmp_path / "bt", check=True)
+    again = run_script("backtest.py", *args, "--policy", "zero", "--out", tmp_path / "bt")
+    assert again.returncode == 2 and "holds a backtest (backtest.json)" in again.stderr
+    run_script("backtest.py", *args, "--policy", "zero", "--out", tmp_path / "bt", "--overwrite", check=True)
+    assert sorted(p.name for p in (tmp_path / "bt").iterdir()) == ["backtest.json", "zero"]
+
+
+def test_a_checkpoint_is_backtested_like_a_named_policy(trained, tmp_path):
+    """checkpoint:PATH (the session's tiny or-transformer run on INSTANCE) gets its folder under its method's label, and
+    its window costs are the replay of the resolver's policy with the filtered factor."""
+    from trainers.resolver import resolve
+
+    checkpoint = trained["or-transformer"].checkpoint
+    history, _ = simulate_history(INSTANCE, 4, 100)
+    pyarrow.csv.write_csv(history, tmp_path / "history.csv")
+    INSTANCE.save(tmp_path / "instance.json")
+    run_script(
+        "backtest.py", "--history", tmp_path / "history.csv", "--instance", tmp_path / "instance.json",
+        "--policy", f"checkpoint:{checkpoint}", "--policy", "zero", "--out", tmp_path / "bt", check=True,
+    )  # fmt: skip
+    summary = json.loads((tmp_path / "bt" / "or-transformer-greedy" / "summary.json").read_text())
+    assert summary["policy"] == "backtest:or-transformer-greedy" and summary["parameters"]["checkpoint"] == str(checkpoint)
+    demand = history_matrix(tmp_path / "history.csv").demand
+    policy = resolve(f"checkpoint:{checkpoint}", INSTANCE).policy
+    expected = replay(policy, INSTANCE.to_torch(), demand, causal_factor(INSTANCE, demand), 50).discounted_cost
+    written = pq.read_table(tmp_path / "bt" / "or-transformer-greedy" / "costs.parquet").column("discounted_cost").to_numpy()
+    np.testing.assert_allclose(written, expected, rtol=1e-5)

@@ -187,7 +187,8 @@ class Batcher:
     """Requests' states queued for one policy, answered in batches on one worker thread, so that the event loop goes
     on reading bodies and answering /healthz and /info while a batch computes. A batch takes every request queued
     when the policy is free (up to `max_batch_size`), once the queue holds that many or `wait_s` has passed since
-    the policy was free with a request queued."""
+    the policy was free with a request queued. With `max_batch_size` 1 (batching off) each request goes to the
+    worker thread's own queue: no batch to form, so no hop through the event loop between two calls."""
 
     def __init__(self, decide_many: Callable[[list[State]], list], max_batch_size: int, wait_s: float, on_batch: Callable[[int], None]):
         self.decide_many, self.max_batch_size, self.wait_s, self.on_batch = decide_many, max_batch_size, wait_s, on_batch
@@ -195,15 +196,37 @@ class Batcher:
         self.queued: list[tuple[State, asyncio.Future]] = []
         self.arrived = asyncio.Event()
         self.runner: asyncio.Task | None = None
+        self.pending = 0
+        """Requests given to `decide` and not yet answered (queued, waiting for the thread, or computing)."""
 
     async def decide(self, state: State) -> tuple[Any, float, float]:
         """(Decider.decide_many's outcome for this request, its batch's start and end on time.perf_counter)."""
+        self.pending += 1
+        try:
+            return await self._decide(state)
+        finally:
+            self.pending -= 1
+
+    async def _decide(self, state: State) -> tuple[Any, float, float]:
+        if self.max_batch_size == 1:
+            self.on_batch(1)
+            answers, started, ended = await asyncio.get_running_loop().run_in_executor(self.compute, self.timed, [state])
+            return answers[0], started, ended
         outcome = asyncio.get_running_loop().create_future()
         self.queued.append((state, outcome))
         self.arrived.set()
         if self.runner is None:  # started in the loop that runs the requests
             self.runner = asyncio.create_task(self.run())
         return await outcome
+
+    def timed(self, states: list[State]) -> tuple[list, float, float]:
+        """decide_many on the worker thread, with its start and end (the wait for the thread counts as the queue's)."""
+        started = time.perf_counter()
+        try:
+            answers = self.decide_many(states)
+        except Exception as exc:  # a bug: each request of the batch gets it
+            answers = [exc] * len(states)
+        return answers, started, time.perf_counter()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -221,12 +244,7 @@ class Batcher:
             if not batch:
                 continue
             self.on_batch(len(batch))
-            started = time.perf_counter()
-            try:
-                answers = await loop.run_in_executor(self.compute, self.decide_many, [state for state, _ in batch])
-            except Exception as exc:  # a bug: each request of the batch gets it
-                answers = [exc] * len(batch)
-            ended = time.perf_counter()
+            answers, started, ended = await loop.run_in_executor(self.compute, self.timed, [state for state, _ in batch])
             for (_, outcome), answer in zip(batch, answers):
                 if not outcome.done():
                     outcome.set_result((answer, started, ended))

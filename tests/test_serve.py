@@ -440,7 +440,7 @@ def test_a_batch_takes_the_requests_queued_while_the_policy_computes(max_batch_s
         first = asyncio.create_task(batcher.decide(0))
         await asyncio.to_thread(computing.wait)
         rest = [asyncio.create_task(batcher.decide(k)) for k in range(1, 6)]
-        while len(batcher.queued) < 5:  # each task queues its request at its first step
+        while batcher.pending < 6:  # each task hands its request over at its first step
             await asyncio.sleep(0)
         release.set()
         return [answer for answer, _, _ in await asyncio.gather(first, *rest)]

@@ -57,7 +57,7 @@ def report_error(monkeypatch, capsys, *args) -> str:
 
 def test_a_decomposition_bound_is_named_by_its_kind_and_its_dp_value_is_the_bound(tmp_path, monkeypatch, capsys):
     """report.py EVAL --bound DECOMPOSITION_DIR: catches the row labelled "perfect-information bound" and the relaxed
-    policies' simulated mean shown as "the lower bound" (bad case 3 of issue 23). The bound is the DP value; the
+    policies' simulated mean shown as "the lower bound". The bound is the DP value; the
     relaxed policies' row is their simulated cost, and the policies' column is the paired difference to them."""
     best = write(tmp_path / "best", "classical-best", 110.0 + E)
     bound = write(tmp_path / "dec", "decomposition-bound", 95.0 + D, DECOMPOSITION_FIGURES)

@@ -680,7 +680,7 @@ def test_the_page_the_csv_and_the_docs_give_the_paired_difference_one_definition
     """The relaxed policies' paired difference and the bound (the DP value) are two figures, named by their definition
     (solver_workers.decomposition.PAIRED_DIFFERENCE) in the page, in docs/methods.md, and with the same numbers in the
     page and table.csv: catches the page calling the paired figure "how much any policy could still gain, at most"
-    while its DP value says otherwise (bad case 4 of issue 23), and a CSV column that holds another figure than the page."""
+    while its DP value says otherwise, and a CSV column that holds another figure than the page."""
     import csv
     import html
 

@@ -550,7 +550,7 @@ def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypat
 def test_a_run_with_progress_shows_the_warm_start_as_a_bar(tmp_path, capsys):
     """The warm start before a run's first update (300 updates in the cpu preset: minutes at n = 16) is a progress
     bar on stderr that counts the imitation and DAgger updates, before the training's bar; without progress
-    nothing is printed. Catches a warm start that runs silent (issue 23, section 4)."""
+    nothing is printed. Catches a warm start that runs silent."""
     config = TrainConfig(**RUN, updates=1, imitation_updates=2, imitation_dagger_updates=1, imitation_teacher="base-stock")
     train(config, paper_instance(2, 0), tmp_path / "quiet", progress=False)
     assert capsys.readouterr().err == ""

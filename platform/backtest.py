@@ -150,6 +150,8 @@ def main() -> None:
             clear_run(folder)
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
+        for name in folders.values():  # a folder of this backtest that holds a run of another kind
+            clear_run(out / name)
         clear_run(out)
     starts = [history.periods[w * args.window] for w in range(windows)]
     in_sample = (instance.source or {}).get("history_sha256") == history.sha256

@@ -231,6 +231,19 @@ def test_overwrite_replaces_the_whole_backtest(simulated, tmp_path):
     assert sorted(p.name for p in (tmp_path / "bt").iterdir()) == ["backtest.json", "zero"]
 
 
+def test_overwrite_clears_a_policy_folder_that_holds_a_run_of_another_kind(simulated, tmp_path):
+    """A policy's folder under --out that holds a decomposition bound's files is refused, and with --overwrite is
+    cleared before the backtest writes there: the folder holds the backtest alone."""
+    _, _, folder = simulated
+    args = ["--history", folder / "history.csv", "--instance", folder / "instance.json", "--window", 80]
+    (tmp_path / "bt" / "zero" / "lookahead").mkdir(parents=True)
+    (tmp_path / "bt" / "zero" / "split.jsonl").write_text("{}\n")
+    refused = run_script("backtest.py", *args, "--policy", "zero", "--out", tmp_path / "bt")
+    assert refused.returncode == 2 and "split.jsonl" in refused.stderr
+    run_script("backtest.py", *args, "--policy", "zero", "--out", tmp_path / "bt", "--overwrite", check=True)
+    assert sorted(p.name for p in (tmp_path / "bt" / "zero").iterdir()) == ["costs.parquet", "summary.json"]
+
+
 def test_a_checkpoint_is_backtested_like_a_named_policy(trained, tmp_path):
     """checkpoint:PATH (the session's tiny or-transformer run on INSTANCE) gets its folder under its method's label, and
     its window costs are the replay of the resolver's policy with the filtered factor."""

@@ -448,14 +448,14 @@ def fail() -> None:
 
 
 @pytest.mark.parametrize("teacher", ["base-stock-factor", "clock"])
-@pytest.mark.parametrize("stop, saved_at, status", [(interrupt, 5, "interrupted"), (fail, 4, "running")])
+@pytest.mark.parametrize("stop, saved_at, status", [(interrupt, 5, "interrupted"), (fail, 4, "failed")])
 def test_a_warm_start_stopped_midway_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, teacher, stop, saved_at, status):
     """4 plain and 3 DAgger imitation updates with checkpoint_every 2: Ctrl-C during imitation update 5 finishes
-    and saves it (status interrupted, training.json too); an exception in update 6 leaves update 4's periodic
-    checkpoint. Resumed, the run ends with the uninterrupted run's weights, warm start losses and curve, and
-    the resume builds no teacher anew: a tuned classical teacher is rebuilt from the parameters in the
-    checkpoint (tuning would fail), a teacher with a clock (EveryThird) has its clock brought to the saved
-    update's step (the plain updates' buffer is simulated again from the saved state)."""
+    and saves it (status interrupted, training.json too); an exception in update 6 marks update 4's periodic
+    checkpoint failed, with the reason (training.json too). Resumed, the run ends with the uninterrupted run's
+    weights, warm start losses and curve, and the resume builds no teacher anew: a tuned classical teacher is
+    rebuilt from the parameters in the checkpoint (tuning would fail), a teacher with a clock (EveryThird) has its
+    clock brought to the saved update's step (the plain updates' buffer is simulated again from the saved state)."""
     config = TrainConfig(
         **RUN, updates=2, imitation_updates=4, imitation_dagger_updates=3, imitation_teacher="base-stock-factor", checkpoint_every=2
     )
@@ -470,8 +470,9 @@ def test_a_warm_start_stopped_midway_resumes_to_the_uninterrupted_result(tmp_pat
     ckpt = read_checkpoint(tmp_path / "run" / "checkpoint.pt")
     assert (ckpt["status"], ckpt["trainer"]["update"], ckpt["trainer"]["imitation"]["updates_done"]) == (status, 0, saved_at)
     assert ckpt["trainer"]["warm_start"] is None and pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 0
-    if stop is interrupt:
-        assert json.loads((tmp_path / "run" / "training.json").read_text())["status"] == "interrupted"
+    assert json.loads((tmp_path / "run" / "training.json").read_text())["status"] == status
+    if stop is fail:
+        assert ckpt["reason"] == "the warm start failed: RuntimeError: out of memory"
 
     def no_teacher_built(*args, **kwargs):
         raise AssertionError("the resume built the teacher anew")

@@ -28,11 +28,12 @@ then raises it again, where the method can (`MethodRun.saves_after_failure`); a 
 
 A warm start (config imitation_updates > 0) runs before update 1. Every `checkpoint_every` imitation updates
 it saves a checkpoint of update 0 that holds the warm start under way (status `running`, an empty curve), and
-an interruption stops it like an update: after the current imitation update, saved (status `interrupted`);
-a resume continues it from there to the uninterrupted run's result. An interruption before its first
-checkpoint leaves no run in the folder. At its end an update-0 checkpoint holds the warm-started model, so a
-resume neither repeats nor skips it. The curve's wall_seconds count from the start of the run, the warm start
-included.
+an interruption stops it like an update: after the current imitation update (during the teacher's build: after
+the build and the first imitation update), saved (status `interrupted`); a resume continues it from there to the
+uninterrupted run's result. A second interruption before its first checkpoint leaves no run in the folder. An
+exception in the warm start marks its last checkpoint `failed`, with the reason, and raises again. At its end an
+update-0 checkpoint holds the warm-started model, so a resume neither repeats nor skips it. The curve's
+wall_seconds count from the start of the run, the warm start included.
 
 A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
 method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then
@@ -310,6 +311,12 @@ class PeerRecorder:
         return None
 
 
+def failure_reason(what: str, error: Exception) -> str:
+    """A failed run's reason, one line: what failed, the exception's type and its message's first line."""
+    message = (str(error).strip().splitlines() or [""])[0]
+    return f"{what} failed: {type(error).__name__}: {message}"
+
+
 class StopRequest:
     """`with StopRequest() as stop:` in the main thread: the first Ctrl-C or SIGTERM only sets `stop.requested`
     (the loop stops when the current update is done, so no half-made update is ever saved); a second one
@@ -366,8 +373,7 @@ def training_loop(
                     metrics = step()
                 except Exception as error:
                     if save_on_failure:
-                        message = (str(error).strip().splitlines() or [""])[0]
-                        reason = f"update {update + 1} failed: {type(error).__name__}: {message}"
+                        reason = failure_reason(f"update {update + 1}", error)
                         save("failed", reason)
                         recorder.summary("failed", reason, update)
                     raise
@@ -543,7 +549,15 @@ def continue_run(
                 method.save(write_checkpoint("interrupted" if stopped else "running", None))
             return stopped
 
-        warm_started = method.warm_start(progress and method.lead, after_imitation)
+        try:
+            warm_started = method.warm_start(progress and method.lead, after_imitation)
+        except Exception as error:  # e.g. out of memory: the last checkpoint of the warm start says so
+            if method.lead and (out / "checkpoint.pt").exists():
+                reason = failure_reason("the warm start", error)
+                last = read_checkpoint(out / "checkpoint.pt")
+                save_checkpoint(out / "checkpoint.pt", config, instance, last["trainer"], "failed", reason, last["attempts"])
+                write_summary(out, config, instance.n, "failed", reason, method.update, start.rows, attempts)
+            raise
         if stopped:
             if method.lead:
                 write_summary(out, config, instance.n, "interrupted", None, method.update, start.rows, attempts)

@@ -37,6 +37,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -75,6 +76,9 @@ from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogen
 METHODS = ("or-transformer", "hpo")
 PRECISIONS = ("float32", "bfloat16")
 MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations")
+TEACHER_WAIT = timedelta(hours=24)
+"""How long the other ranks wait for rank 0's teacher (tuning classical-best or building the lookahead's tables
+at n = 1,024 takes far longer than a process group's default timeout)."""
 """Fields that change how much memory an update takes, not its result: a run may resume with other values."""
 
 
@@ -583,7 +587,8 @@ class PathwiseTrainer:
         return self.warm_start_record
 
     def _teacher(self, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
-        """The teacher on `source`, built by rank 0 alone. A classical family: the other ranks make the rule from its
+        """The teacher on `source`, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
+        group of their own). A classical family: the other ranks make the rule from its
         parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint
         holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
         its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
@@ -593,6 +598,7 @@ class PathwiseTrainer:
         if parameters is not None and not lookahead:
             return policy_from_parameters(source.to_torch(device), parameters), parameters
         rank, world = rank_and_world()
+        waiting = dist.new_group(backend="gloo", timeout=TEACHER_WAIT) if world > 1 else None  # made before rank 0 builds
         threshold = parameters["threshold"] if parameters is not None else None
         built = teacher_policy(source, name, device=device, progress=progress, threshold=threshold) if rank == 0 else None
         if built is not None and parameters is not None:
@@ -600,7 +606,8 @@ class PathwiseTrainer:
         if world == 1:
             return built
         shared = [(built if lookahead else built[1]) if rank == 0 else None]  # a lookahead's tables travel without device copies
-        dist.broadcast_object_list(shared, src=0)
+        dist.broadcast_object_list(shared, src=0, group=waiting)
+        dist.destroy_process_group(waiting)
         if rank == 0:
             return built
         if lookahead:

@@ -215,7 +215,7 @@ class Batcher:
         outcome = asyncio.get_running_loop().create_future()
         self.queued.append((state, outcome))
         self.arrived.set()
-        if self.runner is None:  # started in the loop that runs the requests
+        if self.runner is None or self.runner.done():  # started in the loop that runs the requests
             self.runner = asyncio.create_task(self.run())
         return await outcome
 
@@ -224,7 +224,9 @@ class Batcher:
         started = time.perf_counter()
         try:
             answers = self.decide_many(states)
-        except Exception as exc:  # a bug: each request of the batch gets it
+            if len(answers) != len(states):
+                raise RuntimeError(f"the policy answered {len(answers)} of {len(states)} requests")
+        except Exception as exc:  # a bug: each request of the batch gets it (the handler logs it, the client gets a 500)
             answers = [exc] * len(states)
         return answers, started, time.perf_counter()
 

@@ -24,6 +24,8 @@ def named_policy(
 ) -> tuple[Policy, dict[str, Any]]:
     """(policy, parameters for a summary) of the named policy `name` on `instance`; `form` and `threshold` are the
     lookahead's: finite-horizon tables for `horizon` steps or the stationary ones, and its c (None: tuned)."""
+    if threshold is not None and not is_lookahead(name):
+        raise ValueError(f"threshold: the lookahead's c, given for policy {name!r}")
     if name == DP_OPTIMAL:
         return dp_optimal_policy(instance, horizon, device)
     if is_lookahead(name):

@@ -99,15 +99,15 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
     try:
         with cluster_mode_off(), keep_sigterm_handler(), session_address():
             context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
+        node = local_node()
+        EMBEDDED[os.getpid()] = (Path(node.session_dir), node.node_id, node.raylet_pid)  # from here stop_ray ends it all
     except BaseException:  # Ctrl-C (or a failure) while Ray starts: end what it started so far, its agents included
         end_session(starting_session())
         raise
-    node = local_node()
     if ended := end_dead_sessions(Path(node.temp_dir)):
         print(
             f"ended {len(ended)} processes left by the embedded Ray of a killed driver: PIDs {' '.join(map(str, ended))}", file=sys.stderr
         )
-    EMBEDDED[os.getpid()] = (Path(node.session_dir), node.node_id, node.raylet_pid)
     record_session(*EMBEDDED[os.getpid()])
     return f"http://{context.dashboard_url}" if dashboard and context.dashboard_url else None
 
@@ -132,18 +132,42 @@ def starting_session() -> tuple[Path, str, int] | None:
     return None if node is None else (Path(node.session_dir), node.node_id, node.raylet_pid)
 
 
+RAY_DAEMONS = ("raylet", "gcs_server")
+"""The processes that ray.init starts as this driver's children; the raylet starts the agents as its own."""
+
+
+def started_by_this_driver() -> list[int]:
+    """The Ray processes this driver started (RAY_DAEMONS among its children) and all their descendants."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                stat = (entry / "stat").read_text()
+                names[int(entry.name)] = stat[stat.index("(") + 1 : stat.rindex(")")]
+                parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        except (OSError, ValueError):  # gone
+            continue
+    found = [pid for pid, parent in parents.items() if parent == os.getpid() and names[pid] in RAY_DAEMONS]
+    for pid in found:  # grows while it is walked: each one's children join it
+        found += [child for child, parent in parents.items() if parent == pid]
+    return found
+
+
 def end_session(session: tuple[Path, str, int] | None) -> None:
     """Stop Ray and SIGKILL what is left of this driver's embedded `session`: the raylet's agents outlive a Ray stopped
-    during its start-up (Ctrl-C in ray.init or serve.start) by a minute or more, under PID 1."""
+    during its start-up (Ctrl-C in ray.init or serve.start) by a minute or more, under PID 1. Cut short before Ray
+    knew its node (ray.init waiting for the raylet to register), a start has no session yet: what this driver started
+    is then its raylet and GCS, and what they started."""
+    started = started_by_this_driver() if session is None else []  # before ray.shutdown: the agents are the raylet's children
     ray.shutdown()
-    if session is None:
-        return
-    for pid in session_processes(*session, holding_files=False):
+    for pid in started if session is None else session_processes(*session, holding_files=False):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    (session[0] / SESSION_RECORD).unlink(missing_ok=True)
+    if session is not None:
+        (session[0] / SESSION_RECORD).unlink(missing_ok=True)
 
 
 def process_start(pid: int) -> int | None:

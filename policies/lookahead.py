@@ -289,8 +289,8 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
     if form == FORMS[0] and horizon != record["horizon"]:
         raise InputError(
             f"{NAME} tables: '{folder}' holds finite-horizon tables for horizon {record['horizon']}, asked for {horizon}; "
-            f"act for {record['horizon']} periods (evaluate.py --horizon, backtest.py --window), use the stationary form, "
-            f"or run the bound with --horizon {horizon}"
+            f"evaluate with --horizon {record['horizon']} (backtest.py: --window {record['horizon']}), use the stationary "
+            f"form, or run the bound with --horizon {horizon}"
         )
     items = [ItemTable.load(folder / item_file(i), forms=(form,)) for i in range(instance.n)]
     return LookaheadTables.from_items(items, form, record["horizon"], record["instance_hash"])

@@ -198,6 +198,8 @@ class Batcher:
         self.runner: asyncio.Task | None = None
         self.pending = 0
         """Requests given to `decide` and not yet answered (queued, waiting for the thread, or computing)."""
+        self.computing = 0
+        """Requests in the policy call running now (set on the worker thread)."""
 
     async def decide(self, state: State) -> tuple[Any, float, float]:
         """(Decider.decide_many's outcome for this request, its batch's start and end on time.perf_counter)."""
@@ -221,14 +223,20 @@ class Batcher:
 
     def timed(self, states: list[State]) -> tuple[list, float, float]:
         """decide_many on the worker thread, with its start and end (the wait for the thread counts as the queue's)."""
-        started = time.perf_counter()
+        started, self.computing = time.perf_counter(), len(states)
         try:
             answers = self.decide_many(states)
             if len(answers) != len(states):
                 raise RuntimeError(f"the policy answered {len(answers)} of {len(states)} requests")
         except Exception as exc:  # a bug: each request of the batch gets it (the handler logs it, the client gets a 500)
             answers = [exc] * len(states)
+        self.computing = 0
         return answers, started, time.perf_counter()
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for the policy now: in the queue of a batch to come, or of the worker thread."""
+        return self.pending - self.computing
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -312,7 +320,7 @@ class DecisionService:
             "forward_passes": self.decider.forward_passes,
             "batches": self.batches,
             "largest_batch": self.largest_batch,
-            "queued": len(self.batcher.queued),
+            "queued": self.batcher.waiting,
         }
         return {**self.decider.info, "settings": settings, "replica": replica, "counters": counters}
 

@@ -442,6 +442,7 @@ def test_a_batch_takes_the_requests_queued_while_the_policy_computes(max_batch_s
         rest = [asyncio.create_task(batcher.decide(k)) for k in range(1, 6)]
         while batcher.pending < 6:  # each task hands its request over at its first step
             await asyncio.sleep(0)
+        assert batcher.waiting == 5  # /info's `queued`: all but the one in the held call, batching on or off
         release.set()
         return [answer for answer, _, _ in await asyncio.gather(first, *rest)]
 

@@ -22,15 +22,12 @@ import contextlib
 import copy
 import io
 import json
-import os
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from revisions import records_at
 
 from envs.dynamics import State, initial_state, step
 from envs.exogenous import HELDOUT_SEED, FactorDemandStream, sample_paths
@@ -258,25 +255,6 @@ KEYS = ("figure", "network", "method", "path", "n", "batch")
 TIMES = ("seconds", "ms")
 
 
-def figures_of_commit(revision: str, arguments: list[str]) -> list[dict]:
-    """This script's records as the code of git `revision` makes them: run from a temporary worktree of it (the
-    script as it was there, with the same arguments), on this machine, right now."""
-    root = Path(__file__).resolve().parent.parent
-    with tempfile.TemporaryDirectory() as folder:
-        tree = Path(folder) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), revision], cwd=root, check=True)
-        try:
-            environment = {**os.environ, "PYTHONPATH": str(tree)}
-            done = subprocess.run(
-                [sys.executable, "bench/policy.py", *arguments], cwd=tree, env=environment, capture_output=True, text=True
-            )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root, check=True)
-    if done.returncode:
-        raise SystemExit(f"error: bench/policy.py at {revision} failed: {done.stderr.strip()[-500:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
 def compare(records: list[dict], before: list[dict], revision: str) -> None:
     """One line per record that both runs made: this code's time against `revision`'s."""
     theirs = {tuple(r.get(k) for k in KEYS): r for r in before}
@@ -313,7 +291,7 @@ def main():
     before = []
     if args.against:
         arguments = ["--device", args.device, "--figures", *args.figures, *(["--threads", str(args.threads)] if args.threads else [])]
-        before = figures_of_commit(args.against, arguments)
+        before = records_at(args.against, [sys.executable, "bench/policy.py", *arguments], "bench/policy.py")
         for record in before:
             print(json.dumps({**record, "code": args.against}), flush=True)
     if args.threads:

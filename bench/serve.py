@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from ray import serve
+from revisions import records_at
 from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response
 
@@ -333,28 +334,6 @@ def start_constant_server(port: int, answer: bytes) -> multiprocessing.Process:
     raise SystemExit(f"error: the constant HTTP server did not start on port {port}")
 
 
-def figures_of_commit(revision: str, arguments: list[str]) -> list[dict]:
-    """This script's records with the service of git `revision`: this script run on the code of a temporary worktree
-    of it (PYTHONPATH, which Ray's workers and so the replicas inherit), on this machine, right now. The load
-    generator is this one, so both measure the service alone."""
-    with tempfile.TemporaryDirectory() as folder:
-        tree = Path(folder) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), revision], cwd=ROOT, check=True)
-        try:
-            done = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), *arguments],
-                cwd=tree,
-                env={**os.environ, "PYTHONPATH": str(tree)},
-                stdout=subprocess.PIPE,  # its stderr (progress, Ray's lines) goes on to this one's
-                text=True,
-            )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
-    if done.returncode:
-        raise SystemExit(f"error: bench/serve.py on the service of {revision} failed (status {done.returncode}; its output is above)")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=8.0, help="most seconds per run (default 8)")
@@ -369,7 +348,8 @@ def main() -> None:
     before = []
     if args.against:
         arguments = [a for a in sys.argv[1:] if a not in ("--against", args.against) and not a.startswith("--against=")]
-        before = figures_of_commit(args.against, arguments)
+        # this script, so this load generator, on the service code of the other revision
+        before = records_at(args.against, [sys.executable, str(Path(__file__).resolve()), *arguments], "the service", stderr_through=True)
         for record in before:
             print(json.dumps({**record, "code": args.against}), flush=True)
     generator = LoadGenerator(args.client_processes)  # forked before torch computes and Ray starts

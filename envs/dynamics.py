@@ -22,7 +22,7 @@ class State:
 
     inv: [B, n] net inventory before demand (negative = backlog);
     pipe: [B, n, LMAX-1] in-transit, pipe[..., l-1] = P_{i,l,t} arrives at t + l;
-    factor: [B] observed market factor F_t.
+    factor: [B] observed market factor F_t; [B, k] with k factors (docs/model.md).
     """
 
     inv: torch.Tensor
@@ -46,7 +46,7 @@ class State:
 
 def initial_state(instance: TensorInstance, factor0: torch.Tensor) -> State:
     """The initial state (the paper is silent; our choice, docs/model.md): I_0 = mu_i = lam_i (L_i + 1),
-    P_0 = 0, F_0 from the exogenous path. factor0: [B]."""
+    P_0 = 0, F_0 from the exogenous path. factor0: [B] or [B, k]."""
     batch = factor0.shape[0]
     inv = instance.mu.expand(batch, instance.n).clone()
     pipe = torch.zeros(batch, instance.n, LMAX - 1, device=instance.device, dtype=instance.dtype)
@@ -62,7 +62,7 @@ def step(
     factor_next: torch.Tensor,
 ) -> tuple[State, torch.Tensor]:
     """One transition. open_order Y: [B] in {0, 1}; quantity Q: [B, n] in [0, qbar]; demand D: [B, n];
-    factor_next F_{t+1}: [B]. Returns (s_{t+1}, C_t [B]). Differentiable in Q, I and P."""
+    factor_next F_{t+1}: [B] or [B, k]. Returns (s_{t+1}, C_t [B]). Differentiable in Q, I and P."""
     executed = open_order[:, None] * quantity  # O_t = Y_t Q_t  [B, n]
     post_demand = state.inv - demand  # Z_t, eq. (post_demand)  [B, n]
     cost = instance.K * open_order + (  # C_t, eq. (one_step_cost)  [B]

@@ -31,7 +31,7 @@ class Trace:
     is the proposed Q_t, executed only where open == 1 (a learned policy proposes 0 where it does not open:
     trainers.policy)."""
 
-    factor: np.ndarray  # [E, T]
+    factor: np.ndarray  # [E, T], or [E, T, k] with k factors
     open: np.ndarray  # [E, T]
     cost: np.ndarray  # [E, T]
     inventory: np.ndarray  # [E, T, n]
@@ -70,18 +70,22 @@ def rollout_costs(
     progress: str | None = None,
     repeats: int = 1,
 ) -> torch.Tensor:
-    """Roll `policy` from the initial state over factor [E, T+1] and demand [E, T, n]; return the
+    """Roll `policy` from the initial state over factor [E, T+1] (or [E, T+1, k]) and demand [E, T, n]; return the
     discounted cost per row [B] (float64), B = repeats * E with row r on episode r % E (the paths
     are tiled per step, not copied whole). A policy with a `reset()` method is reset first.
     With `record`, append per-step tensors to its lists."""
     horizon = demand.shape[1]
     if hasattr(policy, "reset"):
         policy.reset()
-    state = initial_state(instance, factor[:, 0].repeat(repeats))
+
+    def tiled(x: torch.Tensor) -> torch.Tensor:  # rows repeated `repeats` times: [E, ...] -> [repeats * E, ...]
+        return x.repeat(repeats, *(1,) * (x.dim() - 1))
+
+    state = initial_state(instance, tiled(factor[:, 0]))
     total = torch.zeros(state.batch, dtype=torch.float64, device=demand.device)
     for t in tqdm(range(horizon), desc=progress, disable=progress is None, leave=False):
         open_order, quantity = policy(state, instance)
-        next_state, cost = step(instance, state, open_order, quantity, demand[:, t].repeat(repeats, 1), factor[:, t + 1].repeat(repeats))
+        next_state, cost = step(instance, state, open_order, quantity, tiled(demand[:, t]), tiled(factor[:, t + 1]))
         total += (instance.gamma**t) * cost.double()
         if record is not None:
             for key, value in (("open", open_order), ("cost", cost), ("inventory", state.inv), ("quantity", quantity)):

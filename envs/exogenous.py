@@ -1,8 +1,10 @@
 """Exogenous factor and demand paths, eqs. (factor_process), (conditional_demand), (conditional_demand_rate), and
 the range of costs they can drive an instance to over a horizon (`check_cost_range`, run by `sample_paths`).
 
-Every factor step is `factor_step` and every demand rate `demand_rate`, here and in the other
-simulators (envs.gym_env, policies.dp_optimal, solver_workers.model). Two samplers use them:
+Every factor step is `factor_step`, every demand rate `demand_rate` (`item_rates` from the factors) and every demand
+draw `draw_demand`'s law (Poisson, or negative binomial with overdispersion), here and in the other simulators
+(envs.gym_env, policies.dp_optimal, solver_workers.model). With k factors F_t has k independent coordinates, each the
+AR(1) of eq. (factor_process) with the one rho (docs/model.md). Two samplers use them:
 
 * `sample_paths` draws fixed episode sets (evaluation, tuning) as common random numbers. Episode e
   uses its own NumPy stream keyed by (stream tag, seed, e), so its path depends only on
@@ -24,7 +26,7 @@ import torch
 
 from envs import validate
 from envs.errors import InputError
-from envs.instance import Instance, InstanceError, TensorInstance
+from envs.instance import Instance, InstanceError, TensorInstance, exposure
 
 HELDOUT_SEED = 20_260_128
 """Seed of the held-out evaluation set (128 episodes). No training or tuning code may use it."""
@@ -58,6 +60,28 @@ def demand_rate(lam, beta, factor):
     """
     exp = torch.exp if isinstance(factor, torch.Tensor) else np.exp
     return lam * exp(beta * factor - 0.5 * beta * beta)
+
+
+def item_rates(instance: Instance | TensorInstance, factor):
+    """lam_{i,t} of every item given F_t ([...] at k = 1, else [..., k]; NumPy for an Instance, torch for a
+    TensorInstance): eq. (conditional_demand_rate) at item i's exposure u_i,t (envs.instance.exposure). [..., n]."""
+    return demand_rate(instance.lam, instance.beta, exposure(instance.directions, factor))
+
+
+def gamma_multiplier(overdispersion: np.ndarray, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """G_i ~ Gamma(1 / phi_i, phi_i), mean 1 and variance phi_i (G_i = 1 where phi_i = 0), for `shape` [..., n]: the
+    rate multiplier that makes Poisson(rate G) the negative binomial of mean rate and variance rate + phi rate^2."""
+    positive = overdispersion > 0
+    concentration = np.where(positive, 1.0 / np.where(positive, overdispersion, 1.0), 1.0)
+    return np.where(positive, rng.gamma(concentration, np.where(positive, overdispersion, 1.0), size=shape), 1.0)
+
+
+def draw_demand(rate: np.ndarray, overdispersion: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+    """D_{i,t} given its rate ([..., n]): Poisson, eq. (conditional_demand), or, with overdispersion phi_i, the
+    gamma-Poisson mixture Poisson(rate G_i) (`gamma_multiplier`), a negative binomial (docs/model.md)."""
+    if overdispersion is None:
+        return rng.poisson(rate)
+    return rng.poisson(rate * gamma_multiplier(overdispersion, np.shape(rate), rng))
 
 
 def check_cost_range(instance: Instance, horizon: int) -> None:
@@ -95,7 +119,8 @@ def check_cost_range(instance: Instance, horizon: int) -> None:
 class ExogenousPaths:
     """Factor and demand for E episodes of T steps.
 
-    factor: [E, T+1] — F_0..F_T (the last entry is the factor of the state after the final step);
+    factor: [E, T+1] (one factor) or [E, T+1, k] — F_0..F_T (the last entry is the factor of the state after the
+    final step);
     demand: [E, T, n] — D_{i,t}.
     """
 
@@ -144,18 +169,19 @@ def sample_paths(
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
     check_path_size(instance.n, len(episode_ids), horizon)
     check_cost_range(instance, horizon)
-    factor = np.empty((len(episode_ids), horizon + 1))
+    factor_shape = () if instance.factors == 1 else (instance.factors,)
+    factor = np.empty((len(episode_ids), horizon + 1, *factor_shape))
     demand = np.empty((len(episode_ids), horizon, instance.n))
     for row, e in enumerate(episode_ids):
         factor_rng, demand_rng = (np.random.default_rng(s) for s in np.random.SeedSequence([_PATH_STREAM, seed, e]).spawn(2))
         # Draws are consumed in time order, so a longer horizon extends the same path.
-        noise = factor_rng.standard_normal(horizon + 1)
-        f = np.empty(horizon + 1)
+        noise = factor_rng.standard_normal((horizon + 1, *factor_shape))
+        f = np.empty_like(noise)
         f[0] = noise[0]
         for t in range(horizon):
             f[t + 1] = factor_step(instance.rho, f[t], noise[t + 1])
         factor[row] = f
-        demand[row] = demand_rng.poisson(demand_rate(instance.lam, instance.beta, f[:horizon, None]))
+        demand[row] = draw_demand(item_rates(instance, f[:horizon]), instance.overdispersion, demand_rng)
     return ExogenousPaths(
         factor=torch.as_tensor(factor, device=device).to(dtype),
         demand=torch.as_tensor(demand, device=device).to(dtype),
@@ -180,15 +206,24 @@ class FactorDemandStream:
         self.batch = batch
 
     def initial_factor(self) -> torch.Tensor:
-        """F_0 ~ N(0, 1): [B]."""
-        return torch.randn(self.batch, generator=self.generator, device=self.instance.device, dtype=self.instance.dtype)
+        """F_0 ~ N(0, I): [B], or [B, k] with k factors."""
+        shape = (self.batch,) if self.instance.factors == 1 else (self.batch, self.instance.factors)
+        return torch.randn(shape, generator=self.generator, device=self.instance.device, dtype=self.instance.dtype)
 
     def next_factor(self, factor: torch.Tensor) -> torch.Tensor:
-        """F_{t+1} (factor_step): [B]."""
+        """F_{t+1} (factor_step): the shape of `factor`."""
         eps = torch.randn(factor.shape, generator=self.generator, device=factor.device, dtype=factor.dtype)
         return factor_step(self.instance.rho, factor, eps)
 
     def demand(self, factor: torch.Tensor) -> torch.Tensor:
-        """D_{i,t} | F_t ~ Poisson(lam_{i,t}), eq. (conditional_demand): [B, n]."""
-        rate = demand_rate(self.instance.lam, self.instance.beta, factor[:, None])
+        """D_{i,t} | F_t, eq. (conditional_demand) (`draw_demand`'s law, with this stream's generator): [B, n]."""
+        rate = item_rates(self.instance, factor)
+        phi = self.instance.overdispersion
+        if phi is not None:
+            positive = phi > 0
+            safe = torch.where(positive, phi, torch.ones_like(phi))
+            concentration = (1.0 / safe).expand_as(rate).contiguous()
+            # torch's own gamma sampler (torch.distributions.Gamma's), drawn from this stream's generator
+            multiplier = torch._standard_gamma(concentration, generator=self.generator) * safe
+            rate = rate * torch.where(positive, multiplier, torch.ones_like(multiplier))
         return torch.poisson(rate, generator=self.generator)

@@ -5,11 +5,22 @@ from __future__ import annotations
 import torch
 
 from envs.dynamics import State
-from envs.instance import TensorInstance
+from envs.instance import Instance, InstanceError, TensorInstance
 
 ITEM_FEATURES = 11
 GLOBAL_FEATURES = 4
 GLOBAL_SCALE_CONSTANT = 100.0  # the fixed constant in 1 / (100 (1 - gamma)), eq. (global_features)
+
+
+def check_one_factor(instance: Instance, what: str) -> None:
+    """Refuse, in one line, an instance with k >= 2 factors: the tokens hold one factor F_t (eq. global_features)
+    and each item's loading on it (eq. item_features, signed where loadings are)."""
+    if instance.factors > 1:
+        raise InstanceError(
+            f"{what}: the network's features (eqs. item_features, global_features) hold one factor F_t and each item's "
+            f"loading on it, and this instance has {instance.demand_model()}; the classical rules, the decomposition "
+            "bound and its lookahead and the MILPs take it (docs/model.md)"
+        )
 
 
 def item_tokens(instance: TensorInstance, state: State) -> torch.Tensor:
@@ -24,7 +35,7 @@ def item_tokens(instance: TensorInstance, state: State) -> torch.Tensor:
             torch.log1p(instance.lam),
             torch.sqrt(instance.lam) / instance.sigma_ref,
             instance.qbar / sigma,
-            instance.beta,
+            instance.beta if instance.directions is None else instance.beta * instance.directions[:, 0],  # signed at k = 1
             instance.lead,
         ],
         dim=-1,

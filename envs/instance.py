@@ -27,6 +27,14 @@ LMAX = 4
 """Maximum admissible lead time L_max; the item token has L_max - 1 = 3 in-transit slots."""
 
 ITEM_COLUMNS = ("h", "b", "lam", "beta", "lead", "qbar")
+LOADING_COLUMN = re.compile(r"loading[1-9][0-9]*")
+"""An item table's loading columns (several factors): loading1..loadingk."""
+MODEL_KEYS = ("beta", "loadings", "overdispersion")
+"""The per-item demand-model keys of an instance file: 'beta' or 'loadings', and optionally 'overdispersion'."""
+FACTORS_MAX = 16
+"""Most common factors k an instance may have (docs/model.md, "Several factors and overdispersion")."""
+OVERDISPERSION_MAX = 100.0
+LOADING_NORM_MAX = 2.0
 
 # Paper family grid (appendix table "baselines details"): h, b, lam are drawn as distinct triples
 # from a 0.1 grid over these ranges (our reading of "no two items share (h, b, lam)").
@@ -47,7 +55,18 @@ FIELD_RANGES = {
     "h": (0.0, True, 1e6, VALUE_WHY),
     "b": (0.0, True, 1e6, VALUE_WHY),
     "lam": (0.0, True, 1e6, VALUE_WHY),
-    "beta": (0.0, False, 2.0, "the demand rate's factor exp(beta F - beta^2 / 2) reaches e^18 at beta = 2 and F = 10; docs/formats.md"),
+    "beta": (
+        0.0,
+        False,
+        LOADING_NORM_MAX,
+        "the demand rate's factor exp(beta F - beta^2 / 2) reaches e^18 at beta = 2 and F = 10; docs/formats.md",
+    ),
+    "overdispersion": (
+        0.0,
+        False,
+        OVERDISPERSION_MAX,
+        "Var(D | rate) = rate + phi rate^2: phi = 100 is already a 99% chance of no demand at rate 1",
+    ),
     "qbar": (0.0, True, 1e8, VALUE_WHY),
     "K": (0.0, False, 1e12, VALUE_WHY),
 }
@@ -108,8 +127,17 @@ class Instance:
     source: dict | None = None
     """Where a fitted instance came from (platform/fit.py: the history file's SHA-256, the periods used, the item
     names); not a parameter, so not in `to_dict` or `content_hash`, but kept by `save` and `load`."""
+    loadings: np.ndarray | None = None
+    """[n, k] signed loadings beta_i of k common factors (docs/model.md, "Several factors and overdispersion"); None is
+    the paper's model, one factor with the non-negative loadings `beta`. Given, `beta` must be None and becomes the
+    norms |beta_i|; one non-negative column is stored as the paper's model (loadings None), so it is the same problem."""
+    overdispersion: np.ndarray | None = None
+    """[n] phi_i >= 0: D_i | rate ~ negative binomial with mean rate and variance rate + phi_i rate^2 (Poisson at
+    phi_i = 0); None (or all zero) is the paper's Poisson demand, eq. (conditional_demand)."""
 
     def __post_init__(self) -> None:
+        if self.loadings is not None:
+            self._set_loadings()
         items = {name: getattr(self, name) for name in ITEM_COLUMNS}
         n = None
         for name in ITEM_COLUMNS:
@@ -118,6 +146,10 @@ class Instance:
             object.__setattr__(self, name, arr)
         for name in ITEM_COLUMNS:
             check_item_column(name, getattr(self, name), f"instance field '{name}'", self.item_name)
+        if self.overdispersion is not None:
+            phi = _item_array({"overdispersion": self.overdispersion}, "overdispersion", n)
+            check_item_column("overdispersion", phi, "instance field 'overdispersion'", self.item_name)
+            object.__setattr__(self, "overdispersion", phi if phi.any() else None)
         low, low_open, high, why = FIELD_RANGES["K"]
         where = "instance field '{}'"
         object.__setattr__(self, "K", validate.real(self.K, where.format("K"), low, high, low_open=low_open, why=why, error=InstanceError))
@@ -128,14 +160,79 @@ class Instance:
         if self.source is not None and not isinstance(self.source, dict):
             raise _refuse("source", "an object (where a fitted instance came from)", validate.describe(self.source))
 
+    def _set_loadings(self) -> None:
+        """Validate `loadings` ([n, k]); set `beta` to the rows' norms, or store one non-negative column as `beta`."""
+        if self.beta is not None:
+            raise _refuse("beta", "absent when 'loadings' is given (beta_i is then the norm of item i's loadings)", "both")
+        rows = self.loadings
+        if not isinstance(rows, np.ndarray):
+            if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
+                raise _refuse("loadings", "a list of n lists of k numbers (item i's loadings on the k factors)", validate.describe(rows))
+            widths = {len(row) for row in rows}
+            if len(widths) > 1:
+                raise _refuse("loadings", "the same number k of loadings for every item", f"lengths {sorted(widths)}")
+            for i, row in enumerate(rows):
+                for value in row:
+                    if not validate.is_number(value):
+                        raise _refuse("loadings", "numbers", f"{validate.describe(value)} ({self.item_name_unchecked(i, len(rows))})")
+        arr = np.asarray(rows, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[0] < 1:
+            raise _refuse("loadings", "an [n, k] table of numbers (n >= 1 items)", f"shape {arr.shape}")
+        if not 1 <= arr.shape[1] <= FACTORS_MAX:
+            raise _refuse("loadings", f"k = 1..{FACTORS_MAX} loadings per item", f"k = {arr.shape[1]}")
+        if not np.isfinite(arr).all():
+            raise _refuse("loadings", "finite numbers", "NaN or infinity")
+        norms = np.sqrt((arr**2).sum(axis=1))
+        check_item_column(
+            "beta", norms, "instance field 'loadings' (the norm of an item's loadings)", lambda i: self.item_name_unchecked(i, arr.shape[0])
+        )
+        if arr.shape[1] == 1 and (arr >= 0).all():
+            object.__setattr__(self, "beta", arr[:, 0].copy())
+            object.__setattr__(self, "loadings", None)
+        else:
+            object.__setattr__(self, "beta", norms)
+            object.__setattr__(self, "loadings", arr)
+
+    def item_name_unchecked(self, item: int, n: int) -> str:
+        names = (self.source or {}).get("item_names") if isinstance(self.source, dict) else None
+        return f"item '{names[item]}'" if isinstance(names, list) and len(names) == n else f"item {item}"
+
     @property
     def n(self) -> int:
         return int(self.h.size)
 
+    @property
+    def factors(self) -> int:
+        """k, the number of common factors: F_t has k coordinates (the state's factor is [B] at k = 1, else [B, k])."""
+        return 1 if self.loadings is None else int(self.loadings.shape[1])
+
+    @property
+    def paper_model(self) -> bool:
+        """Whether demand follows the paper's model exactly: one factor, non-negative loadings, Poisson demand."""
+        return self.loadings is None and self.overdispersion is None
+
+    @property
+    def directions(self) -> np.ndarray | None:
+        """[n, k] beta_i / |beta_i| (a zero row where beta_i = 0), or None for one non-negative factor, where every
+        item's exposure u_i,t is F_t itself (envs.exogenous.exposure)."""
+        if self.loadings is None:
+            return None
+        norms = self.beta[:, None]
+        return np.divide(self.loadings, norms, out=np.zeros_like(self.loadings), where=norms > 0)
+
+    def demand_model(self) -> str:
+        """The demand model in words, for messages: "one factor, Poisson" or e.g. "3 factors, signed loadings, negative binomial"."""
+        if self.paper_model:
+            return "the paper's model (one factor, non-negative loadings, Poisson demand)"
+        parts = [f"{self.factors} factor{'s' if self.factors > 1 else ''}"]
+        if self.loadings is not None and (self.loadings < 0).any():
+            parts.append("signed loadings")
+        parts.append("negative-binomial demand" if self.overdispersion is not None else "Poisson demand")
+        return ", ".join(parts)
+
     def item_name(self, item: int) -> str:
         """How a message names item `item`: "item 'NAME'" where the instance has item names (a fitted one), else "item K"."""
-        names = (self.source or {}).get("item_names")
-        return f"item '{names[item]}'" if isinstance(names, list) and len(names) == self.n else f"item {item}"
+        return self.item_name_unchecked(item, self.n)
 
     def caps_below_demand(self) -> np.ndarray:
         """The items whose order cap qbar_i is below their mean demand lam_i per period (E D_i = lam_i, eq.
@@ -151,9 +248,15 @@ class Instance:
     # ---- files ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict:
-        """The parameters (the problem itself), without `source`."""
+        """The parameters (the problem itself), without `source`. The paper's model has exactly today's keys (and so
+        today's content hash); several factors store 'loadings' in place of 'beta', overdispersion 'overdispersion'."""
         items = {name: getattr(self, name).tolist() for name in ITEM_COLUMNS}
         items["lead"] = [int(v) for v in self.lead]
+        if self.loadings is not None:
+            del items["beta"]
+            items["loadings"] = self.loadings.tolist()
+        if self.overdispersion is not None:
+            items["overdispersion"] = self.overdispersion.tolist()
         return {"K": self.K, "gamma": self.gamma, "rho": self.rho, "items": items}
 
     def content_hash(self) -> str:
@@ -172,9 +275,16 @@ class Instance:
         items = data["items"]
         if not isinstance(items, dict):
             raise InstanceError("instance field 'items': expected an object of per-item lists")
-        exact_keys(items, set(ITEM_COLUMNS), "instance field 'items'")
+        required = set(ITEM_COLUMNS) - ({"beta"} if "loadings" in items else set())
+        validate.keys(items, "instance field 'items'", set(ITEM_COLUMNS) | set(MODEL_KEYS), required, error=InstanceError)
+        if "beta" in items and "loadings" in items:
+            raise InstanceError("instance field 'items': expected one of 'beta' (one factor) and 'loadings' (k factors), got both")
         return cls(
-            **{name: items[name] for name in ITEM_COLUMNS}, K=data["K"], gamma=data["gamma"], rho=data["rho"], source=data.get("source")
+            **{name: items.get(name) for name in (*ITEM_COLUMNS, *MODEL_KEYS[1:])},
+            K=data["K"],
+            gamma=data["gamma"],
+            rho=data["rho"],
+            source=data.get("source"),
         )
 
     def save(self, path: str | os.PathLike) -> None:
@@ -197,21 +307,52 @@ class Instance:
         and one row per item."""
         header = f"a header line {','.join(ITEM_COLUMNS)} and one row per item"
         path, table = read_table(path, "item table", header)
-        exact_keys(set(table.column_names), set(ITEM_COLUMNS), f"item table '{path}' columns")
+        columns = set(table.column_names)
+        k = sum(1 for c in columns if LOADING_COLUMN.fullmatch(c))
+        loading_columns = [f"loading{j}" for j in range(1, k + 1)]
+        model = ({"beta"} if not k else set(loading_columns)) | ({"overdispersion"} & columns)
+        expected = (set(ITEM_COLUMNS) - {"beta"}) | model
+        exact_keys(
+            columns,
+            expected,
+            f"item table '{path}' columns (several factors: loading1..loadingk in place of beta; optionally overdispersion)",
+        )
         if table.num_rows == 0:
             raise InstanceError(f"item table '{path}' has no rows; expected {header} (n >= 1)")
-        return cls(**{name: number_column(table, name, path) for name in ITEM_COLUMNS}, K=K, gamma=gamma, rho=rho)
+        values = {name: number_column(table, name, path) for name in expected - set(loading_columns)}
+        if k:
+            values["loadings"] = np.column_stack([number_column(table, c, path) for c in loading_columns])
+        return cls(**{"beta": None} | values, K=K, gamma=gamma, rho=rho)
 
     def item_table(self):
-        """The per-item columns as a pyarrow Table (for Parquet or CSV export)."""
+        """The per-item columns as a pyarrow Table (for Parquet or CSV export): `from_table`'s layout."""
         import pyarrow as pa
 
         arrays = {name: getattr(self, name) for name in ITEM_COLUMNS}
         arrays["lead"] = self.lead.astype(np.int64)
+        if self.loadings is not None:
+            del arrays["beta"]
+            arrays |= {f"loading{j + 1}": self.loadings[:, j] for j in range(self.factors)}
+        if self.overdispersion is not None:
+            arrays["overdispersion"] = self.overdispersion
         return pa.table(arrays)
 
     def to_torch(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TensorInstance:
         return TensorInstance.from_instance(self, device, dtype)
+
+
+def exposure(directions, factor):
+    """u_i,t = beta_i . F_t / |beta_i|, item i's exposure to the factors (docs/model.md, "Several factors and
+    overdispersion"): a stationary AR(1) with the factor's rho and unit variance, so item i's demand rate is
+    lam_i exp(|beta_i| u_i,t - |beta_i|^2 / 2), eq. (conditional_demand_rate) with beta_i -> |beta_i| and F_t -> u_i,t.
+
+    `directions` [n, k] (Instance.directions, NumPy or torch like `factor`), or None for one non-negative factor;
+    `factor` [...] at k = 1, else [..., k]. Returns [..., n], or [..., 1] (F_t itself) when `directions` is None."""
+    if directions is None:
+        return factor[..., None]
+    if directions.shape[1] == 1:
+        return factor[..., None] * directions[:, 0]
+    return factor @ directions.T
 
 
 def read_table(path: str | os.PathLike, what: str, header: str, column_types: dict | None = None):
@@ -367,6 +508,9 @@ class TensorInstance:
     c_scale: float = 0.0  # (1/n) sum_j (h_j + b_j)
     sigma_ref: float = 0.0  # (1/n) sum_j sigma_j
     c_ref: float = 0.0  # K + sum_i (h_i + b_i) sigma_i, eq. (cost_normalization)
+    directions: torch.Tensor | None = field(default=None, repr=False)  # [n, k] beta_i / |beta_i| (Instance.directions)
+    overdispersion: torch.Tensor | None = field(default=None, repr=False)  # [n] phi_i (Instance.overdispersion)
+    factors: int = 1  # k
 
     @classmethod
     def from_instance(cls, inst: Instance, device, dtype) -> TensorInstance:
@@ -396,7 +540,15 @@ class TensorInstance:
             c_scale=float(np.mean(inst.h + inst.b)),
             sigma_ref=float(np.mean(sigma)),
             c_ref=float(inst.K + np.sum((inst.h + inst.b) * sigma)),
+            directions=None if inst.directions is None else t(inst.directions),
+            overdispersion=None if inst.overdispersion is None else t(inst.overdispersion),
+            factors=inst.factors,
         )
+
+    def exposure(self, factor: torch.Tensor) -> torch.Tensor:
+        """Each item's exposure u_i,t (envs.exogenous.exposure) from F_t ([B] at k = 1, else [B, k]): [B, n], or
+        [B, 1] (the factor itself, for every item) under one non-negative factor."""
+        return exposure(self.directions, factor)
 
     @property
     def n(self) -> int:

@@ -220,8 +220,14 @@ def write_evaluation(
         E, T, n = tr.inventory.shape
         ep = np.repeat(episodes, T)
         t = np.tile(np.arange(T, dtype=np.int64), E)
+        # one factor: a 'factor' column; k factors: factor1..factork
+        factors = (
+            {"factor": tr.factor.ravel()}
+            if tr.factor.ndim == 2
+            else {f"factor{j + 1}": tr.factor[..., j].ravel() for j in range(tr.factor.shape[2])}
+        )
         tables["steps.parquet"] = pa.table(
-            {"episode": ep, "t": t, "factor": tr.factor.ravel(), "open": tr.open.ravel().astype(np.int8), "cost": tr.cost.ravel()}
+            {"episode": ep, "t": t, **factors, "open": tr.open.ravel().astype(np.int8), "cost": tr.cost.ravel()}
         )
         tables["items.parquet"] = pa.table(
             {

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from envs.features import check_one_factor
 from envs.instance import Instance
 from trainers import pathwise
 from trainers.checkpoint import CheckpointError, read_checkpoint
@@ -202,6 +203,7 @@ def train(
     ray.train.ScalingConfig, e.g. {"CPU": 2, "GPU": 0.25}."""
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
+    check_one_factor(instance, f"method {config.method!r}")
     placement = Placement(out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker)
     return family(method(config.method).family).train(config, instance, placement)
 
@@ -228,6 +230,8 @@ def load_policy(
         raise CheckpointError(
             f"checkpoint '{path}': a {config.method} policy for n = {n} items cannot act on an instance with n = {instance.n}"
         )
+    if instance is not None:
+        check_one_factor(instance, f"checkpoint '{path}'")
     implementation = family(entry.family)
     model = implementation.build_model(config, n).to(device)
     try:

@@ -485,6 +485,23 @@ def paper_instance(n: int, seed: int) -> Instance:
     )
 
 
+def with_factors(instance: Instance, factors: int, overdispersion: float, seed: int) -> Instance:
+    """`instance` with k = `factors` common factors and the overdispersion phi_i = `overdispersion` for every item
+    (docs/model.md, "Several factors and overdispersion"): item i keeps its loading's size |beta_i| = beta_i and gets a
+    direction drawn uniformly on the unit sphere of R^k from `seed` (k >= 2), so loadings of both signs. factors = 1
+    keeps the one non-negative factor. Every other field, and each item's marginal demand law, stays the same."""
+    factors = validate.integer(factors, "factors", 1, FACTORS_MAX, error=InstanceError)
+    phi = validate.real(overdispersion, "overdispersion", 0.0, OVERDISPERSION_MAX, error=InstanceError)
+    fields = {name: getattr(instance, name) for name in (*ITEM_COLUMNS, "K", "gamma", "rho", "source")}
+    if factors >= 2:
+        direction = np.random.default_rng([0x4A5250, validate.seed(seed, "seed", error=InstanceError), factors]).standard_normal(
+            (instance.n, factors)
+        )
+        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+        fields |= {"beta": None, "loadings": instance.beta[:, None] * direction}
+    return Instance(**fields, overdispersion=np.full(instance.n, phi))
+
+
 @dataclass(frozen=True, eq=False)
 class TensorInstance:
     """An instance as tensors on one device, with the derived constants used in hot paths.

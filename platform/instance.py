@@ -1,6 +1,7 @@
 """Create an instance file: the paper family (--n, --seed) or an imported item table (--items).
 
 python platform/instance.py --n 16 --seed 0 --out inst.json
+python platform/instance.py --n 16 --seed 0 --factors 3 --overdispersion 0.2 --out inst.json
 python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --out inst.json
 
 An existing --out is refused unless --overwrite is given; the item table is never written over.
@@ -9,7 +10,7 @@ An existing --out is refused unless --overwrite is given; the item table is neve
 import argparse
 
 from envs.cli import positive_int, run_cli, seed
-from envs.instance import Instance, paper_instance
+from envs.instance import Instance, paper_instance, with_factors
 from envs.job_output import out_argument, resolve_out
 
 
@@ -19,6 +20,18 @@ def main() -> None:
     source.add_argument("--n", type=positive_int, help="number of items of a paper-family instance")
     source.add_argument("--items", help="CSV or Parquet item table with columns h, b, lam, beta, lead, qbar")
     parser.add_argument("--seed", type=seed, default=0, help="paper family: the instance seed (default 0)")
+    parser.add_argument(
+        "--factors",
+        type=positive_int,
+        default=1,
+        help="paper family: k common factors, each item's loading of the paper's size in a random direction (default 1)",
+    )
+    parser.add_argument(
+        "--overdispersion",
+        type=float,
+        default=0.0,
+        help="paper family: phi >= 0, negative-binomial demand of variance rate + phi rate^2 (default 0: Poisson)",
+    )
     parser.add_argument("--K", type=float, help="with --items: joint setup cost K >= 0")
     parser.add_argument("--gamma", type=float, help="with --items: discount factor in (0, 1)")
     parser.add_argument("--rho", type=float, help="with --items: factor autocorrelation in [0, 1)")
@@ -30,11 +43,15 @@ def main() -> None:
         missing = [f"--{k}" for k in ("K", "gamma", "rho") if getattr(args, k) is None]
         if missing:
             parser.error(f"--items needs {', '.join(missing)}")
+        if args.factors != 1 or args.overdispersion != 0:
+            parser.error(
+                "--factors and --overdispersion draw a paper-family instance (--n); an item table states its own model in its columns"
+            )
         instance = Instance.from_table(args.items, K=args.K, gamma=args.gamma, rho=args.rho)
     else:
-        instance = paper_instance(args.n, args.seed)
+        instance = with_factors(paper_instance(args.n, args.seed), args.factors, args.overdispersion, args.seed)
     instance.save(args.out)
-    print(f"wrote {args.out}: n={instance.n}, K={instance.K:g}, gamma={instance.gamma:g}, rho={instance.rho:g}")
+    print(f"wrote {args.out}: n={instance.n}, K={instance.K:g}, gamma={instance.gamma:g}, rho={instance.rho:g}; {instance.demand_model()}")
 
 
 if __name__ == "__main__":

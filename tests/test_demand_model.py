@@ -14,7 +14,7 @@ from envs.dynamics import initial_state
 from envs.evaluation import evaluate
 from envs.exogenous import FactorDemandStream, item_rates, sample_paths
 from envs.features import check_one_factor, global_token, item_tokens
-from envs.instance import Instance, InstanceError, paper_instance
+from envs.instance import Instance, InstanceError, paper_instance, with_factors
 from envs.results import write_evaluation
 from policies.classical import zero_policy
 
@@ -75,6 +75,22 @@ def test_one_non_negative_loading_column_and_zero_overdispersion_are_the_paper_m
 
 
 # ---- the instance's fields -------------------------------------------------------------------------------------------
+
+
+def test_the_paper_family_with_several_factors_keeps_each_items_marginal_law():
+    """with_factors keeps |beta_i| (so each item's exposure has the paper's law), draws unit directions of both signs,
+    and at k = 1 without overdispersion is the paper's instance itself."""
+    paper = paper_instance(16, seed=2)
+    assert with_factors(paper, 1, 0.0, seed=2).content_hash() == paper.content_hash()
+    richer3 = with_factors(paper, 3, 0.3, seed=2)
+    np.testing.assert_allclose(richer3.beta, paper.beta, rtol=1e-12)
+    assert richer3.factors == 3 and (richer3.loadings < 0).any() and (richer3.loadings > 0).any()
+    np.testing.assert_array_equal(richer3.overdispersion, np.full(16, 0.3))
+    assert (
+        with_factors(paper, 3, 0.3, seed=2).content_hash() == richer3.content_hash() != with_factors(paper, 3, 0.3, seed=3).content_hash()
+    )
+    with pytest.raises(InstanceError, match=r"factors: expected an integer in \[1, 16\], got 17"):
+        with_factors(paper, 17, 0.0, seed=2)
 
 
 def test_loadings_give_norms_directions_and_round_trip(tmp_path):

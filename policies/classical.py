@@ -15,12 +15,14 @@ Families (each sees only s_t = (I, P, F; Theta) and, for periodic review, its ow
 Raising is Q_i = clip(S_i - IP_i, 0, qbar_i).
 
 Levels come from the demand over the next p periods, D_t + ... + D_{t+p-1}, whose mean and standard
-deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate). An order
+deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate), with k factors and
+overdispersion too (`DemandMoments`). An order
 placed at t serves demand from t + L_i on, so the reorder level covers p = L_i + 1 periods:
 s_i = m_i + z_s sd_i. The order-up-to level adds cover and cycle stock,
 S_i = m_i + z_S sd_i + k EOQ_i over p = L_i + cover periods (periodic: L_i + R), with the economic order
 quantity EOQ_i = sqrt(2 (K / n) lam_i / h_i) (the fixed cost shared over the n items). The static variant
-uses the stationary moments; the factor-aware variant ("-factor") conditions them on the observed F_t.
+uses the stationary moments; the factor-aware variant ("-factor") conditions them on the observed F_t (each item
+on its own exposure u_i,t, envs.instance.exposure).
 
 Tuning (`tune_family`): a coarse grid of every parameter, all candidates simulated at once on the same
 training paths, then pattern searches from the best points (`refine`), so the tuned parameters are

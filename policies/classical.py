@@ -129,7 +129,7 @@ class DemandMoments:
         if factor is None:
             (cum_mean, cum_var), row = self._stationary, torch.zeros(batch, dtype=torch.long, device=self.rho_j.device)
         else:  # rows that share an episode share F_t (tuning runs many candidates per episode)
-            distinct, row = torch.unique(factor, dim=0, return_inverse=True)
+            distinct, row = distinct_rows(factor)
             cum_mean, cum_var = self._cumulative(self.instance.exposure(distinct))
         n, J = cum_mean.shape[1:]
         start = (row[:, None] * n + torch.arange(n, device=row.device)[None, :]) * J - 1  # flat index of period 0: [B, n]
@@ -150,6 +150,19 @@ class DemandMoments:
         if inst.overdispersion is not None:  # phi E[rate_j^2] = phi lam^2 m_j^2 (1 + G_jj)
             increment = increment + inst.overdispersion[None, :, None] * lam**2 * m * m * (1 + torch.diagonal(gain, dim1=-2, dim2=-1))
         return lam * m.cumsum(-1), increment.cumsum(-1)
+
+
+def distinct_rows(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct, row) with factor = distinct[row], for factors [B] or [B, k]. Rows of k factors are keyed on their first
+    coordinate (torch.unique over whole rows is several times slower), checked, and keyed on whole rows only where two
+    distinct rows share a first coordinate."""
+    if factor.dim() == 1:
+        return torch.unique(factor, return_inverse=True)
+    first, row = torch.unique(factor[:, 0], return_inverse=True)
+    distinct = factor.new_zeros(first.shape[0], factor.shape[1]).index_copy_(0, row, factor)
+    if torch.equal(distinct[row], factor):
+        return distinct, row
+    return torch.unique(factor, dim=0, return_inverse=True)
 
 
 def expected_shortfall(mean, sd, position):

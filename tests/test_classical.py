@@ -81,17 +81,21 @@ def test_demand_moments_match_sample_paths_with_signed_factors_and_overdispersio
 
 def test_demand_moments_of_repeated_factor_rows_are_each_row_s_own():
     # Tuning runs many candidates per episode, so rows repeat; the moments are computed once per distinct k-vector
-    # and must come back to every row that holds it, in the rows' order.
+    # and must come back to every row that holds it, in the rows' order: also where two distinct rows share their
+    # first coordinate (the last row, against the first).
     inst = richer_instance(3)
     moments = DemandMoments(inst.to_torch(dtype=torch.float64), 4)
-    rows = torch.tensor([[0.5, -1.0, 2.0], [-0.3, 0.0, 0.1], [0.5, -1.0, 2.0], [1.0, 1.0, -1.0], [-0.3, 0.0, 0.1]], dtype=torch.float64)
-    periods = torch.tensor([[1, 2, 3, 4]] * 5)
-    [(mean, sd)] = moments.over(rows, 5, periods)
-    for row in range(5):
-        [(own_mean, own_sd)] = moments.over(rows[row : row + 1], 1, periods[row : row + 1])
-        torch.testing.assert_close(mean[row], own_mean[0], rtol=0, atol=0)
-        torch.testing.assert_close(sd[row], own_sd[0], rtol=0, atol=0)
-    assert not torch.equal(mean[0], mean[1])
+    rows = torch.tensor(
+        [[0.5, -1.0, 2.0], [-0.3, 0.0, 0.1], [0.5, -1.0, 2.0], [1.0, 1.0, -1.0], [-0.3, 0.0, 0.1], [0.5, 0.3, 0.0]], dtype=torch.float64
+    )
+    for count in (5, 6):
+        periods = torch.tensor([[1, 2, 3, 4]] * count)
+        [(mean, sd)] = moments.over(rows[:count], count, periods)
+        for row in range(count):
+            [(own_mean, own_sd)] = moments.over(rows[row : row + 1], 1, periods[row : row + 1])
+            torch.testing.assert_close(mean[row], own_mean[0], rtol=0, atol=0)
+            torch.testing.assert_close(sd[row], own_sd[0], rtol=0, atol=0)
+        assert not torch.equal(mean[0], mean[count - 1])
 
 
 def test_demand_moments_given_a_factor_vector_match_a_direct_simulation():

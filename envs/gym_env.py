@@ -5,7 +5,9 @@ Observation: the flat 11n + 4 features (item tokens item-major, then the global 
 Action: Tuple(Discrete(2), Box(0, 1, (n,))): (Y, u) with proposed quantity Q = u * qbar.
 Reward: -C_t (times `reward_scale`, 1 by default; learners may pass 1 / c_ref, eq. cost_normalization).
 Episodes are truncated after `horizon` steps and start from the initial state of
-`envs.dynamics.initial_state` with F_0 ~ N(0, 1).
+`envs.dynamics.initial_state` with F_0 ~ N(0, 1). Demand is `envs.exogenous.draw_demand`'s (Poisson, or negative
+binomial with overdispersion) at `item_rates` (loadings of either sign); one factor only, as the networks' features
+hold one (`envs.features.check_one_factor`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from gymnasium.vector.utils import batch_space
 
 from envs import validate
 from envs.dynamics import State, initial_state, step
-from envs.exogenous import demand_rate, factor_step
-from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
+from envs.exogenous import draw_demand, factor_step, item_rates
+from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, check_one_factor, flat_features
 from envs.instance import Instance
 
 
@@ -36,6 +38,7 @@ class _BatchedJRP:
 
     def __init__(self, instance: Instance, batch: int, horizon: int, reward_scale: float = 1.0):
         validate.integer(horizon, "horizon", 1)
+        check_one_factor(instance, "the gym environment (its observation is the network's features)")
         self.instance = instance
         self.reward_scale = reward_scale
         self.tinst = instance.to_torch("cpu")
@@ -57,7 +60,7 @@ class _BatchedJRP:
     def step(self, open_order: np.ndarray, fraction: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
         inst, state = self.instance, self.state
         factor = state.factor.double().numpy()
-        demand = self.rng.poisson(demand_rate(inst.lam, inst.beta, factor[:, None]))
+        demand = draw_demand(item_rates(inst, factor), inst.overdispersion, self.rng)  # [B, n]
         factor_next = factor_step(inst.rho, factor, self.rng.standard_normal(self.batch))
         as_t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=self.tinst.dtype)  # noqa: E731
         quantity = as_t(np.clip(fraction, 0.0, 1.0)) * self.tinst.qbar

@@ -3,8 +3,9 @@
   python platform/decide.py --checkpoint runs/ot16/checkpoint.pt --state state.json [--mode sampled]
   python platform/decide.py --policy decomposition-lookahead:runs/dec16 --instance inst16.json --state state.json
 
-state.json: {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}, or a list of
-such objects for a batch (JSON, or YAML for other suffixes). The instance is the one stored in the
+state.json: {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F} (F a number, or a list
+of k numbers for an instance of k >= 2 factors), or a list of such objects for a batch (JSON, or YAML for other
+suffixes). The instance is the one stored in the
 checkpoint, or --instance. Works with checkpoints of every method (or-transformer, hpo, ppo,
 transformer-ppo), or a named policy (--policy: a classical family, classical-best, dp-optimal,
 decomposition-lookahead[:DIR], tuned or solved for --instance first). Prints on stdout the JSON that
@@ -16,7 +17,7 @@ stream. For many decisions, serve the policy instead (platform/serve.py).
 
 A state must be one the instance can produce; anything else is refused, naming the state and field:
 * in_transit[i][l] (P_{i,l+1}, arriving in l + 1 periods) is in [0, qbar_i], and 0 in slots l >= L_i - 1;
-* |inventory[i]| <= 10^4 (qbar_i + lam_i); |factor| <= 10;
+* |inventory[i]| <= 10^4 (qbar_i + lam_i); |factor| <= 10 (each coordinate);
 * every value is a finite number (not a string, boolean or NaN).
 Why these bounds: serving/decisions.py. A decision that is still not finite (for example from a checkpoint
 with NaN weights) is an error too, never an answer.
@@ -58,9 +59,12 @@ def main() -> None:
     input_file(args.state, "state file")
     instance = Instance.load(args.instance) if args.instance else None
     policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint is not None else args.policy
-    decider = load_decider(policy, instance, args.mode, args.device, progress=args.policy is not None)
     data = read_file(args.state, "state file")
-    state = read_states(data, decider.instance, f"state file '{args.state}'")
+    where = f"state file '{args.state}'"
+    if args.policy is not None:  # checked before the policy is tuned or solved
+        read_states(data, instance, where)
+    decider = load_decider(policy, instance, args.mode, args.device, progress=args.policy is not None)
+    state = read_states(data, decider.instance, where)
     decider.decide(state)  # warm-up
     start = time.perf_counter()
     answer = decider.decide(state)  # the sampled answer is the stream's first draw: the decider restarts it

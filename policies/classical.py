@@ -15,12 +15,14 @@ Families (each sees only s_t = (I, P, F; Theta) and, for periodic review, its ow
 Raising is Q_i = clip(S_i - IP_i, 0, qbar_i).
 
 Levels come from the demand over the next p periods, D_t + ... + D_{t+p-1}, whose mean and standard
-deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate). An order
+deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate), with k factors and
+overdispersion too (`DemandMoments`). An order
 placed at t serves demand from t + L_i on, so the reorder level covers p = L_i + 1 periods:
 s_i = m_i + z_s sd_i. The order-up-to level adds cover and cycle stock,
 S_i = m_i + z_S sd_i + k EOQ_i over p = L_i + cover periods (periodic: L_i + R), with the economic order
 quantity EOQ_i = sqrt(2 (K / n) lam_i / h_i) (the fixed cost shared over the n items). The static variant
-uses the stationary moments; the factor-aware variant ("-factor") conditions them on the observed F_t.
+uses the stationary moments; the factor-aware variant ("-factor") conditions them on the observed F_t (each item
+on its own exposure u_i,t, envs.instance.exposure).
 
 Tuning (`tune_family`): a coarse grid of every parameter, all candidates simulated at once on the same
 training paths, then pattern searches from the best points (`refine`), so the tuned parameters are
@@ -93,10 +95,16 @@ POLICY_NAMES = ("zero", *VARIANTS, "classical-best")
 class DemandMoments:
     """Mean and variance of D_t + ... + D_{t+p-1} for p = 1..J, per item, given F_t or stationary.
 
-    With A_j = E[F_{t+j}] and C_jk = Cov(F_{t+j}, F_{t+k}) (given F_t: A_j = rho^j F_t,
-    C_jk = rho^|j-k| - rho^(j+k); stationary: A_j = 0, C_jk = rho^|j-k|), the rate multiplier
-    m_j = E[exp(beta F_{t+j} - beta^2/2)] = exp(beta A_j + beta^2 (C_jj - 1) / 2) and
-    Cov(rate_j, rate_k) = lam^2 m_j m_k (exp(beta^2 C_jk) - 1). A Poisson sum adds lam sum_j m_j.
+    Item i's rate is lam exp(beta u_j - beta^2/2) with beta = |beta_i| and u_j = u_{i,t+j} its exposure
+    (envs.instance.exposure; F_t itself under the paper's model), an AR(1) with rho and unit variance, eq.
+    (conditional_demand_rate). Given F_t, u_{i,t+j} depends on F_t through u_{i,t} alone, so with A_j = E[u_j] and
+    C_jk = Cov(u_j, u_k) (given F_t: A_j = rho^j u_{i,t}, C_jk = rho^|j-k| - rho^(j+k); stationary: A_j = 0,
+    C_jk = rho^|j-k|), the rate multiplier m_j = E[exp(beta u_j - beta^2/2)] = exp(beta A_j + beta^2 (C_jj - 1) / 2),
+    E[rate_j] = lam m_j and Cov(rate_j, rate_k) = lam^2 m_j m_k (exp(beta^2 C_jk) - 1). Given the rates the D_j are
+    independent with mean rate_j and variance rate_j + phi rate_j^2 (Poisson at phi = 0), so by total variance
+        E[sum_j D_j] = lam sum_j m_j,
+        Var(sum_j D_j) = sum_jk Cov(rate_j, rate_k) + lam sum_j m_j + phi sum_j E[rate_j^2],
+    with E[rate_j^2] = lam^2 m_j^2 exp(beta^2 C_jj).
     """
 
     def __init__(self, instance: TensorInstance, periods: int):
@@ -116,28 +124,45 @@ class DemandMoments:
 
     def over(self, factor: torch.Tensor | None, batch: int, *periods: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per entry of `periods` ([B or 1, n], long, 1..J): the mean and s.d. of the demand over that many
-        periods for each of `batch` rows, given each row's F_t (factor [B]) or stationary (None): [B, n] each."""
+        periods for each of `batch` rows, given each row's F_t (factor [B], or [B, k] with k factors) or stationary
+        (None): [B, n] each."""
         if factor is None:
             (cum_mean, cum_var), row = self._stationary, torch.zeros(batch, dtype=torch.long, device=self.rho_j.device)
         else:  # rows that share an episode share F_t (tuning runs many candidates per episode)
-            distinct, row = torch.unique(factor, return_inverse=True)
-            cum_mean, cum_var = self._cumulative(distinct)
+            distinct, row = distinct_rows(factor)
+            cum_mean, cum_var = self._cumulative(self.instance.exposure(distinct))
         n, J = cum_mean.shape[1:]
         start = (row[:, None] * n + torch.arange(n, device=row.device)[None, :]) * J - 1  # flat index of period 0: [B, n]
         return [(cum_mean.take(start + p), cum_var.take(start + p).clamp_min(0).sqrt()) for p in periods]
 
-    def _cumulative(self, factor: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cumulative(self, exposure: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cumulative means and variances [U, n, J] given the exposures u_{i,t} ([U, n], or [U, 1] for every item
+        alike), or stationary (None, U = 1)."""
         inst = self.instance
-        aware = factor is not None
-        mean_f = (factor[:, None] * self.rho_j) if aware else torch.zeros_like(self.rho_j)[None]  # [B, J]
+        aware = exposure is not None
+        mean_u = (exposure[:, :, None] * self.rho_j) if aware else torch.zeros_like(self.rho_j)[None, None]  # A_j: [U, n or 1, J]
         beta = inst.beta[None, :, None]  # [1, n, 1]
-        m = torch.exp(beta * mean_f[:, None, :] + 0.5 * beta**2 * self._var_drift[aware])  # [B, n, J]
+        m = torch.exp(beta * mean_u + 0.5 * beta**2 * self._var_drift[aware])  # [U, n, J]
         gain = self._gain[aware]
         cross = torch.einsum("njk,bnk->bnj", self._gain_below[aware], m)  # sum_{k<j} G_jk m_k
-        increment = inst.lam[None, :, None] * m + inst.lam[None, :, None] ** 2 * (
-            2 * m * cross + m * m * torch.diagonal(gain, dim1=-2, dim2=-1)
-        )
-        return inst.lam[None, :, None] * m.cumsum(-1), increment.cumsum(-1)
+        lam = inst.lam[None, :, None]
+        increment = lam * m + lam**2 * (2 * m * cross + m * m * torch.diagonal(gain, dim1=-2, dim2=-1))
+        if inst.overdispersion is not None:  # phi E[rate_j^2] = phi lam^2 m_j^2 (1 + G_jj)
+            increment = increment + inst.overdispersion[None, :, None] * lam**2 * m * m * (1 + torch.diagonal(gain, dim1=-2, dim2=-1))
+        return lam * m.cumsum(-1), increment.cumsum(-1)
+
+
+def distinct_rows(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(distinct, row) with factor = distinct[row], for factors [B] or [B, k]. Rows of k factors are keyed on their first
+    coordinate (torch.unique over whole rows is several times slower), checked, and keyed on whole rows only where two
+    distinct rows share a first coordinate."""
+    if factor.dim() == 1:
+        return torch.unique(factor, return_inverse=True)
+    first, row = torch.unique(factor[:, 0], return_inverse=True)
+    distinct = factor.new_zeros(first.shape[0], factor.shape[1]).index_copy_(0, row, factor)
+    if torch.equal(distinct[row], factor):
+        return distinct, row
+    return torch.unique(factor, dim=0, return_inverse=True)
 
 
 def expected_shortfall(mean, sd, position):

@@ -3,8 +3,9 @@ produce, and `Decider`, which answers a batch of states with any policy (a check
 a tuned classical policy, the n = 1 optimum or the decomposition lookahead; made by trainers/resolver.py).
 platform/decide.py and the decision service (serving.app) go through here.
 
-A state is {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}. It must be one
-the instance can produce; anything else is refused, naming the state and field:
+A state is {"inventory": [I_1..I_n], "in_transit": [[P_11, P_12, P_13], ...], "factor": F}, with F a number for an
+instance of one factor and a list of k numbers [F_1..F_k] for one of k >= 2 factors. It must be one the instance can
+produce; anything else is refused, naming the state and field:
 * in_transit[i][l] (P_{i,l+1}, arriving in l + 1 periods) is in [0, qbar_i]: each slot holds one
   period's order O = Y Q <= qbar_i (envs/dynamics.py shifts the slots down and puts the new order in
   slot L_i - 1 only), and it is 0 in slots l >= L_i - 1: an item with lead time L_i has only L_i - 1
@@ -12,8 +13,8 @@ the instance can produce; anything else is refused, naming the state and field:
 * |inventory[i]| <= 10^4 (qbar_i + lam_i): inventory rises by at most one order (<= qbar_i) per period
   and a backlog grows by the period's demand (mean lam_i), so this is more than 10^4 periods (200 times
   the evaluation horizon) of ordering the maximum with no demand, or of unserved demand, from I_0 = mu_i.
-* |factor| <= 10: the factor is stationary N(0, 1) (F_0 ~ N(0, 1), AR(1) with innovation variance
-  1 - rho^2), so |F| > 10 has probability below 2e-23 per period.
+* |factor| <= 10 (each of the k coordinates): each is stationary N(0, 1) (F_0 ~ N(0, 1), AR(1) with innovation
+  variance 1 - rho^2), so |F_j| > 10 has probability below 2e-23 per period.
 * Every value is a finite number (not a string, boolean or NaN).
 Inside these bounds the networks' inputs stay far from float32 overflow; a decision that is still not
 finite (for example from a checkpoint with NaN weights) is an error too (`PolicyError`), never an answer.
@@ -72,8 +73,30 @@ def numbers(value, length: int, where: str, what: str) -> np.ndarray:
     return np.array([validate.real(x, f"{where}[{j}]") for j, x in enumerate(value)])
 
 
-def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarray, float]:
-    """One state object checked against the bounds of the module docstring: (inventory [n], in_transit [n, LMAX-1], factor)."""
+def read_factor(value, where: str, instance: Instance) -> float | np.ndarray:
+    """A state's factor F_t: a number for one factor, k numbers (float64 [k]) for k >= 2 factors; each within
+    |F_j| <= FACTOR_BOUND (module docstring)."""
+    k = instance.factors
+    if k == 1:
+        if isinstance(value, list):
+            raise InputError(
+                f"{where}: expected a number (k = 1: the instance has {instance.demand_model()}), got {validate.describe(value)}"
+            )
+        factor = np.array([validate.real(value, where)])
+    else:
+        factor = numbers(value, k, where, f"numbers [F_1..F_{k}] (k = {k}: the instance has {instance.demand_model()})")
+    if (bad := np.flatnonzero(np.abs(factor) > FACTOR_BOUND)).size:
+        j = bad[0]
+        raise InputError(
+            f"{where if k == 1 else f'{where}[{j}]'}: {factor[j]:g} is outside [-{FACTOR_BOUND:g}, {FACTOR_BOUND:g}] "
+            f"(the factor is stationary N(0, 1); |F| > {FACTOR_BOUND:g} has probability below 2e-23)"
+        )
+    return float(factor[0]) if k == 1 else factor
+
+
+def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarray, float | np.ndarray]:
+    """One state object checked against the bounds of the module docstring: (inventory [n], in_transit [n, LMAX-1],
+    factor: a number, or [k] with k >= 2 factors)."""
     n, slots = instance.n, LMAX - 1
     if not isinstance(record, dict):
         raise InputError(f"state {k}: expected an object with the keys {list(KEYS)}, got {validate.describe(record)}")
@@ -90,7 +113,8 @@ def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarr
         pipe = np.stack(
             [numbers(row, slots, f"state {k} field 'in_transit'[{i}]", f"numbers (slots l = 1..{slots})") for i, row in enumerate(rows)]
         )
-    factor = validate.real(record["factor"], f"state {k} field 'factor'")
+
+    factor = read_factor(record["factor"], f"state {k} field 'factor'", instance)
 
     inv_bound = INVENTORY_PERIODS * (instance.qbar + instance.lam)
     if (bad := np.flatnonzero(np.abs(inv) > inv_bound)).size:
@@ -118,17 +142,12 @@ def read_state(record, k: int, instance: Instance) -> tuple[np.ndarray, np.ndarr
             f"state {k} field 'in_transit'[{i}][{slot}]: expected 0, got {pipe[i, slot]:g}: item {i} has lead time L = {lead[i]}, "
             f"so only its first L - 1 = {lead[i] - 1} slots can hold an order"
         )
-    if abs(factor) > FACTOR_BOUND:
-        raise InputError(
-            f"state {k} field 'factor': {factor:g} is outside [-{FACTOR_BOUND:g}, {FACTOR_BOUND:g}] "
-            f"(the factor is stationary N(0, 1); |F| > {FACTOR_BOUND:g} has probability below 2e-23)"
-        )
-    return inv, pipe, float(factor)
+    return inv, pipe, factor
 
 
 def read_states(data, instance: Instance, where: str) -> State:
     """A state object or a non-empty list of them (`where` names the source: a file, a request body) as a batch
-    (float32); every state is checked by `read_state`."""
+    (float32; the factor [B], or [B, k] with k >= 2 factors); every state is checked by `read_state`."""
     if isinstance(data, list) and not data:
         raise InputError(f"{where}: an empty list; expected a state object or a non-empty list of them")
     if not isinstance(data, (list, dict)):

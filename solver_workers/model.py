@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from envs.errors import InputError
-from envs.exogenous import demand_rate, factor_step
+from envs.exogenous import draw_demand, factor_step, item_rates
 from envs.instance import LMAX, Instance
 
 
@@ -77,14 +77,22 @@ def check_size(n: int, scenarios: int, horizon: int, where: str) -> None:
         )
 
 
-def sample_scenarios(instance: Instance, factor: float, scenarios: int, horizon: int, rng: np.random.Generator) -> np.ndarray:
-    """Demand scenarios D[omega, u, i] conditional on F_0 = factor, eqs. (milp_factor_scenarios), (milp_demand_scenarios)."""
-    f = np.empty((scenarios, horizon))
-    f[:, 0] = factor
-    noise = rng.standard_normal((scenarios, horizon - 1))
+def sample_scenarios(instance: Instance, factor: float | list[float], scenarios: int, horizon: int, rng: np.random.Generator) -> np.ndarray:
+    """Demand scenarios D[omega, u, i] conditional on F_0 = factor (a number at k = 1, else k numbers), eqs.
+    (milp_factor_scenarios), (milp_demand_scenarios): the factor path by `factor_step`, the demand by `draw_demand`
+    (negative binomial with the instance's overdispersion)."""
+    start = np.asarray(factor, dtype=np.float64)
+    shape = () if instance.factors == 1 else (instance.factors,)
+    if start.shape != shape:
+        raise ValueError(
+            f"factor: expected {'a number' if not shape else f'{shape[0]} numbers'} ({instance.demand_model()}), got shape {start.shape}"
+        )
+    f = np.empty((scenarios, horizon, *shape))
+    f[:, 0] = start
+    noise = rng.standard_normal((scenarios, horizon - 1, *shape))
     for u in range(horizon - 1):
         f[:, u + 1] = factor_step(instance.rho, f[:, u], noise[:, u])
-    return rng.poisson(demand_rate(instance.lam, instance.beta, f[..., None])).astype(np.float64)
+    return draw_demand(item_rates(instance, f), instance.overdispersion, rng).astype(np.float64)
 
 
 def build_model(

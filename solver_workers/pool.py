@@ -189,7 +189,7 @@ class SolverWorker:
         return os.getpid()
 
     def decide(
-        self, instance: Instance, inventory, in_transit, factor: float, episode: int, decision: int, options: RollingOptions
+        self, instance: Instance, inventory, in_transit, factor: float | list[float], episode: int, decision: int, options: RollingOptions
     ) -> dict:
         return decide(instance, inventory, in_transit, factor, episode, decision, options) | self.where
 
@@ -284,14 +284,14 @@ def run_rolling(
             torch.tensor([float(record["open"])], dtype=torch.float64),
             torch.tensor([record["quantity"]], dtype=torch.float64),
             torch.tensor(demand[row, t][None]),
-            torch.tensor([factor[row, t + 1]]),
+            torch.tensor(factor[row, t + 1 : t + 2]),  # [1] or [1, k]
         )
         return nxt
 
     states: dict[int, State] = {}
     next_decision: dict[int, int] = {}
     for row, e in enumerate(paths.episodes):  # replay what the journal already holds
-        state, t = initial_state(tinst, torch.tensor([factor[row, 0]])), 0
+        state, t = initial_state(tinst, torch.tensor(factor[row, :1])), 0
         while t < T and (e, t) in journal:
             state, t = advance(row, state, journal.records[(e, t)]), t + 1
         states[row], next_decision[row] = state, t
@@ -299,7 +299,7 @@ def run_rolling(
 
     def task(row: int):
         s, t = states[row], next_decision[row]
-        return ("decide", (ref, s.inv[0].numpy(), s.pipe[0].numpy(), float(s.factor[0]), paths.episodes[row], t, options))
+        return ("decide", (ref, s.inv[0].numpy(), s.pipe[0].numpy(), s.factor[0].tolist(), paths.episodes[row], t, options))
 
     def on_result(record: dict):
         journal.add(record)

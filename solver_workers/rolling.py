@@ -43,9 +43,16 @@ class RollingOptions:
 
 
 def decide(
-    instance: Instance, inventory: np.ndarray, in_transit: np.ndarray, factor: float, episode: int, decision: int, options: RollingOptions
+    instance: Instance,
+    inventory: np.ndarray,
+    in_transit: np.ndarray,
+    factor: float | list[float],
+    episode: int,
+    decision: int,
+    options: RollingOptions,
 ) -> dict[str, Any]:
-    """One rolling-horizon decision; returns its record (action and solver statistics)."""
+    """One rolling-horizon decision from the state (I_t, P_t, F_t: a number at k = 1, else k numbers); returns its
+    record (action and solver statistics)."""
     rng = np.random.default_rng([_SCENARIO_STREAM, options.solver.seed, episode, decision])
     start = time.perf_counter()
     demand = sample_scenarios(instance, factor, options.scenarios, options.plan_horizon, rng)

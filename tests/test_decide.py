@@ -13,7 +13,8 @@ from envs.dynamics import State
 from envs.errors import InputError
 from envs.features import flat_features, global_token, item_tokens
 from envs.instance import Instance
-from serving.decisions import read_states
+from policies.classical import make_policy
+from serving.decisions import Decider, read_states
 from trainers.registry import load_policy
 
 # INSTANCE (conftest): paper_instance(2, 0), lead times [3, 3]: in_transit[i][2] is always 0
@@ -133,7 +134,7 @@ VALID = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [16, 16, 16]], "factor":
         ({"factor": float("inf")}, r"'factor': expected a number, got Infinity"),
         ({"factor": 10**400}, r"'factor': expected a number, got 1000000000"),
         ({"factor": True}, r"'factor': expected a number, got a boolean true"),
-        ({"factor": [0.5]}, r"'factor': expected a number, got a list of 1"),
+        ({"factor": [0.5]}, r"'factor': expected a number \(k = 1: the instance has the paper's model .*\), got a list of 1"),
     ],
 )
 def test_states_outside_the_instance_are_refused(change, message):
@@ -157,3 +158,80 @@ def test_states_outside_the_instance_are_refused(change, message):
 def test_state_files_that_are_not_a_batch_of_states_are_refused(text, message):
     with pytest.raises(InputError, match=message):
         read_states(json.loads(text), LEAD_ONE, "state file")
+
+
+THREE_FACTORS = Instance(
+    h=[1.0, 2.0],
+    b=[7.0, 9.0],
+    lam=[3.0, 4.0],
+    beta=None,
+    lead=[1, 2],
+    qbar=[30.0, 30.0],
+    loadings=[[0.6, -0.2, 0.1], [-0.3, 0.0, 0.4]],
+    overdispersion=[0.5, 0.0],
+    K=20.0,
+    gamma=0.95,
+    rho=0.8,
+)
+VALID_THREE = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [5, 0, 0]], "factor": [0.5, -1.0, 2.0]}
+THREE_WORDS = r"\(k = 3: the instance has 3 factors, signed loadings, negative-binomial demand\)"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"factor": [10, -10, 0]}, None),
+        ({"factor": 0.5}, rf"'factor': expected 3 numbers \[F_1..F_3\] {THREE_WORDS}, got 0.5"),
+        ({"factor": [0.5, 1.0]}, rf"'factor': expected 3 numbers \[F_1..F_3\] {THREE_WORDS}, got a list of 2"),
+        ({"factor": [0.5, 1.0, 0, 0]}, r"'factor': expected 3 numbers .* got a list of 4"),
+        ({"factor": [0.5, "1", 0]}, r"'factor'\[1\]: expected a number, got a string \"1\""),
+        ({"factor": [0.5, 1.0, -10.5]}, r"'factor'\[2\]: -10.5 is outside \[-10, 10\]"),
+    ],
+)
+def test_a_state_of_k_factors_holds_k_numbers(change, message):
+    states = json.loads(json.dumps([VALID_THREE, {**VALID_THREE, **change}]))
+    if message is None:
+        batch = read_states(states, THREE_FACTORS, "state file")
+        assert batch.factor.shape == (2, 3) and batch.factor[1].tolist() == change["factor"]
+    else:
+        with pytest.raises(InputError, match="state 1 field " + message):
+            read_states(states, THREE_FACTORS, "state file")
+
+
+def test_a_factor_aware_rule_answers_states_of_three_factors_from_each_item_s_exposure():
+    """base-stock-factor with z = 0, no cycle stock and cover 1 raises item i towards its mean demand over L_i + 1
+    periods given its exposure u_i = beta_i . F / |beta_i|: lam_i sum_{j=0..L_i} exp(|beta_i| rho^j u_i - |beta_i|^2 rho^2j / 2)
+    (the lognormal mean of eq. conditional_demand_rate); overdispersion leaves the mean alone."""
+    rule = make_policy(
+        THREE_FACTORS.to_torch(), "base-stock-factor", {"reorder_z": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+    )
+    decider = Decider(rule, THREE_FACTORS, learned=False, mode="deterministic", label="policy 'base-stock-factor'", info={})
+    factors = [[0.5, -1.0, 2.0], [-2.0, 1.0, -1.5]]
+    states = [{"inventory": [0, 0], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": f} for f in factors]
+    answer = decider.decide(read_states(states, THREE_FACTORS, "request body"))
+    norm = np.linalg.norm(THREE_FACTORS.loadings, axis=1)
+    for row, factor in enumerate(factors):
+        exposure = THREE_FACTORS.loadings @ np.array(factor) / norm
+        expected = [
+            THREE_FACTORS.lam[i] * sum(np.exp(norm[i] * 0.8**j * exposure[i] - norm[i] ** 2 * 0.8 ** (2 * j) / 2) for j in range(lead + 1))
+            for i, lead in enumerate([1, 2])
+        ]
+        assert answer.open[row].item() == 1
+        np.testing.assert_allclose(answer.quantity[row].numpy(), expected, rtol=1e-5)
+
+
+def test_decide_py_serves_a_named_policy_on_three_factors_and_a_checkpoint_refuses_them(checkpoints, tmp_path, script_runner):
+    THREE_FACTORS.save(tmp_path / "inst.json")
+    (tmp_path / "state.json").write_text(json.dumps([VALID_THREE, {**VALID_THREE, "factor": [-1.0, 0.0, 1.0]}]))
+    done = script_runner(
+        "decide.py", "--policy", "base-stock-factor", "--instance", tmp_path / "inst.json", "--state", tmp_path / "state.json"
+    )
+    assert done.returncode == 0, done.stderr
+    answers = json.loads(done.stdout)
+    assert len(answers) == 2 and all(len(a["quantity"]) == 2 and a["open"] in (0, 1) for a in answers)
+    for method in ("or-transformer", "ppo"):
+        refused = script_runner(
+            "decide.py", "--checkpoint", checkpoints[method], "--instance", tmp_path / "inst.json", "--state", tmp_path / "state.json"
+        )
+        assert refused.returncode == 2 and refused.stderr.count("error:") == 1
+        assert "checkpoint" in refused.stderr and "3 factors, signed loadings, negative-binomial demand" in refused.stderr

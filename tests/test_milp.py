@@ -186,3 +186,62 @@ def test_the_largest_seed_is_the_largest_highs_accepts():
     assert h.setOptionValue("random_seed", SEED_MAX) == highspy.HighsStatus.kOk
     assert h.setOptionValue("random_seed", SEED_MAX + 1) != highspy.HighsStatus.kOk  # HiGHS would silently keep its previous seed
     assert h.getOptionValue("random_seed")[1] == SEED_MAX
+
+
+def signed_negative_binomial_instance(factors: int, n: int) -> Instance:
+    """n items on `factors` factors, loadings of both signs, overdispersion phi_i in 0.2..0.8."""
+    rng = np.random.default_rng(factors)
+    return Instance(
+        h=[1.0] * n,
+        b=[9.0] * n,
+        lam=rng.uniform(2.0, 6.0, n),
+        beta=None,
+        lead=[1 + i % 2 for i in range(n)],
+        qbar=[20.0] * n,
+        loadings=rng.uniform(-0.7, 0.7, (n, factors)),
+        overdispersion=np.linspace(0.2, 0.8, n),
+        K=20.0,
+        gamma=0.95,
+        rho=0.8,
+    )
+
+
+def test_scenarios_have_the_model_s_moments_given_a_factor_vector():
+    # Given F_0, item i's exposure at step u is normal with mean rho^u u_i,0 and variance 1 - rho^(2u) (u_i,0 =
+    # beta_i . F_0 / |beta_i|), so with beta = |beta_i| the rate is lognormal: E rate = lam exp(beta a + beta^2 (c - 1) / 2),
+    # E rate^2 = lam^2 exp(2 beta a + beta^2 (2c - 1)); the negative binomial adds phi rate^2 to the Poisson's variance.
+    inst = signed_negative_binomial_instance(3, 4)
+    start = np.array([0.9, -1.3, 0.5])
+    scenarios = 200_000
+    demand = sample_scenarios(inst, start.tolist(), scenarios, 6, np.random.default_rng(2))  # [S, H, n]
+    beta, lam, phi = inst.beta, inst.lam, inst.overdispersion
+    exposure0 = inst.loadings @ start / beta
+    for u in (0, 2, 5):
+        a, c = inst.rho**u * exposure0, 1 - inst.rho ** (2 * u)
+        mean = lam * np.exp(beta * a + beta**2 * (c - 1) / 2)
+        second = lam**2 * np.exp(2 * beta * a + beta**2 * (2 * c - 1))
+        variance = mean + (1 + phi) * second - mean**2
+        draws = demand[:, u]
+        assert np.all(np.abs(draws.mean(0) - mean) <= 4.5 * draws.std(0) / np.sqrt(scenarios))
+        centred = draws - draws.mean(0)
+        assert np.all(np.abs(centred.var(0) - variance) <= 4.5 * (centred**2).std(0) / np.sqrt(scenarios))
+        assert np.all(variance > 1.1 * (mean + second - mean**2))  # the overdispersion is visible at this size
+
+
+def test_scenarios_of_the_paper_s_model_are_today_s_draws():
+    # The paper's model: a standard normal block [S, H - 1] for the factor, then one Poisson draw per (scenario, step, item).
+    inst = Instance(h=[1.0, 2.0], b=[9.0, 8.0], lam=[3.0, 5.0], beta=[0.3, 0.5], lead=[1, 2], qbar=[9.0, 9.0], K=5.0, gamma=0.9, rho=0.7)
+    rng = np.random.default_rng(4)
+    noise = rng.standard_normal((3, 4))
+    factor = np.empty((3, 5))
+    factor[:, 0] = 0.4
+    for u in range(4):
+        factor[:, u + 1] = 0.7 * factor[:, u] + np.sqrt(1 - 0.49) * noise[:, u]
+    expected = rng.poisson(inst.lam * np.exp(inst.beta * factor[..., None] - inst.beta**2 / 2))
+    np.testing.assert_array_equal(sample_scenarios(inst, 0.4, 3, 5, np.random.default_rng(4)), expected)
+
+
+def test_scenarios_refuse_a_factor_of_the_wrong_length():
+    inst = signed_negative_binomial_instance(2, 2)
+    with pytest.raises(ValueError, match=r"factor: expected 2 numbers \(2 factors"):
+        sample_scenarios(inst, 0.3, 2, 3, np.random.default_rng(0))

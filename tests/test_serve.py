@@ -27,6 +27,7 @@ from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
 from helpers import Gate
 
 from envs.errors import InputError
+from envs.instance import Instance
 from policies.classical import make_policy
 from policies.names import CHECKPOINT_PREFIX
 from serving.decisions import Decider, PolicyError, load_decider, read_states
@@ -701,3 +702,39 @@ def test_ctrl_c_while_serve_py_starts_leaves_no_process_of_its_ray(trained, tmp_
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_requests_with_two_factor_states_are_parsed_merged_and_answered_as_alone():
+    """An instance of k = 2 factors: a request's factor is a list of 2 numbers (a number is a 422 naming 'factor' and
+    k), and requests whose [B, 2] factors share one rule call get the answers each gets alone (the rule conditions
+    each item on its exposure, so the factors' rows must stay with their states)."""
+    from serving.app import HTTPError, parse_states
+
+    instance = Instance(
+        h=[1.0, 2.0],
+        b=[7.0, 9.0],
+        lam=[3.0, 4.0],
+        beta=None,
+        lead=[1, 2],
+        qbar=[30.0, 30.0],
+        loadings=[[0.6, -0.2], [-0.3, 0.4]],
+        overdispersion=[0.3, 0.1],
+        K=20.0,
+        gamma=0.95,
+        rho=0.8,
+    )
+    state = {"inventory": [0, 0], "in_transit": [[0, 0, 0], [0, 0, 0]]}
+    with pytest.raises(HTTPError, match=r"state 0 field 'factor': expected 2 numbers .*k = 2.*2 factors") as refused:
+        parse_states(json.dumps({**state, "factor": 1.0}).encode(), "application/json", instance)
+    assert refused.value.status == 422
+    requests = [[{**state, "factor": [1.5, -1.0]}, {**state, "factor": [-2.0, 0.5]}], [{**state, "factor": [0.0, 2.0]}]]
+    batches = [parse_states(json.dumps(r).encode(), "application/json", instance)[0] for r in requests]
+    assert [b.factor.shape for b in batches] == [(2, 2), (1, 2)]
+    rule = make_policy(instance.to_torch(), "base-stock-factor", {"reorder_z": 0.0, "cover": 1, "order_up_to_z": 1.0, "cycle_stock": 0.0})
+    decider = Decider(rule, instance, learned=False, mode="deterministic", label="policy 'base-stock-factor'", info={})
+    together = decider.decide_many(batches)
+    assert decider.forward_passes == 1
+    for shared, batch in zip(together, batches):
+        assert_same_answers(shared.records(), decider.decide(batch).records())
+    quantities = [q for answer in together for q in answer.quantity.tolist()]
+    assert len({tuple(q) for q in quantities}) == 3  # three factors, three order-up-to levels

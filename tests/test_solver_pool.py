@@ -6,11 +6,15 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 from helpers import Gate
 
+from envs.dynamics import initial_state, step
 from envs.errors import InputError
+from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
-from envs.instance import paper_instance
+from envs.instance import Instance, paper_instance
+from policies.classical import make_policy, zero_policy
 from solver_workers.backends import SolverOptions
 from solver_workers.decomposition import DecompositionOptions
 from solver_workers.pool import (
@@ -139,3 +143,69 @@ def test_gurobi_licence_limit_is_a_recorded_fallback():
         pytest.skip("a Gurobi licence without the PyPI size limit is installed")
     assert record["columns"] > 2000
     assert record["fallback"] and record["open"] == 0 and record["quantity"] == [0.0] * 4 and record["bound"] is None
+
+
+def test_rolling_milp_on_two_negative_binomial_factors_takes_the_state_s_factor_vector(tmp_path, ray_session):
+    """The pool runs the controller on paths whose factor is [E, T+1, k]; its actions equal a loop written here that
+    steps each episode and calls `decide` with the state's k-vector F_t, and its decisions do depend on that vector."""
+    inst = Instance(
+        h=[1.0, 1.5],
+        b=[9.0, 7.0],
+        lam=[3.0, 5.0],
+        beta=None,
+        lead=[1, 2],
+        qbar=[15.0, 20.0],
+        loadings=[[0.8, -0.3], [-0.2, 0.9]],
+        overdispersion=[0.5, 0.3],
+        K=15.0,
+        gamma=0.95,
+        rho=0.8,
+    )
+    paths = sample_paths(inst, 5, 2, 3, dtype=torch.float64)
+    assert paths.factor.shape == (2, 4, 2)
+    open_order, quantity = run_rolling(inst, paths, FAST, Pool(2), decisions(tmp_path / "r.jsonl", inst, 5))
+    tinst = inst.to_torch(dtype=torch.float64)
+    for row, episode in enumerate(paths.episodes):
+        state = initial_state(tinst, paths.factor[row, :1])
+        for t in range(3):
+            factor = paths.factor[row, t].tolist()
+            record = decide(inst, state.inv[0].numpy(), state.pipe[0].numpy(), factor, episode, t, FAST)
+            assert (open_order[row, t], quantity[row, t].tolist()) == (record["open"], record["quantity"])
+            state, _ = step(
+                tinst,
+                state,
+                torch.tensor([float(record["open"])], dtype=torch.float64),
+                torch.tensor([record["quantity"]], dtype=torch.float64),
+                paths.demand[row, t][None],
+                paths.factor[row, t + 1][None],
+            )
+    low, high = [-3.0, -3.0], [3.0, 3.0]  # both items' exposures far below, then far above, their means
+    orders = [decide(inst, inst.lam.copy(), np.zeros((2, 3)), f, 0, 0, RollingOptions(20, 5, FAST.solver))["quantity"] for f in (low, high)]
+    assert sum(orders[0]) < sum(orders[1])
+
+
+def test_the_perfect_information_bound_on_three_negative_binomial_factors_is_below_the_policies(tmp_path, ray_session):
+    """The bound reads the paths' demand only, so it runs on k = 3 factors with overdispersion; on every episode it lies
+    below the zero policy and a factor-aware rule evaluated on the same paths."""
+    rng = np.random.default_rng(3)
+    inst = Instance(
+        h=[1.0, 1.2, 0.8],
+        b=[9.0, 8.0, 10.0],
+        lam=[3.0, 4.0, 5.0],
+        beta=None,
+        lead=[1, 2, 1],
+        qbar=[20.0] * 3,
+        loadings=rng.uniform(-0.7, 0.7, (3, 3)),
+        overdispersion=[0.4, 0.2, 0.6],
+        K=20.0,
+        gamma=0.95,
+        rho=0.8,
+    )
+    paths = sample_paths(inst, 2, 3, 8)
+    options = SolverOptions(gap=0.0)
+    records = run_bounds(inst, paths, options, Pool(2), Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 2, 8, options)))
+    bounds = np.array([r["bound"] for r in sorted(records, key=lambda r: r["episode"])])
+    tinst = inst.to_torch()
+    rule = make_policy(tinst, "base-stock-factor", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+    for policy in (zero_policy, rule):
+        assert np.all(bounds <= evaluate(policy, tinst, paths).discounted_cost * (1 + 1e-6))

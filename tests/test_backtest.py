@@ -379,3 +379,56 @@ def test_a_checkpoint_is_backtested_like_a_named_policy(trained, tmp_path):
     expected = replay(policy, INSTANCE.to_torch(), demand, causal_factor(INSTANCE, demand), 50).discounted_cost
     written = pq.read_table(tmp_path / "bt" / "or-transformer-greedy" / "costs.parquet").column("discounted_cost").to_numpy()
     np.testing.assert_allclose(written, expected, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def three_factor_history(tmp_path_factory):
+    """A k = 3 negative-binomial instance of 4 items with signed loadings and 120 periods of its history
+    (envs.fit.simulate_history), written as files."""
+    folder = tmp_path_factory.mktemp("three_factors")
+    instance = factor_instance(4, 5, 3, 0.4)
+    history, _ = simulate_history(instance, 7, 120)
+    pyarrow.csv.write_csv(history, folder / "history.csv")
+    instance.save(folder / "instance.json")
+    return instance, folder
+
+
+def test_a_three_factor_negative_binomial_history_is_backtested(three_factor_history):
+    """platform/backtest.py on the k = 3 history (windows of 40): every window's steps show the Gaussian filter's
+    estimate [T + 1, 3] at their period (the trace's factor1..factor3), and the window costs are the replay's with it."""
+    instance, folder = three_factor_history
+    out = folder / "bt"
+    run_script(
+        "backtest.py", "--history", folder / "history.csv", "--instance", folder / "instance.json",
+        "--policy", "zero", "--policy", "base-stock", "--window", 40, "--trace", "--out", out, check=True,
+    )  # fmt: skip
+    summary = json.loads((out / "base-stock" / "summary.json").read_text())
+    assert summary["episodes"] == 3 and "Gaussian (Laplace) approximation of the filter of 3 factors" in summary["factor"]
+    demand = history_matrix(folder / "history.csv").demand
+    factor = causal_factor(instance, demand)
+    assert factor.shape == (121, 3)
+    steps = pq.read_table(out / "base-stock" / "steps.parquet").to_pydict()
+    shown = np.stack([steps[f"factor{j}"] for j in (1, 2, 3)], axis=1)  # [3 windows x 40 steps, 3]
+    np.testing.assert_allclose(shown, factor[:120], rtol=1e-6, atol=1e-7)
+    zero = pq.read_table(out / "zero" / "costs.parquet").column("discounted_cost").to_numpy()
+    np.testing.assert_allclose(zero, replay(zero_policy, instance.to_torch(), demand, factor, 40).discounted_cost, rtol=1e-6)
+
+
+def test_a_checkpoint_on_a_three_factor_instance_is_refused_in_one_line_before_any_work(trained, three_factor_history, tmp_path):
+    """A checkpoint (the session's tiny or-transformer, trained at n = 2) backtested on a k = 3 instance of 2 items: one
+    `error:` line naming the checkpoint and the demand model, exit status 2, before classical-best is tuned (nothing
+    under --out)."""
+    checkpoint = trained["or-transformer"].checkpoint
+    instance = factor_instance(2, 5, 3, 0.4)
+    history, _ = simulate_history(instance, 7, 60)
+    pyarrow.csv.write_csv(history, tmp_path / "history.csv")
+    instance.save(tmp_path / "instance.json")
+    result = run_script(
+        "backtest.py", "--history", tmp_path / "history.csv", "--instance", tmp_path / "instance.json",
+        "--policy", "classical-best", "--policy", f"checkpoint:{checkpoint}", "--out", tmp_path / "bt",
+    )  # fmt: skip
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint '{checkpoint}'")
+    assert "3 factors, signed loadings, negative-binomial demand" in lines[0]
+    assert not (tmp_path / "bt").exists() or not any((tmp_path / "bt").iterdir())

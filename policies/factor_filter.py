@@ -38,13 +38,14 @@ def score_and_curvature(demand, rate, overdispersion):
     return (demand - rate) / spread, rate * (1.0 + overdispersion * demand) / spread**2
 
 
-def log_likelihood(demand, rate, overdispersion):
-    """The log-likelihood of D given its rate, less the terms without the rate: D log rate - (D + 1 / phi) log(1 + phi
-    rate) for the negative binomial (phi > 0), D log rate - rate for the Poisson (phi = 0, its limit). Summed over items."""
+def log_likelihood(demand, log_rate, overdispersion):
+    """The log-likelihood of D given its log-rate eta, less the terms without eta: D eta - (D + 1 / phi) log(1 + phi
+    e^eta) for the negative binomial (phi > 0), D eta - e^eta for the Poisson (phi = 0, its limit). Summed over items."""
+    rate = np.exp(log_rate)
     positive = overdispersion > 0
     safe = np.where(positive, overdispersion, 1.0)
     penalty = np.where(positive, (demand + 1.0 / safe) * np.log1p(safe * rate), rate)
-    return (demand * np.log(rate) - penalty).sum(axis=-1)
+    return (demand * log_rate - penalty).sum(axis=-1)
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ class GaussianFilter:
 
         def log_posterior(factor):
             gap = factor - mean
-            return log_likelihood(demand_t, np.exp(offset + self.loadings @ factor), phi) - 0.5 * gap @ precision @ gap
+            return log_likelihood(demand_t, offset + self.loadings @ factor, phi) - 0.5 * gap @ precision @ gap
 
         factor, value = mean.copy(), log_posterior(mean)
         for _ in range(NEWTON_STEPS):

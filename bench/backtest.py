@@ -1,19 +1,22 @@
 """Backtest benchmark (platform/backtest.py; the goal: classical-best and the lookahead backtested at 1,024 items x
-1,095 periods in <= 2 min after tuning): one JSON line per size with the machine's load.
+1,095 periods in <= 2 min after tuning): one JSON line per size and demand model with the machine's load.
 
-The history is episode 0 of seed 1 of the paper instance (n, seed 0) over --periods periods (envs.exogenous.sample_paths:
-a history of the model). The policies are made first and timed apart ("after tuning"): classical-best tuned on
---tuning-episodes training paths of --window steps (policies.classical.tuned_policy; the evaluator tunes on 64), and
-the decomposition lookahead's stationary tables, of which --items sampled items are built
-(solver_workers.decomposition.item_table at their first-guess share) and repeated to n items, as bench/lookahead.py
-does: a decision's work depends on the items' lattice sizes, not on their values; c = 1. Then timed, wall-clock and
-CPU: the causal factor filter over the whole history (policies.factor_filter.causal_factor) and each policy's replay
-on the history's windows (envs.backtest.replay); `backtest_seconds` is the filter plus both replays, the figure
-against the goal. Reference in the same run: each policy's evaluation (envs.evaluation.evaluate) on simulated
-paths of the same shape (as many episodes as windows, --window steps), and the ratio replay / evaluation; each
-policy runs one window untimed first (warm-up).
+The history is episode 0 of seed 1 of the instance over --periods periods (envs.exogenous.sample_paths: a history of
+the model). The instances (--models): "paper", the paper instance (n, seed 0), and "k3-nb", the same items with 3
+signed factor loadings (drawn N(0, I), scaled to the paper's |beta_i|) and negative-binomial demand of
+overdispersion 0.2, whose filter is the Gaussian one (policies.factor_filter.GaussianFilter). The policies are made
+first and timed apart ("after tuning"): classical-best tuned on --tuning-episodes training paths of --window steps
+(policies.classical.tuned_policy; the evaluator tunes on 64), and the decomposition lookahead's stationary tables,
+of which --items sampled items are built (solver_workers.decomposition.item_table at their first-guess share) and
+repeated to n items, as bench/lookahead.py does: a decision's work depends on the items' lattice sizes, not on their
+values; c = 1. Then timed, wall-clock and CPU: the causal factor filter over the whole history
+(policies.factor_filter.causal_factor) and each policy's replay on the history's windows (envs.backtest.replay);
+`backtest_seconds` is the filter plus both replays, the figure against the goal. Reference in the same run: each
+policy's evaluation (envs.evaluation.evaluate) on simulated paths of the same shape (as many episodes as windows,
+--window steps), and the ratio replay / evaluation; each policy runs one window untimed first (warm-up).
 
-  python bench/backtest.py [--sizes 64 1024] [--periods 1095] [--window 50] [--tuning-episodes 16] [--items 32]
+  python bench/backtest.py [--sizes 64 1024] [--models paper k3-nb] [--periods 1095] [--window 50] [--tuning-episodes 16]
+                           [--items 32]
 """
 
 import argparse
@@ -21,12 +24,13 @@ import json
 import os
 import time
 
+import numpy as np
 import torch
 
 from envs.backtest import replay, window_count
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
-from envs.instance import paper_instance
+from envs.instance import Instance, paper_instance
 from policies import lookahead
 from policies.classical import tuned_policy
 from policies.factor_filter import causal_factor
@@ -40,6 +44,26 @@ def timed(work, *args, **kwargs):
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
+MODELS = ("paper", "k3-nb")
+K3_OVERDISPERSION = 0.2
+"""phi_i of every item of the "k3-nb" instance: variance rate + 0.2 rate^2, 2.4 times the Poisson's at rate 7."""
+
+
+def bench_instance(model: str, n: int) -> Instance:
+    """The paper instance (n, seed 0), or ("k3-nb") its items with 3 signed loadings of the same norms |beta_i| and
+    overdispersion K3_OVERDISPERSION."""
+    instance = paper_instance(n, 0)
+    if model == "paper":
+        return instance
+    data = instance.to_dict()
+    directions = np.random.default_rng(0).standard_normal((n, 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    data["items"]["loadings"] = (directions * instance.beta[:, None]).tolist()
+    data["items"]["overdispersion"] = [K3_OVERDISPERSION] * n
+    del data["items"]["beta"]
+    return Instance.from_dict(data)
+
+
 def stationary_tables(instance, items: int, horizon: int) -> list:
     """The stationary lookahead tables of the first `items` items at their first-guess shares."""
     shares = guess_shares(instance)
@@ -49,16 +73,24 @@ def stationary_tables(instance, items: int, horizon: int) -> list:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 1024], help="items n (default 64 1024)")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="demand models (default: both)")
     parser.add_argument("--periods", type=int, default=1095, help="periods of the history (default 1095: three years of days)")
     parser.add_argument("--window", type=int, default=50, help="periods per window (default 50)")
     parser.add_argument("--tuning-episodes", type=int, default=16, help="training paths classical-best is tuned on (default 16)")
     parser.add_argument("--items", type=int, default=32, help="items whose lookahead tables are built, repeated to n (default 32)")
     args = parser.parse_args()
-    for n in args.sizes:
-        instance = paper_instance(n, 0)
+    for n, model in ((n, model) for n in args.sizes for model in args.models):
+        instance = bench_instance(model, n)
         tensors = instance.to_torch()
         demand = sample_paths(instance, 1, 1, args.periods).demand[0].double().numpy()  # [T, n]
-        record = {"n": n, "periods": args.periods, "window": args.window, "windows": window_count(args.periods, args.window)}
+        record = {
+            "n": n,
+            "model": model,
+            "demand_model": instance.demand_model(),
+            "periods": args.periods,
+            "window": args.window,
+            "windows": window_count(args.periods, args.window),
+        }
         (classical, parameters), wall, cpu = timed(
             tuned_policy, instance, "classical-best", args.window, episodes=args.tuning_episodes, refinement=False
         )

@@ -30,8 +30,9 @@ def window_count(periods: int, window: int, what: str = "the history") -> int:
 
 
 def window_paths(demand: np.ndarray, factor: np.ndarray, window: int, device="cpu") -> ExogenousPaths:
-    """The history's whole windows as episodes: demand [T, n] and the policy's factor [T + 1] (factor[t] is what the
-    state shows at period t) cut into factor [E, W + 1] (the window's W periods and the one after) and demand [E, W, n]."""
+    """The history's whole windows as episodes: demand [T, n] and the policy's factor [T + 1], or [T + 1, k] with k
+    factors (factor[t] is what the state shows at period t), cut into factor [E, W + 1] or [E, W + 1, k] (the window's
+    W periods and the one after) and demand [E, W, n]."""
     windows = window_count(demand.shape[0], window)
     starts = window * np.arange(windows)
     steps = starts[:, None] + np.arange(window + 1)  # [E, W + 1]

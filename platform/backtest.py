@@ -13,7 +13,9 @@ The history's periods are cut into consecutive windows of --window periods (the 
 each window is one episode through the simulator's dynamics with the instance's costs (h, b, K, lead times, gamma
 discounting), from the simulator's initial state (I_0 = mu_i = lam_i (L_i + 1), nothing in transit), scored by its
 discounted cost. The factor in the policy's state is E[F_t | demand before t] under the instance's demand model
-(a causal filter, policies/factor_filter.py), never the smoothed path of the fit report, which sees the future.
+(a causal filter, policies/factor_filter.py: exact on a grid for one factor, a Gaussian approximation for k >= 2),
+never the smoothed path of the fit report, which sees the future. A checkpoint's network takes one factor only: on
+an instance with k >= 2 it is refused in one line before anything is tuned or replayed.
 
 Writes under --out one evaluation folder per policy (summary.json with kind "backtest" and policy
 "backtest:<method>", costs.parquet with one row per window; platform/report.py reads them) and backtest.json: every
@@ -38,7 +40,7 @@ from envs.instance import Instance, atomic_write_text
 from envs.job_output import out_argument, resolve_out
 from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
 from policies.classical import POLICY_NAMES
-from policies.factor_filter import FILTER_POINTS, FILTER_WIDTH, causal_factor
+from policies.factor_filter import causal_factor, describe_filter
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, named_label, policy_name, policy_path
@@ -141,7 +143,7 @@ def main() -> None:
         if k not in resolved:
             resolved[k] = resolve(name, instance, args.window, "greedy", form, args.device, progress=True)
 
-    factor = causal_factor(instance, demand)  # [T + 1] E[F_t | D_<t]
+    factor = causal_factor(instance, demand)  # [T + 1] (or [T + 1, k]) E[F_t | D_<t]
     tensors = instance.to_torch(args.device)
     results = {k: replay(resolved[k].policy, tensors, demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in folders}
 
@@ -166,7 +168,7 @@ def main() -> None:
         "window_starts": starts,
         "step": history.step,
         "initial_state": INITIAL_STATE,
-        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (policies/factor_filter.py: {FILTER_POINTS} grid points over +-{FILTER_WIDTH:g})",
+        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (policies/factor_filter.py: {describe_filter(instance)})",
     }
     config = {**vars(args), "lookahead_form": form if any(is_lookahead(name) for name in args.policy) else None, "n": instance.n}
     costs, rows = {}, []

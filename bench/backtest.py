@@ -24,13 +24,12 @@ import json
 import os
 import time
 
-import numpy as np
 import torch
 
 from envs.backtest import replay, window_count
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
-from envs.instance import Instance, paper_instance
+from envs.instance import Instance, paper_instance, with_factors
 from policies import lookahead
 from policies.classical import tuned_policy
 from policies.factor_filter import causal_factor
@@ -50,18 +49,10 @@ K3_OVERDISPERSION = 0.2
 
 
 def bench_instance(model: str, n: int) -> Instance:
-    """The paper instance (n, seed 0), or ("k3-nb") its items with 3 signed loadings of the same norms |beta_i| and
+    """The paper instance (n, seed 0), or ("k3-nb") its items with 3 signed factors (envs.instance.with_factors) and
     overdispersion K3_OVERDISPERSION."""
     instance = paper_instance(n, 0)
-    if model == "paper":
-        return instance
-    data = instance.to_dict()
-    directions = np.random.default_rng(0).standard_normal((n, 3))
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
-    data["items"]["loadings"] = (directions * instance.beta[:, None]).tolist()
-    data["items"]["overdispersion"] = [K3_OVERDISPERSION] * n
-    del data["items"]["beta"]
-    return Instance.from_dict(data)
+    return instance if model == "paper" else with_factors(instance, 3, K3_OVERDISPERSION, 0)
 
 
 def stationary_tables(instance, items: int, horizon: int) -> list:

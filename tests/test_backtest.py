@@ -18,20 +18,20 @@ from envs.backtest import replay, window_paths
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths, sample_paths
 from envs.fit import history_matrix, simulate_history, smooth_factor
-from envs.instance import Instance, paper_instance
+from envs.instance import Instance, paper_instance, with_factors
 from policies.classical import make_policy, zero_policy
 from policies.dp_optimal import tauchen_grid
 from policies.factor_filter import GaussianFilter, GridFilter, causal_factor
 
 
 def factor_instance(n: int, seed: int, factors: int, overdispersion: float) -> Instance:
-    """The paper instance (n, seed) with k signed loadings per item, drawn N(0, I) and scaled to the paper's norm
-    |beta_i|, and overdispersion phi_i = `overdispersion` (0: Poisson, stored as None)."""
-    data = paper_instance(n, seed).to_dict()
-    norms = np.asarray(data["items"].pop("beta"))
-    loadings = np.random.default_rng(seed).standard_normal((n, factors))
-    data["items"]["loadings"] = (loadings * (norms / np.linalg.norm(loadings, axis=1))[:, None]).tolist()
-    data["items"]["overdispersion"] = [overdispersion] * n
+    """The paper instance (n, seed) with k factors and overdispersion phi (envs.instance.with_factors); at k = 1 every
+    other item's loading is negated, so the loadings are signed there too."""
+    instance = with_factors(paper_instance(n, seed), factors, overdispersion, seed)
+    if factors > 1:
+        return instance
+    data = instance.to_dict()
+    data["items"]["loadings"] = [[beta * (-1) ** i] for i, beta in enumerate(data["items"].pop("beta"))]
     return Instance.from_dict(data)
 
 

@@ -25,10 +25,10 @@ and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two 
   state carries no period.
 Positions are each item's DP lattice (two classes per unit with the integer-cap lattice); a position is
 mapped to the nearest lattice point (orders up to lattice points keep a simulated position on it), and
-the item's factor, its exposure u_i,t = beta_i . F_t / |beta_i| (TensorInstance.exposure; F_t itself for the paper's
-model), on which its DP was solved (solver_workers/decomposition.py), is interpolated linearly between the
-neighbouring grid points (clamped at the ends), as policies.dp_optimal.DPOptimalPolicy does: a shift of a row by a constant does not change differences, so
-interpolating the excess is interpolating W.
+the item's factor, its exposure u_i,t = beta_i . F_t / |beta_i| (TensorInstance.exposure; F_t itself for the
+paper's model), on which its DP was solved (solver_workers/decomposition.py), is interpolated linearly between
+the neighbouring grid points (clamped at the ends), as policies.dp_optimal.DPOptimalPolicy does: a shift of a
+row by a constant does not change differences, so interpolating the excess is interpolating W.
 
 A table set is saved as one .npz per item plus tables.json (what they were built for) in a folder; the
 decomposition bound's run writes them in its results folder under `lookahead/` (platform/bound.py --kind

@@ -251,8 +251,16 @@ class LookaheadTables:
 
 
 def write_manifest(folder: str | os.PathLike, instance: Instance, horizon: int, settings: dict) -> None:
-    """tables.json: what the item files in `folder` were built for (written last: a folder without it is not whole)."""
-    record = {"policy": NAME, "instance_hash": instance.content_hash(), "n": instance.n, "horizon": int(horizon), **settings}
+    """tables.json: what the item files in `folder` were built for (written last: a folder without it is not whole): the
+    instance's content hash (which tells its factors, loadings and overdispersion apart) and its demand model in words."""
+    record = {
+        "policy": NAME,
+        "instance_hash": instance.content_hash(),
+        "n": instance.n,
+        "demand_model": instance.demand_model(),
+        "horizon": int(horizon),
+        **settings,
+    }
     atomic_write_text(Path(folder) / TABLES_FILE, json.dumps(record, indent=1) + "\n")
 
 
@@ -283,9 +291,11 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
             f"{NAME} tables: '{manifest}' is not a tables file of a decomposition bound run (expected JSON with an integer 'horizon')"
         )
     if record.get("instance_hash") != instance.content_hash():
+        model = record.get("demand_model")
+        models = f"; built for {model}, this one has {instance.demand_model()}" if model and model != instance.demand_model() else ""
         raise InputError(
             f"{NAME} tables: '{folder}' was built for another instance (content hash {record.get('instance_hash')}, "
-            f"this one's is {instance.content_hash()}); run the decomposition bound on this instance"
+            f"this one's is {instance.content_hash()}{models}); run the decomposition bound on this instance"
         )
     if form == FORMS[0] and horizon != record["horizon"]:
         raise InputError(

@@ -465,9 +465,8 @@ def test_a_decision_on_three_factors_is_taken_item_by_item_at_each_exposure(thre
         u = float(np.clip(several.loadings[i] @ factor[b].numpy() / one.beta[i], points[0], points[-1]))
         j = int(np.clip(np.searchsorted(points, u), 1, points.size - 1))
         weight = (u - points[j - 1]) / (points[j] - points[j - 1])
-        row = ((1 - weight) * table.finite[0, j - 1].astype(np.float64) + weight * table.finite[0, j].astype(np.float64)) * table.scales[
-            "finite"
-        ]
+        rows = table.finite[0].astype(np.float64) * table.scales["finite"]  # [M, N] stage 0, in cost units
+        row = (1 - weight) * rows[j - 1] + weight * rows[j]
         x = float(inventory[b, i])
         k = int(np.argmin(np.abs(positions - x)))
         targets = [s for s in range(k + 1, min(k + table.window, positions.size - 1) + 1) if positions[s] - x <= one.qbar[i] * (1 + 1e-9)]

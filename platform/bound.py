@@ -16,8 +16,9 @@ the n = 1 dynamic program, at the best split (to --tolerance) and at equal share
 DIR/equal-shares). summary.json holds the DP's value (dp_value), its grid-converged estimate and the
 conservative figure; costs.parquet the relaxed policies' simulated cost per episode (for paired
 comparisons); split.parquet every item's share, values and order counts. Journal: DIR/split.jsonl,
-identity: the instance's content hash, --seed, --horizon, --episodes and the grid settings.
-docs/methods.md says what each figure is and how far it can be trusted.
+identity: the instance's content hash, --seed, --horizon, --episodes and the grid settings. With k factors and
+overdispersion each item's DP is over its own exposure u_i,t with |beta_i| and its phi_i (solver_workers/decomposition.py),
+and its relaxed policy runs on its exposure path. docs/methods.md says what each figure is and how far it can be trusted.
 
 Re-running the same command resumes (the perfect-information bound also with more --episodes); a
 re-run into the same --out with other settings is refused, and so is a folder that holds another kind of run (the

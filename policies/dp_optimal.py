@@ -3,7 +3,8 @@ factor on a grid), exact up to the factor discretisation; a policy and a test or
 
 Model (eqs. factor_process ... one_step_cost, timing of envs/dynamics.py): at step t the policy sees
 (I_t, P_t, F_t), picks (Y_t, Q_t) with O_t = Y_t Q_t, 0 <= Q_t <= qbar; D_t | F_t ~ Poisson(lam
-exp(beta F_t - beta^2/2)); the step costs K Y_t + h [Z_t]^+ + b [-Z_t]^+ with Z_t = I_t - D_t; an order
+exp(beta F_t - beta^2/2)), or with overdispersion phi the negative binomial of that mean and variance
+rate + phi rate^2 (`demand_law`); the step costs K Y_t + h [Z_t]^+ + b [-Z_t]^+ with Z_t = I_t - D_t; an order
 placed at t is first usable for demand at t + L. The evaluation (envs/evaluation.py) counts
 sum_{t<T} gamma^t C_t from I_0 = lam (L + 1), P_0 = 0, F_0 ~ N(0, 1).
 
@@ -26,10 +27,10 @@ steps t + L <= T - 1: decisions with t + L >= T never order (they would only pay
 Factor grid (Tauchen 1986). M equally spaced points over [-w, w] (w stationary standard deviations,
 the stationary law is N(0, 1)); P(f_i -> f_j) is the N(rho f_i, 1 - rho^2) mass of the cell of f_j
 (cells split at midpoints, the end cells open). F_0 is distributed by the N(0, 1) mass of the cells.
-In the discretised chain D_t | F_t = f_i ~ Poisson(lam exp(beta f_i - beta^2/2)) exactly; the DP is
+In the discretised chain D_t | F_t = f_i has the demand law at rate lam exp(beta f_i - beta^2/2) exactly; the DP is
 exact for that chain. The distribution of S given F_t = f_i is computed exactly on the chain by the
-recursion H_1 = pois_i, H_{j+1}[i] = pois_i * (sum_k P_ik H_j[k]) (convolution in the demand; the
-factor moves during the lead time). Poisson laws are truncated where the upper tail at the largest
+recursion H_1 = pmf_i, H_{j+1}[i] = pmf_i * (sum_k P_ik H_j[k]) (convolution in the demand; the
+factor moves during the lead time). The demand laws are truncated where the upper tail at the largest
 grid rate is below `tail` (1e-13), the tail mass lumped into the last point.
 
 Lattice (why a finite set of positions is exact). Demand is integer. Let delta = 1/m with m the
@@ -71,6 +72,12 @@ The policy looks up the action values W_t at the current step (it counts calls; 
 the clock, as the evaluator does per rollout), interpolated linearly in F between the neighbouring
 grid points (clamped at the ends), at the lattice point nearest to the observed position, and opens
 an order iff K + min_window W < W(x), ordering up to the minimiser.
+
+Several factors (docs/model.md, "Several factors and overdispersion"). The item sees the factors only through
+its exposure u_t = beta . F_t / |beta|, a stationary AR(1) with the same rho and unit variance, and its rate
+is lam exp(|beta| u_t - |beta|^2/2): the DP above with beta = |beta| and F_t = u_t. So the DP is solved
+on the exposure's chain, and the policy reads the state's F_t ([B], or [B, k]) through
+TensorInstance.exposure (F_t itself for the paper's model).
 """
 
 from __future__ import annotations
@@ -104,6 +111,13 @@ class NoFiniteOptimum(InputError):
 def check_single_item(n: int) -> None:
     if n != 1:
         raise InputError(f"{NAME}: the exact DP exists for one item (n = 1), got n = {n}")
+
+
+def model_key(instance: Instance | TensorInstance) -> list[float]:
+    """The item's demand model beyond (lam, |beta|), for comparing instances: its phi, then its direction beta / |beta|
+    (empty for one non-negative factor)."""
+    phi, directions = instance.overdispersion, instance.directions
+    return [0.0 if phi is None else float(phi[0])] + ([] if directions is None else [float(d) for d in directions[0]])
 
 
 # ---- factor grid ---------------------------------------------------------------------------------
@@ -141,10 +155,19 @@ def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float =
 # ---- demand laws on the chain --------------------------------------------------------------------
 
 
-def poisson_rows(rates: np.ndarray, dmax: int) -> np.ndarray:
-    """pmf of Poisson(rate_i) on 0..dmax, the upper tail lumped into dmax: [M, dmax+1]."""
-    d = np.arange(dmax + 1)
-    pmf = stats.poisson.pmf(d[None, :], rates[:, None])
+def demand_law(rates: np.ndarray, overdispersion: float, tail: float) -> np.ndarray:
+    """pmf rows of one period's demand given each rate ([M]), eq. (conditional_demand): Poisson(rate_i) at
+    overdispersion phi = 0, else the negative binomial with mean rate_i and variance rate_i + phi rate_i^2
+    (scipy's nbinom with n = 1/phi, p = 1/(1 + phi rate_i), the gamma-Poisson mixture envs.exogenous.draw_demand
+    samples). Truncated at dmax, one past the point where the law's upper tail at the largest rate is below `tail`,
+    the tail mass lumped into dmax: [M, dmax+1]."""
+    if overdispersion > 0:
+        shape, success = 1.0 / overdispersion, 1.0 / (1.0 + overdispersion * rates)  # [M]
+        dmax = int(stats.nbinom.isf(tail, shape, success.min())) + 1
+        pmf = stats.nbinom.pmf(np.arange(dmax + 1)[None, :], shape, success[:, None])
+    else:
+        dmax = int(stats.poisson.isf(tail, rates.max())) + 1
+        pmf = stats.poisson.pmf(np.arange(dmax + 1)[None, :], rates[:, None])
     pmf[:, -1] += np.clip(1.0 - pmf.sum(1), 0.0, None)
     return pmf
 
@@ -319,13 +342,13 @@ def _prepare(
 ) -> _Problem:
     check_single_item(instance.n)
     validate.integer(horizon, f"{NAME} horizon", 1)
-    lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))
+    lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))  # beta = |beta_1| with loadings
     lead = int(instance.lead[0])
     x0 = float(instance.mu[0])
-    grid = tauchen_grid(instance.rho, factor_points, factor_width)
+    grid = tauchen_grid(instance.rho, factor_points, factor_width)  # the chain of the item's exposure u_t
     rates = demand_rate(lam, beta, grid.points)
-    dmax = int(stats.poisson.isf(tail, rates.max())) + 1
-    pmf = poisson_rows(rates, dmax)  # [M, dmax+1]
+    pmf = demand_law(rates, model_key(instance)[0], tail)  # [M, dmax+1]
+    dmax = pmf.shape[1] - 1
     sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap)
     q_top = float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
@@ -477,7 +500,8 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
 
 
 class DPOptimalPolicy:
-    """The DP's decision rule as a policy (state, instance) -> (Y [B], Q [B, 1]).
+    """The DP's decision rule as a policy (state, instance) -> (Y [B], Q [B, 1]), at the item's exposure
+    u_t = TensorInstance.exposure(F_t) (F_t itself for the paper's model).
 
     It counts its calls as the time step (the evaluator calls a policy once per step in time order and
     calls `reset()` at the start of every rollout). At step t < T - L it interpolates W_t linearly in
@@ -500,7 +524,8 @@ class DPOptimalPolicy:
         ours = [float(getattr(inst, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")] + [self.solution.setup, inst.gamma, inst.rho]
         theirs = [float(getattr(instance, k)[0]) for k in ("h", "b", "lam", "beta", "lead", "qbar")]
         theirs += [instance.K, instance.gamma, instance.rho]
-        if not np.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
+        ours, theirs = ours + model_key(inst), theirs + model_key(instance)
+        if len(ours) != len(theirs) or not np.allclose(ours, theirs, rtol=1e-5, atol=1e-6):
             raise InputError(f"{NAME}: the policy was solved for another instance ({ours} vs {theirs})")
 
     def _table(self, device):
@@ -538,7 +563,7 @@ class DPOptimalPolicy:
         idx = k[:, None] + torch.arange(sol.window + 1, device=device)[None, :]  # the window [x, x + qbar]: [B, w+1]
         inside = idx < N
         idx = torch.cat([k[:, None], idx.clamp_max(N - 1)], dim=1)  # column 0: no order
-        f = state.factor.double().clamp(points[0], points[-1])  # [B]
+        f = instance.exposure(state.factor)[:, 0].double().clamp(points[0], points[-1])  # [B] the item's exposure u_t
         if M == 1:
             values = flat[idx]
         elif self.interpolate:  # linear in F between the neighbouring grid points

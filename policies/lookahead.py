@@ -25,9 +25,10 @@ and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two 
   state carries no period.
 Positions are each item's DP lattice (two classes per unit with the integer-cap lattice); a position is
 mapped to the nearest lattice point (orders up to lattice points keep a simulated position on it), and
-the factor is interpolated linearly between the neighbouring grid points (clamped at the ends), as
-policies.dp_optimal.DPOptimalPolicy does: a shift of a row by a constant does not change differences, so
-interpolating the excess is interpolating W.
+the item's factor, its exposure u_i,t = beta_i . F_t / |beta_i| (TensorInstance.exposure; F_t itself for the
+paper's model), on which its DP was solved (solver_workers/decomposition.py), is interpolated linearly between
+the neighbouring grid points (clamped at the ends), as policies.dp_optimal.DPOptimalPolicy does: a shift of a
+row by a constant does not change differences, so interpolating the excess is interpolating W.
 
 A table set is saved as one .npz per item plus tables.json (what they were built for) in a folder; the
 decomposition bound's run writes them in its results folder under `lookahead/` (platform/bound.py --kind
@@ -250,8 +251,16 @@ class LookaheadTables:
 
 
 def write_manifest(folder: str | os.PathLike, instance: Instance, horizon: int, settings: dict) -> None:
-    """tables.json: what the item files in `folder` were built for (written last: a folder without it is not whole)."""
-    record = {"policy": NAME, "instance_hash": instance.content_hash(), "n": instance.n, "horizon": int(horizon), **settings}
+    """tables.json: what the item files in `folder` were built for (written last: a folder without it is not whole): the
+    instance's content hash (which tells its factors, loadings and overdispersion apart) and its demand model in words."""
+    record = {
+        "policy": NAME,
+        "instance_hash": instance.content_hash(),
+        "n": instance.n,
+        "demand_model": instance.demand_model(),
+        "horizon": int(horizon),
+        **settings,
+    }
     atomic_write_text(Path(folder) / TABLES_FILE, json.dumps(record, indent=1) + "\n")
 
 
@@ -282,9 +291,11 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
             f"{NAME} tables: '{manifest}' is not a tables file of a decomposition bound run (expected JSON with an integer 'horizon')"
         )
     if record.get("instance_hash") != instance.content_hash():
+        model = record.get("demand_model")
+        models = f"; built for {model}, this one has {instance.demand_model()}" if model and model != instance.demand_model() else ""
         raise InputError(
             f"{NAME} tables: '{folder}' was built for another instance (content hash {record.get('instance_hash')}, "
-            f"this one's is {instance.content_hash()}); run the decomposition bound on this instance"
+            f"this one's is {instance.content_hash()}{models}); run the decomposition bound on this instance"
         )
     if form == FORMS[0] and horizon != record["horizon"]:
         raise InputError(
@@ -344,13 +355,14 @@ class LookaheadPolicy:
         stages = tables.stages
         stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, period)), min=0)
         base = (tables.offset + stage * M * count)[:, None, None]  # [n, 1, 1] start of item i's rows at its stage
-        factor = state.factor.double().clamp(points[0], points[-1])  # [B]
+        # each item's exposure u_i,t: [n, B], or [1, B] (F_t for every item) under the paper's model
+        factor = instance.exposure(state.factor).double().T.clamp(points[0], points[-1])
         if M == 1:
             values = tables.excess[base + columns].double()
         else:
-            upper_point = torch.searchsorted(points, factor).clamp(1, M - 1)  # [B]
-            weight = ((factor - points[upper_point - 1]) / (points[upper_point] - points[upper_point - 1]))[None, :, None]
-            upper_row = base + count[:, None, None] * upper_point[None, :, None]
+            upper_point = torch.searchsorted(points, factor.contiguous()).clamp(1, M - 1)  # [n or 1, B]
+            weight = ((factor - points[upper_point - 1]) / (points[upper_point] - points[upper_point - 1]))[..., None]
+            upper_row = base + count[:, None, None] * upper_point[..., None]
             lower_row = upper_row - count[:, None, None]
             values = (1 - weight) * tables.excess[lower_row + columns].double() + weight * tables.excess[upper_row + columns].double()
         values = values * tables.scales[:, None, None]  # [n, B, w+1] in cost units

@@ -7,6 +7,11 @@ are independent and the factor is observed, so the relaxed problem separates by 
 in each item's state: its optimum is sum_i V_i(k_i), V_i(k) the optimal expected cost of item i alone
 with setup cost k. Every split gives a lower bound on the optimal expected cost of the JRP.
 
+Several factors (docs/model.md). Item i's costs see F_t only through its exposure u_i,t = beta_i . F_t / |beta_i|
+(rate lam_i exp(|beta_i| u_i,t - |beta_i|^2/2), overdispersion phi_i), and F_t's part orthogonal to beta_i is an
+AR(1) independent of u_i,t: it tells nothing about the item's future costs. So V_i is the n = 1 DP over (x, u_i)
+with beta = |beta_i| and phi_i (`item_instance`), and its policy runs on the item's exposure path (`item_paths`).
+
 The best split. V_i is concave and nondecreasing in k (a minimum over policies of functions affine in
 k, with slope the policy's expected discounted number of orders), so max sum_i V_i(k_i) subject to
 sum_i k_i <= K is a separable concave programme. From the values of V_i on a grid of shares
@@ -25,7 +30,7 @@ The per-item cap is raised to ceil(qbar) (policies.dp_optimal.make_lattice, a re
 position domain reaches dmax below min(x_0, 0) (both only lower the values).
 
 Per episode: each item's relaxed-optimal policy (the fine grid's DP policy) is simulated on that
-episode's factor path and the item's demands, the held-out paths every method is evaluated on, and
+episode's exposure path of the item and the item's demands, the held-out paths every method is evaluated on, and
 the per-episode costs are summed over items. Their mean estimates the relaxed policies' expected
 cost, which is at least the relaxed optimum; they serve the paired comparisons.
 """
@@ -47,7 +52,7 @@ from envs import validate
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths
-from envs.instance import ITEM_COLUMNS, Instance
+from envs.instance import ITEM_COLUMNS, Instance, exposure
 from policies import dp_optimal, lookahead
 
 NAME = "decomposition-bound"
@@ -167,10 +172,27 @@ def names_the_item(solve_item: Callable) -> Callable:
 
 
 def item_instance(instance: Instance, item: int, setup: float) -> Instance:
-    """Item `item` of `instance` alone, with setup cost `setup` (gamma and rho of the instance)."""
+    """Item `item` of `instance` alone over its own factor, with setup cost `setup` (gamma and rho of the instance): one
+    factor, the item's exposure u_i,t (envs.instance.exposure), with beta = |beta_i| and the item's overdispersion phi_i.
+    The item sees the factors only through u_i,t, an AR(1) with the same rho (docs/model.md), so this is its problem."""
+    phi = None if instance.overdispersion is None else instance.overdispersion[item : item + 1]
     return Instance(
-        *(getattr(instance, name)[item : item + 1] for name in ITEM_COLUMNS), K=float(setup), gamma=instance.gamma, rho=instance.rho
+        *(getattr(instance, name)[item : item + 1] for name in ITEM_COLUMNS),
+        K=float(setup),
+        gamma=instance.gamma,
+        rho=instance.rho,
+        overdispersion=phi,
     )
+
+
+def item_paths(instance: Instance, item: int, paths: ExogenousPaths) -> ExogenousPaths:
+    """Item `item`'s part of `paths`, the paths of `item_instance`: its exposure path u_i,t [E, T+1] (F_t itself for the
+    paper's model) and its demands [E, T, 1]."""
+    directions = instance.directions
+    if directions is not None:
+        directions = torch.as_tensor(directions[item : item + 1], dtype=paths.factor.dtype, device=paths.factor.device)  # [1, k]
+    factor = exposure(directions, paths.factor)[..., 0]  # [E, T+1]
+    return ExogenousPaths(factor, paths.demand[:, :, item : item + 1], paths.seed, paths.episodes)
 
 
 def guess_shares(instance: Instance) -> np.ndarray:
@@ -420,12 +442,12 @@ def item_figures(
         **dict(zip(missing, item_values(instance, item, missing, horizon, options.coarse_points, options) if missing else [])),
     }
     coarse = [known[s] for s in setups]
-    item_paths = ExogenousPaths(paths.factor, paths.demand[:, :, item : item + 1], paths.seed, paths.episodes)
+    own_paths = item_paths(instance, item, paths)
     discount = instance.gamma ** np.arange(horizon)
     record = {"item": int(item)}
     for name, setup, solution, value in zip(names, setups, solutions, coarse):
         result = evaluate(
-            dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64), item_paths, trace=True
+            dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64), own_paths, trace=True
         )
         orders = result.trace.open * (result.trace.quantity[..., 0] > 0)  # [E, T]
         record[name] = {

@@ -2,16 +2,18 @@
 the exact joint optimum of tiny two-item instances from a brute-force joint DP written here, the n = 1
 DP optimum, and the best split of known concave functions by exhaustive search."""
 
+import dataclasses
 import itertools
 from dataclasses import replace
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from scipy import stats
 
 from envs.errors import InputError
-from envs.exogenous import sample_paths
+from envs.exogenous import ExogenousPaths, sample_paths
 from envs.instance import Instance
 from policies import dp_optimal
 from solver_workers.decomposition import (
@@ -314,3 +316,41 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]
     with pytest.raises(InputError, match="coarse_points 4 there, 5 here"):
         decomposition_journal(run, inst, DecompositionOptions(factor_points=7, coarse_points=5))
+
+
+# ---- several factors and overdispersion ---------------------------------------------------------------
+
+
+def three_factor_items(signed: bool = True) -> Instance:
+    """Three items on k = 3 factors with signed loadings (norms 0.5, 0.3, 0.6) and negative-binomial demand; with
+    `signed` False, the one-factor instance with beta_i = |beta_i| and the same phi_i."""
+    loadings = np.array([[0.3, -0.4, 0.0], [0.0, 0.0, -0.3], [-0.2, 0.4, 0.4]])
+    model = {"loadings": loadings, "beta": None} if signed else {"beta": np.sqrt((loadings**2).sum(1))}
+    return Instance(
+        h=[1.0, 0.5, 1.2], b=[6.0, 9.0, 8.0], lam=[1.0, 2.0, 1.5], lead=[1, 2, 1], qbar=[3.0, 5.0, 4.0], K=6.0, gamma=0.9, rho=0.6,
+        overdispersion=[0.4, 0.2, 0.0], **model,
+    )  # fmt: skip
+
+
+def test_each_item_of_three_signed_factors_is_the_one_factor_item_at_its_exposure():
+    """The per-item problem depends only on the law of u_i: item i's values on a k = 3 signed instance equal those
+    of the one-factor instance with beta_i = |beta_i| and the same phi_i, and its relaxed policy's cost on each
+    held-out episode equals the one-factor item's on that episode's exposure path u_i,t = loadings_i . F_t / |beta_i|
+    (a slow loop here) with the same demands. Fails when an item's DP takes beta_i's sign or first column, drops
+    phi_i, or its policy runs on F_t (or one coordinate of it) in place of u_i,t."""
+    several, one = three_factor_items(), three_factor_items(signed=False)
+    assert several.factors == 3 and one.factors == 1 and several.content_hash() != one.content_hash()
+    setups = [0.5, 2.0, 6.0]
+    paths = sample_paths(several, 3, 16, 8)
+    exposure = np.empty((16, 9, 3))
+    for e, t, i in itertools.product(range(16), range(9), range(3)):
+        exposure[e, t, i] = sum(several.loadings[i, j] * float(paths.factor[e, t, j]) for j in range(3)) / one.beta[i]
+    for i in range(3):
+        np.testing.assert_array_equal(item_values(several, i, setups, 8, 5, TINY), item_values(one, i, setups, 8, 5, TINY))
+        theirs_paths = ExogenousPaths(torch.as_tensor(exposure[..., i]).float(), paths.demand, paths.seed, paths.episodes)
+        ours = item_figures(several, i, {"best": 2.0}, 8, paths, TINY)["best"]
+        theirs = item_figures(one, i, {"best": 2.0}, 8, theirs_paths, TINY)["best"]
+        assert ours["value"] == theirs["value"]
+        np.testing.assert_allclose(ours["costs"], theirs["costs"], rtol=1e-6)
+    poisson = dataclasses.replace(one, overdispersion=None)
+    assert item_values(poisson, 0, setups, 8, 5, TINY)[0] < item_values(one, 0, setups, 8, 5, TINY)[0]  # phi_0 = 0.4 counts

@@ -4,7 +4,7 @@ run: one unbatched solve per setup cost on the exact 1/m lattice (the n = 1 DP a
 bound, at the same factor grid). Then the whole bound at size n run serially (split search and every
 item's figures, 128 held-out episodes), in CPU seconds: on the 2-worker pool the wall-clock is about
 half of that on a quiet machine. Then the same whole bound on k factors (default 3) with signed loadings of the
-same norms |beta_i| (random directions, seed 0; same h, b, lam, lead, qbar, K, gamma, rho), against the one-factor
+same norms |beta_i| (envs.instance.with_factors, seed 0; same h, b, lam, lead, qbar, K, gamma, rho), against the one-factor
 figure of the same run: each item's DP is still over one factor, its exposure (the goal: within 1.2x). One JSON
 line per figure, with the machine's load (os.getloadavg).
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from envs.exogenous import HELDOUT_SEED, sample_paths
-from envs.instance import Instance, paper_instance
+from envs.instance import Instance, paper_instance, with_factors
 from policies import dp_optimal
 from solver_workers.decomposition import DecompositionOptions, guess_shares, item_figures, item_instance, item_values, search_split
 
@@ -71,7 +71,7 @@ def main() -> None:
 
     one = whole_bound(inst, options)
     print(json.dumps({"figure": "whole bound, serial", "n": args.n, **one, "load": load()}))
-    several = whole_bound(signed_loadings(inst, args.factors), options)
+    several = whole_bound(with_factors(inst, args.factors, 0.0, seed=0), options)
     print(
         json.dumps(
             {
@@ -87,15 +87,6 @@ def main() -> None:
             }
         )
     )
-
-
-def signed_loadings(inst: Instance, factors: int) -> Instance:
-    """`inst` on `factors` factors: item i's loadings |beta_i| d_i with d_i a random unit direction (seed 0, signs of
-    both kinds), so every item's exposure has the one-factor item's law and its DP the same size."""
-    directions = np.random.default_rng(0).standard_normal((inst.n, factors))
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
-    columns = {name: getattr(inst, name) for name in ("h", "b", "lam", "lead", "qbar")}
-    return Instance(**columns, beta=None, loadings=inst.beta[:, None] * directions, K=inst.K, gamma=inst.gamma, rho=inst.rho)
 
 
 def whole_bound(inst: Instance, options: DecompositionOptions) -> dict:

@@ -90,12 +90,13 @@ def population_moments(lam: np.ndarray, beta: np.ndarray, rho: float, lags: int 
 
 
 def weighted_squares(beta: np.ndarray, rho: float, mean: np.ndarray, cov: np.ndarray, power: int) -> float:
-    """sum_k sum_ij (w_i w_j)^power (M^k_ij - rho^k beta_i beta_j)^2, w_i = m_i / sd_i, M^k_ij = log(1 + (C^k_ij -
-    1{i = j, k = 0} m_i) / (m_i m_j)): the estimator's objective (power 2) written from its definition."""
+    """sum_k sum_ij (w_i w_j)^power (M^k_ij - rho^k beta_i beta_j)^2 over all (i, j, k) but i = j at k = 0, w_i = m_i / sd_i,
+    M^k_ij = log(1 + C^k_ij / (m_i m_j)): the estimator's objective (power 2) written from its definition."""
     normalised = np.log1p((cov - np.eye(mean.size) * mean * (np.arange(cov.shape[0]) == 0)[:, None, None]) / np.outer(mean, mean))
     weight = np.outer(mean, mean) / np.sqrt(np.outer(np.diagonal(cov[0]), np.diagonal(cov[0])))
     model = rho ** np.arange(cov.shape[0])[:, None, None] * np.outer(beta, beta)
-    return float((weight**power * (normalised - model) ** 2).sum())
+    squares = weight**power * (normalised - model) ** 2
+    return float(squares.sum() - np.trace(squares[0]))
 
 
 def test_the_estimate_minimises_its_stated_objective():
@@ -195,10 +196,11 @@ def test_a_cap_below_the_demand_is_flagged(tmp_path):
     assert "* Items whose order cap qbar is below their mean demand lam: 1 (item-000)" in report_markdown(report, "f.png")
 
 
-def test_an_overdispersed_item_of_its_own_is_said_so_and_a_bar_in_its_name_is_escaped(tmp_path):
-    """Items on one factor beside an item 'nb|1' of independent negative-binomial demand (variance 4 x its mean, shared
-    with nobody): its note says what was detected (variance not shared through the factor, with its average correlation
-    with the others), and its name keeps the Markdown table's columns (the '|' escaped)."""
+def test_an_overdispersed_item_of_its_own_gets_its_phi_and_a_bar_in_its_name_is_escaped(tmp_path):
+    """Items on one factor beside an item 'nb|1' of independent negative-binomial demand (mean 7.5, variance 30, shared
+    with nobody: phi = (30 - 7.5) / 7.5^2 = 0.4): its overdispersion's interval holds 0.4 and the instance keeps it,
+    its loadings are small (the variance is its own, not the factor's), and its name keeps the Markdown table's
+    columns (the '|' escaped). Catches excess variance put into the loadings (the lag-0 diagonal in their fit)."""
 
     from envs.fit import report_markdown
 
@@ -206,10 +208,11 @@ def test_an_overdispersed_item_of_its_own_is_said_so_and_a_bar_in_its_name_is_es
     shared = simulate_demand(BASE.lam[:4], np.full(4, 0.5), 0.8, 500, rng)
     own = rng.negative_binomial(2.5, 0.25, size=(500, 1)).astype(np.float64)  # mean 7.5, variance 30
     report = fit_report_of(np.concatenate([shared, own], axis=1), tmp_path, names=["i0", "i1", "i2", "i3", "nb|1"])
-    note = report["items"][4]["note"]
-    assert report["items"][4]["beta"] == 0 and "is not shared with the other items through the common factor" in note
+    item = report["items"][4]
+    assert item["overdispersion_interval"][0] <= 0.4 <= item["overdispersion_interval"][1], item
+    assert item["overdispersion_in_instance"] == item["overdispersion"] and item["beta"] < 0.15, item
     row = next(line for line in report_markdown(report, "f.png").splitlines() if line.startswith("| nb"))
-    assert row.startswith("| nb\\|1 |") and len(re.split(r"(?<!\\)\|", row)) == 9, row
+    assert row.startswith("| nb\\|1 |") and len(re.split(r"(?<!\\)\|", row)) == 11, row
 
 
 def two_factor_history(seed: int) -> np.ndarray:
@@ -219,7 +222,7 @@ def two_factor_history(seed: int) -> np.ndarray:
     return np.concatenate(halves, axis=1)
 
 
-def fit_report_of(demand: np.ndarray, tmp_path, names: list[str] | None = None):
+def fit_report_of(demand: np.ndarray, tmp_path, names: list[str] | None = None, **options):
     import pyarrow as pa
     import pyarrow.csv
 
@@ -231,17 +234,21 @@ def fit_report_of(demand: np.ndarray, tmp_path, names: list[str] | None = None):
     costs = pa.table({"item": names, "h": BASE.h[:n], "b": BASE.b[:n], "lead": BASE.lead[:n].astype(np.int64)})
     pyarrow.csv.write_csv(history, tmp_path / "h.csv")
     pyarrow.csv.write_csv(costs, tmp_path / "c.csv")
-    return fit_history(tmp_path / "h.csv", tmp_path / "c.csv", replicates=50)[1]
+    return fit_history(tmp_path / "h.csv", tmp_path / "c.csv", replicates=50, **options)[1]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_report_shows_misspecification(seed, tmp_path):
-    """Two independent factors for two halves of the items: the report flags the variance or lag-1 autocorrelation of
-    at least 4 items (the single factor cannot give both halves their own swings), while a history of the model
-    itself flags at most one statistic of one item. Catches checks that compare the model with itself or use
-    standard errors so wide that nothing is ever off."""
-    wrong = fit_report_of(two_factor_history(seed), tmp_path)
+    """Two independent factors for two halves of the items, fitted with one factor (--factors 1): the report flags
+    the variance or lag-1 autocorrelation of at least 4 items (the single factor cannot give both halves their own
+    swings); left to choose, the hold-out picks k = 2, which flags at most one statistic; a history of the
+    one-factor model itself flags at most one statistic of one item. Catches checks that compare the model with
+    itself or use standard errors so wide that nothing is ever off."""
+    wrong = fit_report_of(two_factor_history(seed), tmp_path, factors=1)
     assert len(set(wrong["checks"]["variance_off"]) | set(wrong["checks"]["autocorrelation_off"])) >= 4
+    chosen = fit_report_of(two_factor_history(seed), tmp_path)
+    assert chosen["factors"]["chosen"] == 2 and not chosen["factors"]["forced"]
+    assert len(chosen["checks"]["variance_off"]) + len(chosen["checks"]["autocorrelation_off"]) <= 1
     right = fit_report_of(simulate_demand(BASE.lam, BASE.beta, 0.8, 500, np.random.default_rng(seed)), tmp_path)
     assert len(right["checks"]["variance_off"]) + len(right["checks"]["autocorrelation_off"]) <= 1
     assert not right["checks"]["cross_correlation_off"]

@@ -911,6 +911,8 @@ def fit_history(
     history = History(history.demand[:, [column[x] for x in costs.items]], list(costs.items), history.periods, history.step, history.sha256)
     demand = history.demand
     n = demand.shape[1]
+    if factors is not None and factors > n:
+        raise InstanceError(f"number of factors (--factors): expected at most {n}, the history's number of items, got {factors}")
     chosen, candidates = choose_factors(demand, max(max_factors, factors or 0))
     factors_used = factors or chosen
     mean, cov = lagged_covariances(demand)
@@ -1018,7 +1020,8 @@ def _report(
     factor_mean = np.asarray(factor["mean"]).reshape(len(history.periods), -1)
     return {
         "source": source,
-        "estimator": f"moments over all pairs and lags 0..{LAGS} (the lag-0 diagonal left out), weighted least squares of rank k (envs/fit.py)",
+        "estimator": f"moments over all pairs and lags 0..{LAGS} (the lag-0 diagonal left out), "
+        "weighted least squares of rank k (envs/fit.py)",
         "confidence": CONFIDENCE,
         "bootstrap": {"kind": "parametric", "replicates": int(boot.rho.size)},
         "factors": {
@@ -1191,7 +1194,8 @@ def report_markdown(report: dict, figure_name: str) -> str:
     for row in report["items"]:
         in_instance = "" if row["overdispersion_in_instance"] == row["overdispersion"] else f" [{row['overdispersion_in_instance']:g}]"
         lines.append(
-            f"| {markdown_cell(row['item'])} | {row['group']} | {row['lam']:.3f} ({row['lam_se']:.3f}) | {row['beta']:.3f} ({row['beta_se']:.3f}) | "
+            f"| {markdown_cell(row['item'])} | {row['group']} | {row['lam']:.3f} ({row['lam_se']:.3f}) | "
+            f"{row['beta']:.3f} ({row['beta_se']:.3f}) | "
             f"{row['overdispersion']:.3f} ({row['overdispersion_se']:.3f}){in_instance} | "
             f"{row['observed_mean']:.3f} / {row['model_mean']:.3f} | {row['observed_variance']:.2f} / {row['model_variance']:.2f}"
             f"{' **off**' if row['variance_off'] else ''} | {row['observed_autocorrelation']:.3f} / {row['model_autocorrelation']:.3f}"

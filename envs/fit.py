@@ -1,33 +1,47 @@
 """Fit the demand model of docs/model.md to a user's sales history (platform/fit.py; docs/fitting.md).
 
-Model, eqs. (factor_process), (conditional_demand): D_{i,t} | F_t ~ Poisson(lam_i exp(beta_i F_t - beta_i^2 / 2)) with
-F a stationary AR(1), F_{t+1} = rho F_t + sqrt(1 - rho^2) eps. Its moments (E exp(beta F - beta^2/2) = 1):
+Model (docs/model.md, "Several factors and overdispersion"): F_t in R^k, each coordinate the AR(1) of eq.
+(factor_process) with one rho, F_0 ~ N(0, I); item i's rate lam_i exp(beta_i . F_t - |beta_i|^2 / 2) with a signed
+loading vector beta_i (eq. conditional_demand_rate at the item's exposure); given the rate, D_i,t is negative binomial
+with variance rate + phi_i rate^2 (Poisson at phi_i = 0). Its moments (E exp(beta . F - |beta|^2/2) = 1):
 
-    E D_i = lam_i,   Cov(D_{i,t}, D_{j,t+k}) = lam_i lam_j (exp(beta_i beta_j rho^k) - 1) + 1{i = j, k = 0} lam_i.
+    E D_i = lam_i,   Cov(D_{i,t}, D_{j,t+l}) = lam_i lam_j (exp(rho^l beta_i . beta_j) - 1)   unless i = j and l = 0,
+    Var D_i = lam_i + lam_i^2 ((1 + phi_i) exp(|beta_i|^2) - 1).
 
-So with m_i the sample mean and C^k the sample lag-k covariance matrix, the normalised moments
-M^k_ij = log(1 + (C^k_ij - 1{i = j, k = 0} m_i) / (m_i m_j)) equal rho^k beta_i beta_j for every pair (i, j) and lag
-k = 0..LAGS. The estimator (`estimate`): lam_i = m_i, and (beta, rho) minimise the weighted least squares
-sum_k sum_ij (w_i w_j)^2 (M^k_ij - rho^k beta_i beta_j)^2 over all pairs and lags, w_i = m_i / sd_i: the squared
-residual of w_i w_j M^k_ij, which is about the lag-k correlation of items i and j (each pair on the scale of a
-correlation). It is consistent: the factor is a stationary, mixing Gaussian AR(1) and demand is a
-function of it and independent noise, so m and C^k converge almost surely to their expectations; at those the
-objective is zero exactly at the true (beta, rho) and positive elsewhere (beta_i beta_j for all pairs fixes beta
->= 0; the ratio of lag k + 1 to lag k fixes rho when some beta_i > 0), and the minimiser is continuous in the
-moments. With b_i = w_i beta_i and A(rho) = sum_k rho^k N^k, N^k_ij = w_i w_j sym(M^k)_ij, the minimiser over b
-for a given rho is the leading eigenvector of A(rho) scaled to |b|^2 = lambda_max / sum_k rho^2k (LAPACK up to
-n = 64, power iteration above, O(n^2) per step), and rho given b minimises a polynomial on [0, RHO_MAX]; the two
-steps alternate until rho settles, at most ALTERNATIONS times (`Estimate.converged` says whether it did).
+So with m_i the sample mean and C^l the sample lag-l covariance matrix, the normalised moments M^l_ij = log(1 +
+C^l_ij / (m_i m_j)) equal rho^l beta_i . beta_j for every pair at lags l = 1..LAGS and for i != j at lag 0, while the
+lag-0 diagonal (with the Poisson part m_i taken out) is log(1 + phi_i) + |beta_i|^2. The estimator (`estimate`): lam_i =
+m_i; (B [n, k], rho) minimise the weighted least squares sum_l sum_ij (w_i w_j)^2 (M^l_ij - rho^l (B B^T)_ij)^2 over
+every pair and lag but the lag-0 diagonal, w_i = m_i / sd_i: the squared residual of w_i w_j M^l_ij, which is about the
+lag-l correlation of items i and j (each pair on the scale of a correlation); then phi_i = exp(M^0_ii - |beta_i|^2) - 1
+from each item's variance, clipped at 0 (an item at most Poisson-dispersed; `Estimate.poisson_items`). It is
+consistent: the factors are a stationary, mixing Gaussian AR(1) and demand a function of them and independent noise,
+so m and C^l converge almost surely to their expectations; at those the objective is zero exactly at B B^T and rho of
+the truth (the lags >= 1 fix the diagonal of B B^T, lag 0 its off-diagonal, their ratio rho), and the minimiser is
+continuous in the moments. B itself is identified only up to a rotation of the k factors (F ~ N(0, I) is
+rotation-invariant): the fit reports |beta_i|, B B^T and the subspace of B, and shows B after a varimax rotation.
+With b_i = w_i beta_i, A(rho) = sum_l rho^l N^l and N^l_ij = w_i w_j sym(M^l)_ij, the minimiser over B for a given rho
+is the top k eigenvectors of A(rho) (the lag-0 diagonal imputed by the model's own value, an EM step), each scaled to
+|b|^2 = lambda_j / sum_l rho^2l (`_low_rank`; LAPACK up to n = 64, subspace iteration above), and rho given B
+maximises a polynomial ratio on [0, RHO_MAX]; the steps alternate until rho and the imputed diagonal settle, at most
+ALTERNATIONS times (`Estimate.converged` says whether they did). At k = 1 this is the paper model's rank-one fit
+(the top eigenvector), with the loadings kept non-negative as the paper's model has them: a loading that comes out
+negative is cut to 0 and said in the notes (a move against the other items needs signed loadings, k >= 2, which the
+hold-out chooses where the data show it).
 
-Standard errors: a parametric bootstrap (`bootstrap`): histories drawn from the fitted model, fitted again.
-The factor path: the posterior mode of F given the history and the fitted parameters (`smooth_factor`, Newton's
-method as an iterated Kalman smoother), with its Laplace standard deviation.
+The number of factors (`choose_factors`): each k = 1..K_max fitted on the first 80% of the periods, the one whose
+model best predicts the last 20%'s normalised moments (the estimator's objective out of sample; the smallest k within
+CHOICE_TOLERANCE of the best).
+
+Standard errors: a parametric bootstrap (`bootstrap`): histories drawn from the fitted model, fitted again with the
+same k; intervals for lam, rho, phi and |beta_i| (rotation-free). An item's phi_i enters the instance only where it is
+above its test's threshold (DISPERSION_LEVEL). The factor path: the posterior mode of F given the history and the
+fitted parameters (`smooth_factor`, Fisher scoring as an iterated Kalman smoother), with its Laplace standard deviation.
 
 What the model cannot represent is said in `Estimate.notes`: an item whose variance is at most its mean
-(underdispersed) or whose loading comes out negative gets beta_i = 0. What it may represent wrongly is flagged in
-the report: statistics off, rho at its cap, a drift of an item's mean between the halves of the history
-(`mean_drift`) and a hold-out coverage below its interval.
-"""
+(underdispersed) gets beta_i = 0. What it may represent wrongly is flagged in the report: statistics off, rho at its
+cap, a drift of an item's mean between the halves of the history (`mean_drift`) and a hold-out coverage below its
+interval."""
 
 from __future__ import annotations
 
@@ -56,7 +70,7 @@ from envs.instance import (
 )
 
 LAGS = 4
-"""Lags k = 0..LAGS of the moment equations: lag 0 fixes beta, lags >= 1 fix rho (their ratio) and add precision."""
+"""Lags l = 0..LAGS of the moment equations: lag 0 fixes the loadings' cross products, lags >= 1 their norms and rho."""
 RHO_MAX = 0.99
 """The fitted rho lies in [0, RHO_MAX]: the instance needs rho < 1 (a unit root has no stationary factor)."""
 ALTERNATIONS = 50

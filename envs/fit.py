@@ -1005,7 +1005,7 @@ def _report(
     model_corr = model_correlation(model.lam, loadings, model.overdispersion)
     groups = loading_groups(model.loadings)
     shown = np.sort(np.argsort(-model.beta, kind="stable")[:HEATMAP_ITEMS])
-    order = shown[np.lexsort((-model.loadings[shown, 0], groups[shown]))]  # by group, then by the leading loading
+    order = shown[np.lexsort((-np.abs(model.loadings[shown]).max(axis=1), groups[shown]))]  # by group, then by the leading loading
     observed_within, observed_between = group_correlations(observed_corr, groups)
     model_within, model_between = group_correlations(model_corr, groups)
     dispersed_out = [names[i] for i in np.flatnonzero((fitted.overdispersion > 0) & (model.overdispersion == 0))]
@@ -1085,18 +1085,13 @@ def _report(
             *(f"item '{names[i]}': {why}" for i, why in sorted(fitted.notes.items())),
             *(
                 [
-                    f"{len(fitted.poisson_items)} item(s) have a variance at most what the factors and Poisson noise give: phi = 0 "
-                    f"(Poisson) for them ({', '.join(names[i] for i in fitted.poisson_items[:20])})"
+                    f"phi = 0 (Poisson demand) in the instance for {len(fitted.poisson_items) + len(dispersed_out)} item(s): "
+                    f"{len(fitted.poisson_items)} with a variance at most what the factors and Poisson noise give"
+                    f"{' (' + ', '.join(names[i] for i in fitted.poisson_items[:20]) + ')' if len(fitted.poisson_items) else ''}, "
+                    f"{len(dispersed_out)} with an overdispersion within {norm.ppf(1 - DISPERSION_LEVEL / n):.2f} s.e. of 0 "
+                    f"(level {DISPERSION_LEVEL:g} over all items){' (' + ', '.join(dispersed_out[:20]) + ')' if dispersed_out else ''}"
                 ]
-                if len(fitted.poisson_items)
-                else []
-            ),
-            *(
-                [
-                    f"{len(dispersed_out)} item(s) with an overdispersion within {norm.ppf(1 - DISPERSION_LEVEL / n):.2f} s.e. of 0 "
-                    f"(level {DISPERSION_LEVEL:g} over all items) are Poisson in the instance ({', '.join(dispersed_out[:20])})"
-                ]
-                if dispersed_out
+                if len(fitted.poisson_items) or dispersed_out
                 else []
             ),
         ],
@@ -1129,6 +1124,10 @@ def _report(
 def markdown_cell(text: str) -> str:
     """`text` for a cell of a Markdown table: a '|' escaped, so that it does not end the cell."""
     return text.replace("|", "\\|")
+
+
+def _figure(value: float) -> str:
+    return "none (no such pair)" if math.isnan(value) else f"{value:.3f}"
 
 
 def report_markdown(report: dict, figure_name: str) -> str:
@@ -1166,8 +1165,11 @@ def report_markdown(report: dict, figure_name: str) -> str:
         "## Correlations",
         "",
         f"Groups: {groups['rule']}; sizes " + ", ".join(f"{name} {size}" for name, size in groups["sizes"].items()) + ".",
-        f"Mean correlation within a group: observed {groups['within']['observed']:.3f}, model {groups['within']['model']:.3f}; "
-        f"between groups: observed {groups['between']['observed']:.3f}, model {groups['between']['model']:.3f}.",
+        "Mean correlation within a group: "
+        + " / ".join(_figure(groups["within"][key]) for key in ("observed", "model"))
+        + " (observed / model); between groups: "
+        + " / ".join(_figure(groups["between"][key]) for key in ("observed", "model"))
+        + ".",
         "",
         "## Checks",
         "",
@@ -1194,7 +1196,7 @@ def report_markdown(report: dict, figure_name: str) -> str:
     if report["flags"]:
         lines += ["## Flags", "", *[f"* {flag}" for flag in report["flags"]], ""]
     if report["notes"]:
-        lines += ["## What the model cannot represent", "", *[f"* {note}" for note in report["notes"]], ""]
+        lines += ["## Notes: what the fit did, and what the model cannot represent", "", *[f"* {note}" for note in report["notes"]], ""]
     lines += [
         "## Items",
         "",

@@ -12,18 +12,23 @@ the fit checks and the hold-out check):
 Prints one JSON line per fit (wall and CPU seconds, user + system over all threads; the recovery of the truth) and a
 summary line with the ratio of the k = 4 fit's CPU time to the k = 1 fit's, and the peak resident memory.
 
-  python bench/fit.py [--items 1024] [--days 1095] [--replicates 100]
+  python bench/fit.py [--items 1024] [--days 1095] [--replicates 100] [--against REV]
+
+--against REV also runs REV's own bench/fit.py (a temporary worktree; a revision before several factors fits the
+paper instance's history, the "k=1" workload) first, and the summary adds the k = 4 fit's CPU time over REV's.
 """
 
 import argparse
 import json
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow.csv
+from revisions import records_at
 from scipy.linalg import subspace_angles
 
 from envs.fit import fit_history, simulate_history
@@ -77,7 +82,13 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1024)
     parser.add_argument("--days", type=int, default=1095)
     parser.add_argument("--replicates", type=int, default=100)
+    parser.add_argument("--against", metavar="REV", help="also run git revision REV's bench/fit.py first, and print the ratio to it")
     args = parser.parse_args()
+    before = None
+    if args.against:
+        sizes = ["--items", str(args.items), "--days", str(args.days), "--replicates", str(args.replicates)]
+        before = records_at(args.against, [sys.executable, "bench/fit.py", *sizes], "bench/fit.py")[-1]
+        print(json.dumps({"revision": args.against, **before}), flush=True)
     base = paper_instance(args.items, 0)
     records = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -94,6 +105,14 @@ def main() -> None:
                 "k4_fit_cpu_seconds": records["k=4"]["fit_cpu_seconds"],
                 "k1_fit_cpu_seconds": records["k=1"]["fit_cpu_seconds"],
                 "k4_over_k1_cpu": round(records["k=4"]["fit_cpu_seconds"] / max(records["k=1"]["fit_cpu_seconds"], 1e-9), 2),
+                **(
+                    {
+                        f"k1_fit_cpu_seconds_at_{args.against}": before["fit_cpu_seconds"],
+                        f"k4_over_{args.against}_cpu": round(records["k=4"]["fit_cpu_seconds"] / max(before["fit_cpu_seconds"], 1e-9), 2),
+                    }
+                    if before
+                    else {}
+                ),
                 "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             }
         )

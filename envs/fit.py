@@ -459,7 +459,8 @@ def _low_rank(normalised: np.ndarray, factors: int) -> tuple[np.ndarray, float, 
     lambda_1..k the k largest eigenvalues of A(rho) = sum_l rho^l N^l and c(rho) = sum_l rho^2l, at B = V diag(lambda /
     c)^(1/2) (V their unit eigenvectors; a negative lambda_j gives a zero column). So rho maximises |V^T A(rho) V|^2 / c
     on [0, RHO_MAX] for the V found (the eigenvalues of V^T A V, each at least 0, squared). The steps alternate until
-    rho moves less than 1e-6 and the imputed diagonal less than 1e-9 of its largest value, at most ALTERNATIONS times;
+    rho moves less than 1e-6 and the imputed diagonal less than 1e-9 of its largest value (1e-5 in float32, the
+    bootstrap's precision), at most ALTERNATIONS times;
     the eigenpairs returned are always those at the rho returned. At k = 1 and without the imputation this is the
     paper model's rank-one fit."""
     lags = np.arange(normalised.shape[0])
@@ -478,6 +479,7 @@ def _low_rank(normalised: np.ndarray, factors: int) -> tuple[np.ndarray, float, 
     rho = 0.0
     values, vectors, block = top(rho, None)
     converged = False
+    settled = 1e-9 if normalised.dtype == np.float64 else 1e-5  # what the precision allows
     for _ in range(ALTERNATIONS):
         loadings = loadings_at(rho, values, vectors)
         imputed = (loadings**2).sum(axis=1)
@@ -489,7 +491,7 @@ def _low_rank(normalised: np.ndarray, factors: int) -> tuple[np.ndarray, float, 
             new = float(
                 minimize_scalar(_profile_loss, args=(lags, quad), bounds=(0.0, RHO_MAX), method="bounded", options={"xatol": 1e-7}).x
             )
-        converged = abs(new - rho) < 1e-6 and moved <= 1e-9 * max(float(imputed.max(initial=0.0)), 1e-12)
+        converged = abs(new - rho) < 1e-6 and moved <= settled * max(float(imputed.max(initial=0.0)), 1e-12)
         if converged:
             break
         rho = new

@@ -9,7 +9,12 @@ frequency (daily, weekly, monthly, ...); at least 50 periods. --items: columns i
 of the history (a day for a daily one): h and b per unit per period, lead in periods, qbar in units per order (the
 fitted lam is units per period; a qbar below lam is flagged). docs/formats.md has the formats.
 
-Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i, beta_i fitted; it records the history's SHA-256
+--factors k forces the number of common factors; by default k is chosen among 1..--max-factors (default 4) by the
+hold-out (envs.fit.choose_factors: the error of the last 20% of the periods' lagged correlations as the model fitted
+on the first 80% predicts them). The report shows each k's criterion.
+
+Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i and loadings (beta_i at one factor,
+loadings beyond), and overdispersion where an item has it, fitted; it records the history's SHA-256
 and the periods used under 'source') and, next to it, OUT-stem.fit.json (the report's numbers and the smoothed
 factor path), .fit.md (the report) and .fit.png (its figure). An existing OUT or report file is refused unless
 --overwrite is given; a history or cost table is never written over.
@@ -19,15 +24,24 @@ import argparse
 import json
 from pathlib import Path
 
+from envs import validate
 from envs.cli import positive_int, run_cli, seed
-from envs.fit import REPLICATES, fit_history, report_figure, report_markdown
-from envs.instance import atomic_write, atomic_write_text
+from envs.fit import MAX_FACTORS, REPLICATES, fit_history, report_figure, report_markdown
+from envs.instance import FACTORS_MAX, atomic_write, atomic_write_text
 from envs.job_output import out_argument, resolve_out
 
 
 def report_paths(out: Path) -> dict[str, Path]:
     """The report files next to the instance file OUT: OUT-stem.fit.json, .fit.md, .fit.png."""
     return {suffix: out.with_name(f"{out.stem}.fit.{suffix}") for suffix in ("json", "md", "png")}
+
+
+def factor_count(text: str) -> int:
+    """--factors and --max-factors: an integer in [1, FACTORS_MAX] (the instance's limit on k)."""
+    value = int(text) if text.strip().lstrip("+-").isdigit() else text
+    return validate.integer(
+        value, "", low=1, high=FACTORS_MAX, why="an instance has at most that many factors", error=argparse.ArgumentTypeError
+    )
 
 
 def main() -> None:
@@ -42,6 +56,12 @@ def main() -> None:
     parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the bootstrap and of the hold-out check's randomised intervals (default 0)"
     )
+    parser.add_argument(
+        "--factors", type=factor_count, help="number of common factors k, forced (default: chosen among 1..--max-factors by the hold-out)"
+    )
+    parser.add_argument(
+        "--max-factors", type=factor_count, default=MAX_FACTORS, help=f"largest k the hold-out chooses among (default {MAX_FACTORS})"
+    )
     parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file (.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and its report files")
     args = parser.parse_args()
@@ -51,15 +71,27 @@ def main() -> None:
     out = resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs=inputs)
     for path in report_paths(out).values():
         resolve_out(path, "--out's report", is_file=True, overwrite=args.overwrite, inputs=inputs)
-    instance, report = fit_history(args.history, args.items, args.K, args.gamma, args.replicates, args.seed, progress=True)
+    instance, report = fit_history(
+        args.history,
+        args.items,
+        args.K,
+        args.gamma,
+        args.replicates,
+        args.seed,
+        progress=True,
+        factors=args.factors,
+        max_factors=args.max_factors,
+    )
     paths = report_paths(out)
     atomic_write_text(paths["json"], json.dumps(report, indent=1) + "\n")
     atomic_write_text(paths["md"], report_markdown(report, paths["png"].name))
     atomic_write(paths["png"], lambda tmp: report_figure(report, tmp))
     instance.save(out)
-    rho = report["rho"]
+    rho, choice = report["rho"], report["factors"]
+    how = "forced" if choice["forced"] else f"chosen by the hold-out among 1..{len(choice['candidates'])}"
     print(
-        f"wrote {out}: n={instance.n}, rho={rho['estimate']:.3f} ± {rho['se']:.3f} (s.e.), K={instance.K:g}, gamma={instance.gamma:g}; "
+        f"wrote {out}: n={instance.n}, k={instance.factors} ({how}), {instance.demand_model()}, "
+        f"rho={rho['estimate']:.3f} ± {rho['se']:.3f} (s.e.), K={instance.K:g}, gamma={instance.gamma:g}; "
         f"report {paths['md']} ({len(report['notes'])} notes, {len(report['flags'])} flags; hold-out coverage of 80% intervals: "
         f"items {100 * report['holdout']['item_coverage']:.1f}%, total {100 * report['holdout']['total_coverage']:.1f}%)"
     )

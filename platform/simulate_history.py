@@ -4,7 +4,9 @@ that the fit recovers the instance that made the data (docs/fitting.md).
   python platform/simulate_history.py --instance inst.json --periods 730 --seed 1 --out history.csv --costs costs.csv
 
 Writes the history (item, period, demand; daily dates from --start) and the cost table (item, h, b, lead, qbar) as
-CSV, or Parquet for a .parquet suffix. The history is episode 0 of --seed (envs.exogenous.sample_paths). An existing
+CSV, or Parquet for a .parquet suffix. The history is episode 0 of --seed (envs.exogenous.sample_paths), drawn from
+the instance's own demand model: k factors with signed loadings and negative-binomial demand where the instance has
+them (docs/model.md). An existing
 --out or --costs is refused unless --overwrite is given; the instance file is never written over.
 """
 

@@ -76,12 +76,16 @@ def gamma_multiplier(overdispersion: np.ndarray, shape: tuple, rng: np.random.Ge
     return np.where(positive, rng.gamma(concentration, np.where(positive, overdispersion, 1.0), size=shape), 1.0)
 
 
-def draw_demand(rate: np.ndarray, overdispersion: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+def draw_demand(
+    rate: np.ndarray, overdispersion: np.ndarray | None, rng: np.random.Generator, mixing_rng: np.random.Generator | None = None
+) -> np.ndarray:
     """D_{i,t} given its rate ([..., n]): Poisson, eq. (conditional_demand), or, with overdispersion phi_i, the
-    gamma-Poisson mixture Poisson(rate G_i) (`gamma_multiplier`), a negative binomial (docs/model.md)."""
+    gamma-Poisson mixture Poisson(rate G_i) (`gamma_multiplier`), a negative binomial (docs/model.md). The multipliers
+    come from `mixing_rng` (default `rng`): a stream of their own keeps each stream's draws in time order, so that a
+    longer horizon extends the same path (`sample_paths`)."""
     if overdispersion is None:
         return rng.poisson(rate)
-    return rng.poisson(rate * gamma_multiplier(overdispersion, np.shape(rate), rng))
+    return rng.poisson(rate * gamma_multiplier(overdispersion, np.shape(rate), rng if mixing_rng is None else mixing_rng))
 
 
 def check_cost_range(instance: Instance, horizon: int) -> None:
@@ -173,7 +177,8 @@ def sample_paths(
     factor = np.empty((len(episode_ids), horizon + 1, *factor_shape))
     demand = np.empty((len(episode_ids), horizon, instance.n))
     for row, e in enumerate(episode_ids):
-        factor_rng, demand_rng = (np.random.default_rng(s) for s in np.random.SeedSequence([_PATH_STREAM, seed, e]).spawn(2))
+        # the third stream, the negative binomial's gamma multipliers, leaves the first two (the paper's model) as they were
+        factor_rng, demand_rng, mixing_rng = (np.random.default_rng(s) for s in np.random.SeedSequence([_PATH_STREAM, seed, e]).spawn(3))
         # Draws are consumed in time order, so a longer horizon extends the same path.
         noise = factor_rng.standard_normal((horizon + 1, *factor_shape))
         f = np.empty_like(noise)
@@ -181,7 +186,7 @@ def sample_paths(
         for t in range(horizon):
             f[t + 1] = factor_step(instance.rho, f[t], noise[t + 1])
         factor[row] = f
-        demand[row] = draw_demand(item_rates(instance, f[:horizon]), instance.overdispersion, demand_rng)
+        demand[row] = draw_demand(item_rates(instance, f[:horizon]), instance.overdispersion, demand_rng, mixing_rng)
     return ExogenousPaths(
         factor=torch.as_tensor(factor, device=device).to(dtype),
         demand=torch.as_tensor(demand, device=device).to(dtype),

@@ -205,6 +205,18 @@ def test_the_training_stream_draws_the_same_law():
     torch.testing.assert_close(again.demand(again.initial_factor()), first.demand(first.initial_factor()), rtol=0, atol=0)
 
 
+def test_a_longer_horizon_extends_the_same_paths_under_overdispersion():
+    """Episode e's path depends on (instance, seed, e) only and a longer horizon extends it (envs.exogenous.sample_paths),
+    with k factors and negative-binomial demand too. Catches gamma multipliers drawn from the Poisson draws' stream,
+    which shifts every Poisson draw by the horizon's number of multipliers."""
+    inst = richer()
+    short = sample_paths(inst, seed=7, episodes=[1, 4], horizon=10, dtype=torch.float64)
+    long = sample_paths(inst, seed=7, episodes=6, horizon=25, dtype=torch.float64)
+    for row, e in enumerate((1, 4)):
+        torch.testing.assert_close(short.factor[row], long.factor[e, :11], rtol=0, atol=0)
+        torch.testing.assert_close(short.demand[row], long.demand[e, :10], rtol=0, atol=0)
+
+
 # ---- what reads a factor of k coordinates ----------------------------------------------------------------------------
 
 

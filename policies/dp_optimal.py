@@ -83,6 +83,7 @@ TensorInstance.exposure (F_t itself for the paper's model).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
@@ -106,6 +107,39 @@ DEFAULT_TAIL = 1e-13
 
 class NoFiniteOptimum(InputError):
     """The item's optimal order-up-to positions leave every domain the DP tries (an order cap below the demand)."""
+
+
+class TooLarge(InputError):
+    """The item's DP arrays would take more than half of this machine's memory (a heavy demand tail)."""
+
+
+WORK_ARRAYS = 10
+"""[G, M, N + one period's demand]-sized float64 arrays the backward pass holds at once besides its tables (the mixed
+and padded values, the FFT convolution's complex intermediates and output, W, its window minimum, the new values)."""
+
+
+def physical_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_size(instance: Instance, points: int, dmax: int, classes: int, positions: int, setups: int, steps: int) -> None:
+    """Refuse, before allocating, a backward pass whose arrays (`WORK_ARRAYS` work arrays and W_t for `steps` decision
+    steps, each [setups, points, positions]) exceed half of `physical_memory()`. The position domain spans about
+    (L + 2) times one period's largest demand dmax, so a heavy tail (a large overdispersion phi, or a large lam)
+    makes it long."""
+    need = 8 * setups * points * ((positions + dmax * classes) * WORK_ARRAYS + positions * steps)
+    memory = physical_memory()
+    if need <= memory / 2:
+        return
+    phi = 0.0 if instance.overdispersion is None else float(instance.overdispersion[0])
+    law = f"lam {float(instance.lam[0]):g}" + (f" and overdispersion phi {phi:g}" if phi else "")
+    raise TooLarge(
+        f"{NAME}: its DP needs about {need / 2**30:.1f} GiB ({positions:,} inventory positions x {points} factor points"
+        f"{f' x {steps} steps' if steps else ''}{f' x {setups} setup costs' if setups > 1 else ''}), above half of this machine's "
+        f"{memory / 2**30:.1f} GiB: with {law} one period's demand reaches {dmax:,} units (its 1e-13 tail), and the positions "
+        "span several periods of it; a smaller overdispersion or fewer factor points make it fit (docs/model.md)"
+    )
 
 
 def check_single_item(n: int) -> None:
@@ -182,11 +216,15 @@ def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int) -> list[np.ndar
 
 
 def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float) -> np.ndarray:
-    """E[h (y - S)^+ + b (S - y)^+] for S ~ law[i] (support 0..S-1) and every y: [M, N]."""
-    s = np.arange(law.shape[1], dtype=np.float64)
-    gap = positions[:, None] - s[None, :]  # [N, S]
-    loss = h * np.clip(gap, 0.0, None) + b * np.clip(-gap, 0.0, None)
-    return law @ loss.T
+    """E[h (y - S)^+ + b (S - y)^+] for S ~ law[i] (support 0..S-1) and every y: [M, N], from cumulative sums in
+    O(M (N + S)): with k(y) the number of support points s <= y, P = sum_{s<k} p_s and Q = sum_{s<k} s p_s,
+    E(y - S)^+ = y P - Q and E(S - y)^+ = (E S - Q) - y (1 - P)."""
+    support = np.arange(law.shape[1], dtype=np.float64)
+    mass = np.concatenate([np.zeros((law.shape[0], 1)), np.cumsum(law, axis=1)], axis=1)  # [M, S+1]: P for k = 0..S
+    first = np.concatenate([np.zeros((law.shape[0], 1)), np.cumsum(law * support, axis=1)], axis=1)  # [M, S+1]: Q
+    below = np.clip(np.floor(positions) + 1, 0, law.shape[1]).astype(np.int64)  # k(y): [N]
+    p, q, y = mass[:, below], first[:, below], positions[None, :]
+    return h * (y * p - q) + b * ((first[:, -1:] - q) - y * (mass[:, -1:] - p))
 
 
 # ---- lattice ----------------------------------------------------------------------------------------
@@ -349,10 +387,12 @@ def _prepare(
     rates = demand_rate(lam, beta, grid.points)
     pmf = demand_law(rates, model_key(instance)[0], tail)  # [M, dmax+1]
     dmax = pmf.shape[1] - 1
-    sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap)
-    q_top = float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
     low_unit = math.floor(min(x0, 0.0) - (lead + 1 if floor_periods is None else floor_periods) * dmax)
+    # the domain's part below x_0 alone, one setup cost, no tables: a first check before the demand sums' convolutions
+    check_size(instance, grid.points.size, dmax, lattice.classes, lattice.positions(low_unit, math.ceil(x0)).size, 1, 0)
+    sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
+    q_top = float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
     return _Problem(instance, int(horizon), lead, grid, lattice, pmf, sums, x0, low_unit, max(x0, q_top) + lattice.cap)
 
 
@@ -363,6 +403,8 @@ def _solve(problem: _Problem, setups: np.ndarray, tables: bool):
     h, b = float(p.instance.h[0]), float(p.instance.b[0])
     for _ in range(32):
         positions = p.lattice.positions(p.low_unit, math.ceil(p.upper))
+        steps = max(p.horizon - p.lead, 0) if tables else 0
+        check_size(p.instance, p.grid.points.size, p.pmf.shape[1] - 1, p.lattice.classes, positions.size, setups.size, steps)
         result = _backward(
             positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, max(p.horizon - p.lead, 0), tables
         )

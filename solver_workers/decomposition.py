@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -120,7 +119,7 @@ class DecompositionOptions:
         arrays need the rest. tolerance: > 0, since the search certifies `upper - value <= tolerance |value|` on
         rounded sums, which 0 meets only by coincidence: 0 would run every round and report the split
         uncertified; `rounds`, not the tolerance, says how long to search."""
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        memory = dp_optimal.physical_memory()
         why = (
             f"building the factor grid's transition table takes {TAUCHEN_BYTES} x factor_points^2 bytes, at most half of this "
             f"machine's {memory / 2**30:.1f} GiB of memory"
@@ -159,13 +158,14 @@ def check_caps(instance: Instance, where: str) -> None:
 
 def names_the_item(solve_item: Callable) -> Callable:
     """Wrap a function of (instance, item, ...) that solves the item's DP: an item without a finite optimum
-    (policies.dp_optimal.NoFiniteOptimum) is refused naming the item, as the user's instance names it."""
+    (policies.dp_optimal.NoFiniteOptimum) or whose DP does not fit in memory (TooLarge) is refused naming the item,
+    as the user's instance names it."""
 
     @functools.wraps(solve_item)
     def solve(instance: Instance, item: int, *args, **kwargs):
         try:
             return solve_item(instance, item, *args, **kwargs)
-        except dp_optimal.NoFiniteOptimum as exc:
+        except (dp_optimal.NoFiniteOptimum, dp_optimal.TooLarge) as exc:
             raise InputError(f"{instance.item_name(item)}: {exc}") from None
 
     return solve

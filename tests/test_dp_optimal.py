@@ -18,8 +18,10 @@ from envs.dynamics import State, initial_state
 from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
-from envs.instance import LMAX, Instance, paper_instance
+from envs.instance import LMAX, Instance, paper_instance, with_factors
+from policies import dp_optimal
 from policies.dp_optimal import DPOptimalPolicy, solve
+from solver_workers.decomposition import DecompositionOptions, item_instance, item_values
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -332,3 +334,31 @@ def test_negative_binomial_value_agrees_with_simulation_on_three_factors():
     assert abs(result.mean - fine.expected_cost) <= 3 * result.se + 2 * discretisation, (result.mean, result.se, fine.expected_cost)
     poisson = solve(signed_item(None), 20, factor_points=41)
     assert result.mean - poisson.expected_cost > 3 * result.se + 2 * discretisation  # the control: the Poisson DP fails the check
+
+
+def test_expected_loss_equals_the_dense_sum():
+    """The cumulative-sum form of E[h (y - S)^+ + b (S - y)^+] against the direct sum over the support, at positions
+    below, inside and above the support and at fractional ones (an off-by-one in k(y) shifts every integer position)."""
+    rng = np.random.default_rng(3)
+    law = rng.random((3, 40))
+    law /= law.sum(1, keepdims=True)
+    positions = np.sort(np.concatenate([rng.uniform(-20.0, 60.0, 50), np.arange(-3.0, 45.0)]))
+    gap = positions[:, None] - np.arange(40.0)[None, :]
+    dense = law @ (2.0 * np.clip(gap, 0.0, None) + 7.0 * np.clip(-gap, 0.0, None)).T
+    np.testing.assert_allclose(dp_optimal.expected_loss(law, positions, 2.0, 7.0), dense, rtol=1e-12, atol=1e-10)
+
+
+def test_a_dp_larger_than_half_the_memory_is_refused_before_it_is_built(monkeypatch):
+    """With the machine's memory taken as 64 MiB, a negative-binomial item's DP (phi = 5: one period's demand reaches
+    thousands of units) is refused in one error naming its overdispersion, and the bound's item task names the item;
+    the same item without overdispersion still solves (its domain is small)."""
+    monkeypatch.setattr(dp_optimal, "physical_memory", lambda: 64 * 2**20)
+    heavy = with_factors(paper_instance(2, seed=11), 1, 5.0, 0)
+    with pytest.raises(
+        dp_optimal.TooLarge,
+        match=r"above half of this machine's 0\.1 GiB: with lam .* and overdispersion phi 5 one period's demand reaches",
+    ):
+        dp_optimal.solve(item_instance(heavy, 1, 10.0), horizon=12, factor_points=21)
+    with pytest.raises(InputError, match=r"^item 1: dp-optimal: its DP needs about"):
+        item_values(heavy, 1, [10.0], 12, 21, DecompositionOptions())
+    assert dp_optimal.solve(item_instance(paper_instance(2, seed=11), 1, 10.0), horizon=12, factor_points=21).expected_cost > 0

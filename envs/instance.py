@@ -165,6 +165,7 @@ class Instance:
         if self.beta is not None:
             raise _refuse("beta", "absent when 'loadings' is given (beta_i is then the norm of item i's loadings)", "both")
         rows = self.loadings
+        items = len(self.h) if isinstance(self.h, (list, tuple, np.ndarray)) else None
         if not isinstance(rows, np.ndarray):
             if not isinstance(rows, (list, tuple)) or not all(isinstance(row, (list, tuple)) for row in rows):
                 raise _refuse("loadings", "a list of n lists of k numbers (item i's loadings on the k factors)", validate.describe(rows))
@@ -178,6 +179,8 @@ class Instance:
         arr = np.asarray(rows, dtype=np.float64)
         if arr.ndim != 2 or arr.shape[0] < 1:
             raise _refuse("loadings", "an [n, k] table of numbers (n >= 1 items)", f"shape {arr.shape}")
+        if items is not None and arr.shape[0] != items:
+            raise _refuse("loadings", f"{items} rows (one per item, like 'h')", f"{arr.shape[0]}")
         if not 1 <= arr.shape[1] <= FACTORS_MAX:
             raise _refuse("loadings", f"k = 1..{FACTORS_MAX} loadings per item", f"k = {arr.shape[1]}")
         if not np.isfinite(arr).all():
@@ -279,6 +282,9 @@ class Instance:
         validate.keys(items, "instance field 'items'", set(ITEM_COLUMNS) | set(MODEL_KEYS), required, error=InstanceError)
         if "beta" in items and "loadings" in items:
             raise InstanceError("instance field 'items': expected one of 'beta' (one factor) and 'loadings' (k factors), got both")
+        for name in MODEL_KEYS:
+            if name in items and items[name] is None:
+                raise _refuse(name, "a list with one entry per item", "null")
         return cls(
             **{name: items.get(name) for name in (*ITEM_COLUMNS, *MODEL_KEYS[1:])},
             K=data["K"],
@@ -312,10 +318,12 @@ class Instance:
         loading_columns = [f"loading{j}" for j in range(1, k + 1)]
         model = ({"beta"} if not k else set(loading_columns)) | ({"overdispersion"} & columns)
         expected = (set(ITEM_COLUMNS) - {"beta"}) | model
-        exact_keys(
+        validate.keys(
             columns,
-            expected,
             f"item table '{path}' columns (several factors: loading1..loadingk in place of beta; optionally overdispersion)",
+            expected | {"overdispersion"},
+            expected,
+            error=InstanceError,
         )
         if table.num_rows == 0:
             raise InstanceError(f"item table '{path}' has no rows; expected {header} (n >= 1)")

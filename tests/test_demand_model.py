@@ -121,6 +121,7 @@ def test_loadings_give_norms_directions_and_round_trip(tmp_path):
         ({"loadings": [[0.1, "x", 0.0]] * 3}, r"'loadings': expected numbers, got .*item 0"),
         ({"overdispersion": [0.1, -0.2, 0.0]}, r"'overdispersion'.*-0\.2 \(item 1\)"),
         ({"overdispersion": [0.1, 0.2]}, r"'overdispersion': expected 3 values"),
+        ({"loadings": [[0.1, 0.2], [0.3, 0.0]]}, r"'loadings': expected 3 rows \(one per item, like 'h'\), got 2"),
     ],
 )
 def test_bad_model_fields_are_one_error_naming_the_field(changes, message):
@@ -132,6 +133,15 @@ def test_an_instance_file_with_both_beta_and_loadings_is_refused():
     data = richer().to_dict()
     data["items"]["beta"] = [0.1, 0.2, 0.3]
     with pytest.raises(InstanceError, match="one of 'beta' .* and 'loadings' .*, got both"):
+        Instance.from_dict(data)
+
+
+@pytest.mark.parametrize("name", ["loadings", "overdispersion"])
+def test_a_null_model_field_in_an_instance_file_is_refused_naming_it(name):
+    """null is not "absent": a file that writes the key means to give it (it would load as the paper's model)."""
+    data = richer().to_dict()
+    data["items"][name] = None
+    with pytest.raises(InstanceError, match=f"instance field '{name}': expected a list with one entry per item, got null"):
         Instance.from_dict(data)
 
 

@@ -6,7 +6,8 @@ item's figures, 128 held-out episodes), in CPU seconds: on the 2-worker pool the
 half of that on a quiet machine. Then the same whole bound on k factors (default 3) with signed loadings of the
 same norms |beta_i| (envs.instance.with_factors, seed 0; same h, b, lam, lead, qbar, K, gamma, rho), against the one-factor
 figure of the same run: each item's DP is still over one factor, its exposure (the goal: within 1.2x). One JSON
-line per figure, with the machine's load (os.getloadavg).
+line per figure, with the machine's load (os.getloadavg). Before the whole bound, the n = 1 DP of one paper item under
+each --overdispersion phi against its Poisson DP: the heavier tail lengthens the position domain.
 
   python bench/decomposition.py [--n 64] [--items 8] [--factors 3]
 """
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import time
+import tracemalloc
 
 import numpy as np
 import torch
@@ -34,6 +36,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=64, help="instance size of the whole-bound figure (default 64)")
     parser.add_argument("--items", type=int, default=8, help="items of the per-item figure (default 8)")
     parser.add_argument("--factors", type=int, default=3, help="factors of the signed-loadings figure (default 3)")
+    parser.add_argument(
+        "--overdispersion", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0, 5.0], help="phi values of the one-item DP figure"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = DecompositionOptions()
@@ -69,6 +74,9 @@ def main() -> None:
         )
     )
 
+    for phi in args.overdispersion:
+        print(json.dumps({"figure": "the n = 1 DP under overdispersion", **overdispersed_dp(phi), "load": load()}))
+
     one = whole_bound(inst, options)
     print(json.dumps({"figure": "whole bound, serial", "n": args.n, **one, "load": load()}))
     several = whole_bound(with_factors(inst, args.factors, 0.0, seed=0), options)
@@ -87,6 +95,30 @@ def main() -> None:
             }
         )
     )
+
+
+def overdispersed_dp(phi: float) -> dict:
+    """The n = 1 DP of the paper's first item (seed 11, T = 12, 121 factor points, one setup cost) with overdispersion
+    phi: the positions, CPU seconds and the peak of NumPy's allocations (tracemalloc), against the same item's Poisson
+    DP measured in the same call."""
+    item = paper_instance(1, seed=11)
+    figures = {}
+    for name, instance in (("poisson", item), ("phi", with_factors(item, 1, phi, seed=0))):
+        tracemalloc.start()
+        start = time.process_time()
+        solution = dp_optimal.solve(instance, 12)
+        figures[name] = (time.process_time() - start, tracemalloc.get_traced_memory()[1] / 2**30, solution)
+        tracemalloc.stop()
+    seconds, peak, solution = figures["phi"]
+    return {
+        "phi": phi,
+        "positions": int(solution.positions.size),
+        "cpu_seconds": round(seconds, 2),
+        "peak_gib": round(peak, 2),
+        "cpu_ratio_to_poisson": round(seconds / figures["poisson"][0], 1),
+        "peak_ratio_to_poisson": round(peak / figures["poisson"][1], 1),
+        "value": round(solution.expected_cost, 2),
+    }
 
 
 def whole_bound(inst: Instance, options: DecompositionOptions) -> dict:

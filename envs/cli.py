@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from envs import validate
 from envs.errors import InputError
+from envs.instance import FACTORS_MAX
 from envs.job_output import out_argument
 from envs.validate import DECIMAL_INTEGER, NUMBER_LITERAL
 
@@ -45,6 +46,8 @@ horizon = _flag(validate.horizon)
 time_limit = _flag(validate.time_limit)
 mip_gap = _flag(validate.mip_gap)
 scenarios = _flag(validate.scenarios)
+factors = _flag(validate.integer, low=1, high=FACTORS_MAX, why="an instance has at most that many factors")
+"""A number of common factors k in [1, FACTORS_MAX] (envs.instance)."""
 
 
 def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:

@@ -628,6 +628,11 @@ def interval(estimate_value, se, low: float, high: float, z: float | None = None
 # ---- the factor path --------------------------------------------------------------------------------------------
 
 
+def _as_loadings(beta: np.ndarray) -> np.ndarray:
+    """Loadings as [n, k]: one factor's [n] as a column."""
+    return beta[:, None] if beta.ndim == 1 else beta
+
+
 def smooth_factor(
     demand: np.ndarray, lam: np.ndarray, beta: np.ndarray, rho: float, overdispersion: np.ndarray | None = None, iterations: int = 50
 ) -> dict:
@@ -636,7 +641,7 @@ def smooth_factor(
     binomial's score in the log rate is (D - rate) / (1 + phi rate), its information rate / (1 + phi rate), Poisson's
     at phi = 0) with its Laplace standard deviation; also the filtered mean [k] and covariance [k, k] of the last
     period (for forecasts). `beta` [n] (one factor: mean and sd [T]) or [n, k] (k factors: [T, k])."""
-    loadings = beta[:, None] if beta.ndim == 1 else beta
+    loadings = _as_loadings(beta)
     periods, factors = demand.shape[0], loadings.shape[1]
     phi = np.zeros(lam.size) if overdispersion is None else overdispersion
     identity = np.eye(factors)
@@ -674,10 +679,6 @@ def smooth_factor(
 
 
 # ---- the model's statistics, the drift test and the hold-out check ------------------------------------------------
-
-
-def _as_loadings(beta: np.ndarray) -> np.ndarray:
-    return beta[:, None] if beta.ndim == 1 else beta
 
 
 def model_correlation(lam: np.ndarray, beta: np.ndarray, overdispersion: np.ndarray | None = None) -> np.ndarray:

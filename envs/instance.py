@@ -65,7 +65,7 @@ FIELD_RANGES = {
         0.0,
         False,
         OVERDISPERSION_MAX,
-        "Var(D | rate) = rate + phi rate^2: phi = 100 is already a 99% chance of no demand at rate 1",
+        "Var(D | rate) = rate + phi rate^2: phi = 100 means no demand in 95% of periods at rate 1",
     ),
     "qbar": (0.0, True, 1e8, VALUE_WHY),
     "K": (0.0, False, 1e12, VALUE_WHY),
@@ -217,7 +217,7 @@ class Instance:
     @property
     def directions(self) -> np.ndarray | None:
         """[n, k] beta_i / |beta_i| (a zero row where beta_i = 0), or None for one non-negative factor, where every
-        item's exposure u_i,t is F_t itself (envs.exogenous.exposure)."""
+        item's exposure u_i,t is F_t itself (`exposure`)."""
         if self.loadings is None:
             return None
         norms = self.beta[:, None]
@@ -571,7 +571,7 @@ class TensorInstance:
         )
 
     def exposure(self, factor: torch.Tensor) -> torch.Tensor:
-        """Each item's exposure u_i,t (envs.exogenous.exposure) from F_t ([B] at k = 1, else [B, k]): [B, n], or
+        """Each item's exposure u_i,t (`exposure`, this module) from F_t ([B] at k = 1, else [B, k]): [B, n], or
         [B, 1] (the factor itself, for every item) under one non-negative factor."""
         return exposure(self.directions, factor)
 

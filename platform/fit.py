@@ -24,24 +24,15 @@ import argparse
 import json
 from pathlib import Path
 
-from envs import validate
-from envs.cli import positive_int, run_cli, seed
+from envs.cli import factors, positive_int, run_cli, seed
 from envs.fit import MAX_FACTORS, REPLICATES, fit_history, report_figure, report_markdown
-from envs.instance import FACTORS_MAX, atomic_write, atomic_write_text
+from envs.instance import atomic_write, atomic_write_text
 from envs.job_output import out_argument, resolve_out
 
 
 def report_paths(out: Path) -> dict[str, Path]:
     """The report files next to the instance file OUT: OUT-stem.fit.json, .fit.md, .fit.png."""
     return {suffix: out.with_name(f"{out.stem}.fit.{suffix}") for suffix in ("json", "md", "png")}
-
-
-def factor_count(text: str) -> int:
-    """--factors and --max-factors: an integer in [1, FACTORS_MAX] (the instance's limit on k)."""
-    value = int(text) if text.strip().lstrip("+-").isdigit() else text
-    return validate.integer(
-        value, "", low=1, high=FACTORS_MAX, why="an instance has at most that many factors", error=argparse.ArgumentTypeError
-    )
 
 
 def main() -> None:
@@ -57,10 +48,10 @@ def main() -> None:
         "--seed", type=seed, default=0, help="seed of the bootstrap and of the hold-out check's randomised intervals (default 0)"
     )
     parser.add_argument(
-        "--factors", type=factor_count, help="number of common factors k, forced (default: chosen among 1..--max-factors by the hold-out)"
+        "--factors", type=factors, help="number of common factors k, forced (default: chosen among 1..--max-factors by the hold-out)"
     )
     parser.add_argument(
-        "--max-factors", type=factor_count, default=MAX_FACTORS, help=f"largest k the hold-out chooses among (default {MAX_FACTORS})"
+        "--max-factors", type=factors, default=MAX_FACTORS, help=f"largest k the hold-out chooses among (default {MAX_FACTORS})"
     )
     parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file (.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and its report files")

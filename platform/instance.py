@@ -9,7 +9,7 @@ An existing --out is refused unless --overwrite is given; the item table is neve
 
 import argparse
 
-from envs.cli import positive_int, run_cli, seed
+from envs.cli import factors, positive_int, run_cli, seed
 from envs.instance import Instance, paper_instance, with_factors
 from envs.job_output import out_argument, resolve_out
 
@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--seed", type=seed, default=0, help="paper family: the instance seed (default 0)")
     parser.add_argument(
         "--factors",
-        type=positive_int,
+        type=factors,
         default=1,
         help="paper family: k common factors, each item's loading of the paper's size in a random direction (default 1)",
     )

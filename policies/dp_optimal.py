@@ -132,7 +132,7 @@ def check_size(instance: Instance, points: int, dmax: int, classes: int, positio
     memory = physical_memory()
     if need <= memory / 2:
         return
-    phi = 0.0 if instance.overdispersion is None else float(instance.overdispersion[0])
+    phi = item_overdispersion(instance)
     law = f"lam {float(instance.lam[0]):g}" + (f" and overdispersion phi {phi:g}" if phi else "")
     raise TooLarge(
         f"{NAME}: its DP needs about {need / 2**30:.1f} GiB ({positions:,} inventory positions x {points} factor points"
@@ -147,11 +147,16 @@ def check_single_item(n: int) -> None:
         raise InputError(f"{NAME}: the exact DP exists for one item (n = 1), got n = {n}")
 
 
+def item_overdispersion(instance: Instance | TensorInstance) -> float:
+    """The one item's phi (0 for Poisson demand)."""
+    return 0.0 if instance.overdispersion is None else float(instance.overdispersion[0])
+
+
 def model_key(instance: Instance | TensorInstance) -> list[float]:
     """The item's demand model beyond (lam, |beta|), for comparing instances: its phi, then its direction beta / |beta|
     (empty for one non-negative factor)."""
-    phi, directions = instance.overdispersion, instance.directions
-    return [0.0 if phi is None else float(phi[0])] + ([] if directions is None else [float(d) for d in directions[0]])
+    directions = instance.directions
+    return [item_overdispersion(instance)] + ([] if directions is None else [float(d) for d in directions[0]])
 
 
 # ---- factor grid ---------------------------------------------------------------------------------
@@ -385,7 +390,7 @@ def _prepare(
     x0 = float(instance.mu[0])
     grid = tauchen_grid(instance.rho, factor_points, factor_width)  # the chain of the item's exposure u_t
     rates = demand_rate(lam, beta, grid.points)
-    pmf = demand_law(rates, model_key(instance)[0], tail)  # [M, dmax+1]
+    pmf = demand_law(rates, item_overdispersion(instance), tail)  # [M, dmax+1]
     dmax = pmf.shape[1] - 1
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap)
     low_unit = math.floor(min(x0, 0.0) - (lead + 1 if floor_periods is None else floor_periods) * dmax)

@@ -65,8 +65,10 @@ from envs.instance import (
     InstanceError,
     check_item_column,
     exact_keys,
+    exposure,
     number_column,
     read_table,
+    unit_directions,
 )
 
 LAGS = 4
@@ -580,10 +582,12 @@ def model_loadings(fitted: Estimate) -> np.ndarray:
 
 def rates(lam: np.ndarray, beta: np.ndarray, factor: np.ndarray) -> np.ndarray:
     """lam_i exp(beta_i . F_t - |beta_i|^2 / 2), eq. (conditional_demand_rate) with k factors, [..., n]: `beta` [n] with
-    `factor` [...] (one factor, envs.exogenous.demand_rate itself), or `beta` [n, k] with `factor` [..., k]."""
+    `factor` [...] (one factor, envs.exogenous.demand_rate itself), or `beta` [n, k] with `factor` [..., k], through
+    item i's exposure u_i,t and |beta_i| (envs.instance.exposure) as envs.exogenous.item_rates computes an instance's."""
     if beta.ndim == 1:
         return demand_rate(lam, beta, factor[..., None])
-    return lam * np.exp(factor @ beta.T - 0.5 * (beta**2).sum(axis=1))
+    exposures = exposure(unit_directions(beta), factor[..., 0] if beta.shape[1] == 1 else factor)  # F_t [...] at k = 1
+    return demand_rate(lam, np.linalg.norm(beta, axis=1), exposures)
 
 
 def simulate_demand(

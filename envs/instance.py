@@ -218,10 +218,7 @@ class Instance:
     def directions(self) -> np.ndarray | None:
         """[n, k] beta_i / |beta_i| (a zero row where beta_i = 0), or None for one non-negative factor, where every
         item's exposure u_i,t is F_t itself (`exposure`)."""
-        if self.loadings is None:
-            return None
-        norms = self.beta[:, None]
-        return np.divide(self.loadings, norms, out=np.zeros_like(self.loadings), where=norms > 0)
+        return None if self.loadings is None else unit_directions(self.loadings)
 
     def demand_model(self) -> str:
         """The demand model in words, for messages: "one factor, Poisson" or e.g. "3 factors, signed loadings, negative binomial"."""
@@ -347,6 +344,12 @@ class Instance:
 
     def to_torch(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> TensorInstance:
         return TensorInstance.from_instance(self, device, dtype)
+
+
+def unit_directions(loadings: np.ndarray) -> np.ndarray:
+    """[n, k] beta_i / |beta_i| of the loadings [n, k], a zero row where beta_i = 0 (`exposure`'s directions)."""
+    norms = np.linalg.norm(loadings, axis=1, keepdims=True)
+    return np.divide(loadings, norms, out=np.zeros_like(loadings), where=norms > 0)
 
 
 def exposure(directions, factor):

@@ -26,7 +26,7 @@ import torch
 
 from envs import validate
 from envs.errors import InputError
-from envs.instance import Instance, InstanceError, TensorInstance, exposure
+from envs.instance import Instance, InstanceError, TensorInstance, exposure, factor_shape
 
 HELDOUT_SEED = 20_260_128
 """Seed of the held-out evaluation set (128 episodes). No training or tuning code may use it."""
@@ -51,6 +51,16 @@ def factor_step(rho: float, factor, noise):
     """F_{t+1} = rho F_t + sqrt(1 - rho^2) eps_{t+1}, eq. (factor_process), for floats, arrays or tensors
     `factor` and standard normal `noise` of the same shape."""
     return rho * factor + innovation_scale(rho) * noise
+
+
+def factor_path(rho: float, noise: np.ndarray) -> np.ndarray:
+    """F_0..F_T from standard normal `noise` [T + 1, ...]: F_0 = noise[0] ~ N(0, 1), the stationary law, then `factor_step`
+    with noise[t + 1] (each coordinate of k factors its own AR(1))."""
+    path = np.empty_like(noise)
+    path[0] = noise[0]
+    for t in range(noise.shape[0] - 1):
+        path[t + 1] = factor_step(rho, path[t], noise[t + 1])
+    return path
 
 
 def demand_rate(lam, beta, factor):
@@ -173,18 +183,14 @@ def sample_paths(
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
     check_path_size(instance.n, len(episode_ids), horizon)
     check_cost_range(instance, horizon)
-    factor_shape = () if instance.factors == 1 else (instance.factors,)
-    factor = np.empty((len(episode_ids), horizon + 1, *factor_shape))
+    shape = factor_shape(instance.factors)
+    factor = np.empty((len(episode_ids), horizon + 1, *shape))
     demand = np.empty((len(episode_ids), horizon, instance.n))
     for row, e in enumerate(episode_ids):
         # the third stream, the negative binomial's gamma multipliers, leaves the first two (the paper's model) as they were
         factor_rng, demand_rng, mixing_rng = (np.random.default_rng(s) for s in np.random.SeedSequence([_PATH_STREAM, seed, e]).spawn(3))
         # Draws are consumed in time order, so a longer horizon extends the same path.
-        noise = factor_rng.standard_normal((horizon + 1, *factor_shape))
-        f = np.empty_like(noise)
-        f[0] = noise[0]
-        for t in range(horizon):
-            f[t + 1] = factor_step(instance.rho, f[t], noise[t + 1])
+        f = factor_path(instance.rho, factor_rng.standard_normal((horizon + 1, *shape)))
         factor[row] = f
         demand[row] = draw_demand(item_rates(instance, f[:horizon]), instance.overdispersion, demand_rng, mixing_rng)
     return ExogenousPaths(
@@ -212,7 +218,7 @@ class FactorDemandStream:
 
     def initial_factor(self) -> torch.Tensor:
         """F_0 ~ N(0, I): [B], or [B, k] with k factors."""
-        shape = (self.batch,) if self.instance.factors == 1 else (self.batch, self.instance.factors)
+        shape = (self.batch, *factor_shape(self.instance.factors))
         return torch.randn(shape, generator=self.generator, device=self.instance.device, dtype=self.instance.dtype)
 
     def next_factor(self, factor: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,7 @@ from scipy.stats import norm, qmc
 from tqdm.auto import tqdm
 
 from envs import validate
-from envs.exogenous import FACTOR_BOUND, demand_rate, draw_demand, factor_step, innovation_scale
+from envs.exogenous import FACTOR_BOUND, demand_rate, draw_demand, factor_path, innovation_scale
 from envs.instance import (
     FIELD_RANGES,
     OVERDISPERSION_MAX,
@@ -66,6 +66,7 @@ from envs.instance import (
     check_item_column,
     exact_keys,
     exposure,
+    loading_norms,
     number_column,
     read_table,
     unit_directions,
@@ -380,7 +381,7 @@ class Estimate:
     @property
     def beta(self) -> np.ndarray:
         """|beta_i| [n], the norms of the items' loadings (the loading itself at one non-negative factor)."""
-        return np.sqrt((self.loadings**2).sum(axis=1))
+        return loading_norms(self.loadings)
 
     @property
     def factors(self) -> int:
@@ -438,7 +439,7 @@ def estimate(mean: np.ndarray, cov: np.ndarray, factors: int = 1) -> Estimate:
                         "represent (a model of k >= 2 factors has signed loadings)"
                     )
             fitted = np.maximum(fitted, 0.0)
-        norms = np.sqrt((fitted**2).sum(axis=1))
+        norms = loading_norms(fitted)
         for j in np.flatnonzero(norms > BETA_MAX):
             notes[int(active[j])] = f"|beta| = {BETA_MAX:g}: its loadings' norm {norms[j]:.3g} is above the instance's upper bound"
         fitted *= np.minimum(1.0, BETA_MAX / np.maximum(norms, 1e-300))[:, None]
@@ -587,19 +588,16 @@ def rates(lam: np.ndarray, beta: np.ndarray, factor: np.ndarray) -> np.ndarray:
     if beta.ndim == 1:
         return demand_rate(lam, beta, factor[..., None])
     exposures = exposure(unit_directions(beta), factor[..., 0] if beta.shape[1] == 1 else factor)  # F_t [...] at k = 1
-    return demand_rate(lam, np.linalg.norm(beta, axis=1), exposures)
+    return demand_rate(lam, loading_norms(beta), exposures)
 
 
 def simulate_demand(
     lam: np.ndarray, beta: np.ndarray, rho: float, periods: int, rng: np.random.Generator, overdispersion: np.ndarray | None = None
 ) -> np.ndarray:
     """One demand path [T, n] of the model: F_0 ~ N(0, I), then eq. (factor_process) in each of the k coordinates
-    (`beta` [n] for one factor, [n, k] for k), and Poisson or negative-binomial demand (envs.exogenous.draw_demand)."""
-    noise = rng.standard_normal(periods if beta.ndim == 1 else (periods, beta.shape[1]))
-    factor = np.empty_like(noise)
-    factor[0] = noise[0]
-    for t in range(1, periods):
-        factor[t] = factor_step(rho, factor[t - 1], noise[t])
+    (envs.exogenous.factor_path; `beta` [n] for one factor, [n, k] for k), and Poisson or negative-binomial demand
+    (envs.exogenous.draw_demand)."""
+    factor = factor_path(rho, rng.standard_normal(periods if beta.ndim == 1 else (periods, beta.shape[1])))
     phi = None if overdispersion is None or not np.any(overdispersion) else overdispersion
     return draw_demand(rates(lam, beta, factor), phi, rng).astype(np.float64)
 

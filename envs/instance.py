@@ -185,7 +185,7 @@ class Instance:
             raise _refuse("loadings", f"k = 1..{FACTORS_MAX} loadings per item", f"k = {arr.shape[1]}")
         if not np.isfinite(arr).all():
             raise _refuse("loadings", "finite numbers", "NaN or infinity")
-        norms = np.sqrt((arr**2).sum(axis=1))
+        norms = loading_norms(arr)
         check_item_column(
             "beta", norms, "instance field 'loadings' (the norm of an item's loadings)", lambda i: self.item_name_unchecked(i, arr.shape[0])
         )
@@ -197,6 +197,7 @@ class Instance:
             object.__setattr__(self, "loadings", arr)
 
     def item_name_unchecked(self, item: int, n: int) -> str:
+        """`item_name` for an instance of `n` items whose fields are not yet checked (while it is being validated)."""
         names = (self.source or {}).get("item_names") if isinstance(self.source, dict) else None
         return f"item '{names[item]}'" if isinstance(names, list) and len(names) == n else f"item {item}"
 
@@ -346,9 +347,19 @@ class Instance:
         return TensorInstance.from_instance(self, device, dtype)
 
 
+def factor_shape(factors: int) -> tuple[int, ...]:
+    """The shape of one F_t: () with one factor (a number, as in the paper), (k,) with k >= 2 factors."""
+    return () if factors == 1 else (factors,)
+
+
+def loading_norms(loadings: np.ndarray) -> np.ndarray:
+    """|beta_i| [n] of the loadings [n, k]: the loading's size that item i's demand rate uses at its exposure (`exposure`)."""
+    return np.sqrt((loadings**2).sum(axis=1))
+
+
 def unit_directions(loadings: np.ndarray) -> np.ndarray:
     """[n, k] beta_i / |beta_i| of the loadings [n, k], a zero row where beta_i = 0 (`exposure`'s directions)."""
-    norms = np.linalg.norm(loadings, axis=1, keepdims=True)
+    norms = loading_norms(loadings)[:, None]
     return np.divide(loadings, norms, out=np.zeros_like(loadings), where=norms > 0)
 
 
@@ -505,11 +516,10 @@ def with_factors(instance: Instance, factors: int, overdispersion: float, seed: 
     phi = validate.real(overdispersion, "overdispersion", 0.0, OVERDISPERSION_MAX, error=InstanceError)
     fields = {name: getattr(instance, name) for name in (*ITEM_COLUMNS, "K", "gamma", "rho", "source")}
     if factors >= 2:
-        direction = np.random.default_rng([0x4A5250, validate.seed(seed, "seed", error=InstanceError), factors]).standard_normal(
+        draws = np.random.default_rng([0x4A5250, validate.seed(seed, "seed", error=InstanceError), factors]).standard_normal(
             (instance.n, factors)
         )
-        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
-        fields |= {"beta": None, "loadings": instance.beta[:, None] * direction}
+        fields |= {"beta": None, "loadings": instance.beta[:, None] * unit_directions(draws)}
     return Instance(**fields, overdispersion=np.full(instance.n, phi))
 
 
@@ -538,7 +548,6 @@ class TensorInstance:
     c_ref: float = 0.0  # K + sum_i (h_i + b_i) sigma_i, eq. (cost_normalization)
     directions: torch.Tensor | None = field(default=None, repr=False)  # [n, k] beta_i / |beta_i| (Instance.directions)
     overdispersion: torch.Tensor | None = field(default=None, repr=False)  # [n] phi_i (Instance.overdispersion)
-    factors: int = 1  # k
 
     @classmethod
     def from_instance(cls, inst: Instance, device, dtype) -> TensorInstance:
@@ -570,13 +579,17 @@ class TensorInstance:
             c_ref=float(inst.K + np.sum((inst.h + inst.b) * sigma)),
             directions=None if inst.directions is None else t(inst.directions),
             overdispersion=None if inst.overdispersion is None else t(inst.overdispersion),
-            factors=inst.factors,
         )
 
     def exposure(self, factor: torch.Tensor) -> torch.Tensor:
         """Each item's exposure u_i,t (`exposure`, this module) from F_t ([B] at k = 1, else [B, k]): [B, n], or
         [B, 1] (the factor itself, for every item) under one non-negative factor."""
         return exposure(self.directions, factor)
+
+    @property
+    def factors(self) -> int:
+        """k (Instance.factors)."""
+        return 1 if self.directions is None else int(self.directions.shape[1])
 
     @property
     def n(self) -> int:

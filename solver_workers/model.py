@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from envs.errors import InputError
 from envs.exogenous import draw_demand, factor_step, item_rates
-from envs.instance import LMAX, Instance
+from envs.instance import LMAX, Instance, factor_shape
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def sample_scenarios(instance: Instance, factor: float | list[float], scenarios:
     (milp_factor_scenarios), (milp_demand_scenarios): the factor path by `factor_step`, the demand by `draw_demand`
     (negative binomial with the instance's overdispersion)."""
     start = np.asarray(factor, dtype=np.float64)
-    shape = () if instance.factors == 1 else (instance.factors,)
+    shape = factor_shape(instance.factors)
     if start.shape != shape:
         raise ValueError(
             f"factor: expected {'a number' if not shape else f'{shape[0]} numbers'} ({instance.demand_model()}), got shape {start.shape}"

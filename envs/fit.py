@@ -683,14 +683,19 @@ def smooth_factor(
 # ---- the model's statistics, the drift test and the hold-out check ------------------------------------------------
 
 
+def model_variance(lam: np.ndarray, beta: np.ndarray, overdispersion: np.ndarray | None = None) -> np.ndarray:
+    """Var D_i,t = lam_i + lam_i^2 ((1 + phi_i) exp(|beta_i|^2) - 1) [n], the model's (`beta` [n] for one factor or the
+    loadings [n, k])."""
+    phi = 0.0 if overdispersion is None else overdispersion
+    return lam + lam**2 * ((1 + phi) * np.exp((_as_loadings(beta) ** 2).sum(axis=1)) - 1)
+
+
 def model_correlation(lam: np.ndarray, beta: np.ndarray, overdispersion: np.ndarray | None = None) -> np.ndarray:
     """[n, n] the correlation of D_i,t and D_j,t the model implies: Cov = lam_i lam_j (exp(beta_i . beta_j) - 1) off the
-    diagonal, Var D_i = lam_i + lam_i^2 ((1 + phi_i) exp(|beta_i|^2) - 1)."""
+    diagonal, the variances `model_variance`."""
     loadings = _as_loadings(beta)
-    phi = 0.0 if overdispersion is None else overdispersion
     cov = np.outer(lam, lam) * np.expm1(loadings @ loadings.T)
-    var = lam + lam**2 * ((1 + phi) * np.exp((loadings**2).sum(axis=1)) - 1)
-    sd = np.sqrt(var)
+    sd = np.sqrt(model_variance(lam, loadings, overdispersion))
     correlation = cov / np.outer(sd, sd)
     np.fill_diagonal(correlation, 1.0)
     return correlation
@@ -702,8 +707,7 @@ def model_statistics(
     """(variance [n], lag-1 autocorrelation [n], mean cross-item correlation over i < j) the model implies (`beta` [n]
     for one factor or the loadings [n, k])."""
     norm2 = (_as_loadings(beta) ** 2).sum(axis=1)
-    phi = 0.0 if overdispersion is None else overdispersion
-    var = lam + lam**2 * ((1 + phi) * np.exp(norm2) - 1)
+    var = model_variance(lam, beta, overdispersion)
     acf = lam**2 * np.expm1(norm2 * rho) / var
     return var, acf, _mean_off_diagonal(model_correlation(lam, beta, overdispersion))
 

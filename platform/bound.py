@@ -33,8 +33,9 @@ from envs.errors import InputError
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from envs.job_output import resolve_out
+from policies import lookahead
 from solver_workers.backends import SOLVERS, SolverOptions
-from solver_workers.decomposition import DecompositionOptions, certificate_note, check_caps
+from solver_workers.decomposition import DecompositionOptions, certificate_note, check_items
 from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.runs import SolverRun, bound_journal, decomposition_journal, run_bound, run_decomposition_bound
 
@@ -92,7 +93,7 @@ def main() -> None:
     run = SolverRun.from_args(out, args)
     if args.kind == "decomposition":
         options = DecompositionOptions(factor_points=args.factor_points, coarse_points=args.coarse_points, tolerance=args.tolerance)
-        check_caps(instance, f"--instance '{args.instance}'")  # before Ray starts
+        check_items(instance, args.horizon, options, f"--instance '{args.instance}'", lookahead.FORMS)  # before Ray starts
         journal = decomposition_journal(run, instance, options, args.overwrite)
         init_ray(args.workers, args.address)
         s = run_decomposition_bound(run, instance, journal, options)

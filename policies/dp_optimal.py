@@ -123,22 +123,25 @@ def physical_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def check_size(instance: Instance, points: int, dmax: int, classes: int, positions: int, setups: int, steps: int) -> None:
+def check_size(instance: Instance, points: int, dmax: int, lattice: Lattice, positions: int, setups: int, steps: int) -> None:
     """Refuse, before allocating, a backward pass whose arrays (`WORK_ARRAYS` work arrays and W_t for `steps` decision
-    steps, each [setups, points, positions]) exceed half of `physical_memory()`. The position domain spans about
-    (L + 2) times one period's largest demand dmax, so a heavy tail (a large overdispersion phi, or a large lam)
-    makes it long."""
-    need = 8 * setups * points * ((positions + dmax * classes) * WORK_ARRAYS + positions * steps)
+    steps, each [setups, points, positions + one period's demand in lattice points]) exceed half of `physical_memory()`.
+    On the exact lattice the position domain spans about (L + 2) times one period's largest demand dmax, so a heavy
+    tail makes it long; the coarse lattice (`lattice_step`) bounds it, and then only many factor points, setups or
+    kept steps can make it too large."""
+    demand_points = -(-dmax // lattice.step) * lattice.classes
+    need = 8 * setups * points * ((positions + demand_points) * WORK_ARRAYS + positions * steps)
     memory = physical_memory()
     if need <= memory / 2:
         return
     phi = item_overdispersion(instance)
     law = f"lam {float(instance.lam[0]):g}" + (f" and overdispersion phi {phi:g}" if phi else "")
+    grid = f"a lattice step of {lattice.step} units" if lattice.step > 1 else "the exact lattice"
     raise TooLarge(
-        f"{NAME}: its DP needs about {need / 2**30:.1f} GiB ({positions:,} inventory positions x {points} factor points"
+        f"{NAME}: its DP needs about {need / 2**30:.1f} GiB ({positions:,} inventory positions on {grid} x {points} factor points"
         f"{f' x {steps} steps' if steps else ''}{f' x {setups} setup costs' if setups > 1 else ''}), above half of this machine's "
         f"{memory / 2**30:.1f} GiB: with {law} one period's demand reaches {dmax:,} units (its 1e-13 tail), and the positions "
-        "span several periods of it; a smaller overdispersion or fewer factor points make it fit (docs/model.md)"
+        "span several periods of it; fewer factor points or a shorter horizon make it fit (docs/methods.md)"
     )
 
 
@@ -194,21 +197,51 @@ def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float =
 # ---- demand laws on the chain --------------------------------------------------------------------
 
 
-def demand_law(rates: np.ndarray, overdispersion: float, tail: float) -> np.ndarray:
+def demand_top(rates: np.ndarray, overdispersion: float, tail: float) -> int:
+    """dmax: one past the point where one period's demand law ([M] rates, `demand_law`) has an upper tail below `tail`
+    at the largest rate."""
+    if overdispersion > 0:
+        return int(stats.nbinom.isf(tail, 1.0 / overdispersion, 1.0 / (1.0 + overdispersion * rates.max()))) + 1
+    return int(stats.poisson.isf(tail, rates.max())) + 1
+
+
+def _law(rates: np.ndarray, overdispersion: float):
+    """scipy's law of one period's demand at each rate [M, 1], and the law whose cdf at m - 1 gives E[D; D <= m] / rate
+    (Poisson: itself; negative binomial: the shape one larger), for `demand_law` on a coarse lattice."""
+    if overdispersion > 0:
+        shape, success = 1.0 / overdispersion, 1.0 / (1.0 + overdispersion * rates[:, None])
+        return stats.nbinom(shape, success), stats.nbinom(shape + 1.0, success)
+    return stats.poisson(rates[:, None]), stats.poisson(rates[:, None])
+
+
+def demand_law(rates: np.ndarray, overdispersion: float, tail: float, step: int = 1) -> np.ndarray:
     """pmf rows of one period's demand given each rate ([M]), eq. (conditional_demand): Poisson(rate_i) at
     overdispersion phi = 0, else the negative binomial with mean rate_i and variance rate_i + phi rate_i^2
     (scipy's nbinom with n = 1/phi, p = 1/(1 + phi rate_i), the gamma-Poisson mixture envs.exogenous.draw_demand
-    samples). Truncated at dmax, one past the point where the law's upper tail at the largest rate is below `tail`,
-    the tail mass lumped into dmax: [M, dmax+1]."""
-    if overdispersion > 0:
-        shape, success = 1.0 / overdispersion, 1.0 / (1.0 + overdispersion * rates)  # [M]
-        dmax = int(stats.nbinom.isf(tail, shape, success.min())) + 1
-        pmf = stats.nbinom.pmf(np.arange(dmax + 1)[None, :], shape, success[:, None])
+    samples). Truncated at dmax (`demand_top`), the tail mass lumped into the last point: [M, ceil(dmax / step) + 1].
+
+    With `step` D > 1 the law is moved onto the multiples of D, keeping its mean (docs/methods.md, "The DP at real
+    volumes"): the mass of the demands d in [j D, (j + 1) D) goes to j D and (j + 1) D in the proportions
+    ((j + 1) D - d) / D and (d - j D) / D, computed from the law's cdf and its partial means E[D; D <= m] = rate
+    P(D' <= m - 1) (D' the law of `_law`), so the integer pmf is never built."""
+    dmax = demand_top(rates, overdispersion, tail)
+    if step == 1:
+        law = _law(rates, overdispersion)[0]
+        pmf = law.pmf(np.arange(dmax + 1)[None, :])
     else:
-        dmax = int(stats.poisson.isf(tail, rates.max())) + 1
-        pmf = stats.poisson.pmf(np.arange(dmax + 1)[None, :], rates[:, None])
+        points = -(-dmax // step)
+        edges = step * np.arange(points + 1)[None, :]  # [1, J+1] the interval [j D, (j + 1) D) starts at edges[j]
+        law, shifted = _law(rates, overdispersion)
+        below = law.cdf(edges - 1)  # P(D < j D): [M, J+1]
+        first = rates[:, None] * shifted.cdf(edges - 2)  # E[D; D < j D]
+        mass, moment = np.diff(below, axis=1), np.diff(first, axis=1)  # each interval's P and E[D; interval]: [M, J]
+        left = np.clip(edges[:, 1:] * mass - moment, 0.0, None) / step  # to j D
+        right = np.clip(moment - edges[:, :-1] * mass, 0.0, None) / step  # to (j + 1) D
+        pmf = np.zeros((rates.size, points + 1))
+        pmf[:, :-1] += left
+        pmf[:, 1:] += right
     pmf[:, -1] += np.clip(1.0 - pmf.sum(1), 0.0, None)
-    return pmf
+    return pmf / pmf.sum(1, keepdims=True) if step > 1 else pmf
 
 
 def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int) -> list[np.ndarray]:
@@ -220,10 +253,12 @@ def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int) -> list[np.ndar
     return laws
 
 
-def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float) -> np.ndarray:
-    """E[h (y - S)^+ + b (S - y)^+] for S ~ law[i] (support 0..S-1) and every y: [M, N], from cumulative sums in
-    O(M (N + S)): with k(y) the number of support points s <= y, P = sum_{s<k} p_s and Q = sum_{s<k} s p_s,
-    E(y - S)^+ = y P - Q and E(S - y)^+ = (E S - Q) - y (1 - P)."""
+def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float, step: int = 1) -> np.ndarray:
+    """E[h (y - S)^+ + b (S - y)^+] for S ~ law[i] (support 0, D, .., (S-1) D with D = `step`) and every y: [M, N], from
+    cumulative sums in O(M (N + S)): in units of D, with k(y) the number of support points s <= y, P = sum_{s<k} p_s
+    and Q = sum_{s<k} s p_s, E(y - S)^+ = y P - Q and E(S - y)^+ = (E S - Q) - y (1 - P)."""
+    if step > 1:
+        return step * expected_loss(law, positions / step, h, b)
     support = np.arange(law.shape[1], dtype=np.float64)
     mass = np.concatenate([np.zeros((law.shape[0], 1)), np.cumsum(law, axis=1)], axis=1)  # [M, S+1]: P for k = 0..S
     first = np.concatenate([np.zeros((law.shape[0], 1)), np.cumsum(law * support, axis=1)], axis=1)  # [M, S+1]: Q
@@ -251,27 +286,70 @@ def _fraction(x: float) -> float:
 
 @dataclass(frozen=True)
 class Lattice:
-    """The positions the DP works on: u + offsets[j] for integer units u (offsets sorted in [0, 1)), and
-    the largest order in lattice steps. `cap` is the order cap this lattice implements; `exact` says
-    whether its optimum is the optimum over real quantities with that cap (module docstring)."""
+    """The positions the DP works on: step (u + offsets[j]) for integer u (offsets sorted in [0, 1)), and the
+    largest order in lattice steps. `step` is 1 on the exact lattices (u counts units of stock) and D > 1 on a
+    coarse one (u counts D units; docs/methods.md, "The DP at real volumes"). `cap` is the order cap this lattice
+    implements; `exact` says whether its optimum is the optimum over real quantities with that cap (module
+    docstring; never on a coarse lattice)."""
 
     offsets: np.ndarray  # [c]
     window: int
     cap: float
     exact: bool
+    step: int = 1
 
     @property
     def classes(self) -> int:
         return int(self.offsets.size)
 
     def positions(self, low_unit: int, high_unit: int) -> np.ndarray:
-        """Every lattice position of the units low_unit..high_unit, increasing: [(high - low + 1) c]."""
-        return (np.arange(low_unit, high_unit + 1)[:, None] + self.offsets[None, :]).ravel()
+        """Every lattice position of the steps low_unit..high_unit, increasing: [(high - low + 1) c]."""
+        return self.step * (np.arange(low_unit, high_unit + 1)[:, None] + self.offsets[None, :]).ravel()
 
 
-def make_lattice(x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR, integer_cap: bool = False) -> Lattice:
+MAX_SPAN = 3000
+"""The exact lattice is kept while the position domain spans at most this many units of stock (every item of the
+paper's family, and the DP's tests); a wider domain is cut into lattice steps of D > 1 units (`lattice_step`)."""
+RESOLUTION = 4
+"""A coarse lattice step is at most 1 / RESOLUTION of the lead-time demand's standard deviation (`lattice_step`)."""
+
+
+def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int) -> float:
+    """An upper bound on the width of the position domain (module docstring): from min(x_0, 0) - floor_periods dmax
+    to max(x_0, q) + cap, with q <= (L + 1) dmax."""
+    return max(x0, (lead + 1) * dmax) + cap - min(x0, 0.0) + floor_periods * dmax
+
+
+def lattice_step(span: float, cap: int, spread: float, max_span: int = MAX_SPAN) -> int:
+    """D, the lattice step in units of stock (docs/methods.md, "The DP at real volumes"): 1 (the exact lattice) while
+    `span` <= max_span. Else D_0 = ceil(span / max_span), but at most spread / RESOLUTION (`spread`: the standard
+    deviation of the lead-time demand) and at most the integer `cap` (an order of one step must fit under it), and D
+    the largest divisor of `cap` in [D_0 / 2, D_0] when there is one (a cap that is a multiple of D is the item's own
+    cap, not a rounded one: rounding a cap of 128 to 130 moved the value by 0.9% where the cap binds), else D_0.
+    So a coarse lattice has at most 2 max_span positions, and fewer where the spread asks for more."""
+    if span <= max_span:
+        return 1
+    least = max(1, min(math.ceil(span / max_span), math.floor(spread / RESOLUTION), cap))
+    divisors = [d for d in range(least, -(-least // 2) - 1, -1) if cap % d == 0]
+    return divisors[0] if divisors else least
+
+
+def lead_time_spread(lam: float, overdispersion: float, lead: int) -> float:
+    """The standard deviation of L + 1 periods' demand at the mean rate, the factor held still: sqrt((L + 1)(lam +
+    phi lam^2)) (the scale `lattice_step` resolves)."""
+    return math.sqrt((lead + 1) * (lam + overdispersion * lam * lam))
+
+
+def make_lattice(
+    x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR, integer_cap: bool = False, step: int = 1
+) -> Lattice:
     """The 1/m lattice of the module docstring, or with `integer_cap` the two classes Z and x0 + Z with
-    the cap raised to ceil(qbar) (a relaxation: its optimum is at most the item's optimum)."""
+    the cap raised to ceil(qbar) (a relaxation: its optimum is at most the item's optimum). With `step` D > 1
+    the coarse lattice x0 + D Z, with the cap rounded to a multiple of D: up with `integer_cap` (a relaxation),
+    down without (a restriction)."""
+    if step > 1:
+        steps = math.ceil(qbar / step - 1e-9) if integer_cap else math.floor(qbar / step + 1e-9)
+        return Lattice(np.array([_fraction(x0 / step)]), steps, float(steps * step), False, step)
     if integer_cap:
         offsets = np.unique([0.0, _fraction(x0)])
         cap = float(math.ceil(qbar - 1e-9 * max(1.0, qbar)))
@@ -316,8 +394,9 @@ class DPSolution:
 
     @property
     def delta(self) -> float:
-        """1 / (positions per unit): the lattice step when the classes are evenly spaced (the 1/m lattices)."""
-        return 1.0 / self.lattice.classes
+        """Units of stock per position: the lattice step when the classes are evenly spaced (the 1/m lattices, and
+        the coarse lattice's D)."""
+        return self.lattice.step / self.lattice.classes
 
     @property
     def window(self) -> int:
@@ -330,7 +409,8 @@ class DPSolution:
 
     @property
     def decision_steps(self) -> int:
-        """T_dec = max(T - L, 0): the steps whose orders can still affect a counted cost."""
+        """T_dec = max(T - L, 0): the steps whose orders can still affect a counted cost (fewer when solved with
+        `stages`)."""
         return self.action_value.shape[0]
 
     @property
@@ -366,11 +446,68 @@ class _Problem:
     lead: int
     grid: FactorGrid
     lattice: Lattice
-    pmf: np.ndarray  # [M, dmax+1] one period's demand
+    pmf: np.ndarray  # [M, J+1] one period's demand on the multiples of the lattice step
     sums: list  # H_1..H_{L+1}
     x0: float
     low_unit: int
     upper: float  # the top of the domain (grows when an optimal target reaches it)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The item's factor grid, rates, dmax, lattice and domain, known before any demand law is built."""
+
+    grid: FactorGrid
+    rates: np.ndarray  # [M]
+    dmax: int
+    lattice: Lattice
+    low_unit: int
+    span: float  # domain_span: an upper bound on the domain's width
+
+
+def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step) -> _Plan:
+    check_single_item(instance.n)
+    lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))  # beta = |beta_1| with loadings
+    lead = int(instance.lead[0])
+    x0 = float(instance.mu[0])
+    floor_periods = lead + 1 if floor_periods is None else floor_periods
+    grid = tauchen_grid(instance.rho, factor_points, factor_width)  # the chain of the item's exposure u_t
+    rates = demand_rate(lam, beta, grid.points)
+    dmax = demand_top(rates, item_overdispersion(instance), tail)
+    cap = math.ceil(qbar - 1e-9 * max(1.0, qbar)) if integer_cap else math.floor(qbar + 1e-9 * max(1.0, qbar))
+    span = domain_span(x0, cap, dmax, lead, floor_periods)
+    if step is None:
+        spread = lead_time_spread(lam, item_overdispersion(instance), lead)
+        step = lattice_step(span, cap, spread, validate.integer(max_span, f"{NAME} max_span", 1))
+    lattice = make_lattice(x0, qbar, max_denominator, integer_cap, validate.integer(step, f"{NAME} lattice step", 1))
+    low_unit = math.floor((min(x0, 0.0) - floor_periods * dmax) / lattice.step)
+    return _Plan(grid, rates, dmax, lattice, low_unit, span)
+
+
+def check_item(
+    instance: Instance,
+    horizon: int,
+    setups: int = 1,
+    tables: bool = False,
+    factor_points: int = DEFAULT_FACTOR_POINTS,
+    factor_width: float = DEFAULT_FACTOR_WIDTH,
+    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
+    tail: float = DEFAULT_TAIL,
+    integer_cap: bool = False,
+    floor_periods: int | None = None,
+    max_span: int = MAX_SPAN,
+    step: int | None = None,
+) -> Lattice:
+    """Refuse (TooLarge), before any demand law or value is built, an item whose DP with these settings (`solve`'s) would
+    not fit in memory, for `setups` setup costs at once and with W_t kept for every decision step when `tables`; its
+    domain taken at its widest first size (`domain_span`). Milliseconds: the bound, the lookahead and dp-optimal check
+    every item with it before Ray starts. Returns the item's lattice."""
+    validate.integer(horizon, f"{NAME} horizon", 1)
+    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
+    positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
+    steps = max(horizon - int(instance.lead[0]), 0) if tables else 0
+    check_size(instance, plan.grid.points.size, plan.dmax, plan.lattice, positions, setups, steps)
+    return plan.lattice
 
 
 def _prepare(
@@ -382,37 +519,33 @@ def _prepare(
     tail: float,
     integer_cap: bool,
     floor_periods: int | None,
+    max_span: int = MAX_SPAN,
+    step: int | None = None,
 ) -> _Problem:
-    check_single_item(instance.n)
     validate.integer(horizon, f"{NAME} horizon", 1)
-    lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))  # beta = |beta_1| with loadings
-    lead = int(instance.lead[0])
-    x0 = float(instance.mu[0])
-    grid = tauchen_grid(instance.rho, factor_points, factor_width)  # the chain of the item's exposure u_t
-    rates = demand_rate(lam, beta, grid.points)
-    pmf = demand_law(rates, item_overdispersion(instance), tail)  # [M, dmax+1]
-    dmax = pmf.shape[1] - 1
-    lattice = make_lattice(x0, qbar, max_denominator, integer_cap)
-    low_unit = math.floor(min(x0, 0.0) - (lead + 1 if floor_periods is None else floor_periods) * dmax)
+    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
+    lattice, x0, lead = plan.lattice, float(instance.mu[0]), int(instance.lead[0])
     # the domain's part below x_0 alone, one setup cost, no tables: a first check before the demand sums' convolutions
-    check_size(instance, grid.points.size, dmax, lattice.classes, lattice.positions(low_unit, math.ceil(x0)).size, 1, 0)
-    sums = demand_sums(grid, pmf, lead + 1)  # H_1..H_{L+1}
-    q_top = float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
-    return _Problem(instance, int(horizon), lead, grid, lattice, pmf, sums, x0, low_unit, max(x0, q_top) + lattice.cap)
+    check_size(instance, plan.grid.points.size, plan.dmax, lattice, lattice.positions(plan.low_unit, math.ceil(x0 / lattice.step)).size, 1, 0)
+    pmf = demand_law(plan.rates, item_overdispersion(instance), tail, lattice.step)  # [M, J+1]
+    sums = demand_sums(plan.grid, pmf, lead + 1)  # H_1..H_{L+1}
+    q_top = lattice.step * float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
+    return _Problem(instance, int(horizon), lead, plan.grid, lattice, pmf, sums, x0, plan.low_unit, max(x0, q_top) + lattice.cap)
 
 
-def _solve(problem: _Problem, setups: np.ndarray, tables: bool):
+def _solve(problem: _Problem, setups: np.ndarray, kept: int | None):
     """The backward pass for every setup cost at once, widening the domain until no optimal target
-    touches its top. Returns (positions [N], V_0 [G, M, N], W [T_dec, G, M, N] or None, sunk [M], index of x_0)."""
+    touches its top, keeping W_t for the first `kept` decision steps (None: every one). Returns (positions [N],
+    V_0 [G, M, N], W [kept, G, M, N], sunk [M], index of x_0)."""
     p = problem
     h, b = float(p.instance.h[0]), float(p.instance.b[0])
     for _ in range(32):
-        positions = p.lattice.positions(p.low_unit, math.ceil(p.upper))
-        steps = max(p.horizon - p.lead, 0) if tables else 0
-        check_size(p.instance, p.grid.points.size, p.pmf.shape[1] - 1, p.lattice.classes, positions.size, setups.size, steps)
-        result = _backward(
-            positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, max(p.horizon - p.lead, 0), tables
-        )
+        positions = p.lattice.positions(p.low_unit, math.ceil(p.upper / p.lattice.step))
+        decision_steps = max(p.horizon - p.lead, 0)
+        steps = decision_steps if kept is None else min(kept, decision_steps)
+        dmax = (p.pmf.shape[1] - 1) * p.lattice.step
+        check_size(p.instance, p.grid.points.size, dmax, p.lattice, positions.size, setups.size, steps)
+        result = _backward(positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, decision_steps, steps)
         if not result[2]:
             break
         p.upper += p.lattice.cap  # an optimal target touched the top of the domain: widen it and solve again
@@ -428,7 +561,7 @@ def _solve(problem: _Problem, setups: np.ndarray, tables: bool):
     k0 = int(np.argmin(np.abs(positions - p.x0)))
     sunk = np.zeros(p.grid.points.size)
     for s in range(min(p.lead, p.horizon)):
-        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0 : k0 + 1], h, b)[:, 0]
+        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0 : k0 + 1], h, b, p.lattice.step)[:, 0]
     return positions, initial_value, action_value, sunk, k0
 
 
@@ -442,16 +575,22 @@ def solve(
     setups=None,
     integer_cap: bool = False,
     floor_periods: int | None = None,
+    max_span: int = MAX_SPAN,
+    step: int | None = None,
+    stages: int | None = None,
 ):
     """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
     from the documented initial state I_0 = lam (L + 1), P_0 = 0, with setup cost K. With `setups`
     (a sequence of setup costs) one backward pass solves the item for all of them at once and a list
     of solutions comes back; `integer_cap` solves the relaxation with the cap ceil(qbar) (`make_lattice`);
-    `floor_periods` sets the bottom of the position domain to min(x_0, 0) - floor_periods dmax (default L + 1)."""
+    `floor_periods` sets the bottom of the position domain to min(x_0, 0) - floor_periods dmax (default L + 1);
+    a domain wider than `max_span` units goes on the coarse lattice (`lattice_step`), or on the lattice step
+    `step` when given (1: the exact lattice). `stages` keeps W_t for the first that many decision steps only (the
+    stationary lookahead needs W_0 alone); such a solution is not a policy (DPOptimalPolicy refuses it)."""
     start = time.perf_counter()
-    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods)
+    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
     costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
-    positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, tables=True)
+    positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, stages)
     seconds = (time.perf_counter() - start) / costs.size
     solutions = [
         DPSolution(
@@ -483,12 +622,14 @@ def expected_costs(
     tail: float = DEFAULT_TAIL,
     integer_cap: bool = False,
     floor_periods: int | None = None,
+    max_span: int = MAX_SPAN,
+    step: int | None = None,
 ) -> np.ndarray:
     """The optimal expected cost for every setup cost in `setups` ([G]), from one backward pass that
     keeps no policy tables (the fast path of `solve`, with its options)."""
-    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods)
+    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
     costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))
-    _, initial_value, _, sunk, k0 = _solve(problem, costs, tables=False)
+    _, initial_value, _, sunk, k0 = _solve(problem, costs, 0)
     return (sunk[None, :] + initial_value[:, :, k0]) @ problem.grid.initial
 
 
@@ -506,29 +647,29 @@ def window_min(values: np.ndarray, window: int) -> np.ndarray:
     return np.minimum(suffix[:, :N], prefix[:, window : window + N])
 
 
-def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, tables):
+def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept):
     """The backward recursion on the lattice for every setup cost in `setups` [G] at once (NumPy).
-    Returns V_0 [G, M, N], W [T_dec, G, M, N] (None without `tables`), and whether an optimal target
-    reached the top of the domain."""
+    Returns V_0 [G, M, N], W [kept, G, M, N] (W_t of the first `kept` decision steps), and whether an optimal
+    target reached the top of the domain."""
     G, M, N, c = setups.size, grid.points.size, positions.size, lattice.classes
     window = lattice.window
     dmax = pmf.shape[1] - 1
     pad = dmax * c  # lattice points below the domain that y - d can reach
-    charge = gamma**lead * expected_loss(lead_law, positions, h, b)  # gamma^L G(y, f): [M, N]
+    charge = gamma**lead * expected_loss(lead_law, positions, h, b, lattice.step)  # gamma^L G(y, f): [M, N]
     below = np.arange(-pad, 0)
-    below = (below // c + lattice.offsets[below % c] - lattice.offsets[0])[None, None, :]  # [1, 1, pad] in units of position
+    below = (below // c + lattice.offsets[below % c] - lattice.offsets[0])[None, None, :]  # [1, 1, pad] in lattice steps
     # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k =
     # q c + r, and a demand d moves q by d. `length` pads to a multiple of c.
     length = -(-(pad + N) // c) * c
     kernel = pmf[None, :, :, None]  # [1, M, dmax+1, 1]
     cost = setups[:, None, None]  # [G, 1, 1]
     top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
-    action_value = np.empty((decision_steps, G, M, N)) if tables else None
+    action_value = np.empty((kept, G, M, N))
     value = np.zeros((G, M, N))
     hit_top = False
     for t in range(decision_steps - 1, -1, -1):
         mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
-        slope = mixed[..., c : c + 1] - mixed[..., :1]  # per unit of position, at the bottom
+        slope = mixed[..., c : c + 1] - mixed[..., :1]  # per lattice step, at the bottom
         padded = np.zeros((G, M, length))
         padded[..., :pad] = mixed[..., :1] + slope * below  # linear extrapolation below the domain
         padded[..., pad : pad + N] = mixed
@@ -537,7 +678,7 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
         opens = cost + best < w
         value = np.where(opens, cost + best, w)
-        if tables:
+        if t < kept:
             action_value[t] = w
         hit_top = hit_top or bool((opens & top & (best == w[..., -1:])).any())
     return value, action_value, hit_top
@@ -557,6 +698,8 @@ class DPOptimalPolicy:
     ordering Q = y* - x; at t >= T - L it never orders."""
 
     def __init__(self, solution: DPSolution, interpolate: bool = True):
+        if solution.decision_steps < max(solution.horizon - solution.lead, 0):
+            raise ValueError(f"{NAME}: the solution keeps W_t for {solution.decision_steps} decision steps only (solve's `stages`): not a policy")
         self.solution = solution
         self.interpolate = interpolate
         self.t = 0

@@ -29,6 +29,13 @@ with r the ratio of the grid steps (Richardson), and the conservative figure sub
 The per-item cap is raised to ceil(qbar) (policies.dp_optimal.make_lattice, a relaxation) and the
 position domain reaches dmax below min(x_0, 0) (both only lower the values).
 
+Items at real volumes (docs/methods.md, "The DP at real volumes"). An item whose position domain is wider than
+policies.dp_optimal.MAX_SPAN units is solved on a coarse lattice of step D (demand moved onto the multiples of D,
+its mean kept), whose error has no known sign. Its size is estimated like the factor grid's: the same item on the
+coarse factor grid with steps D and 2D, both with the cap c = ceil(qbar / 2D) 2D (a multiple of both, so that the two
+differ by the lattice alone), and the error of step D taken as |V_D - V_2D| / 3 (the error is O(D^2), measured);
+`lattice_error` sums it over the items and the conservative figure subtracts twice it as well.
+
 Per episode: each item's relaxed-optimal policy (the fine grid's DP policy) is simulated on that
 episode's exposure path of the item and the item's demands, the held-out paths every method is evaluated on, and
 the per-episode costs are summed over items. Their mean estimates the relaxed policies' expected
@@ -37,6 +44,7 @@ cost, which is at least the relaxed optimum; they serve the paired comparisons.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -156,6 +164,28 @@ def check_caps(instance: Instance, where: str) -> None:
         )
 
 
+SETTINGS = {"integer_cap": True, "floor_periods": 1}
+"""The item DP's settings in the bound, its values and its tables (module docstring)."""
+
+
+def check_items(instance: Instance, horizon: int, options: DecompositionOptions, where: str, forms: tuple[str, ...] = ()) -> None:
+    """Refuse, before Ray starts, an instance with an item whose DP would not fit in memory (policies.dp_optimal.check_item,
+    milliseconds an item): the fine grid's solve of two setup costs with W_t kept, and the tables of `forms` (the
+    stationary form keeps W_0 of its long horizon). One InputError naming the item and what to change."""
+    check_caps(instance, where)
+    long = lookahead.stationary_horizon(instance.gamma)
+    plans = [(horizon, 2, True)] + ([(long, 1, False)] if lookahead.FORMS[1] in forms else [])
+    for item in range(instance.n):
+        one = item_instance(instance, item, 0.0)
+        try:
+            for steps, setups, tables in plans:
+                dp_optimal.check_item(
+                    one, steps, setups, tables, factor_points=options.factor_points, factor_width=options.factor_width, **SETTINGS
+                )
+        except dp_optimal.TooLarge as exc:
+            raise InputError(f"{where}: {instance.item_name(item)}: {exc}") from None
+
+
 def names_the_item(solve_item: Callable) -> Callable:
     """Wrap a function of (instance, item, ...) that solves the item's DP: an item without a finite optimum
     (policies.dp_optimal.NoFiniteOptimum) or whose DP does not fit in memory (TooLarge) is refused naming the item,
@@ -206,14 +236,23 @@ def guess_shares(instance: Instance) -> np.ndarray:
 def item_values(instance: Instance, item: int, setups, horizon: int, points: int, options: DecompositionOptions) -> np.ndarray:
     """V_item(k) for every k in `setups` on a grid of `points` factor points: [G]."""
     return dp_optimal.expected_costs(
-        item_instance(instance, item, 0.0),
-        horizon,
-        setups,
-        factor_points=points,
-        factor_width=options.factor_width,
-        integer_cap=True,
-        floor_periods=1,
+        item_instance(instance, item, 0.0), horizon, setups, factor_points=points, factor_width=options.factor_width, **SETTINGS
     )
+
+
+@names_the_item
+def lattice_error(instance: Instance, item: int, setups, horizon: int, step: int, options: DecompositionOptions) -> np.ndarray:
+    """The estimated error of item `item`'s values on its lattice of step D = `step` at every share in `setups` ([G]):
+    |V_D - V_2D| / 3 on the coarse factor grid, both with the cap ceil(qbar / 2D) 2D (module docstring); zeros on the
+    exact lattice (D = 1)."""
+    if step == 1:
+        return np.zeros(len(setups))
+    one = item_instance(instance, item, 0.0)
+    cap = math.ceil(float(one.qbar[0]) / (2 * step) - 1e-9) * 2 * step
+    capped = dataclasses.replace(one, qbar=np.array([float(cap)]))
+    settings = {"factor_points": options.coarse_points, "factor_width": options.factor_width, **SETTINGS}
+    fine, coarse = (dp_optimal.expected_costs(capped, horizon, setups, step=d, **settings) for d in (step, 2 * step))
+    return np.abs(fine - coarse) / 3.0
 
 
 # ---- the split ------------------------------------------------------------------------------------
@@ -426,15 +465,7 @@ def item_figures(
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
-    solutions = dp_optimal.solve(
-        one,
-        horizon,
-        factor_points=options.factor_points,
-        factor_width=options.factor_width,
-        setups=setups,
-        integer_cap=True,
-        floor_periods=1,
-    )
+    solutions = dp_optimal.solve(one, horizon, factor_points=options.factor_points, factor_width=options.factor_width, setups=setups, **SETTINGS)
     known = known or {}
     missing = [s for s in setups if s not in known]
     known = {
@@ -442,10 +473,12 @@ def item_figures(
         **dict(zip(missing, item_values(instance, item, missing, horizon, options.coarse_points, options) if missing else [])),
     }
     coarse = [known[s] for s in setups]
+    step = solutions[0].lattice.step
+    errors = lattice_error(instance, item, setups, horizon, step, options)
     own_paths = item_paths(instance, item, paths)
     discount = instance.gamma ** np.arange(horizon)
-    record = {"item": int(item)}
-    for name, setup, solution, value in zip(names, setups, solutions, coarse):
+    record = {"item": int(item), "lattice_step": int(step)}
+    for name, setup, solution, value, error in zip(names, setups, solutions, coarse, errors):
         result = evaluate(
             dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64), own_paths, trace=True
         )
@@ -454,6 +487,7 @@ def item_figures(
             "share": setup,
             "value": solution.expected_cost,
             "coarse_value": float(value),
+            "lattice_error": float(error),
             "costs": result.discounted_cost.tolist(),
             "orders": float(orders.sum(1).mean()),
             "discounted_orders": float((orders @ discount).mean()),
@@ -491,9 +525,9 @@ def item_table(
     if not forms or not set(forms) <= set(lookahead.FORMS):
         raise ValueError(f"forms: expected a non-empty subset of {lookahead.FORMS}, got {forms!r}")
     one = item_instance(instance, item, share)
-    settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, "integer_cap": True, "floor_periods": 1}
+    settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, **SETTINGS}
     finite = (solution or dp_optimal.solve(one, horizon, **settings)) if lookahead.FORMS[0] in forms else None
-    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), **settings) if lookahead.FORMS[1] in forms else None
+    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), stages=1, **settings) if lookahead.FORMS[1] in forms else None
     solved = [solution for solution in (finite, long) if solution is not None]
     widest = max(solved, key=lambda solution: solution.positions.size)  # the first of equal ones: the finite form's lattice
     stationary = None
@@ -512,16 +546,19 @@ def item_table(
 
 def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:
     """The bound's figures for one split from the items' records: the fine-grid value, the Richardson
-    estimate of the limit and the conservative figure (module docstring), the per-episode costs [E] and the
-    mean cumulative discounted cost by step [T] of the relaxed policies."""
+    estimate of the limit, the coarse lattices' estimated error (`lattice_error`, summed over the items; 0 when
+    every item is on its exact lattice) and the conservative figure (module docstring), the per-episode costs [E]
+    and the mean cumulative discounted cost by step [T] of the relaxed policies."""
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
     remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
+    lattice = sum(r[name].get("lattice_error", 0.0) for r in records)
     return {
         "value": fine,
         "coarse_value": coarse,
+        "lattice_error": lattice,
         "extrapolated": fine - (coarse - fine) / (options.step_ratio**2 - 1),
-        "conservative": fine - 2 * remaining,
+        "conservative": fine - 2 * (remaining + lattice),
         "costs": np.sum([r[name]["costs"] for r in records], axis=0),
         "cumulative": np.sum([r[name]["cumulative"] for r in records], axis=0),
     }

@@ -21,7 +21,7 @@ from envs.exogenous import TUNING_SEED, sample_paths
 from envs.instance import Instance
 from policies import lookahead
 from policies.classical import TUNING_EPISODES
-from solver_workers.decomposition import DecompositionOptions, check_caps, item_table, item_values, search_split
+from solver_workers.decomposition import DecompositionOptions, check_items, item_table, item_values, search_split
 
 THRESHOLDS = (0.5, 0.75, 1.0, 1.25, 1.5)
 SPLITS = ("best", "equal")
@@ -41,7 +41,7 @@ def item_tables(
     the bound's search (`split` = "best") or at equal shares K/n ("equal")."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")
-    check_caps(instance, lookahead.NAME)
+    check_items(instance, horizon, options, lookahead.NAME, forms)
     n = instance.n
     if split == "best":
 

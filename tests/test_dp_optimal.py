@@ -21,7 +21,7 @@ from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance, with_factors
 from policies import dp_optimal
 from policies.dp_optimal import DPOptimalPolicy, solve
-from solver_workers.decomposition import DecompositionOptions, item_instance, item_values
+from solver_workers.decomposition import DecompositionOptions, check_items, item_instance, item_values
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -349,16 +349,25 @@ def test_expected_loss_equals_the_dense_sum():
 
 
 def test_a_dp_larger_than_half_the_memory_is_refused_before_it_is_built(monkeypatch):
-    """With the machine's memory taken as 64 MiB, a negative-binomial item's DP (phi = 5: one period's demand reaches
-    thousands of units) is refused in one error naming its overdispersion, and the bound's item task names the item;
-    the same item without overdispersion still solves (its domain is small)."""
+    """With the machine's memory taken as 64 MiB, a negative-binomial item's DP on its exact lattice (phi = 5: one
+    period's demand reaches thousands of units) is refused in one error naming its overdispersion, while its coarse
+    lattice (the default) fits; with 1 MiB the bound's check of every item (before Ray starts) refuses naming the item
+    and what to change; the same item without overdispersion still solves on its exact lattice."""
     monkeypatch.setattr(dp_optimal, "physical_memory", lambda: 64 * 2**20)
     heavy = with_factors(paper_instance(2, seed=11), 1, 5.0, 0)
+    one = item_instance(heavy, 1, 10.0)
     with pytest.raises(
         dp_optimal.TooLarge,
         match=r"above half of this machine's 0\.1 GiB: with lam .* and overdispersion phi 5 one period's demand reaches",
     ):
-        dp_optimal.solve(item_instance(heavy, 1, 10.0), horizon=12, factor_points=21)
+        dp_optimal.solve(one, horizon=12, factor_points=21, step=1)
+    assert dp_optimal.check_item(one, 12, factor_points=21).step > 1
+    assert dp_optimal.solve(one, horizon=12, factor_points=21).expected_cost > 0
+    monkeypatch.setattr(dp_optimal, "physical_memory", lambda: 2**20)
+    with pytest.raises(InputError, match=r"^--instance 'i\.json': item 0: dp-optimal: its DP needs about .* fewer factor points"):
+        check_items(heavy, 12, DecompositionOptions(), "--instance 'i.json'")
     with pytest.raises(InputError, match=r"^item 1: dp-optimal: its DP needs about"):
         item_values(heavy, 1, [10.0], 12, 21, DecompositionOptions())
-    assert dp_optimal.solve(item_instance(paper_instance(2, seed=11), 1, 10.0), horizon=12, factor_points=21).expected_cost > 0
+    monkeypatch.setattr(dp_optimal, "physical_memory", lambda: 64 * 2**20)
+    poisson = dp_optimal.solve(item_instance(paper_instance(2, seed=11), 1, 10.0), horizon=12, factor_points=21)
+    assert poisson.exact_lattice and poisson.expected_cost > 0

@@ -526,7 +526,8 @@ def _prepare(
     plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
     lattice, x0, lead = plan.lattice, float(instance.mu[0]), int(instance.lead[0])
     # the domain's part below x_0 alone, one setup cost, no tables: a first check before the demand sums' convolutions
-    check_size(instance, plan.grid.points.size, plan.dmax, lattice, lattice.positions(plan.low_unit, math.ceil(x0 / lattice.step)).size, 1, 0)
+    below_x0 = lattice.positions(plan.low_unit, math.ceil(x0 / lattice.step)).size
+    check_size(instance, plan.grid.points.size, plan.dmax, lattice, below_x0, 1, 0)
     pmf = demand_law(plan.rates, item_overdispersion(instance), tail, lattice.step)  # [M, J+1]
     sums = demand_sums(plan.grid, pmf, lead + 1)  # H_1..H_{L+1}
     q_top = lattice.step * float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
@@ -699,7 +700,8 @@ class DPOptimalPolicy:
 
     def __init__(self, solution: DPSolution, interpolate: bool = True):
         if solution.decision_steps < max(solution.horizon - solution.lead, 0):
-            raise ValueError(f"{NAME}: the solution keeps W_t for {solution.decision_steps} decision steps only (solve's `stages`): not a policy")
+            kept = solution.decision_steps
+            raise ValueError(f"{NAME}: the solution keeps W_t for {kept} decision steps only (solve's `stages`): not a policy")
         self.solution = solution
         self.interpolate = interpolate
         self.t = 0

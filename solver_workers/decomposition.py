@@ -465,7 +465,8 @@ def item_figures(
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
-    solutions = dp_optimal.solve(one, horizon, factor_points=options.factor_points, factor_width=options.factor_width, setups=setups, **SETTINGS)
+    grid = {"factor_points": options.factor_points, "factor_width": options.factor_width}
+    solutions = dp_optimal.solve(one, horizon, setups=setups, **grid, **SETTINGS)
     known = known or {}
     missing = [s for s in setups if s not in known]
     known = {
@@ -527,7 +528,9 @@ def item_table(
     one = item_instance(instance, item, share)
     settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, **SETTINGS}
     finite = (solution or dp_optimal.solve(one, horizon, **settings)) if lookahead.FORMS[0] in forms else None
-    long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), stages=1, **settings) if lookahead.FORMS[1] in forms else None
+    long = None
+    if lookahead.FORMS[1] in forms:  # W_0 of a long horizon alone
+        long = dp_optimal.solve(one, lookahead.stationary_horizon(instance.gamma), stages=1, **settings)
     solved = [solution for solution in (finite, long) if solution is not None]
     widest = max(solved, key=lambda solution: solution.positions.size)  # the first of equal ones: the finite form's lattice
     stationary = None

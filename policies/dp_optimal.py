@@ -109,6 +109,10 @@ class NoFiniteOptimum(InputError):
     """The item's optimal order-up-to positions leave every domain the DP tries (an order cap below the demand)."""
 
 
+class CapBelowStep(InputError):
+    """The item's order cap is below one step of its lattice: its DP cannot order at all."""
+
+
 class TooLarge(InputError):
     """The item's DP arrays would take more than half of this machine's memory (a heavy demand tail)."""
 
@@ -480,6 +484,12 @@ def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_
         spread = lead_time_spread(lam, item_overdispersion(instance), lead)
         step = lattice_step(span, cap, spread, validate.integer(max_span, f"{NAME} max_span", 1))
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap, validate.integer(step, f"{NAME} lattice step", 1))
+    if lattice.window == 0:
+        unit = lattice.step / lattice.classes
+        raise CapBelowStep(
+            f"{NAME}: its order cap qbar {qbar:g} is below one step of its lattice ({unit:g} units), so its DP cannot order; "
+            f"give it a cap of at least {unit:g} (the cost table's qbar column, or the instance's items.qbar)"
+        )
     low_unit = math.floor((min(x0, 0.0) - floor_periods * dmax) / lattice.step)
     return _Plan(grid, rates, dmax, lattice, low_unit, span)
 
@@ -488,7 +498,7 @@ def check_item(
     instance: Instance,
     horizon: int,
     setups: int = 1,
-    tables: bool = False,
+    stages: int | None = 0,
     factor_points: int = DEFAULT_FACTOR_POINTS,
     factor_width: float = DEFAULT_FACTOR_WIDTH,
     max_denominator: int = DEFAULT_MAX_DENOMINATOR,
@@ -499,13 +509,15 @@ def check_item(
     step: int | None = None,
 ) -> Lattice:
     """Refuse (TooLarge), before any demand law or value is built, an item whose DP with these settings (`solve`'s) would
-    not fit in memory, for `setups` setup costs at once and with W_t kept for every decision step when `tables`; its
-    domain taken at its widest first size (`domain_span`). Milliseconds: the bound, the lookahead and dp-optimal check
+    not fit in memory (or whose cap is below one lattice step: CapBelowStep), for `setups` setup costs at once and
+    with W_t kept for the first `stages` decision steps (None: every one; `solve`'s); its domain taken at its widest
+    first size (`domain_span`). Milliseconds: the bound, the lookahead and dp-optimal check
     every item with it before Ray starts. Returns the item's lattice."""
     validate.integer(horizon, f"{NAME} horizon", 1)
     plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
     positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
-    steps = max(horizon - int(instance.lead[0]), 0) if tables else 0
+    decision_steps = max(horizon - int(instance.lead[0]), 0)
+    steps = decision_steps if stages is None else min(stages, decision_steps)
     check_size(instance, plan.grid.points.size, plan.dmax, plan.lattice, positions, setups, steps)
     return plan.lattice
 
@@ -753,7 +765,8 @@ class DPOptimalPolicy:
         position = state.inventory_position()[:, 0].double()  # [B]
         k = _nearest(positions, position)  # [B] nearest lattice point
         idx = k[:, None] + torch.arange(sol.window + 1, device=device)[None, :]  # the window [x, x + qbar]: [B, w+1]
-        inside = idx < N
+        qbar = float(sol.instance.qbar[0])
+        inside = (idx < N) & (positions[idx.clamp_max(N - 1)] - position[:, None] <= qbar * (1 + 1e-9))  # the item's own cap
         idx = torch.cat([k[:, None], idx.clamp_max(N - 1)], dim=1)  # column 0: no order
         f = instance.exposure(state.factor)[:, 0].double().clamp(points[0], points[-1])  # [B] the item's exposure u_t
         if M == 1:

@@ -102,6 +102,8 @@ class DecompositionOptions:
     """Grid rounds at most (the first included); the paper instances certify within 6 (docs/methods.md)."""
     tolerance: float = 1e-4
     """Stop when the best split's value is certified within this fraction of the found split's value."""
+    max_span: int = dp_optimal.MAX_SPAN
+    """An item whose position domain spans more units goes on a coarse lattice (policies.dp_optimal.lattice_step)."""
 
     def __post_init__(self):
         self.check_grid(self.factor_points, self.coarse_points, self.tolerance)
@@ -141,6 +143,17 @@ class DecompositionOptions:
         tolerance = validate.real(tolerance, where("tolerance"), 0, low_open=True, error=error)
         return {"factor_points": factor_points, "coarse_points": int(coarse_points), "tolerance": tolerance}
 
+    def dp_settings(self, points: int | None = None, integer_cap: bool = True) -> dict:
+        """The item DP's settings (policies.dp_optimal.solve's) on `points` factor points (default factor_points): the
+        bound's relaxed cap ceil(qbar) with `integer_cap`, the domain's floor one period's demand below x_0."""
+        return {
+            "factor_points": points or self.factor_points,
+            "factor_width": self.factor_width,
+            "integer_cap": integer_cap,
+            "floor_periods": 1,
+            "max_span": self.max_span,
+        }
+
     def to_dict(self) -> dict:
         return {**asdict(self), "multiples": list(self.multiples)}
 
@@ -164,25 +177,22 @@ def check_caps(instance: Instance, where: str) -> None:
         )
 
 
-SETTINGS = {"integer_cap": True, "floor_periods": 1}
-"""The item DP's settings in the bound, its values and its tables (module docstring)."""
-
-
 def check_items(instance: Instance, horizon: int, options: DecompositionOptions, where: str, forms: tuple[str, ...] = ()) -> None:
-    """Refuse, before Ray starts, an instance with an item whose DP would not fit in memory (policies.dp_optimal.check_item,
-    milliseconds an item): the fine grid's solve of two setup costs with W_t kept, and the tables of `forms` (the
-    stationary form keeps W_0 of its long horizon). One InputError naming the item and what to change."""
+    """Refuse, before Ray starts, an instance with an item whose DP would not fit in memory or cannot order under its cap
+    (policies.dp_optimal.check_item, milliseconds an item): the bound's fine solve of two shares with W_t kept, and the
+    lookahead tables of `forms` (`item_table`'s solves). One InputError naming the item and what to change."""
     check_caps(instance, where)
     long = lookahead.stationary_horizon(instance.gamma)
-    plans = [(horizon, 2, True)] + ([(long, 1, False)] if lookahead.FORMS[1] in forms else [])
     for item in range(instance.n):
         one = item_instance(instance, item, 0.0)
+        relax = tables_relax_cap(float(instance.qbar[item]))
+        plans = [(horizon, 2, None, True)]  # (horizon, setups, stages kept, integer_cap)
+        plans += [(horizon, 1, None, relax)] if lookahead.FORMS[0] in forms else []
+        plans += [(long, 1, 1, relax)] if lookahead.FORMS[1] in forms else []
         try:
-            for steps, setups, tables in plans:
-                dp_optimal.check_item(
-                    one, steps, setups, tables, factor_points=options.factor_points, factor_width=options.factor_width, **SETTINGS
-                )
-        except dp_optimal.TooLarge as exc:
+            for steps, setups, stages, integer_cap in plans:
+                dp_optimal.check_item(one, steps, setups, stages, **options.dp_settings(integer_cap=integer_cap))
+        except (dp_optimal.TooLarge, dp_optimal.CapBelowStep) as exc:
             raise InputError(f"{where}: {instance.item_name(item)}: {exc}") from None
 
 
@@ -195,7 +205,7 @@ def names_the_item(solve_item: Callable) -> Callable:
     def solve(instance: Instance, item: int, *args, **kwargs):
         try:
             return solve_item(instance, item, *args, **kwargs)
-        except (dp_optimal.NoFiniteOptimum, dp_optimal.TooLarge) as exc:
+        except (dp_optimal.NoFiniteOptimum, dp_optimal.TooLarge, dp_optimal.CapBelowStep) as exc:
             raise InputError(f"{instance.item_name(item)}: {exc}") from None
 
     return solve
@@ -235,9 +245,7 @@ def guess_shares(instance: Instance) -> np.ndarray:
 @names_the_item
 def item_values(instance: Instance, item: int, setups, horizon: int, points: int, options: DecompositionOptions) -> np.ndarray:
     """V_item(k) for every k in `setups` on a grid of `points` factor points: [G]."""
-    return dp_optimal.expected_costs(
-        item_instance(instance, item, 0.0), horizon, setups, factor_points=points, factor_width=options.factor_width, **SETTINGS
-    )
+    return dp_optimal.expected_costs(item_instance(instance, item, 0.0), horizon, setups, **options.dp_settings(points))
 
 
 @names_the_item
@@ -250,7 +258,7 @@ def lattice_error(instance: Instance, item: int, setups, horizon: int, step: int
     one = item_instance(instance, item, 0.0)
     cap = math.ceil(float(one.qbar[0]) / (2 * step) - 1e-9) * 2 * step
     capped = dataclasses.replace(one, qbar=np.array([float(cap)]))
-    settings = {"factor_points": options.coarse_points, "factor_width": options.factor_width, **SETTINGS}
+    settings = options.dp_settings(options.coarse_points)
     fine, coarse = (dp_optimal.expected_costs(capped, horizon, setups, step=d, **settings) for d in (step, 2 * step))
     return np.abs(fine - coarse) / 3.0
 
@@ -465,8 +473,7 @@ def item_figures(
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
-    grid = {"factor_points": options.factor_points, "factor_width": options.factor_width}
-    solutions = dp_optimal.solve(one, horizon, setups=setups, **grid, **SETTINGS)
+    solutions = dp_optimal.solve(one, horizon, setups=setups, **options.dp_settings())
     known = known or {}
     missing = [s for s in setups if s not in known]
     known = {
@@ -502,6 +509,20 @@ def item_figures(
     return record
 
 
+RELAXED_CAP_LIMIT = 1.25
+"""The lookahead's tables keep the bound's relaxed cap ceil(qbar) while it is at most this many times the item's own cap
+(every item of the paper's family: qbar >= 8); an item with a smaller fractional cap gets tables on its own cap's
+lattice (`tables_relax_cap`)."""
+
+
+def tables_relax_cap(qbar: float) -> bool:
+    """Whether an item's lookahead tables use the relaxed cap ceil(qbar) (the bound's own solution, one solve less)
+    or the item's own cap qbar (policies.dp_optimal.make_lattice without integer_cap): a cap of 0.6 relaxed to 1 made
+    the tables expect orders the policy cannot place, and the lookahead cost 42% more than classical-best on slow
+    movers, where with its own cap it is the DP's optimum at n = 1."""
+    return math.ceil(qbar - 1e-9 * max(1.0, qbar)) <= RELAXED_CAP_LIMIT * qbar
+
+
 TABLE_DTYPE = "float16"
 """The finite-horizon lookahead tables' storage type (policies/lookahead.py: the excess rows are small where a
 decision is taken; measured against float32 in docs/methods.md)."""
@@ -526,7 +547,9 @@ def item_table(
     if not forms or not set(forms) <= set(lookahead.FORMS):
         raise ValueError(f"forms: expected a non-empty subset of {lookahead.FORMS}, got {forms!r}")
     one = item_instance(instance, item, share)
-    settings = {"factor_points": options.factor_points, "factor_width": options.factor_width, **SETTINGS}
+    settings = options.dp_settings(integer_cap=tables_relax_cap(float(instance.qbar[item])))
+    if not settings["integer_cap"]:
+        solution = None  # the bound's solution has the relaxed cap ceil(qbar)
     finite = (solution or dp_optimal.solve(one, horizon, **settings)) if lookahead.FORMS[0] in forms else None
     long = None
     if lookahead.FORMS[1] in forms:  # W_0 of a long horizon alone

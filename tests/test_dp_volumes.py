@@ -156,7 +156,8 @@ def test_the_one_item_lookahead_on_coarse_tables_is_the_dp_policy_and_near_the_e
     0.3% of the lookahead on the exact lattice, paired on the same episodes."""
     one = item(30.0, 1.0, 2, K=60.0)
     options = DecompositionOptions(factor_points=9, coarse_points=5, max_span=200)
-    tables = lookahead.LookaheadTables.from_items(item_tables(one, HORIZON, options, dtype="float32", forms=("finite",)), "finite", HORIZON, "")
+    items = item_tables(one, HORIZON, options, dtype="float32", forms=("finite",))
+    tables = lookahead.LookaheadTables.from_items(items, "finite", HORIZON, "")
     solution = dp_optimal.solve(one, HORIZON, **options.dp_settings())
     assert solution.lattice.step > 1
     paths = sample_paths(one, 3, 64, HORIZON)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import betainc, pdtr
-from scipy.stats import norm, qmc
+from scipy.stats import nbinom, norm, poisson, qmc
 from tqdm.auto import tqdm
 
 from envs import validate
@@ -101,8 +101,25 @@ DRIFT_LEVEL = 0.01
 HISTORY_COLUMNS = ("item", "period", "demand")
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COST_COLUMNS = ("item", "h", "b", "lead")
-"""The cost table's required columns; `qbar` is optional (default QBAR_PER_LAM lam_i, the paper's rule)."""
+"""The cost table's required columns; `qbar` is optional (default `default_caps`)."""
 QBAR_PER_LAM = 4.0
+CAP_QUANTILE = 0.999
+"""The default cap covers this quantile of an item's lead-time demand (`default_caps`)."""
+
+
+def default_caps(lam: np.ndarray, overdispersion: np.ndarray, lead: np.ndarray) -> np.ndarray:
+    """The order cap of an item whose cost table gives none: the least whole number of units that is at least the paper's
+    QBAR_PER_LAM lam_i, at least the CAP_QUANTILE quantile of its lead-time demand (L_i + 1 periods at its mean rate,
+    the factor held still: Poisson((L + 1) lam), or the negative binomial of shape (L + 1) / phi) and at least 1.
+    A slow mover's 4 lam is below one unit (0.15-1.9 on a weekly panel), and the DP-based policies order on a lattice
+    of whole units there; a heavy-tailed item's 4 lam can be below what one lead time sells."""
+    periods = lead + 1.0
+    quantile = np.where(
+        overdispersion > 0,
+        nbinom.ppf(CAP_QUANTILE, periods / np.maximum(overdispersion, 1e-300), 1.0 / (1.0 + overdispersion * lam)),
+        poisson.ppf(CAP_QUANTILE, periods * lam),
+    )
+    return np.ceil(np.maximum.reduce([QBAR_PER_LAM * lam, quantile, np.ones_like(lam)]) - 1e-9)
 BETA_MAX = FIELD_RANGES["beta"][2]
 
 
@@ -944,7 +961,8 @@ def fit_history(
     boot = bootstrap(demand, fitted, replicates, seed, progress)
     phi_se = boot.overdispersion.std(axis=0, ddof=1)
     dispersed = fitted.overdispersion > norm.ppf(1 - DISPERSION_LEVEL / n) * phi_se
-    qbar = costs.qbar if costs.qbar is not None else QBAR_PER_LAM * fitted.lam
+    overdispersion = np.where(dispersed, fitted.overdispersion, 0.0)
+    qbar = costs.qbar if costs.qbar is not None else default_caps(fitted.lam, overdispersion, costs.lead)
     source = {
         "fitted_by": "platform/fit.py",
         "history": str(history_path),
@@ -960,7 +978,7 @@ def fit_history(
     instance = Instance(
         h=costs.h, b=costs.b, lam=fitted.lam, beta=None, loadings=fitted.loadings, lead=costs.lead, qbar=qbar,
         K=10.0 * n if K is None else K, gamma=gamma, rho=min(fitted.rho, RHO_MAX), source=source,
-        overdispersion=np.where(dispersed, fitted.overdispersion, 0.0),
+        overdispersion=overdispersion,
     )  # fmt: skip
     model = Estimate(
         fitted.lam, fitted.loadings, fitted.rho, np.where(dispersed, fitted.overdispersion, 0.0), fitted.notes, fitted.converged
@@ -1009,6 +1027,7 @@ def _report(
     coverage_low = INTERVAL - CHECK_SE * holdout["item_coverage_se"]
     holdout_below = holdout["item_coverage"] < coverage_low
     cap_below = qbar < fitted.lam  # Instance.caps_below_demand: no policy keeps up with the item's demand
+    cap_below_one = qbar < 1.0  # the DP-based policies order on lattices of whole units or tenths: policies.dp_optimal.CapBelowStep
     sd = np.sqrt(np.maximum(obs_var, 1e-300))
     observed_corr = cov[0] / np.outer(sd, sd)
     model_corr = model_correlation(model.lam, loadings, model.overdispersion)
@@ -1077,6 +1096,7 @@ def _report(
             "drift": [names[i] for i in np.flatnonzero(drift_off)],
             "holdout_below": bool(holdout_below),
             "cap_below_demand": [names[i] for i in np.flatnonzero(cap_below)],
+            "cap_below_one": [names[i] for i in np.flatnonzero(cap_below_one)],
         },
         "holdout": {
             **{
@@ -1122,6 +1142,11 @@ def _report(
                 f"item '{names[i]}': order cap qbar {qbar[i]:g} below its mean demand lam {fitted.lam[i]:.3g} per period: "
                 "no policy keeps up (the backlog grows without bound); the decomposition bound and lookahead refuse it"
                 for i in np.flatnonzero(cap_below)
+            ),
+            *(
+                f"item '{names[i]}': order cap qbar {qbar[i]:g} below one unit: orders of a fraction of a unit only; dp-optimal, "
+                "the decomposition bound and its lookahead order on a lattice and refuse a cap below one step of it"
+                for i in np.flatnonzero(cap_below_one & ~cap_below)
             ),
         ],
         "factor": {"period": history.periods, "mean": np.asarray(factor["mean"]).tolist(), "sd": np.asarray(factor["sd"]).tolist()},
@@ -1200,6 +1225,8 @@ def report_markdown(report: dict, figure_name: str) -> str:
         f"{len(report['checks']['drift'])}" + (f" ({', '.join(report['checks']['drift'][:20])})" if report["checks"]["drift"] else ""),
         f"* Items whose order cap qbar is below their mean demand lam: {len(report['checks']['cap_below_demand'])}"
         + (f" ({', '.join(report['checks']['cap_below_demand'][:20])})" if report["checks"]["cap_below_demand"] else ""),
+        f"* Items whose order cap qbar is below one unit: {len(report['checks']['cap_below_one'])}"
+        + (f" ({', '.join(report['checks']['cap_below_one'][:20])})" if report["checks"]["cap_below_one"] else ""),
         "",
     ]
     if report["flags"]:

@@ -4,6 +4,7 @@ Every history here is drawn by the project's own model (envs.exogenous.sample_pa
 which uses the same factor_step and demand_rate) from a known instance, so the fit can be judged against the truth."""
 
 import json
+import math
 import re
 
 import numpy as np
@@ -579,3 +580,38 @@ def test_recovery_of_a_three_factor_negative_binomial_history(tmp_path):
         hold = report["holdout"]
         assert abs(hold["item_coverage"] - INTERVAL) <= 3 * hold["item_coverage_se"] and abs(hold["total_coverage"] - INTERVAL) <= 0.1, hold
         assert len(report["flags"]) <= 1, report["flags"]
+
+
+def test_the_default_cap_is_whole_units_covering_the_lead_time_demand():
+    """Without a qbar column the cap is the least whole number at least 4 lam, the 0.999 quantile of L + 1 periods'
+    demand (found here by convolving one period's pmf, scipy's, L times) and 1: a slow mover (lam 0.15, 4 lam = 0.6)
+    gets the quantile, a heavy-tailed item (phi 2) more than 4 lam, a paper-like item its 4 lam rounded up."""
+    from scipy import stats
+
+    from envs.fit import default_caps
+
+    def quantile(lam, phi, lead):
+        support = np.arange(20000)
+        one = stats.nbinom.pmf(support, 1 / phi, 1 / (1 + phi * lam)) if phi else stats.poisson.pmf(support, lam)
+        law = one
+        for _ in range(lead):
+            law = np.convolve(law, one)[: support.size]
+        return int(np.searchsorted(np.cumsum(law), 0.999 - 1e-12))
+
+    lam, phi, lead = np.array([0.15, 100.0, 5.3]), np.array([0.0, 2.0, 0.0]), np.array([2, 2, 1])
+    caps = default_caps(lam, phi, lead)
+    expected = [max(math.ceil(4 * m), quantile(m, p, L), 1) for m, p, L in zip(lam, phi, lead)]
+    assert caps.tolist() == expected
+    assert caps[0] == quantile(0.15, 0.0, 2) > 1 and caps[1] > 400 and caps[2] == 22
+
+
+def test_a_cap_below_one_unit_is_flagged(tmp_path):
+    """A cost table whose qbar for a slow mover (lam 0.3) is 0.6: above its demand, but below one unit; the report
+    names it among the caps below one unit, in a flag that says which policies cannot order under it."""
+    instance = Instance(h=[1.0, 2.0], b=[9.0, 9.0], lam=[0.3, 2.0], beta=[0.3, 0.3], lead=[2, 1], qbar=[0.6, 8.0], K=10.0, gamma=0.95, rho=0.5)
+    fitted, report = fit_history(*write_files(tmp_path, instance, 3, 200), replicates=20)
+    assert report["checks"]["cap_below_one"] == ["item-000"]
+    assert [flag for flag in report["flags"] if "below one unit" in flag] == [
+        "item 'item-000': order cap qbar 0.6 below one unit: orders of a fraction of a unit only; dp-optimal, the decomposition "
+        "bound and its lookahead order on a lattice and refuse a cap below one step of it"
+    ]

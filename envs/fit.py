@@ -120,6 +120,8 @@ def default_caps(lam: np.ndarray, overdispersion: np.ndarray, lead: np.ndarray) 
         poisson.ppf(CAP_QUANTILE, periods * lam),
     )
     return np.ceil(np.maximum.reduce([QBAR_PER_LAM * lam, quantile, np.ones_like(lam)]) - 1e-9)
+
+
 BETA_MAX = FIELD_RANGES["beta"][2]
 
 

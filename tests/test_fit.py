@@ -608,7 +608,8 @@ def test_the_default_cap_is_whole_units_covering_the_lead_time_demand():
 def test_a_cap_below_one_unit_is_flagged(tmp_path):
     """A cost table whose qbar for a slow mover (lam 0.3) is 0.6: above its demand, but below one unit; the report
     names it among the caps below one unit, in a flag that says which policies cannot order under it."""
-    instance = Instance(h=[1.0, 2.0], b=[9.0, 9.0], lam=[0.3, 2.0], beta=[0.3, 0.3], lead=[2, 1], qbar=[0.6, 8.0], K=10.0, gamma=0.95, rho=0.5)
+    caps = dict(qbar=[0.6, 8.0], K=10.0, gamma=0.95, rho=0.5)
+    instance = Instance(h=[1.0, 2.0], b=[9.0, 9.0], lam=[0.3, 2.0], beta=[0.3, 0.3], lead=[2, 1], **caps)
     fitted, report = fit_history(*write_files(tmp_path, instance, 3, 200), replicates=20)
     assert report["checks"]["cap_below_one"] == ["item-000"]
     assert [flag for flag in report["flags"] if "below one unit" in flag] == [

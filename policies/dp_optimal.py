@@ -90,7 +90,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy import stats
-from scipy.signal import fftconvolve
+from scipy.fft import irfft, next_fast_len, rfft
 
 from envs import validate
 from envs.dynamics import State
@@ -311,9 +311,10 @@ class Lattice:
         return self.step * (np.arange(low_unit, high_unit + 1)[:, None] + self.offsets[None, :]).ravel()
 
 
-MAX_SPAN = 3000
-"""The exact lattice is kept while the position domain spans at most this many units of stock (every item of the
-paper's family, and the DP's tests); a wider domain is cut into lattice steps of D > 1 units (`lattice_step`)."""
+MAX_POSITIONS = 2000
+"""The exact lattice is kept while it has at most this many positions (its domain's width times its positions per unit:
+every item of the paper's family, and the DP's tests); a larger one is replaced by a coarse lattice of step D > 1
+units with at most twice this many (`lattice_step`)."""
 RESOLUTION = 4
 """A coarse lattice step is at most 1 / RESOLUTION of the lead-time demand's standard deviation (`lattice_step`)."""
 
@@ -324,17 +325,20 @@ def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int)
     return max(x0, (lead + 1) * dmax) + cap - min(x0, 0.0) + floor_periods * dmax
 
 
-def lattice_step(span: float, cap: int, spread: float, max_span: int = MAX_SPAN) -> int:
-    """D, the lattice step in units of stock (docs/methods.md, "The DP at real volumes"): 1 (the exact lattice) while
-    `span` <= max_span. Else D_0 = ceil(span / max_span), but at most spread / RESOLUTION (`spread`: the standard
-    deviation of the lead-time demand) and at most the integer `cap` (an order of one step must fit under it), and D
-    the largest divisor of `cap` in [D_0 / 2, D_0] when there is one (a cap that is a multiple of D is the item's own
-    cap, not a rounded one: rounding a cap of 128 to 130 moved the value by 0.9% where the cap binds), else D_0.
-    So a coarse lattice has at most 2 max_span positions, and fewer where the spread asks for more."""
-    if span <= max_span:
+def lattice_step(span: float, classes: int, cap: int, spread: float, max_positions: int = MAX_POSITIONS) -> int:
+    """D, the lattice step in units of stock (docs/methods.md, "The DP at real volumes"): 1 (the exact lattice, `classes`
+    positions per unit) while span x classes <= max_positions. Else D_0 = max(2, ceil(span / max_positions)), but at
+    most spread / RESOLUTION (`spread`: the standard deviation of the lead-time demand) and at most the integer `cap`
+    (an order of one step must fit under it); 1 where that leaves less than 2. D is the largest divisor of `cap` in
+    [D_0 / 2, D_0] above 1 when there is one (a cap that is a multiple of D is the item's own cap, not a rounded one:
+    rounding a cap of 128 to 130 moved the value by 0.9% where the cap binds), else D_0. So a coarse lattice has at
+    most 2 max_positions positions, and more only where the spread asks for a finer step."""
+    if span * classes <= max_positions:
         return 1
-    least = max(1, min(math.ceil(span / max_span), math.floor(spread / RESOLUTION), cap))
-    divisors = [d for d in range(least, -(-least // 2) - 1, -1) if cap % d == 0]
+    least = min(max(2, math.ceil(span / max_positions)), math.floor(spread / RESOLUTION), cap)
+    if least < 2:
+        return 1
+    divisors = [d for d in range(least, max(2, -(-least // 2)) - 1, -1) if cap % d == 0]
     return divisors[0] if divisors else least
 
 
@@ -469,7 +473,7 @@ class _Plan:
     span: float  # domain_span: an upper bound on the domain's width
 
 
-def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step) -> _Plan:
+def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step) -> _Plan:
     check_single_item(instance.n)
     lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))  # beta = |beta_1| with loadings
     lead = int(instance.lead[0])
@@ -481,8 +485,9 @@ def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_
     cap = math.ceil(qbar - 1e-9 * max(1.0, qbar)) if integer_cap else math.floor(qbar + 1e-9 * max(1.0, qbar))
     span = domain_span(x0, cap, dmax, lead, floor_periods)
     if step is None:
+        classes = make_lattice(x0, qbar, max_denominator, integer_cap).classes
         spread = lead_time_spread(lam, item_overdispersion(instance), lead)
-        step = lattice_step(span, cap, spread, validate.integer(max_span, f"{NAME} max_span", 1))
+        step = lattice_step(span, classes, cap, spread, validate.integer(max_positions, f"{NAME} max_positions", 1))
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap, validate.integer(step, f"{NAME} lattice step", 1))
     if lattice.window == 0:
         unit = lattice.step / lattice.classes
@@ -505,7 +510,7 @@ def check_item(
     tail: float = DEFAULT_TAIL,
     integer_cap: bool = False,
     floor_periods: int | None = None,
-    max_span: int = MAX_SPAN,
+    max_positions: int = MAX_POSITIONS,
     step: int | None = None,
 ) -> Lattice:
     """Refuse (TooLarge), before any demand law or value is built, an item whose DP with these settings (`solve`'s) would
@@ -514,7 +519,7 @@ def check_item(
     first size (`domain_span`). Milliseconds: the bound, the lookahead and dp-optimal check
     every item with it before Ray starts. Returns the item's lattice."""
     validate.integer(horizon, f"{NAME} horizon", 1)
-    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
+    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step)
     positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
     decision_steps = max(horizon - int(instance.lead[0]), 0)
     steps = decision_steps if stages is None else min(stages, decision_steps)
@@ -531,11 +536,11 @@ def _prepare(
     tail: float,
     integer_cap: bool,
     floor_periods: int | None,
-    max_span: int = MAX_SPAN,
+    max_positions: int = MAX_POSITIONS,
     step: int | None = None,
 ) -> _Problem:
     validate.integer(horizon, f"{NAME} horizon", 1)
-    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
+    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step)
     lattice, x0, lead = plan.lattice, float(instance.mu[0]), int(instance.lead[0])
     # the domain's part below x_0 alone, one setup cost, no tables: a first check before the demand sums' convolutions
     below_x0 = lattice.positions(plan.low_unit, math.ceil(x0 / lattice.step)).size
@@ -588,7 +593,7 @@ def solve(
     setups=None,
     integer_cap: bool = False,
     floor_periods: int | None = None,
-    max_span: int = MAX_SPAN,
+    max_positions: int = MAX_POSITIONS,
     step: int | None = None,
     stages: int | None = None,
 ):
@@ -597,11 +602,13 @@ def solve(
     (a sequence of setup costs) one backward pass solves the item for all of them at once and a list
     of solutions comes back; `integer_cap` solves the relaxation with the cap ceil(qbar) (`make_lattice`);
     `floor_periods` sets the bottom of the position domain to min(x_0, 0) - floor_periods dmax (default L + 1);
-    a domain wider than `max_span` units goes on the coarse lattice (`lattice_step`), or on the lattice step
+    a domain wider than `max_positions` units goes on the coarse lattice (`lattice_step`), or on the lattice step
     `step` when given (1: the exact lattice). `stages` keeps W_t for the first that many decision steps only (the
     stationary lookahead needs W_0 alone); such a solution is not a policy (DPOptimalPolicy refuses it)."""
     start = time.perf_counter()
-    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
+    problem = _prepare(
+        instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step
+    )
     costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
     positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, stages)
     seconds = (time.perf_counter() - start) / costs.size
@@ -635,12 +642,14 @@ def expected_costs(
     tail: float = DEFAULT_TAIL,
     integer_cap: bool = False,
     floor_periods: int | None = None,
-    max_span: int = MAX_SPAN,
+    max_positions: int = MAX_POSITIONS,
     step: int | None = None,
 ) -> np.ndarray:
     """The optimal expected cost for every setup cost in `setups` ([G]), from one backward pass that
     keeps no policy tables (the fast path of `solve`, with its options)."""
-    problem = _prepare(instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_span, step)
+    problem = _prepare(
+        instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step
+    )
     costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))
     _, initial_value, _, sunk, k0 = _solve(problem, costs, 0)
     return (sunk[None, :] + initial_value[:, :, k0]) @ problem.grid.initial
@@ -674,7 +683,8 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
     # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k =
     # q c + r, and a demand d moves q by d. `length` pads to a multiple of c.
     length = -(-(pad + N) // c) * c
-    kernel = pmf[None, :, :, None]  # [1, M, dmax+1, 1]
+    size = next_fast_len(length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
+    kernel = rfft(pmf, size, axis=1)[None, :, :, None]  # [1, M, F, 1] the demand law's transform, once for every step
     cost = setups[:, None, None]  # [G, 1, 1]
     top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
     action_value = np.empty((kept, G, M, N))
@@ -686,7 +696,7 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
         padded = np.zeros((G, M, length))
         padded[..., :pad] = mixed[..., :1] + slope * below  # linear extrapolation below the domain
         padded[..., pad : pad + N] = mixed
-        full = fftconvolve(padded.reshape(G, M, length // c, c), kernel, axes=2)  # [G, M, Q + dmax, c]
+        full = irfft(rfft(padded.reshape(G, M, length // c, c), size, axis=2) * kernel, size, axis=2)  # [G, M, size, c]
         w = charge + gamma * full[:, :, : length // c].reshape(G, M, length)[..., pad : pad + N]
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
         opens = cost + best < w

@@ -30,7 +30,7 @@ The per-item cap is raised to ceil(qbar) (policies.dp_optimal.make_lattice, a re
 position domain reaches dmax below min(x_0, 0) (both only lower the values).
 
 Items at real volumes (docs/methods.md, "The DP at real volumes"). An item whose position domain is wider than
-policies.dp_optimal.MAX_SPAN units is solved on a coarse lattice of step D (demand moved onto the multiples of D,
+policies.dp_optimal.MAX_POSITIONS units is solved on a coarse lattice of step D (demand moved onto the multiples of D,
 its mean kept), whose error has no known sign. Its size is estimated like the factor grid's: the same item on the
 coarse factor grid with steps D and 2D, both with the cap c = ceil(qbar / 2D) 2D (a multiple of both, so that the two
 differ by the lattice alone), and the error of step D taken as |V_D - V_2D| / 3 (the error is O(D^2), measured);
@@ -102,7 +102,7 @@ class DecompositionOptions:
     """Grid rounds at most (the first included); the paper instances certify within 6 (docs/methods.md)."""
     tolerance: float = 1e-4
     """Stop when the best split's value is certified within this fraction of the found split's value."""
-    max_span: int = dp_optimal.MAX_SPAN
+    max_positions: int = dp_optimal.MAX_POSITIONS
     """An item whose position domain spans more units goes on a coarse lattice (policies.dp_optimal.lattice_step)."""
 
     def __post_init__(self):
@@ -151,7 +151,7 @@ class DecompositionOptions:
             "factor_width": self.factor_width,
             "integer_cap": integer_cap,
             "floor_periods": 1,
-            "max_span": self.max_span,
+            "max_positions": self.max_positions,
         }
 
     def to_dict(self) -> dict:
@@ -578,7 +578,7 @@ def combine(records: list[dict], name: str, options: DecompositionOptions) -> di
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
     remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
-    lattice = sum(r[name].get("lattice_error", 0.0) for r in records)
+    lattice = sum(r[name]["lattice_error"] for r in records)
     return {
         "value": fine,
         "coarse_value": coarse,

@@ -196,6 +196,10 @@ def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: Sol
         ) from None
 
 
+EQUAL_SHARES_FIGURES = ("value", "lattice_error", "extrapolated", "conservative")
+"""The figures of the equal-shares split that the best split's summary.json repeats under `equal_shares`."""
+
+
 def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal, options: DecompositionOptions) -> dict[str, Any]:
     """The decomposition bound (solver_workers/decomposition.py) at the best split in `out` and at equal
     shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
@@ -216,9 +220,9 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
         out / lookahead.TABLES_DIR, instance, run.horizon, {"finite_dtype": TABLE_DTYPE, "run_identity": journal.identity}
     )
     figures = {name: combine(records, name, options) for name in ("best", "equal")}
-    columns = {"item": [r["item"] for r in records]}
+    columns = {"item": [r["item"] for r in records], "lattice_step": [r["lattice_step"] for r in records]}
     for name in ("best", "equal"):
-        for field in ("share", "value", "coarse_value", "orders", "discounted_orders"):
+        for field in ("share", "value", "coarse_value", "lattice_error", "orders", "discounted_orders"):
             columns[f"{name}_{field}"] = [r[name][field] for r in records]
     table = pa.table(columns)
     config = run.recorded_config(instance)
@@ -234,6 +238,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
             "split": "best" if name == "best" else "equal shares",
             "dp_value": f["value"],
             "coarse_value": f["coarse_value"],
+            "lattice_error": f["lattice_error"],
             "extrapolated_value": f["extrapolated"],
             "conservative_value": f["conservative"],
             "cumulative_cost": f["cumulative"].tolist(),
@@ -252,7 +257,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
         run.seed,
         config,
         parameters,
-        {**extra("best"), "search": split, "equal_shares": {k: figures["equal"][k] for k in ("value", "extrapolated", "conservative")}},
+        {**extra("best"), "search": split, "equal_shares": {k: figures["equal"][k] for k in EQUAL_SHARES_FIGURES}},
         instance=instance,
         tables={"split.parquet": table},
     )

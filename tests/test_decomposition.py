@@ -274,14 +274,17 @@ def test_refine_adds_points_beside_the_share():
     assert refine([1.0, 2.0, 8.0], 8.0, 10.0) == [5.0, 10.0]
 
 
-def test_conservative_figure_subtracts_twice_the_estimated_grid_error():
-    """Grid steps in the ratio r = 2: the remaining error is |coarse - fine| / 3 (Richardson, O(step^2))."""
+def test_conservative_figure_subtracts_twice_the_estimated_grid_and_lattice_errors():
+    """Grid steps in the ratio r = 2: the remaining error is |coarse - fine| / 3 (Richardson, O(step^2)); the items'
+    lattice errors (0.25 and 0.5, item 1 on a coarse lattice) add up and are subtracted twice as well."""
     records = [
-        {"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]}},
-        {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}},
+        {"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "lattice_error": 0.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]}},
+        {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "lattice_error": 0.25, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}},
+        {"item": 2, "best": {"value": 0.0, "coarse_value": 0.0, "lattice_error": 0.5, "costs": [0.0, 0.0], "cumulative": [0.0, 0.0]}},
     ]
     figures = combine(records, "best", DecompositionOptions(factor_points=41, coarse_points=21))
-    assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["conservative"] == pytest.approx(148.0)
+    assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["lattice_error"] == 0.75
+    assert figures["conservative"] == pytest.approx(148.0 - 1.5)
     np.testing.assert_array_equal(figures["costs"], [4.0, 7.0])
     np.testing.assert_array_equal(figures["cumulative"], [3.0, 5.5])
 

@@ -70,7 +70,8 @@ def test_the_coarse_demand_law_splits_each_integer_demand_between_its_neighbours
 def test_the_paper_family_keeps_its_exact_lattice_and_retail_volumes_get_a_bounded_one():
     """Every item of a paper instance (lam 2-7) stays on its exact lattice (so their numbers do not move: the frozen
     fixture of tests/test_demand_model.py); an item selling hundreds a period with overdispersion gets a step that
-    divides its cap, a domain of at most 2 MAX_SPAN positions, and a step of at most a quarter of its lead-time spread."""
+    divides its cap, at most a quarter of its lead-time spread, and a domain of at most 2 MAX_POSITIONS positions
+    unless the spread is what limits its step."""
     options = DecompositionOptions()
     paper = paper_instance(16, seed=3)
     for i in range(paper.n):
@@ -79,16 +80,17 @@ def test_the_paper_family_keeps_its_exact_lattice_and_retail_volumes_get_a_bound
         one = item(lam, phi, lead)
         lattice = dp_optimal.check_item(one, 50, **options.dp_settings())
         assert lattice.step > 1 and math.ceil(4 * lam) % lattice.step == 0 and lattice.cap == math.ceil(4 * lam)
-        assert lattice.step <= dp_optimal.lead_time_spread(lam, phi, lead) / dp_optimal.RESOLUTION
-        problem = dp_optimal._prepare(one, 50, 21, 4.0, 10, 1e-13, True, 1, dp_optimal.MAX_SPAN, None)
+        spread_limit = dp_optimal.lead_time_spread(lam, phi, lead) / dp_optimal.RESOLUTION
+        assert lattice.step <= spread_limit
+        problem = dp_optimal._prepare(one, 50, 21, 4.0, 10, 1e-13, True, 1, dp_optimal.MAX_POSITIONS, None)
         positions = problem.lattice.positions(problem.low_unit, math.ceil(problem.upper / problem.lattice.step))
-        assert positions.size <= 2 * dp_optimal.MAX_SPAN + 2
+        assert positions.size <= 2 * dp_optimal.MAX_POSITIONS + 2 or 2 * lattice.step >= math.floor(spread_limit), (lam, phi)
 
 
 # ---- the certificate on coarse lattices ---------------------------------------------------------------
 
 
-SMALL = DecompositionOptions(factor_points=9, coarse_points=5, max_span=60)
+SMALL = DecompositionOptions(factor_points=9, coarse_points=5, max_positions=60)
 CASES = [
     dict(lam=12.0, phi=3.0, lead=1),
     dict(lam=40.0, phi=0.0, lead=3),
@@ -107,7 +109,7 @@ def certified(one: Instance, options: DecompositionOptions) -> tuple[dict, dict,
 
 
 def test_the_conservative_bound_stays_below_the_exact_lattice_value_on_coarse_lattices():
-    """Items forced onto coarse lattices (max_span 60 units): the conservative figure is never above the exact
+    """Items forced onto coarse lattices (max_positions 60 units): the conservative figure is never above the exact
     lattice's DP value, and the coarse value is within its stated error (twice the lattice's estimate) of it, so the
     lattice's term alone covers the lattice's error. The broken control: the coarse value itself is above the exact
     one (a mean-preserving spread of the demand raises the expected loss), so it is no bound without the term."""
@@ -155,7 +157,7 @@ def test_the_one_item_lookahead_on_coarse_tables_is_the_dp_policy_and_near_the_e
     lookahead's decisions equal dp-optimal's solved on the same lattice on every state of a trace, and its cost is within
     0.3% of the lookahead on the exact lattice, paired on the same episodes."""
     one = item(30.0, 1.0, 2, K=60.0)
-    options = DecompositionOptions(factor_points=9, coarse_points=5, max_span=200)
+    options = DecompositionOptions(factor_points=9, coarse_points=5, max_positions=200)
     items = item_tables(one, HORIZON, options, dtype="float32", forms=("finite",))
     tables = lookahead.LookaheadTables.from_items(items, "finite", HORIZON, "")
     solution = dp_optimal.solve(one, HORIZON, **options.dp_settings())
@@ -166,7 +168,7 @@ def test_the_one_item_lookahead_on_coarse_tables_is_the_dp_policy_and_near_the_e
     assert 0.05 < ours.trace.open.mean() < 0.95
     np.testing.assert_array_equal(ours.trace.open, dp.trace.open)
     np.testing.assert_allclose(ours.trace.quantity[..., 0] * ours.trace.open, dp.trace.quantity[..., 0] * dp.trace.open, atol=1e-9)
-    exact_options = DecompositionOptions(factor_points=9, coarse_points=5, max_span=10**6)
+    exact_options = DecompositionOptions(factor_points=9, coarse_points=5, max_positions=10**6)
     exact_tables = item_tables(one, HORIZON, exact_options, dtype="float32", forms=("finite",))
     exact = lookahead.LookaheadPolicy(lookahead.LookaheadTables.from_items(exact_tables, "finite", HORIZON, ""), 1.0)
     many = sample_paths(one, 4, 2000, HORIZON)

@@ -2,7 +2,7 @@
 split-search solve (`expected_costs`: 5 setup costs, T = 50, the coarse factor grid of 21 points, the relaxed
 integer cap, one torch and BLAS thread) for lam from 1 to 10,000 and phi from 0 to 10, on the lattice the DP
 chooses, against the exact lattice in the same run wherever the exact lattice spans at most --exact-span units (above
-it the exact DP takes minutes and gigabytes, and is not run). Per item: wall seconds, peak traced memory (tracemalloc),
+it the exact DP takes minutes and gigabytes, and is not run; the width is `domain_span`'s bound). Per item: wall seconds, peak traced memory (tracemalloc),
 the lattice step, the value's relative difference to the exact lattice and the estimated lattice error the bound
 subtracts. One JSON line per item, with the machine's load; the last line the largest time and memory and the goals
 (<= 1 s, <= 256 MiB).
@@ -80,8 +80,7 @@ def main() -> None:
             if lattice.step > 1:
                 error = lattice_error(one, 0, SETUPS, HORIZON, lattice.step, options)
                 row["estimated_relative_error"] = float(np.max(error / values))
-                exact_plan = dp_optimal._prepare(one, HORIZON, options.coarse_points, options.factor_width, 10, 1e-13, True, 1, 10**12, 1)
-                span = exact_plan.upper - exact_plan.low_unit
+                span = dp_optimal._plan(one, options.coarse_points, options.factor_width, 10, 1e-13, True, 1, 10**12, 1).span
                 row["exact_span"] = round(span)
                 if span <= args.exact_span:
                     exact, exact_seconds, exact_peak = measured(dp_optimal.expected_costs, one, HORIZON, SETUPS, step=1, **settings)

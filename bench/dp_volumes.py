@@ -1,11 +1,11 @@
 """One item's DP at real volumes (policies/dp_optimal.py, docs/methods.md "The DP at real volumes"): the bound's
 split-search solve (`expected_costs`: 5 setup costs, T = 50, the coarse factor grid of 21 points, the relaxed
 integer cap, one torch and BLAS thread) for lam from 1 to 10,000 and phi from 0 to 10, on the lattice the DP
-chooses, against the exact lattice in the same run wherever the exact lattice spans at most --exact-span units (above
-it the exact DP takes minutes and gigabytes, and is not run; the width is `domain_span`'s bound). Per item: wall seconds, peak traced memory (tracemalloc),
-the lattice step, the value's relative difference to the exact lattice and the estimated lattice error the bound
-subtracts. One JSON line per item, with the machine's load; the last line the largest time and memory and the goals
-(<= 1 s, <= 256 MiB).
+chooses, against the exact lattice in the same run wherever the exact lattice spans at most --exact-span units
+(`domain_span`'s bound; above it the exact DP takes minutes and gigabytes, and is not run). Per item: wall seconds,
+peak traced memory (tracemalloc), the lattice step, the value's relative difference to the exact lattice and the
+estimated lattice error the bound subtracts. One JSON line per item, with the machine's load; the last line the
+largest time and memory and the goals (<= 1 s, <= 256 MiB).
 
   OMP_NUM_THREADS=1 python bench/dp_volumes.py [--lams 1 5 32 100 300 507 2000 10000] [--phis 0 1 10] [--exact-span 20000]
 """

@@ -22,7 +22,12 @@ included; the folder was just written, so both ways read from the page cache) an
 allocated while loading (tracemalloc, numpy's arrays included; measured in a separate pass, tracing slows the
 load), and the ratios full / stationary-only (keys read_*).
 
+With `--bound DIR --instance FILE` it measures a decomposition bound run's own tables instead (a fitted instance at
+retail volumes, say): the folder's size, each form's size in memory and one state's decision time per form (the
+instance's initial state at F = 0), on one torch thread.
+
   python bench/lookahead.py [--sizes 16 64 1024] [--items 32] [--load-repeats 5]
+  python bench/lookahead.py --bound runs/dec --instance fitted.json
 """
 
 import argparse
@@ -40,7 +45,7 @@ import torch
 from envs.dynamics import initial_state
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
-from envs.instance import paper_instance
+from envs.instance import Instance, paper_instance
 from policies import lookahead
 from solver_workers.decomposition import DecompositionOptions, guess_shares, item_table
 
@@ -96,13 +101,48 @@ def load_figures(inst, items: list, repeats: int) -> dict:
     return record
 
 
+def decision_figures(tables: lookahead.LookaheadTables, tinst, state) -> dict:
+    """Median wall and CPU milliseconds of one decision on `tables` (REPEATS calls, after one that copies the tables)."""
+    policy = lookahead.LookaheadPolicy(tables)
+    policy(state, tinst)  # tables onto the device once
+    wall, cpu = [], []
+    for _ in range(REPEATS):
+        policy.reset()
+        tick, tock = time.perf_counter(), time.process_time()
+        policy(state, tinst)
+        wall.append(time.perf_counter() - tick)
+        cpu.append(time.process_time() - tock)
+    return {"decision_ms": round(1e3 * float(np.median(wall)), 3), "decision_cpu_ms": round(1e3 * float(np.median(cpu)), 3)}
+
+
+def bound_figures(folder: Path, instance_file: str) -> dict:
+    """A bound run's tables (module docstring): folder megabytes, and per form its megabytes in memory and decision times."""
+    inst = Instance.load(instance_file)
+    tinst = inst.to_torch()
+    state = initial_state(tinst, torch.zeros(1))
+    files = list((folder / lookahead.TABLES_DIR).iterdir())
+    record = {"n": inst.n, "bound": str(folder), "table_folder_megabytes": round(sum(f.stat().st_size for f in files) / 2**20, 1)}
+    for form in lookahead.FORMS:
+        tables = lookahead.load_tables(folder, inst, form, EVAL_HORIZON)
+        record[f"{form}_table_megabytes"] = round(tables.nbytes / 2**20, 1)
+        record |= {f"{form}_{key}": value for key, value in decision_figures(tables, tinst, state).items()}
+    return record
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 1024], help="instance sizes (default 16 64 1024)")
     parser.add_argument("--items", type=int, default=32, help="items whose tables are built and timed per size (default 32)")
     parser.add_argument("--load-repeats", type=int, default=5, help="loads of the stationary form timed per way and size (default 5)")
+    parser.add_argument("--bound", type=Path, help="a decomposition bound run's folder: measure its tables instead (with --instance)")
+    parser.add_argument("--instance", help="the instance file of --bound")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if (args.bound is None) != (args.instance is None):
+        parser.error("--bound and --instance go together")
+    if args.bound is not None:
+        print(json.dumps({**bound_figures(args.bound, args.instance), "load": [round(x, 2) for x in os.getloadavg()]}))
+        return
     options = DecompositionOptions()
     for n in args.sizes:
         inst = paper_instance(n, 0)
@@ -120,17 +160,7 @@ def main() -> None:
         for form, tables in forms.items():
             sampled_bytes = sum(getattr(t, form).nbytes + t.positions.nbytes for t in built)
             record[f"{form}_table_megabytes"] = round(sampled_bytes / sample * n / 2**20, 1)
-            policy = lookahead.LookaheadPolicy(tables)
-            policy(state, tinst)  # tables onto the device once
-            wall, cpu = [], []
-            for _ in range(REPEATS):
-                policy.reset()
-                tick, tock = time.perf_counter(), time.process_time()
-                policy(state, tinst)
-                wall.append(time.perf_counter() - tick)
-                cpu.append(time.process_time() - tock)
-            record[f"{form}_decision_ms"] = round(1e3 * float(np.median(wall)), 3)
-            record[f"{form}_decision_cpu_ms"] = round(1e3 * float(np.median(cpu)), 3)
+            record |= {f"{form}_{key}": value for key, value in decision_figures(tables, tinst, state).items()}
         paths = sample_paths(inst, HELDOUT_SEED, HELDOUT_EPISODES, EVAL_HORIZON)
         tick, tock = time.perf_counter(), time.process_time()
         evaluate(lookahead.LookaheadPolicy(forms["finite"]), tinst, paths)

@@ -65,6 +65,13 @@ With floor_periods = 1 the values move down by at most 0.001 (about 1e-6 relativ
 items measured. If an optimal target reaches the top of the domain, x_hi grows by the cap and the DP
 is solved again.
 
+Coarse lattice (real volumes; docs/methods.md, "The DP at real volumes"). Where the exact lattice would have more than
+MAX_POSITIONS positions (a domain of many periods of a large or heavy-tailed demand), the DP works on x_0 + D Z with a
+step D > 1 of whole units (`lattice_step`): orders are multiples of D, the cap is rounded to one (up with
+`integer_cap`, down without), and one period's demand law is moved onto the multiples of D keeping its mean
+(`demand_law`); the recursion below is the same with D units per step. Its value is then an approximation of unknown
+sign (`exact_lattice` is False), whose size the decomposition bound estimates and subtracts.
+
 Several setup costs at once (`setups`, `expected_costs`): everything but the value functions is shared
 (factor grid, demand laws, lattice, G), and the backward pass runs on [setups, M, N] arrays.
 

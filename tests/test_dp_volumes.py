@@ -123,25 +123,27 @@ def test_the_conservative_bound_stays_below_the_exact_lattice_value_on_coarse_la
     assert any(above)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("lam", [1.0, 5.0, 30.0, 100.0, 500.0])
 def test_the_certificate_across_retail_volumes(lam):
     """lam 1-500, phi 0-10, lead 1-3 at the default lattice sizes, wherever the exact lattice fits (here: a domain of at
-    most 40,000 units): the coarse value minus twice its estimated lattice error is never above the exact lattice's value, and
-    the coarse value is within that error."""
+    most 120,000 units, on 5 factor points): the coarse value minus twice its estimated lattice error is never above the
+    exact lattice's value, and the coarse value is within that error. At lam 1 every item keeps its exact lattice."""
     options = DecompositionOptions(factor_points=9, coarse_points=5)
+    settings = options.dp_settings(options.coarse_points)
+    compared = 0
     for phi in (0.0, 1.0, 10.0):
         for lead in (1, 3):
             one = decomposition.item_instance(item(lam, phi, lead), 0, 0.0)
-            settings = options.dp_settings(options.coarse_points)
             lattice = dp_optimal.check_item(one, HORIZON, **settings)
-            if lattice.step == 1 or dp_optimal._plan(one, 5, 4.0, 10, 1e-13, True, 1, 10**9, 1).span > 40_000:
+            if lattice.step == 1 or dp_optimal._plan(one, 5, 4.0, 10, 1e-13, True, 1, 10**9, 1).span > 120_000:
                 continue
             shares = [10.0, 100.0, 1000.0]
             coarse = dp_optimal.expected_costs(one, HORIZON, shares, **settings)
             exact = dp_optimal.expected_costs(one, HORIZON, shares, step=1, **settings)
             error = 2 * lattice_error(item(lam, phi, lead), 0, shares, HORIZON, lattice.step, options)
             assert np.all(coarse - error <= exact) and np.all(np.abs(coarse - exact) <= error), (lam, phi, lead, coarse, exact, error)
+            compared += 1
+    assert compared >= 2 or lam == 1.0
 
 
 # ---- the lookahead on coarse tables and on any cap ----------------------------------------------------

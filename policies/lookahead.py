@@ -194,6 +194,7 @@ class LookaheadTables:
     horizon: int | None
     instance_hash: str
     _on_device: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _buckets: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def on(self, device: torch.device | str) -> DeviceTables:
         """The arrays as tensors on `device`, made at the first call for that device and kept."""
@@ -202,9 +203,23 @@ class LookaheadTables:
             self._on_device[device] = DeviceTables(*(torch.as_tensor(getattr(self, name), device=device) for name in DeviceTables._fields))
         return self._on_device[device]
 
+    def buckets(self, device: torch.device | str) -> list[tuple[torch.Tensor, int]]:
+        """The items grouped by their window's size class (windows in (2^(k-1), 2^k]), as (item indices on `device`,
+        the group's largest window): a decision gathers each group's windows at its own width, so a few items with
+        wide windows (a large cap on a fine lattice) do not widen every item's, and the work is at most twice the sum
+        of the windows. Made at the first call for a device and kept."""
+        key = torch.device(device)
+        if key not in self._buckets:
+            size_class = np.ceil(np.log2(np.maximum(self.window, 1))).astype(np.int64)
+            self._buckets[key] = [
+                (torch.as_tensor(np.flatnonzero(size_class == k), device=device), int(self.window[size_class == k].max()))
+                for k in np.unique(size_class)
+            ]
+        return self._buckets[key]
+
     def __getstate__(self) -> dict:
         """Pickled (sent to another process) without the device copies: each process makes its own."""
-        return {**self.__dict__, "_on_device": {}}
+        return {**self.__dict__, "_on_device": {}, "_buckets": {}}
 
     @property
     def form(self) -> str:
@@ -334,44 +349,58 @@ class LookaheadPolicy:
 
     @torch.no_grad()
     def gains(self, state: State, instance: TensorInstance, period: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(g [B, n], proposed quantity [B, n]) at `period` (the stationary form ignores it)."""
+        """(g [B, n], proposed quantity [B, n]) at `period` (the stationary form ignores it), item group by item group
+        (`LookaheadTables.buckets`)."""
         n = self.tables.positions.shape[0]
         if instance.n != n:
             raise InputError(f"{NAME}: the tables are for n = {n} items, the instance has n = {instance.n}")
-        tables = self.tables.on(state.inv.device)
-        count, window, points = tables.count, tables.window, tables.factor_points
-        N, M = tables.positions.shape[1], points.numel()
+        device = state.inv.device
+        tables = self.tables.on(device)
+        N = tables.positions.shape[1]
         position = state.inventory_position().double().T.contiguous()  # [n, B] x_i
         above = torch.searchsorted(tables.positions, position).clamp(1, N - 1)
         lower_nearer = (position - tables.positions.gather(1, above - 1)) <= (tables.positions.gather(1, above) - position)
-        nearest = torch.minimum(torch.where(lower_nearer, above - 1, above), (count - 1)[:, None])  # [n, B] nearest lattice point
-        steps = torch.arange(int(self.tables.window.max()) + 1, device=position.device)
-        columns = torch.minimum(nearest[..., None] + steps, (count - 1)[:, None, None])  # [n, B, w+1]: column 0 is no order
-        targets = tables.positions.gather(1, columns.reshape(n, -1)).reshape(columns.shape)  # y
-        qbar = instance.qbar.double()[:, None]  # [n, 1]
+        nearest = torch.minimum(torch.where(lower_nearer, above - 1, above), (tables.count - 1)[:, None])  # [n, B] nearest lattice point
+        # each item's exposure u_i,t: [n, B], or [1, B] (F_t for every item) under the paper's model
+        factor = instance.exposure(state.factor).double().T.clamp(tables.factor_points[0], tables.factor_points[-1])
+        qbar = instance.qbar.double()
+        period = period if self.tables.horizon is not None else 0  # the stationary form: one stage, every period
+        gain, quantity = torch.zeros_like(position), torch.zeros_like(position)
+        for items, width in self.tables.buckets(device):
+            shared = factor if factor.shape[0] == 1 else factor[items]
+            group = self._group_gains(tables, items, width, position[items], nearest[items], shared, qbar[items], period)
+            gain[items], quantity[items] = group
+        return gain.T, quantity.T
+
+    @staticmethod
+    def _group_gains(tables: DeviceTables, items, width: int, position, nearest, factor, qbar, period: int):
+        """(g [b, B], quantity [b, B]) of the items `items` ([b]) whose windows are at most `width` lattice steps."""
+        count, window, points = tables.count[items], tables.window[items], tables.factor_points
+        M = points.numel()
+        steps = torch.arange(width + 1, device=position.device)
+        columns = torch.minimum(nearest[..., None] + steps, (count - 1)[:, None, None])  # [b, B, w+1]: column 0 is no order
+        targets = tables.positions[items[:, None, None], columns]  # y
+        qbar = qbar[:, None]  # [b, 1]
         valid = (steps > 0) & (steps <= window[:, None, None]) & (nearest[..., None] + steps < count[:, None, None])
         valid &= targets - position[..., None] <= qbar[..., None] * (1 + 1e-9)  # the lattice's cap is ceil(qbar): keep the true cap
-        period = period if self.tables.horizon is not None else 0  # the stationary form: one stage, every period
-        stages = tables.stages
+        stages = tables.stages[items]
         stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, period)), min=0)
-        base = (tables.offset + stage * M * count)[:, None, None]  # [n, 1, 1] start of item i's rows at its stage
-        # each item's exposure u_i,t: [n, B], or [1, B] (F_t for every item) under the paper's model
-        factor = instance.exposure(state.factor).double().T.clamp(points[0], points[-1])
+        base = (tables.offset[items] + stage * M * count)[:, None, None]  # [b, 1, 1] start of each item's rows at its stage
         if M == 1:
             values = tables.excess[base + columns].double()
         else:
-            upper_point = torch.searchsorted(points, factor.contiguous()).clamp(1, M - 1)  # [n or 1, B]
+            upper_point = torch.searchsorted(points, factor.contiguous()).clamp(1, M - 1)  # [b or 1, B]
             weight = ((factor - points[upper_point - 1]) / (points[upper_point] - points[upper_point - 1]))[..., None]
             upper_row = base + count[:, None, None] * upper_point[..., None]
             lower_row = upper_row - count[:, None, None]
             values = (1 - weight) * tables.excess[lower_row + columns].double() + weight * tables.excess[upper_row + columns].double()
-        values = values * tables.scales[:, None, None]  # [n, B, w+1] in cost units
-        best, best_column = values.masked_fill(~valid, math.inf).min(-1)  # [n, B]
+        values = values * tables.scales[items][:, None, None]  # [b, B, w+1] in cost units
+        best, best_column = values.masked_fill(~valid, math.inf).min(-1)  # [b, B]
         gain = (values[..., 0] - best).clamp_min(0.0)
         gain = torch.where(torch.isfinite(best) & (period < stages)[:, None], gain, torch.zeros_like(gain))
         target = targets.gather(2, best_column[..., None])[..., 0]
         quantity = torch.where(gain > 0, torch.minimum(target - position, qbar).clamp_min(0.0), torch.zeros_like(position))
-        return gain.T, quantity.T
+        return gain, quantity
 
     def __call__(self, state: State, instance: TensorInstance):
         period = self.period

@@ -80,7 +80,7 @@ def main() -> None:
             if lattice.step > 1:
                 error = lattice_error(one, 0, SETUPS, HORIZON, lattice.step, options)
                 row["estimated_relative_error"] = float(np.max(error / values))
-                span = dp_optimal._plan(one, options.coarse_points, options.factor_width, 10, 1e-13, True, 1, 10**12, 1).span
+                span = dp_optimal.item_span(one, **settings)
                 row["exact_span"] = round(span)
                 if span <= args.exact_span:
                     exact, exact_seconds, exact_peak = measured(dp_optimal.expected_costs, one, HORIZON, SETUPS, step=1, **settings)

@@ -478,9 +478,25 @@ class _Plan:
     lattice: Lattice
     low_unit: int
     span: float  # domain_span: an upper bound on the domain's width
+    tail: float  # the demand laws' truncation
 
 
-def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step) -> _Plan:
+def _plan(
+    instance: Instance,
+    factor_points: int = DEFAULT_FACTOR_POINTS,
+    factor_width: float = DEFAULT_FACTOR_WIDTH,
+    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
+    tail: float = DEFAULT_TAIL,
+    integer_cap: bool = False,
+    floor_periods: int | None = None,
+    max_positions: int = MAX_POSITIONS,
+    step: int | None = None,
+) -> _Plan:
+    """Everything about the item's DP that its settings fix before any demand law is built. The settings of `solve`,
+    `expected_costs`, `check_item` and `item_span`: the factor grid (`factor_points` over +-`factor_width` stationary
+    standard deviations), the lattice (`max_denominator`, `integer_cap`, `max_positions`, or the lattice step `step`:
+    1 is the exact lattice), the demand laws' truncation `tail` and the domain's floor `floor_periods` (module
+    docstring)."""
     check_single_item(instance.n)
     lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))  # beta = |beta_1| with loadings
     lead = int(instance.lead[0])
@@ -503,30 +519,23 @@ def _plan(instance, factor_points, factor_width, max_denominator, tail, integer_
             f"give it a cap of at least {unit:g} (the cost table's qbar column, or the instance's items.qbar)"
         )
     low_unit = math.floor((min(x0, 0.0) - floor_periods * dmax) / lattice.step)
-    return _Plan(grid, rates, dmax, lattice, low_unit, span)
+    return _Plan(grid, rates, dmax, lattice, low_unit, span, tail)
 
 
-def check_item(
-    instance: Instance,
-    horizon: int,
-    setups: int = 1,
-    stages: int | None = 0,
-    factor_points: int = DEFAULT_FACTOR_POINTS,
-    factor_width: float = DEFAULT_FACTOR_WIDTH,
-    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
-    tail: float = DEFAULT_TAIL,
-    integer_cap: bool = False,
-    floor_periods: int | None = None,
-    max_positions: int = MAX_POSITIONS,
-    step: int | None = None,
-) -> Lattice:
-    """Refuse (TooLarge), before any demand law or value is built, an item whose DP with these settings (`solve`'s) would
+def item_span(instance: Instance, **settings) -> float:
+    """`domain_span` of the item with `settings` (`solve`'s): an upper bound on the units its position domain spans,
+    which its exact lattice would cover unit by unit."""
+    return _plan(instance, **settings).span
+
+
+def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | None = 0, **settings) -> Lattice:
+    """Refuse (TooLarge), before any demand law or value is built, an item whose DP with `settings` (`solve`'s) would
     not fit in memory (or whose cap is below one lattice step: CapBelowStep), for `setups` setup costs at once and
     with W_t kept for the first `stages` decision steps (None: every one; `solve`'s); its domain taken at its widest
     first size (`domain_span`). Milliseconds: the bound, the lookahead and dp-optimal check
     every item with it before Ray starts. Returns the item's lattice."""
     validate.integer(horizon, f"{NAME} horizon", 1)
-    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step)
+    plan = _plan(instance, **settings)
     positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
     decision_steps = max(horizon - int(instance.lead[0]), 0)
     steps = decision_steps if stages is None else min(stages, decision_steps)
@@ -534,25 +543,14 @@ def check_item(
     return plan.lattice
 
 
-def _prepare(
-    instance: Instance,
-    horizon: int,
-    factor_points: int,
-    factor_width: float,
-    max_denominator: int,
-    tail: float,
-    integer_cap: bool,
-    floor_periods: int | None,
-    max_positions: int = MAX_POSITIONS,
-    step: int | None = None,
-) -> _Problem:
+def _prepare(instance: Instance, horizon: int, **settings) -> _Problem:
     validate.integer(horizon, f"{NAME} horizon", 1)
-    plan = _plan(instance, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step)
+    plan = _plan(instance, **settings)
     lattice, x0, lead = plan.lattice, float(instance.mu[0]), int(instance.lead[0])
     # the domain's part below x_0 alone, one setup cost, no tables: a first check before the demand sums' convolutions
     below_x0 = lattice.positions(plan.low_unit, math.ceil(x0 / lattice.step)).size
     check_size(instance, plan.grid.points.size, plan.dmax, lattice, below_x0, 1, 0)
-    pmf = demand_law(plan.rates, item_overdispersion(instance), tail, lattice.step)  # [M, J+1]
+    pmf = demand_law(plan.rates, item_overdispersion(instance), plan.tail, lattice.step)  # [M, J+1]
     sums = demand_sums(plan.grid, pmf, lead + 1)  # H_1..H_{L+1}
     q_top = lattice.step * float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
     return _Problem(instance, int(horizon), lead, plan.grid, lattice, pmf, sums, x0, plan.low_unit, max(x0, q_top) + lattice.cap)
@@ -590,32 +588,18 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None):
     return positions, initial_value, action_value, sunk, k0
 
 
-def solve(
-    instance: Instance,
-    horizon: int,
-    factor_points: int = DEFAULT_FACTOR_POINTS,
-    factor_width: float = DEFAULT_FACTOR_WIDTH,
-    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
-    tail: float = DEFAULT_TAIL,
-    setups=None,
-    integer_cap: bool = False,
-    floor_periods: int | None = None,
-    max_positions: int = MAX_POSITIONS,
-    step: int | None = None,
-    stages: int | None = None,
-):
+def solve(instance: Instance, horizon: int, setups=None, stages: int | None = None, **settings):
     """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
     from the documented initial state I_0 = lam (L + 1), P_0 = 0, with setup cost K. With `setups`
     (a sequence of setup costs) one backward pass solves the item for all of them at once and a list
     of solutions comes back; `integer_cap` solves the relaxation with the cap ceil(qbar) (`make_lattice`);
     `floor_periods` sets the bottom of the position domain to min(x_0, 0) - floor_periods dmax (default L + 1);
-    a domain wider than `max_positions` units goes on the coarse lattice (`lattice_step`), or on the lattice step
-    `step` when given (1: the exact lattice). `stages` keeps W_t for the first that many decision steps only (the
-    stationary lookahead needs W_0 alone); such a solution is not a policy (DPOptimalPolicy refuses it)."""
+    an exact lattice of more than `max_positions` positions is replaced by the coarse one (`lattice_step`), or the
+    lattice has the step `step` when given (1: the exact lattice); the other `settings` are `_plan`'s. `stages` keeps
+    W_t for the first that many decision steps only (the stationary lookahead needs W_0 alone); such a solution is not
+    a policy (DPOptimalPolicy refuses it)."""
     start = time.perf_counter()
-    problem = _prepare(
-        instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step
-    )
+    problem = _prepare(instance, horizon, **settings)
     costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
     positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, stages)
     seconds = (time.perf_counter() - start) / costs.size
@@ -639,24 +623,10 @@ def solve(
     return solutions[0] if setups is None else solutions
 
 
-def expected_costs(
-    instance: Instance,
-    horizon: int,
-    setups,
-    factor_points: int = DEFAULT_FACTOR_POINTS,
-    factor_width: float = DEFAULT_FACTOR_WIDTH,
-    max_denominator: int = DEFAULT_MAX_DENOMINATOR,
-    tail: float = DEFAULT_TAIL,
-    integer_cap: bool = False,
-    floor_periods: int | None = None,
-    max_positions: int = MAX_POSITIONS,
-    step: int | None = None,
-) -> np.ndarray:
+def expected_costs(instance: Instance, horizon: int, setups, **settings) -> np.ndarray:
     """The optimal expected cost for every setup cost in `setups` ([G]), from one backward pass that
-    keeps no policy tables (the fast path of `solve`, with its options)."""
-    problem = _prepare(
-        instance, horizon, factor_points, factor_width, max_denominator, tail, integer_cap, floor_periods, max_positions, step
-    )
+    keeps no policy tables (the fast path of `solve`, with its settings)."""
+    problem = _prepare(instance, horizon, **settings)
     costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))
     _, initial_value, _, sunk, k0 = _solve(problem, costs, 0)
     return (sunk[None, :] + initial_value[:, :, k0]) @ problem.grid.initial

@@ -82,7 +82,7 @@ def test_the_paper_family_keeps_its_exact_lattice_and_retail_volumes_get_a_bound
         assert lattice.step > 1 and math.ceil(4 * lam) % lattice.step == 0 and lattice.cap == math.ceil(4 * lam)
         spread_limit = dp_optimal.lead_time_spread(lam, phi, lead) / dp_optimal.RESOLUTION
         assert lattice.step <= spread_limit
-        problem = dp_optimal._prepare(one, 50, 21, 4.0, 10, 1e-13, True, 1, dp_optimal.MAX_POSITIONS, None)
+        problem = dp_optimal._prepare(one, 50, **options.dp_settings(21))
         positions = problem.lattice.positions(problem.low_unit, math.ceil(problem.upper / problem.lattice.step))
         assert positions.size <= 2 * dp_optimal.MAX_POSITIONS + 2 or 2 * lattice.step >= math.floor(spread_limit), (lam, phi)
 
@@ -135,7 +135,7 @@ def test_the_certificate_across_retail_volumes(lam):
         for lead in (1, 3):
             one = decomposition.item_instance(item(lam, phi, lead), 0, 0.0)
             lattice = dp_optimal.check_item(one, HORIZON, **settings)
-            if lattice.step == 1 or dp_optimal._plan(one, 5, 4.0, 10, 1e-13, True, 1, 10**9, 1).span > 120_000:
+            if lattice.step == 1 or dp_optimal.item_span(one, **settings) > 120_000:
                 continue
             shares = [10.0, 100.0, 1000.0]
             coarse = dp_optimal.expected_costs(one, HORIZON, shares, **settings)

@@ -29,9 +29,9 @@ with r the ratio of the grid steps (Richardson), and the conservative figure sub
 The per-item cap is raised to ceil(qbar) (policies.dp_optimal.make_lattice, a relaxation) and the
 position domain reaches dmax below min(x_0, 0) (both only lower the values).
 
-Items at real volumes (docs/methods.md, "The DP at real volumes"). An item whose position domain is wider than
-policies.dp_optimal.MAX_POSITIONS units is solved on a coarse lattice of step D (demand moved onto the multiples of D,
-its mean kept), whose error has no known sign. Its size is estimated like the factor grid's: the same item on the
+Items at real volumes (docs/methods.md, "The DP at real volumes"). An item whose exact lattice would have more than
+policies.dp_optimal.MAX_POSITIONS positions is solved on a coarse lattice of step D (demand moved onto the multiples
+of D, its mean kept), whose error has no known sign. Its size is estimated like the factor grid's: the same item on the
 coarse factor grid with steps D and 2D, both with the cap c = ceil(qbar / 2D) 2D (a multiple of both, so that the two
 differ by the lattice alone), and the error of step D taken as |V_D - V_2D| / 3 (the error is O(D^2), measured);
 `lattice_error` sums it over the items and the conservative figure subtracts twice it as well.
@@ -103,7 +103,7 @@ class DecompositionOptions:
     tolerance: float = 1e-4
     """Stop when the best split's value is certified within this fraction of the found split's value."""
     max_positions: int = dp_optimal.MAX_POSITIONS
-    """An item whose position domain spans more units goes on a coarse lattice (policies.dp_optimal.lattice_step)."""
+    """An item whose exact lattice would have more positions goes on a coarse lattice (policies.dp_optimal.lattice_step)."""
 
     def __post_init__(self):
         self.check_grid(self.factor_points, self.coarse_points, self.tolerance)

@@ -109,7 +109,7 @@ def certified(one: Instance, options: DecompositionOptions) -> tuple[dict, dict,
 
 
 def test_the_conservative_bound_stays_below_the_exact_lattice_value_on_coarse_lattices():
-    """Items forced onto coarse lattices (max_positions 60 units): the conservative figure is never above the exact
+    """Items forced onto coarse lattices (max_positions 60): the conservative figure is never above the exact
     lattice's DP value, and the coarse value is within its stated error (twice the lattice's estimate) of it, so the
     lattice's term alone covers the lattice's error. The broken control: the coarse value itself is above the exact
     one (a mean-preserving spread of the demand raises the expected loss), so it is no bound without the term."""

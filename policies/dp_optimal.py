@@ -753,7 +753,8 @@ class DPOptimalPolicy:
         k = _nearest(positions, position)  # [B] nearest lattice point
         idx = k[:, None] + torch.arange(sol.window + 1, device=device)[None, :]  # the window [x, x + qbar]: [B, w+1]
         qbar = float(sol.instance.qbar[0])
-        inside = (idx < N) & (positions[idx.clamp_max(N - 1)] - position[:, None] <= qbar * (1 + 1e-9))  # the item's own cap
+        anchor = position.clamp_min(positions[0])  # below the domain: the cap measured from its first position
+        inside = (idx < N) & (positions[idx.clamp_max(N - 1)] - anchor[:, None] <= qbar * (1 + 1e-9))  # the item's own cap
         idx = torch.cat([k[:, None], idx.clamp_max(N - 1)], dim=1)  # column 0: no order
         f = instance.exposure(state.factor)[:, 0].double().clamp(points[0], points[-1])  # [B] the item's exposure u_t
         if M == 1:

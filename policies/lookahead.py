@@ -382,7 +382,10 @@ class LookaheadPolicy:
         targets = tables.positions[items[:, None, None], columns]  # y
         qbar = qbar[:, None]  # [b, 1]
         valid = (steps > 0) & (steps <= window[:, None, None]) & (nearest[..., None] + steps < count[:, None, None])
-        valid &= targets - position[..., None] <= qbar[..., None] * (1 + 1e-9)  # the lattice's cap is ceil(qbar): keep the true cap
+        # the lattice's cap is ceil(qbar): keep the true cap, measured from the table's first position for a position below
+        # it (a backlog deeper than the DP's domain orders its whole cap towards the table's best target, not nothing)
+        anchor = torch.maximum(position, tables.positions[items, :1])
+        valid &= targets - anchor[..., None] <= qbar[..., None] * (1 + 1e-9)
         stages = tables.stages[items]
         stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, period)), min=0)
         base = (tables.offset[items] + stage * M * count)[:, None, None]  # [b, 1, 1] start of each item's rows at its stage

@@ -12,10 +12,11 @@ import pytest
 import torch
 from scipy import stats
 
+from envs.dynamics import State
 from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
-from envs.instance import Instance, paper_instance
+from envs.instance import LMAX, Instance, paper_instance
 from policies import dp_optimal, lookahead
 from solver_workers import decomposition
 from solver_workers.decomposition import DecompositionOptions, check_items, combine, item_figures, lattice_error
@@ -214,3 +215,24 @@ def test_a_cap_below_one_lattice_step_is_refused_before_any_solve_naming_the_ite
         check_items(one, HORIZON, DecompositionOptions(), "--instance 'i.json'", lookahead.FORMS)
     with pytest.raises(dp_optimal.CapBelowStep, match="give it a cap of at least 0.1"):
         dp_optimal.solve(decomposition.item_instance(one, 1, 10.0), HORIZON)
+
+
+def test_a_backlog_below_the_tables_orders_its_whole_cap():
+    """A position far below the DP's domain (a backlog deeper than one period's 1e-13 demand tail, which a history
+    the model misdescribes can reach): the one-item lookahead and dp-optimal both open and order the whole cap,
+    measuring the cap from the domain's first position. The broken control, the cap measured from the position
+    itself, leaves no lattice target within reach, so the item would never order again."""
+    one = item(30.0, 1.0, 2, K=60.0)
+    options = DecompositionOptions(factor_points=9, coarse_points=5)
+    items = item_tables(one, HORIZON, options, dtype="float32", forms=("finite",))
+    tables = lookahead.LookaheadTables.from_items(items, "finite", HORIZON, "")
+    solution = dp_optimal.solve(one, HORIZON, **options.dp_settings())
+    qbar = float(one.qbar[0])
+    deep = float(items[0].positions[0]) - 5 * qbar
+    assert deep + qbar < items[0].positions[0]  # no lattice point within the cap of the position itself
+    tinst = one.to_torch(dtype=torch.float64)
+    double = torch.float64
+    state = State(torch.tensor([[deep]], dtype=double), torch.zeros(1, 1, LMAX - 1, dtype=double), torch.zeros(1, dtype=double))
+    for policy in (lookahead.LookaheadPolicy(tables, 1.0), dp_optimal.DPOptimalPolicy(solution)):
+        opens, quantity = policy(state, tinst)
+        assert opens.item() == 1.0 and quantity.item() == pytest.approx(qbar), type(policy).__name__

@@ -110,6 +110,7 @@ class DecompositionOptions:
         for name, ok, allowed in (
             ("factor_width", self.factor_width > 0, "a number > 0"),
             ("rounds", self.rounds >= 1, "an integer >= 1"),
+            ("max_positions", isinstance(self.max_positions, int) and self.max_positions >= 1, "an integer >= 1"),
             ("multiples", len(self.multiples) >= 3 and min(self.multiples) > 0, "at least 3 numbers > 0"),
         ):
             if not ok:
@@ -517,9 +518,9 @@ lattice (`tables_relax_cap`)."""
 
 def tables_relax_cap(qbar: float) -> bool:
     """Whether an item's lookahead tables use the relaxed cap ceil(qbar) (the bound's own solution, one solve less)
-    or the item's own cap qbar (policies.dp_optimal.make_lattice without integer_cap): a cap of 0.6 relaxed to 1 made
-    the tables expect orders the policy cannot place, and the lookahead cost 42% more than classical-best on slow
-    movers, where with its own cap it is the DP's optimum at n = 1."""
+    or the item's own cap qbar (policies.dp_optimal.make_lattice without integer_cap): a cap of 0.6 relaxed to 1 makes
+    the tables expect orders the policy cannot place, where with its own cap the lookahead is the DP's optimum at
+    n = 1."""
     return math.ceil(qbar - 1e-9 * max(1.0, qbar)) <= RELAXED_CAP_LIMIT * qbar
 
 

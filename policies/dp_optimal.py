@@ -355,6 +355,12 @@ def lead_time_spread(lam: float, overdispersion: float, lead: int) -> float:
     return math.sqrt((lead + 1) * (lam + overdispersion * lam * lam))
 
 
+def whole_cap(qbar: float, up: bool) -> int:
+    """qbar in whole units, rounded up (the relaxed cap ceil(qbar)) or down, values within 1e-9 of an integer taken as it."""
+    slack = 1e-9 * max(1.0, qbar)
+    return math.ceil(qbar - slack) if up else math.floor(qbar + slack)
+
+
 def make_lattice(
     x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR, integer_cap: bool = False, step: int = 1
 ) -> Lattice:
@@ -367,7 +373,7 @@ def make_lattice(
         return Lattice(np.array([_fraction(x0 / step)]), steps, float(steps * step), False, step)
     if integer_cap:
         offsets = np.unique([0.0, _fraction(x0)])
-        cap = float(math.ceil(qbar - 1e-9 * max(1.0, qbar)))
+        cap = float(whole_cap(qbar, up=True))
         return Lattice(offsets, int(cap) * offsets.size, cap, True)
     m = lattice_denominator(x0, qbar, max_denominator)
     if m is not None:
@@ -505,7 +511,7 @@ def _plan(
     grid = tauchen_grid(instance.rho, factor_points, factor_width)  # the chain of the item's exposure u_t
     rates = demand_rate(lam, beta, grid.points)
     dmax = demand_top(rates, item_overdispersion(instance), tail)
-    cap = math.ceil(qbar - 1e-9 * max(1.0, qbar)) if integer_cap else math.floor(qbar + 1e-9 * max(1.0, qbar))
+    cap = whole_cap(qbar, up=integer_cap)
     span = domain_span(x0, cap, dmax, lead, floor_periods)
     if step is None:
         classes = make_lattice(x0, qbar, max_denominator, integer_cap).classes

@@ -521,7 +521,7 @@ def tables_relax_cap(qbar: float) -> bool:
     or the item's own cap qbar (policies.dp_optimal.make_lattice without integer_cap): a cap of 0.6 relaxed to 1 makes
     the tables expect orders the policy cannot place, where with its own cap the lookahead is the DP's optimum at
     n = 1."""
-    return math.ceil(qbar - 1e-9 * max(1.0, qbar)) <= RELAXED_CAP_LIMIT * qbar
+    return dp_optimal.whole_cap(qbar, up=True) <= RELAXED_CAP_LIMIT * qbar
 
 
 TABLE_DTYPE = "float16"

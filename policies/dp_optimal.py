@@ -323,7 +323,8 @@ MAX_POSITIONS = 2000
 every item of the paper's family, and the DP's tests); a larger one is replaced by a coarse lattice of step D > 1
 units with at most twice this many (`lattice_step`)."""
 RESOLUTION = 4
-"""A coarse lattice step is at most 1 / RESOLUTION of the lead-time demand's standard deviation (`lattice_step`)."""
+"""A coarse lattice step is at most 1 / RESOLUTION of the lead-time demand's standard deviation given the current factor
+(`lead_time_spread`, `lattice_step`)."""
 
 
 def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int) -> float:
@@ -349,10 +350,15 @@ def lattice_step(span: float, classes: int, cap: int, spread: float, max_positio
     return divisors[0] if divisors else least
 
 
-def lead_time_spread(lam: float, overdispersion: float, lead: int) -> float:
-    """The standard deviation of L + 1 periods' demand at the mean rate, the factor held still: sqrt((L + 1)(lam +
-    phi lam^2)) (the scale `lattice_step` resolves)."""
-    return math.sqrt((lead + 1) * (lam + overdispersion * lam * lam))
+def lead_time_spread(lam: float, overdispersion: float, lead: int, beta: float = 0.0, rho: float = 0.0) -> float:
+    """The standard deviation of the demand of L + 1 periods (this one and the lead time's) given the current factor
+    (the scale `lattice_step` resolves): the demand's own variance at the mean rate, (L + 1)(lam + phi lam^2), plus the
+    factor's, with the rate lam exp(beta u - beta^2 / 2) linearised at u = 0: the innovation of step k moves
+    u_{t+k}, ..., u_{t+L} by rho^0, ..., rho^(L-k) times itself, of variance 1 - rho^2, so it adds
+    lam^2 beta^2 (1 - rho^2) sum_{m=1..L} (1 + rho + ... + rho^(m-1))^2."""
+    own = (lead + 1) * (lam + overdispersion * lam * lam)
+    moved = sum(sum(rho**j for j in range(m)) ** 2 for m in range(1, lead + 1))
+    return math.sqrt(own + lam * lam * beta * beta * (1.0 - rho * rho) * moved)
 
 
 def whole_cap(qbar: float, up: bool) -> int:
@@ -515,7 +521,7 @@ def _plan(
     span = domain_span(x0, cap, dmax, lead, floor_periods)
     if step is None:
         classes = make_lattice(x0, qbar, max_denominator, integer_cap).classes
-        spread = lead_time_spread(lam, item_overdispersion(instance), lead)
+        spread = lead_time_spread(lam, item_overdispersion(instance), lead, beta, instance.rho)
         step = lattice_step(span, classes, cap, spread, validate.integer(max_positions, f"{NAME} max_positions", 1))
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap, validate.integer(step, f"{NAME} lattice step", 1))
     if lattice.window == 0:

@@ -68,6 +68,24 @@ def test_the_coarse_demand_law_splits_each_integer_demand_between_its_neighbours
 # ---- which lattice ------------------------------------------------------------------------------------
 
 
+def test_lead_time_spread_is_the_standard_deviation_of_the_lead_time_demand_given_the_factor():
+    """Against a simulation of L + 1 periods' negative-binomial demand from u_t = 0, the factor moving as its AR(1):
+    within 3% at a small loading (the formula linearises the rate in the factor); the demand's own variance alone
+    (the broken control, the factor's innovations left out) is far below at a large volume."""
+    rng = np.random.default_rng(5)
+    lam, phi, beta, rho, lead, paths = 400.0, 0.01, 0.1, 0.7, 3, 400_000
+    u = np.zeros(paths)
+    total = np.zeros(paths)
+    for step in range(lead + 1):
+        if step:
+            u = rho * u + math.sqrt(1 - rho * rho) * rng.standard_normal(paths)
+        rate = lam * np.exp(beta * u - beta * beta / 2)
+        total += rng.negative_binomial(1 / phi, 1 / (1 + phi * rate))
+    simulated = float(total.std())
+    assert dp_optimal.lead_time_spread(lam, phi, lead, beta, rho) == pytest.approx(simulated, rel=0.03)
+    assert dp_optimal.lead_time_spread(lam, phi, lead) < 0.8 * simulated
+
+
 def test_the_paper_family_keeps_its_exact_lattice_and_retail_volumes_get_a_bounded_one():
     """Every item of a paper instance (lam 2-7) stays on its exact lattice (so their numbers do not move: the frozen
     fixture of tests/test_demand_model.py); an item selling hundreds a period with overdispersion gets a step that
@@ -81,7 +99,7 @@ def test_the_paper_family_keeps_its_exact_lattice_and_retail_volumes_get_a_bound
         one = item(lam, phi, lead)
         lattice = dp_optimal.check_item(one, 50, **options.dp_settings())
         assert lattice.step > 1 and math.ceil(4 * lam) % lattice.step == 0 and lattice.cap == math.ceil(4 * lam)
-        spread_limit = dp_optimal.lead_time_spread(lam, phi, lead) / dp_optimal.RESOLUTION
+        spread_limit = dp_optimal.lead_time_spread(lam, phi, lead, 0.4, 0.7) / dp_optimal.RESOLUTION
         assert lattice.step <= spread_limit
         problem = dp_optimal._prepare(one, 50, **options.dp_settings(21))
         positions = problem.lattice.positions(problem.low_unit, math.ceil(problem.upper / problem.lattice.step))

@@ -33,6 +33,9 @@ HELDOUT_SEED = 20_260_128
 HELDOUT_EPISODES = 128
 TUNING_SEED = 7
 """Seed of the training paths that classical policies are tuned on (disjoint from HELDOUT_SEED)."""
+VALIDATION_SEED = 90_210
+"""Seed of the validation paths on which a training run scores its networks and keeps the best (trainers.validation);
+disjoint from HELDOUT_SEED and TUNING_SEED."""
 
 _PATH_STREAM = 0x45584F  # tag mixed into every episode key, so other NumPy streams never coincide
 FACTOR_BOUND = 10.0

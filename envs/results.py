@@ -92,7 +92,7 @@ RUNS = {
     "a rolling-MILP run": ("decisions.jsonl", "decisions.parquet"),
     "a perfect-information bound": ("bounds.jsonl", "bounds.parquet"),
     "a decomposition bound": ("split.jsonl", "split.parquet", "equal-shares", "lookahead"),
-    TRAINING: ("checkpoint.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train"),
+    TRAINING: ("checkpoint.pt", "best.pt", "curve.parquet", "training.json", "tensorboard", "greedy", "sampled", "rllib", "ray_train"),
     EVALUATION: (SUMMARY, COSTS, *TRACES),
 }
 """Each kind of run by the entries it writes in its folder. A solver run and a bound also write an evaluation's files,

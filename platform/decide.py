@@ -34,13 +34,14 @@ from envs.files import input_file, read_file
 from envs.instance import Instance
 from policies.names import CHECKPOINT_PREFIX, policy_name
 from serving.decisions import load_decider, read_states
+from trainers.checkpoint import checkpoint_file
 from trainers.policy import MODES
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="a checkpoint of any learned method")
+    source.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
     source.add_argument(
         "--policy",
         type=policy_name,
@@ -53,7 +54,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     if args.checkpoint is not None:
-        input_file(args.checkpoint, "checkpoint")
+        input_file(checkpoint_file(args.checkpoint), "checkpoint")
     elif args.instance is None:
         raise InputError(f"--policy {args.policy}: needs --instance (a named policy is tuned or solved for an instance)")
     input_file(args.state, "state file")

@@ -24,6 +24,7 @@ from envs.cli import non_negative_real, port, positive_int, run_cli
 from envs.errors import InputError
 from envs.files import input_file
 from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
+from trainers.checkpoint import checkpoint_file
 from trainers.policy import MODES
 
 APP_NAME = "decisions"
@@ -41,7 +42,7 @@ def check_free(host: str, number: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--checkpoint", help="a checkpoint.pt of any learned method")
+    which.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
     which.add_argument("--policy", type=policy_name, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
     parser.add_argument("--instance", help="instance JSON: required with --policy NAME; with a checkpoint, another instance than its own")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="a learned policy's opening (default greedy)")
@@ -64,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint else args.policy
     if is_checkpoint(policy):
-        input_file(policy_path(policy), "checkpoint")
+        input_file(checkpoint_file(policy_path(policy)), "checkpoint")
     elif not args.instance:
         raise InputError(f"--policy {policy}: needs --instance (the instance to tune or solve it on)")
     if args.instance:

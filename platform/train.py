@@ -5,8 +5,9 @@ that the sweep's trials make too).
   python platform/train.py --method or-transformer --instance inst.json --preset cpu --seed 0 --out runs/ot16
   python platform/train.py --method transformer-ppo --instance inst.json --preset cpu --seed 0 --out runs/tppo16
 
-Writes to --out: checkpoint.pt, curve.parquet, tensorboard/, training.json, and the held-out
-evaluation of the greedy (Y = 1{p > 0.5}) and sampled (Y ~ Bernoulli(p)) policies in greedy/ and
+Writes to --out: checkpoint.pt, best.pt (OR-Transformer and HPO: the network of the lowest validation cost,
+trainers.validation), curve.parquet, tensorboard/, training.json, and the held-out evaluation of the best network
+(else the last) as the greedy (Y = 1{p > 0.5}) and sampled (Y ~ Bernoulli(p)) policies in greedy/ and
 sampled/, in the format of platform/evaluate.py (for PPO: greedy = Beta mean and p > 0.5; sampled =
 draws from the module's distribution). A diverged run is recorded as status 'diverged'.
 
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument(
         "--initial-weights",
         metavar="CHECKPOINT",
-        help="fine-tune: start from this pathwise checkpoint's network (same method and "
+        help="fine-tune: start from this pathwise checkpoint's network (a run folder: its best.pt; same method and "
         "network shape; an OR-Transformer's from any n) instead of a fresh one, without the preset's warm start "
         "(unless --config sets imitation_updates)",
     )
@@ -154,6 +155,13 @@ def main() -> None:
         f"training {training['status']} after {training['updates_done']} updates ({training['wall_seconds']:.0f} s); "
         f"last cost10 {training['final_cost10']:.4g}"
     )
+    validation = training.get("validation")
+    if validation and validation["best"]:
+        best = validation["best"]
+        print(
+            f"best network by validation: update {best['update']}, {best['cost']:.2f} ± {best['se']:.2f} on "
+            f"{validation['validation_episodes']} validation paths (best.pt, evaluated below)"
+        )
     for mode in MODES:
         print(f"held-out {mode}: {result[mode]['mean']:.2f} ± {result[mode]['se']:.2f}")
 

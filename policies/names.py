@@ -6,7 +6,8 @@ warm start's teacher); trainers/resolver.py turns a name into a policy.
 * decomposition-lookahead: the joint rule on the decomposition bound's per-item values (policies.lookahead),
   its tables computed when the policy is made, or decomposition-lookahead:DIR with the tables that a
   decomposition bound run wrote in DIR (platform/bound.py --kind decomposition --out DIR);
-* checkpoint:PATH: a trained policy of any learned method.
+* checkpoint:PATH: a trained policy of any learned method: a checkpoint file, or a run folder, whose best.pt (the
+  network of the lowest validation cost) it means, or its checkpoint.pt where it has none.
 """
 
 from __future__ import annotations

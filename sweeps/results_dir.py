@@ -41,6 +41,7 @@ from envs.instance import Instance, atomic_write_text, paper_instance
 from envs.results import append_json_line, json_line, read_evaluation, read_record, write_parquet
 from envs.validate import differences
 from sweeps.spec import SweepSpec, Trial
+from trainers.checkpoint import LAST, checkpoint_file
 
 SWEEP_FORMAT = "or-transformer-platform/sweep"
 SCHEMA_VERSION = 2
@@ -307,7 +308,8 @@ def trial_row(out: Path, trial: Trial, errors: dict[str, str], attempts: list[di
         )
         if training["wall_seconds"]:
             row["transitions_per_second"] = training["updates_done"] * config["batch"] * config["rollout"] / training["wall_seconds"]
-        row["checkpoint"] = str((folder / "checkpoint.pt").relative_to(out))
+        if (folder / LAST).is_file():
+            row["checkpoint"] = str(checkpoint_file(folder).relative_to(out))  # best.pt of a run that validates
     if training is not None and trial_done(folder):
         for mode in OPENINGS:
             s = read_evaluation(folder / mode)["summary"]

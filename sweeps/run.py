@@ -149,7 +149,7 @@ def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
         )
 
     def on_update(update: int, metrics: dict[str, float]) -> None:
-        tune.report({"update": update, "cost10": metrics["cost10"]})
+        tune.report({"update": update, "cost10": metrics["cost10"], **{k: metrics[k] for k in ("validation_cost",) if k in metrics}})
 
     try:
         summary = run_experiment(

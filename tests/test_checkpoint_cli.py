@@ -38,7 +38,7 @@ def test_resume_continues_the_same_curve(tmp_path):
     assert curve_a["update"] == curve_b["update"] == [1, 2, 3, 4]
     assert curve_a["cost10"] == curve_b["cost10"]
     assert straight["status"] == resumed["status"] == "completed"
-    assert set(curve_a) == {"method", "n", "seed", "update", "cost10", "wall_seconds"}
+    assert set(curve_a) == {"method", "n", "seed", "update", "cost10", "wall_seconds", "validation_cost", "restarted"}
     assert any((tmp_path / "a" / "tensorboard").iterdir())
 
 

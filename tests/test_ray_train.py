@@ -29,6 +29,9 @@ CONFIG = TrainConfig(
     updates=12,
     learning_rate=1e-3,
     checkpoint_every=5,
+    validate_every=4,
+    validation_episodes=8,
+    validation_horizon=10,
 )
 INSTANCE = paper_instance(3, 0)
 
@@ -47,6 +50,14 @@ def assert_same_curve(got, expected):
     assert len(got) == len(expected)
     for update, (a, b) in enumerate(zip(got, expected), 1):
         assert abs(a - b) <= 1e-3 * abs(b), f"update {update}: cost10 {a} vs {b}"
+
+
+def assert_same_validation(got: dict, expected: dict):
+    """The same updates scored, to float reduction the same scores, and the same best network's update."""
+    assert [s["update"] for s in got["scores"]] == [s["update"] for s in expected["scores"]]
+    for a, b in zip(got["scores"], expected["scores"]):
+        assert a["cost"] == pytest.approx(b["cost"], rel=1e-3), a["update"]
+    assert got["best"]["update"] == expected["best"]["update"]
 
 
 def test_bad_arguments_are_refused_before_ray_starts(tmp_path):
@@ -127,6 +138,11 @@ def test_a_killed_worker_is_replaced_and_the_run_continues_from_its_checkpoint(r
     updates, cost10 = curve_of(tmp_path / "run")
     assert updates == list(range(1, CONFIG.updates + 1))
     assert_same_curve(cost10, plain_curve(CONFIG))
+    # rank 0 validates, before and after the restart: the scores and the best network of one process
+    plain = train(CONFIG, INSTANCE, tmp_path / "plain", progress=False)
+    assert [s["update"] for s in plain["validation"]["scores"]] == [0, 4, 8, 12]
+    assert_same_validation(summary["validation"], plain["validation"])
+    assert read_checkpoint(tmp_path / "run" / "best.pt")["trainer"]["update"] == plain["validation"]["best"]["update"]
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import read_evaluation
 from trainers import pathwise, registry
-from trainers.checkpoint import CheckpointError
+from trainers.checkpoint import CheckpointError, checkpoint_file
 from trainers.config import ConfigError, TrainerConfig
 from trainers.experiment import run_experiment
 from trainers.pathwise import TrainConfig
@@ -149,6 +149,7 @@ def test_run_experiment_trains_and_evaluates_every_method(trained, method):
     assert (result["training"]["status"], result["training"]["updates_done"]) == ("completed", 2)
     assert result["training"].get("warm_start", {}).get("updates") == (3 if method == "or-transformer" else None)
     ckpt = registry.load_checkpoint(out / "checkpoint.pt")
+    evaluated = registry.load_checkpoint(checkpoint_file(out))  # best.pt of a method that validates
     assert ckpt["config"] == registry.method_config(method, "cpu", {**tiny(method), "seed": 0, "device": "cpu"})
     curve = pq.read_table(out / "curve.parquet").to_pydict()
     assert [u for u, _ in calls] == curve["update"] == [1, 2]  # on_update after every update, with the curve's metrics
@@ -164,7 +165,8 @@ def test_run_experiment_trains_and_evaluates_every_method(trained, method):
             HELDOUT_SEED,
         )
         assert summary["instance_hash"] == INSTANCE.content_hash() and summary["training"]["updates_done"] == 2
-        by_hand = evaluate(rebuilt_policy(method, ckpt["trainer"]["model"], ckpt["config"], mode), INSTANCE.to_torch(), paths)
+        assert summary["parameters"]["network"] == ("best" if method in pathwise.METHODS else "last")
+        by_hand = evaluate(rebuilt_policy(method, evaluated["trainer"]["model"], ckpt["config"], mode), INSTANCE.to_torch(), paths)
         assert summary["mean"] == pytest.approx(by_hand.mean, rel=1e-9)
 
 
@@ -198,7 +200,7 @@ def test_evaluate_script_on_every_methods_checkpoint(trained, tmp_path, script_r
             "--instance",
             tmp_path / "inst.json",
             "--policy",
-            f"checkpoint:{trained[method].checkpoint}",
+            f"checkpoint:{trained[method].folder}",  # the run's best network, as its own evaluation
             "--mode",
             mode,
             "--episodes",

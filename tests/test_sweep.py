@@ -158,7 +158,7 @@ def test_a_trial_killed_mid_training_is_retried_from_its_checkpoint(tmp_path):
         "baselines": {"classical_best": False, "dp_optimal": False},
         "overrides": {"all": {**SWEEP["overrides"]["all"], "updates": updates}, "hpo": {"checkpoint_every": every, "imitation_updates": 0}},
     }
-    gate = Gate(tmp_path / "gate", call=("trainers.checkpoint:save_checkpoint", "after", 1))  # the first process there waits
+    gate = Gate(tmp_path / "gate", call=("trainers.checkpoint:save_checkpoint", "after", 2))  # best.pt, then checkpoint.pt: then it waits
     process = start(tmp_path, sweep, env=gate.env)
     folder = results / "trials" / "hpo-n1-s0"
     gate.wait(process, timeout=300)

@@ -46,7 +46,7 @@ def test_a_new_run_refuses_a_folder_that_holds_a_run(tmp_path):
     before = (tmp_path / "run" / "checkpoint.pt").read_bytes(), event_files(tmp_path / "run")
     with pytest.raises(
         InputError,
-        match=r"run folder '.*run' already holds a run \(checkpoint.pt, curve.parquet, tensorboard, training.json\): "
+        match=r"run folder '.*run' already holds a run \(best.pt, checkpoint.pt, curve.parquet, tensorboard, training.json\): "
         r"continue it with --resume or replace it with --overwrite",
     ):
         train(TrainConfig(**RUN, updates=3, seed=1), instance, tmp_path / "run", progress=False)
@@ -71,7 +71,14 @@ def test_overwrite_replaces_the_previous_run_and_nothing_else(tmp_path):
     (run / "notes.txt").write_text("a user's file")
     summary = train(TrainConfig(**RUN, updates=2, seed=5), instance, run, mode="overwrite", progress=False)
     assert summary["updates_done"] == 2 and summary["seed"] == 5
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.pt", "curve.parquet", "notes.txt", "tensorboard", "training.json"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        "best.pt",
+        "checkpoint.pt",
+        "curve.parquet",
+        "notes.txt",
+        "tensorboard",
+        "training.json",
+    ]
     assert len(event_files(run)) == 1  # TensorBoard holds the new run only
     assert curve(run)["update"] == [1, 2] and set(curve(run)["seed"]) == {5}
     assert load_checkpoint(run / "checkpoint.pt")["config"].seed == 5
@@ -406,7 +413,10 @@ def test_curve_columns_are_checked(tmp_path):
     instance = paper_instance(2, 0)
     train(TrainConfig(**RUN, updates=2), instance, tmp_path, progress=False)
     pq.write_table(pa.table({"update": [1, 2]}), tmp_path / "curve.parquet")
-    with pytest.raises(InputError, match=r"expected the columns \['method', 'n', 'seed', 'update', 'cost10', 'wall_seconds'\]"):
+    with pytest.raises(
+        InputError,
+        match=r"expected the columns \['method', 'n', 'seed', 'update', 'cost10', 'wall_seconds', 'validation_cost', 'restarted'\]",
+    ):
         train(TrainConfig(**RUN, updates=3), instance, tmp_path, mode="resume", progress=False)
 
 

@@ -28,6 +28,31 @@ class CheckpointError(InputError):
     """A checkpoint file is missing, truncated, foreign or does not match what it is loaded into."""
 
 
+LAST, BEST = "checkpoint.pt", "best.pt"
+"""A run folder's checkpoint of its last update, and its network of the lowest validation cost (trainers.validation)."""
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """The checkpoint that `path` names: a file as it is; a run folder its best.pt, or its checkpoint.pt where it has
+    no best.pt (a run that does not validate)."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    for name in (BEST, LAST):
+        if (path / name).is_file():
+            return path / name
+    raise CheckpointError(f"checkpoint '{path}' is a directory without {BEST} or {LAST}: expected a run folder or a checkpoint file")
+
+
+def network_of(trainer_state: dict[str, Any]) -> dict[str, Any]:
+    """Which network a checkpoint holds: {network: best, update, validation_cost, validation_se} for a best.pt, else
+    {network: last, update}."""
+    if trainer_state.get("network") == "best":
+        score = trainer_state["validation"]
+        return {"network": "best", "update": trainer_state["update"], "validation_cost": score["cost"], "validation_se": score["se"]}
+    return {"network": "last", "update": trainer_state["update"]}
+
+
 def save_checkpoint(
     path: str | os.PathLike,
     config,
@@ -78,11 +103,10 @@ def not_unpickled(path: Path, holds: str) -> CheckpointError:
 
 
 def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load and validate the file; returns {config: dict (with a text 'method'), instance: Instance, status, reason, trainer,
-    attempts} (attempts [0] in a checkpoint written before they were recorded)."""
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"checkpoint '{path}' is a directory, expected a file")
+    """Load and validate the file (of a run folder: `checkpoint_file`'s); returns {config: dict (with a text 'method'),
+    instance: Instance, status, reason, trainer, attempts} (attempts [0] in a checkpoint written before they were
+    recorded)."""
+    path = checkpoint_file(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if not zipfile.is_zipfile(path):  # torch.load would read any other file as a pickle stream: KeyError, IndexError, ...

@@ -3,7 +3,8 @@
 distribution). platform/train.py, the sweep's Tune trials and the tests all run it.
 
 The run folder holds the run's files (trainers.run) and greedy/ and sampled/ in the evaluation format
-(envs.results.write_evaluation, whole or not read). The evaluation runs after every call that ends with a
+(envs.results.write_evaluation, whole or not read), of the run's best network where it validates (best.pt,
+trainers.validation), else of its last. The evaluation runs after every call that ends with a
 finished training, so `mode="resume"` of a run that has ended trains nothing and evaluates it again
 (the same numbers): a call killed during its evaluation is finished by a resume.
 """
@@ -18,6 +19,7 @@ from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range, che
 from envs.instance import Instance
 from envs.results import write_evaluation
 from trainers import registry
+from trainers.checkpoint import checkpoint_file, network_of
 from trainers.config import ConfigError
 from trainers.policy import MODES
 from trainers.run import check_run_dir
@@ -86,8 +88,9 @@ def run_experiment(
     paths = sample_paths(instance, HELDOUT_SEED, episodes, horizon, device)
     tinst = instance.to_torch(device)
     summaries = {}
+    chosen = checkpoint_file(out)  # the best network where the run validates, else its last
     for policy_mode in MODES:
-        policy, _ = registry.load_policy(out / "checkpoint.pt", policy_mode, device, instance)
+        policy, ckpt = registry.load_policy(chosen, policy_mode, device, instance)
         result = evaluate(policy, tinst, paths, progress=f"evaluate {policy_mode}" if progress else None)
         extra = {"training": {k: training[k] for k in ("status", "reason", "updates_done", "wall_seconds")}}
         summaries[policy_mode] = write_evaluation(
@@ -96,7 +99,7 @@ def run_experiment(
             result,
             HELDOUT_SEED,
             {**settings, "mode": policy_mode},
-            {"checkpoint": str(out / "checkpoint.pt"), "preset": preset},
+            {"checkpoint": str(chosen), "preset": preset, **network_of(ckpt["trainer"])},
             extra,
             instance=instance,
         )

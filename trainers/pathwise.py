@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from envs import validate
 from envs.dynamics import State, initial_state, step
 from envs.errors import InputError
-from envs.evaluation import Policy
+from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
@@ -72,6 +72,7 @@ from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, Trans
 from trainers.policy import LearnedPolicy
 from trainers.run import MethodRun, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
+from trainers.validation import Score, Validation, due, validation_record
 
 METHODS = ("or-transformer", "hpo")
 PRECISIONS = ("float32", "bfloat16")
@@ -118,8 +119,9 @@ class TrainConfig(TrainerConfig):
     imitation_student_share: float = 1.0
     """In a DAgger update, the probability that the student's decision is the one executed, in [0, 1]."""
     initial_weights: str = ""
-    """A checkpoint whose network weights the run starts from (a fine-tune; "" = a fresh network): the same
-    method and network shape; an OR-Transformer's may come from any n, an HPO network only from the same n."""
+    """A checkpoint whose network weights the run starts from (a fine-tune; "" = a fresh network), or a run folder (its
+    best.pt, else its checkpoint.pt): the same method and network shape; an OR-Transformer's may come from any n, an
+    HPO network only from the same n."""
     precision: str = "float32"
     """The networks' arithmetic: float32, or bfloat16 (autocast; the simulator and the costs stay float32, and on a
     GPU the float32 matrix products left use TF32)."""
@@ -132,6 +134,16 @@ class TrainConfig(TrainerConfig):
     checkpoint_activations: bool = False
     """OR-Transformer: recompute the quantity encoder's blocks in the backward pass instead of keeping their
     activations (activation checkpointing): larger micro-batches for about a third more quantity-network time."""
+    validate_every: int = 100
+    """Updates between two scores of the greedy policy on the validation set (>= 0; 0: never), which is also scored at
+    update 0 and at the last update; the network of the lowest score is kept as best.pt (trainers.validation)."""
+    validation_episodes: int = 64
+    """Paths of the validation set (>= 1)."""
+    validation_horizon: int = EVAL_HORIZON
+    """Steps of each validation path (>= 1); the held-out evaluation's by default."""
+    restart_periods: float = 20.0
+    """A rollout in which some item's stock or backorders exceed this many periods of its mean demand plus one order
+    cap starts again from the initial state (`restart_runaways`; > 0), or 0: never (the paper's rollouts run on)."""
 
     @classmethod
     def memory_fields(cls) -> tuple[str, ...]:
@@ -162,6 +174,10 @@ class TrainConfig(TrainerConfig):
             raise ConfigError(f"config field 'checkpoint_activations': expected true or false, got {self.checkpoint_activations!r}")
         if self.checkpoint_activations and self.method == "hpo":
             raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
+        self.require_int("validate_every", 0)
+        self.require_int("validation_episodes", 1)
+        self.require_int("validation_horizon", 1, validate.HORIZON_MAX, validate.HORIZON_WHY)
+        self.require_real("restart_periods", 0)
 
 
 def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
@@ -290,6 +306,18 @@ def gae(normalized_cost: torch.Tensor, value: torch.Tensor, bootstrap: torch.Ten
         running = delta[:, t] + gamma * lam * running
         advantage[:, t] = running
     return advantage, advantage + value
+
+
+def restart_runaways(state: State, instance: TensorInstance, periods: float) -> tuple[State, torch.Tensor]:
+    """The rollouts of `state` in which some item's stock or backorders |I_i| exceed `periods` lam_i + qbar_i start
+    again from the initial state (envs.dynamics.initial_state; the factor runs on, as it is exogenous): returns the
+    new state and how many restarted ([] tensor). A rollout that ran away (a policy that stopped ordering, or orders
+    far above demand) would otherwise stay away for the rest of the run, its costs growing with every update."""
+    away = (state.inv.abs() > periods * instance.lam + instance.qbar).any(-1)  # [b]
+    fresh = initial_state(instance, state.factor)
+    inv = torch.where(away[:, None], fresh.inv, state.inv)
+    pipe = torch.where(away[:, None, None], fresh.pipe, state.pipe)
+    return State(inv, pipe, state.factor), away.sum()
 
 
 def _distributed() -> bool:
@@ -431,9 +459,11 @@ def hybrid_losses(
 class PathwiseTrainer:
     """Holds the model, optimiser, the continuing rollout state (this rank's rows) and the random streams of one run."""
 
-    def __init__(self, config: TrainConfig, instance: TensorInstance, fresh: bool = True):
+    def __init__(self, config: TrainConfig, instance: TensorInstance, fresh: bool = True, validation: Validation | None = None):
         """`fresh`: a run's start, from config.initial_weights when it names a checkpoint; False when a checkpoint of
-        this run replaces the weights at once (load_state_dict), so a resumed fine-tune needs no initial_weights file."""
+        this run replaces the weights at once (load_state_dict), so a resumed fine-tune needs no initial_weights file.
+        `validation`: the run's validation set and best network (trainers.validation; on the process that writes the
+        run folder), kept in the checkpoint state."""
         self.config = config
         self.instance = instance
         _, world = rank_and_world()
@@ -464,6 +494,7 @@ class PathwiseTrainer:
             torch.backends.cuda.matmul.allow_tf32 = True  # the float32 products outside autocast
         self.memory = self._memory_plan()
         """The micro-batches of an update and of an imitation update (trainers.memory)."""
+        self.validation = validation
 
     def _memory_plan(self) -> MemoryPlan:
         """Measure what one state keeps for each network (one state's forwards, trainers.memory) and choose the
@@ -638,12 +669,16 @@ class PathwiseTrainer:
         norms = self._gradient_step(self.optimizer)
         _, world = rank_and_world()
         self.state = result.final_state  # truncated backpropagation through time: detached
+        restarted = torch.zeros((), device=instance.device)
+        if config.restart_periods:
+            self.state, restarted = restart_runaways(self.state, instance, config.restart_periods)
         self.update += 1
         local = torch.stack([result.discounted_cost.mean(), *(value.double() for value in result.losses), result.open_rate])
         mean = (_global_sum(local) / world).tolist()  # every shard holds B / W rollouts: the mean of the means
         return {
             "update": self.update,
             **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "open_rate"), mean)),
+            "restarted": int(_global_sum(restarted.double())),
             "learning_rate": learning_rate(config, self.update - 1),
             **{f"grad_norm_{k}": v for k, v in norms.items()},
         }
@@ -682,6 +717,7 @@ class PathwiseTrainer:
             "open_rng": self.generator.get_state(),
             "warm_start": self.warm_start_record,
             **({"imitation": self.imitation()} if self.imitation else {}),
+            **({"validation": self.validation.state()} if self.validation else {}),
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
@@ -701,6 +737,8 @@ class PathwiseTrainer:
         self.warm_start_record = data.get("warm_start")  # absent from checkpoints older than the warm start
         imitation = data.get("imitation")  # a warm start under way
         self.imitation = (lambda: imitation) if imitation else None
+        if self.validation is not None and data.get("validation"):  # absent from checkpoints older than validation
+            self.validation.load_state(data["validation"])
 
 
 class PathwiseRun(MethodRun):
@@ -717,7 +755,11 @@ class PathwiseRun(MethodRun):
             load_initial_weights(build_network(self.config, self.instance.n), self.config)
 
     def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
-        self.trainer = PathwiseTrainer(self.config, self.instance.to_torch(self.device), fresh=checkpoint is None)
+        config = self.config
+        validation = None
+        if self.lead and config.validate_every:
+            validation = Validation(self.instance, config.validation_episodes, config.validation_horizon, self.device)
+        self.trainer = PathwiseTrainer(config, self.instance.to_torch(self.device), fresh=checkpoint is None, validation=validation)
         if checkpoint is not None:
             self.trainer.load_state_dict(checkpoint["trainer"])
 
@@ -736,6 +778,17 @@ class PathwiseRun(MethodRun):
 
     def describe(self) -> str:
         return self.trainer.memory.describe()
+
+    def validate(self, last: int) -> Score | None:
+        validation, update = self.trainer.validation, self.trainer.update
+        if validation is None or not due(update, self.config.validate_every, last) or validation.scored(update):
+            return None
+        return validation.score(self.trainer.model, update)
+
+    @property
+    def validation_record(self) -> dict[str, Any] | None:
+        validation = self.trainer.validation if self.trainer else None
+        return validation_record(self.config, validation.state()) if validation else None
 
     @property
     def saves_after_failure(self) -> bool:

@@ -138,7 +138,7 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
 
 class WorkerRun(PathwiseRun):
     """A Ray Train worker's part of the run (trainers.run.MethodRun): its shard on its device; rank 0 writes the
-    run folder, and every save goes to ray.train.report with a Train checkpoint (checkpoint.pt and the curve)."""
+    run folder, and every save goes to ray.train.report with a Train checkpoint (checkpoint.pt, best.pt and the curve)."""
 
     def __init__(self, config: TrainConfig, instance: Instance):
         device = ray.train.torch.get_device() if config.device != "cpu" else torch.device("cpu")
@@ -155,13 +155,14 @@ class WorkerRun(PathwiseRun):
         super().build(out, checkpoint)
 
     def save(self, write) -> None:
-        """checkpoint.pt, then a Train checkpoint of it and of the curve (written before: trainers.run.continue_run)."""
+        """checkpoint.pt (and best.pt), then a Train checkpoint of them and of the curve (written before: trainers.run.continue_run)."""
         write(self.trainer.state_dict())  # on every rank: it gathers the whole batch's rollout state
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if self.lead:
-                for name in ("checkpoint.pt", "curve.parquet"):
-                    shutil.copy2(self.out / name, tmp)
+                for name in ("checkpoint.pt", "best.pt", "curve.parquet"):
+                    if (self.out / name).exists():  # best.pt: a run that validates
+                        shutil.copy2(self.out / name, tmp)
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)
             self.report.send(checkpoint)
 

@@ -16,6 +16,7 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.instance import Instance
 from policies.lookahead import FORMS
 from policies.names import ALLOWED, is_checkpoint, is_policy_name, named_label, policy_path
+from trainers.checkpoint import network_of
 from trainers.named_policies import named_policy
 from trainers.policy import MODES
 from trainers.registry import load_policy
@@ -64,7 +65,7 @@ def resolve(
         path = policy_path(name)
         policy, ckpt = load_policy(path, mode, device, instance)
         method = ckpt["config"].method
-        parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"]}
+        parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"], **network_of(ckpt["trainer"])}
         return ResolvedPolicy(policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True)
     if mode != "greedy":
         raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{name}' is deterministic")

@@ -4,8 +4,11 @@ result, Ctrl-C / SIGTERM as a saved interruption, and a progress bar.
 
 Files in the run directory:
   checkpoint.pt   latest checkpoint (trainers.checkpoint)
-  curve.parquet   method, n, seed, update, cost10, wall_seconds: updates 1..k of the checkpoint's update k
-                  (rewritten atomically before each checkpoint)
+  best.pt         the network with the lowest validation cost so far (trainers.validation), in the checkpoint
+                  format with that update's weights alone; written with each checkpoint, of a method that validates
+  curve.parquet   method, n, seed, update, cost10, wall_seconds, validation_cost (null where not validated),
+                  restarted (rollouts restarted in the update; null for a method without restarts): updates 1..k
+                  of the checkpoint's update k (rewritten atomically before each checkpoint)
   tensorboard/    event files (every metric of every update)
   training.json   config, status (completed | diverged | interrupted | failed), reason, updates done, attempts, wall time,
                   manifest, and the warm start's record when the run has one (trainers.pathwise)
@@ -72,10 +75,11 @@ from envs.results import RUNS, TRAINING, check_run_folder, clear_run, manifest, 
 from envs.validate import differences
 from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
 from trainers.config import TrainerConfig
+from trainers.validation import Score, best_network_state, validation_record
 
 MODES = ("new", "resume", "overwrite")
 RUN_FILES = RUNS[TRAINING]
-CURVE_COLUMNS = ("method", "n", "seed", "update", "cost10", "wall_seconds")
+CURVE_COLUMNS = ("method", "n", "seed", "update", "cost10", "wall_seconds", "validation_cost", "restarted")
 
 
 def run_files(out: Path) -> list[str]:
@@ -149,9 +153,9 @@ def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
         raise InputError(
             f"curve '{path}' is not readable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {cannot}"
         ) from None
-    if set(table.column_names) != set(CURVE_COLUMNS):
+    if set(table.column_names) not in (set(CURVE_COLUMNS), set(CURVE_COLUMNS[:6])):  # the second: a run made before validation
         raise InputError(f"curve '{path}': expected the columns {list(CURVE_COLUMNS)}, got {table.column_names}: {cannot}")
-    rows = [r for r in table.to_pylist() if r["update"] is not None and r["update"] <= done]
+    rows = [dict.fromkeys(CURVE_COLUMNS) | r for r in table.to_pylist() if r["update"] is not None and r["update"] <= done]
     if [r["update"] for r in rows] != list(range(1, done + 1)):
         raise InputError(f"curve '{path}' holds {len(rows)} of the updates 1..{done}: {cannot}")
     return rows
@@ -172,8 +176,9 @@ def write_summary(
     rows: list[dict[str, Any]],
     attempts: list[int],
     warm_start: dict[str, Any] | None = None,
+    validation: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write training.json (with the warm start's record when there is one); returns its content."""
+    """Write training.json (with the warm start's and the validation's records when there are); returns its content."""
     summary = {
         "method": config.method,
         "n": n,
@@ -185,6 +190,7 @@ def write_summary(
         "final_cost10": rows[-1]["cost10"] if rows else None,
         "wall_seconds": wall_seconds(rows, warm_start),
         **({"warm_start": warm_start} if warm_start else {}),
+        **({"validation": validation} if validation else {}),
         "manifest": manifest(config.to_dict()),
     }
     atomic_write_text(out / "training.json", json.dumps(summary, indent=1) + "\n")
@@ -203,7 +209,9 @@ def ended_summary(out: Path, ckpt: dict[str, Any], config: TrainerConfig, n: int
         summary = None
     if isinstance(summary, dict) and summary.get("status") == status and summary.get("updates_done") == done:
         return summary
-    return write_summary(out, config, n, status, ckpt["reason"], done, rows, ckpt["attempts"], ckpt["trainer"].get("warm_start"))
+    trainer = ckpt["trainer"]
+    validation = validation_record(config, trainer["validation"]) if trainer.get("validation") else None
+    return write_summary(out, config, n, status, ckpt["reason"], done, rows, ckpt["attempts"], trainer.get("warm_start"), validation)
 
 
 class Recorder(Protocol):
@@ -212,6 +220,9 @@ class Recorder(Protocol):
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
         """Keep update `update`'s metrics (curve row, TensorBoard, progress bar)."""
+
+    def validated(self, score: Score) -> None:
+        """Keep a validation's score (TensorBoard)."""
 
     def write_curve(self) -> None:
         """Write curve.parquet with every update recorded so far."""
@@ -225,25 +236,18 @@ class Recorder(Protocol):
 
 class RunRecorder:
     """Curve rows, TensorBoard scalars and the progress bar of one run; `rows` are those of the updates already
-    done, `attempts` the run's attempts so far (this one last), `warm_start` the record of the run's warm start
-    (its seconds start the wall clock)."""
+    done, `attempts` the run's attempts so far (this one last); `method`'s records of its warm start (whose seconds
+    start the wall clock) and of its validation go to training.json."""
 
     def __init__(
-        self,
-        out: Path,
-        config: TrainerConfig,
-        n: int,
-        rows: list[dict[str, Any]],
-        progress: bool,
-        attempts: list[int],
-        warm_start: dict[str, Any] | None = None,
+        self, out: Path, config: TrainerConfig, n: int, rows: list[dict[str, Any]], progress: bool, attempts: list[int], method: MethodRun
     ):
         from tensorboardX import SummaryWriter
 
-        self.out, self.config, self.n, self.attempts, self.warm_start = out, config, n, attempts, warm_start
+        self.out, self.config, self.n, self.attempts, self.method = out, config, n, attempts, method
         self.rows = list(rows)
         done = len(self.rows)
-        self.wall_offset = wall_seconds(self.rows, warm_start)
+        self.wall_offset = wall_seconds(self.rows, method.warm_start_record)
         self.start = time.perf_counter()
         # purge_step hides events of updates after the checkpoint that a killed run had logged
         self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else None)
@@ -259,12 +263,24 @@ class RunRecorder:
                 "update": update,
                 "cost10": metrics["cost10"],
                 "wall_seconds": wall,
+                "validation_cost": metrics.get("validation_cost"),
+                "restarted": metrics.get("restarted"),
             }
         )
         for key, value in metrics.items():
-            self.writer.add_scalar(f"train/{key}", value, update)
+            if not key.startswith("validation_"):
+                self.writer.add_scalar(f"train/{key}", value, update)
         self.bar.update(1)
-        self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}")
+        self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}", **self.best_postfix())
+
+    def validated(self, score: Score) -> None:
+        """TensorBoard's validation/cost and validation/se at `score`'s update (the progress bar shows the best)."""
+        self.writer.add_scalar("validation/cost", score.cost, score.update)
+        self.writer.add_scalar("validation/se", score.se, score.update)
+
+    def best_postfix(self) -> dict[str, str]:
+        best = (self.method.validation_record or {}).get("best")
+        return {"best": f"{best['cost']:.4g}@{best['update']}"} if best else {}
 
     def write_curve(self) -> None:
         write_curve(self.out, self.rows)
@@ -275,7 +291,19 @@ class RunRecorder:
 
     def summary(self, status: str, reason: str | None, updates_done: int) -> dict[str, Any]:
         """Write training.json; returns its content."""
-        return write_summary(self.out, self.config, self.n, status, reason, updates_done, self.rows, self.attempts, self.warm_start)
+        method = self.method
+        return write_summary(
+            self.out,
+            self.config,
+            self.n,
+            status,
+            reason,
+            updates_done,
+            self.rows,
+            self.attempts,
+            method.warm_start_record,
+            method.validation_record,
+        )
 
 
 def write_curve(out: Path, rows: list[dict[str, Any]]) -> None:
@@ -289,6 +317,8 @@ def write_curve(out: Path, rows: list[dict[str, Any]]) -> None:
                 "update": pa.array([r["update"] for r in rows], pa.int64()),
                 "cost10": pa.array([r["cost10"] for r in rows], pa.float64()),
                 "wall_seconds": pa.array([r["wall_seconds"] for r in rows], pa.float64()),
+                "validation_cost": pa.array([r["validation_cost"] for r in rows], pa.float64()),
+                "restarted": pa.array([r["restarted"] for r in rows], pa.int64()),
             }
         ),
         out / "curve.parquet",
@@ -299,6 +329,9 @@ class PeerRecorder:
     """The recorder of a data-parallel run's ranks other than 0: it keeps nothing, since rank 0 alone writes the run folder."""
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def validated(self, score: Score) -> None:
         pass
 
     def write_curve(self) -> None:
@@ -359,12 +392,15 @@ def training_loop(
     on_update: Callable[[int, dict[str, float]], None] | None = None,
     save_on_failure: bool = False,
     stop: StopRequest | None = None,
+    validate: Callable[[int], Score | None] | None = None,
 ) -> dict[str, Any] | None:
     """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the run
     (`save(status, reason)`: the curve and the checkpoint) and training.json; returns training.json's content
     (`recorder.summary`'s). Interruptions and failed updates: module docstring (`save_on_failure`: whether a failed
     `step` leaves the trainer at its last update, so that it may be saved; `stop`: the caller's StopRequest, already
-    entered, when its interruptions count since before the loop)."""
+    entered, when its interruptions count since before the loop). `validate(updates)` (MethodRun.validate) runs
+    after each update, before it is recorded and saved; its score joins the update's metrics as validation_cost and
+    validation_se."""
     status, reason, update = "completed", None, done
     with nullcontext(stop) if stop is not None else StopRequest() as stop:
         try:
@@ -378,6 +414,10 @@ def training_loop(
                         recorder.summary("failed", reason, update)
                     raise
                 update += 1
+                score = validate(updates) if validate is not None else None
+                if score is not None:
+                    metrics = {**metrics, "validation_cost": score.cost, "validation_se": score.se}
+                    recorder.validated(score)
                 recorder.record(update, metrics)
                 if on_update is not None:
                     on_update(update, metrics)
@@ -468,6 +508,17 @@ class MethodRun(ABC):
         """A line about how the built trainer runs (e.g. its micro-batches), printed before training with progress."""
         return None
 
+    def validate(self, last: int) -> Score | None:
+        """Score the network of the current update on the validation set (trainers.validation) where it is due
+        (`due`, with `last` the run's last update) and not scored yet, keeping the best network; on the lead process
+        only. None where nothing was scored (always, for a method that does not validate)."""
+        return None
+
+    @property
+    def validation_record(self) -> dict[str, Any] | None:
+        """training.json's `validation` (trainers.validation.Validation.record); None for a method that does not validate."""
+        return None
+
     @abstractmethod
     def step(self) -> dict[str, float]:
         """One update; its metrics (with cost10)."""
@@ -532,6 +583,9 @@ def continue_run(
     def write_checkpoint(status: str, reason: str | None) -> Callable[[dict[str, Any]], None]:
         def write(state: dict[str, Any]) -> None:
             if method.lead:
+                if best := (state.get("validation") or {}).get("best"):  # first: checkpoint.pt never names a best not on disk
+                    kept = [a for a in attempts if a <= best["update"]] or [0]
+                    save_checkpoint(out / "best.pt", config, instance, best_network_state(best), status, reason, kept)
                 save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason, attempts)
 
         return write
@@ -566,7 +620,7 @@ def continue_run(
         if method.lead:
             if start.checkpoint is None:
                 shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the events of an attempt that stopped before its first checkpoint
-            recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method.warm_start_record)
+            recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method)
         else:
             recorder = PeerRecorder()
 
@@ -577,6 +631,8 @@ def continue_run(
             recorder.write_curve()
             method.save(write_checkpoint(status, reason))
 
+        if score := method.validate(config.updates):  # the network the run starts from (update 0)
+            recorder.validated(score)
         if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
             save("running", None)
         return training_loop(
@@ -590,6 +646,7 @@ def continue_run(
             on_update,
             method.saves_after_failure,
             stop,
+            method.validate,
         )
 
 

@@ -128,6 +128,12 @@ def bound_notes(summary: dict) -> list[str]:
     return []
 
 
+def network_note(summary: dict) -> str:
+    """Which network of a training run an evaluation is of (trainers.checkpoint.network_of), as the table says it."""
+    parameters = summary.get("parameters") or {}
+    return f" ({parameters['network']} network, update {parameters['update']})" if "network" in parameters else ""
+
+
 def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> list[str]:
     """The lines of the pairwise table: each run's mean, s.e. and paired difference to the reference, and with a bound
     its figure by the bound's kind. A perfect-information bound is a per-episode bound: its row is the bound, and each
@@ -156,7 +162,7 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
         else:
             gap = f" {100 * (run['cost'].mean() / bound['cost'].mean() - 1):.1f}% |" if bound else ""
         status = run["summary"].get("training", {}).get("status")
-        name = run["name"] + (f" ({status})" if status and status != "completed" else "")
+        name = run["name"] + (f" ({status})" if status and status != "completed" else "") + network_note(run["summary"])
         lines.append(f"| {name} | {run['cost'].mean():.2f} | {standard_error(run['cost']):.2f} | {ci} |{gap}")
     if decomposition:
         b = bound["summary"]

@@ -28,6 +28,8 @@ def test_a_checkpoint_resolves_to_its_method_and_mode_on_its_own_instance(traine
             "mode": mode,
             "method": "or-transformer",
             "training_status": "completed",
+            "network": "last",
+            "update": 2,
         }
     paths = sample_paths(INSTANCE, 5, 4, 6)
     ours = evaluate(resolve(name).policy, INSTANCE.to_torch(), paths).discounted_cost

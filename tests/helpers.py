@@ -218,6 +218,12 @@ if os.environ.get("TEST_GATE_CALL"):
 '''
 
 
+HANG_SECONDS = 600.0
+"""How long a test waits for an event before it calls the wait a hang: a guard, never a measure of speed, so generous
+that a 2-core machine at load 6 (Ray starting, a solve of seconds) is far inside it; a child that dies ends the wait
+at once."""
+
+
 class Gate:
     """Stops a child Python process at a known point, so that a test acts on an event rather than at a moment.
     The first process sharing `env` that gets there waits (the gate holds once): before it imports
@@ -240,7 +246,7 @@ class Gate:
             "TEST_GATE_CALL": ":".join(map(str, call)) if call else "",
         }
 
-    def wait(self, process=None, timeout: float = 120.0) -> None:
+    def wait(self, process=None, timeout: float = HANG_SECONDS) -> None:
         """Until the child is at the gate (a subprocess.Popen `process` must not end before)."""
         end = time.monotonic() + timeout
         while not self.marker.exists():
@@ -248,7 +254,7 @@ class Gate:
             assert time.monotonic() < end, "the child did not reach the gate"
             time.sleep(0.01)
 
-    def release(self, timeout: float = 60.0) -> None:
+    def release(self, timeout: float = HANG_SECONDS) -> None:
         """Let the child past the gate (it may be between a signal handler and its next open() of the FIFO)."""
         end = time.monotonic() + timeout
         while True:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 from conftest import ROOT, run_script
-from helpers import Gate
+from helpers import HANG_SECONDS, Gate
 
 from envs.errors import InputError
 from envs.exogenous import sample_paths
@@ -216,7 +216,7 @@ def test_interrupted_milp_keeps_the_journal_and_resumes(tmp_path, signum, ray_se
     kept = lines(journal)
     assert len(kept) == 1 + 1  # the identity and the first decision
     process.send_signal(signum)
-    _, stderr = process.communicate(timeout=60)
+    _, stderr = process.communicate(timeout=HANG_SECONDS)
     assert process.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
     last = stderr.strip().splitlines()[-1]
     assert (

@@ -29,6 +29,10 @@ it. It keeps the world-size invariance: every rank acts with the same teacher (r
 the others make it from its parameters), simulates its rows of the teacher's rollouts from a common stream,
 and the gradients are averaged; at its end every rank takes rank 0's weights. A run saves the warm start under
 way every `checkpoint_every` imitation updates (`state_dict`'s `imitation`), and resumes it from there.
+
+Also not the paper's: after each update a rollout whose stock or backorders left |I_i| <= restart_periods lam_i +
+qbar_i starts again from the initial state (`restart_runaways`), and the process that writes the run folder scores
+the greedy policy on the validation set and keeps the best network (trainers.validation; `PathwiseRun.validate`).
 """
 
 from __future__ import annotations

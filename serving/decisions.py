@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -40,6 +39,7 @@ from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
 from policies.names import policy_path
+from trainers.checkpoint import checkpoint_file
 from trainers.resolver import resolve
 
 KEYS = ("factor", "in_transit", "inventory")
@@ -271,10 +271,10 @@ def load_decider(policy: str, instance: Instance | None = None, mode: str = "gre
     resolved = resolve(policy, instance, mode=mode, form="stationary", device=device, progress=progress)
     instance = resolved.instance
     if resolved.learned:
-        path = policy_path(policy)
+        path = checkpoint_file(policy_path(policy))  # a run folder: its best.pt
         status = resolved.parameters["training_status"]
         label = f"checkpoint '{path}' (training status '{status}')"
-        info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(Path(path)), "training_status": status}
+        info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(path), "training_status": status}
     else:
         label = f"policy '{policy}'"
         info = {"method": policy, "checkpoint_sha256": None, "parameters": resolved.parameters}

@@ -206,3 +206,14 @@ def test_a_policy_that_never_orders_keeps_bounded_costs_because_its_rollouts_res
     runaway, never = never_ordering_costs(0.0)
     assert sum(never) == 0
     assert runaway[-1] > 3 * max(costs) and runaway[-1] > runaway[len(runaway) // 2] > runaway[0]
+
+
+def test_a_run_folder_serves_its_best_network(trained):
+    """decide.py and serve.py's Decider on checkpoint:RUN: best.pt's decisions and its SHA-256 in /info."""
+    from envs.results import sha256
+    from serving.decisions import load_decider
+
+    run = trained["or-transformer"]
+    decider = load_decider(f"checkpoint:{run.folder}")
+    assert decider.info["checkpoint_sha256"] == sha256(run.folder / "best.pt")
+    assert str(run.folder / "best.pt") in decider.label

@@ -149,7 +149,8 @@ def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
         )
 
     def on_update(update: int, metrics: dict[str, float]) -> None:
-        tune.report({"update": update, "cost10": metrics["cost10"], **{k: metrics[k] for k in ("validation_cost",) if k in metrics}})
+        validated = {"validation_cost": metrics["validation_cost"]} if "validation_cost" in metrics else {}
+        tune.report({"update": update, "cost10": metrics["cost10"], **validated})
 
     try:
         summary = run_experiment(

@@ -40,6 +40,7 @@ from envs.errors import InputError
 from envs.instance import Instance
 from solver_workers.ray_private import in_tune_session
 from solver_workers.ray_session import init_ray
+from trainers.checkpoint import BEST, LAST
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseRun, TrainConfig, rank_and_world
 from trainers.run import continue_run, open_run, run_start
@@ -160,7 +161,7 @@ class WorkerRun(PathwiseRun):
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if self.lead:
-                for name in ("checkpoint.pt", "best.pt", "curve.parquet"):
+                for name in (LAST, BEST, "curve.parquet"):
                     if (self.out / name).exists():  # best.pt: a run that validates
                         shutil.copy2(self.out / name, tmp)
                 checkpoint = ray.train.Checkpoint.from_directory(tmp)

@@ -73,7 +73,7 @@ from envs.errors import InputError
 from envs.instance import Instance, atomic_write_text, written_by_atomic_write
 from envs.results import RUNS, TRAINING, check_run_folder, clear_run, manifest, write_parquet
 from envs.validate import differences
-from trainers.checkpoint import CheckpointError, read_checkpoint, save_checkpoint
+from trainers.checkpoint import BEST, LAST, CheckpointError, read_checkpoint, save_checkpoint
 from trainers.config import TrainerConfig
 from trainers.validation import Score, best_network_state, validation_record
 
@@ -100,7 +100,7 @@ def check_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
         raise InputError(
             f"run folder '{out}' already holds a run ({', '.join(found)}): continue it with --resume or replace it with --overwrite"
         )
-    if mode == "resume" and not (out / "checkpoint.pt").is_file():
+    if mode == "resume" and not (out / LAST).is_file():
         hint = "start anew with --overwrite" if found else "run without --resume to start it"
         raise InputError(f"run folder '{out}' has no checkpoint.pt to resume: {hint}")
     return out
@@ -252,6 +252,7 @@ class RunRecorder:
         # purge_step hides events of updates after the checkpoint that a killed run had logged
         self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=done + 1 if done else None)
         self.bar = tqdm(total=config.updates, initial=done, desc=f"train {config.method} n={n}", disable=not progress)
+        self.best = self.best_postfix()  # a resumed run's, from its checkpoint; then renewed at each validation
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
         wall = self.wall_offset + time.perf_counter() - self.start
@@ -271,14 +272,16 @@ class RunRecorder:
             if not key.startswith("validation_"):
                 self.writer.add_scalar(f"train/{key}", value, update)
         self.bar.update(1)
-        self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}", **self.best_postfix())
+        self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}", **self.best)
 
     def validated(self, score: Score) -> None:
-        """TensorBoard's validation/cost and validation/se at `score`'s update (the progress bar shows the best)."""
+        """TensorBoard's validation/cost and validation/se at `score`'s update, and the progress bar's best."""
         self.writer.add_scalar("validation/cost", score.cost, score.update)
         self.writer.add_scalar("validation/se", score.se, score.update)
+        self.best = self.best_postfix()
 
     def best_postfix(self) -> dict[str, str]:
+        """The progress bar's `best=COST@UPDATE` of the method's best network so far ({} before any)."""
         best = (self.method.validation_record or {}).get("best")
         return {"best": f"{best['cost']:.4g}@{best['update']}"} if best else {}
 
@@ -453,7 +456,7 @@ class RunStart(NamedTuple):
 def run_start(out: Path, config: TrainerConfig, instance: Instance) -> RunStart:
     """The start that the run folder `out` offers: its checkpoint.pt, checked against this run's config and
     instance, with its curve (module docstring), or anew when it holds no checkpoint."""
-    path = out / "checkpoint.pt"
+    path = out / LAST
     if not path.is_file():
         return RunStart(None, [], None)
     ckpt = read_checkpoint(path)
@@ -585,8 +588,8 @@ def continue_run(
             if method.lead:
                 if best := (state.get("validation") or {}).get("best"):  # first: checkpoint.pt never names a best not on disk
                     kept = [a for a in attempts if a <= best["update"]] or [0]
-                    save_checkpoint(out / "best.pt", config, instance, best_network_state(best), status, reason, kept)
-                save_checkpoint(out / "checkpoint.pt", config, instance, state, status, reason, attempts)
+                    save_checkpoint(out / BEST, config, instance, best_network_state(best), status, reason, kept)
+                save_checkpoint(out / LAST, config, instance, state, status, reason, attempts)
 
         return write
 
@@ -606,10 +609,10 @@ def continue_run(
         try:
             warm_started = method.warm_start(progress and method.lead, after_imitation)
         except Exception as error:  # e.g. out of memory: the last checkpoint of the warm start says so
-            if method.lead and (out / "checkpoint.pt").exists():
+            if method.lead and (out / LAST).exists():
                 reason = failure_reason("the warm start", error)
-                last = read_checkpoint(out / "checkpoint.pt")
-                save_checkpoint(out / "checkpoint.pt", config, instance, last["trainer"], "failed", reason, last["attempts"])
+                last = read_checkpoint(out / LAST)
+                save_checkpoint(out / LAST, config, instance, last["trainer"], "failed", reason, last["attempts"])
                 write_summary(out, config, instance.n, "failed", reason, method.update, start.rows, attempts)
             raise
         if stopped:

@@ -1,6 +1,7 @@
-"""What every script in platform/ shares at its boundary: argument types, the flags of held-out evaluation, and
-`run_cli`, which reports bad input (`InputError`) as one line `error: ...` with exit status 2 and an interruption
-as one line with exit status 130. Any other exception is a bug and keeps its traceback. Input files are read, and
+"""What every script in platform/ shares at its boundary: its parser (`script_parser`), argument types, the flags of
+held-out evaluation, and `run_cli`, which reports bad input (`InputError`, a bad flag included) as one line
+`error: ...` with exit status 2, on a line of its own after a progress bar's output, and an interruption as one line
+with exit status 130. Any other exception is a bug and keeps its traceback. Input files are read, and
 output folders checked, by envs.files."""
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ INTERRUPTED_EXIT = 130
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""
+
+
+class ScriptParser(argparse.ArgumentParser):
+    """A script's parser: a bad or missing flag is an InputError (one `error:` line and exit status 2 under
+    `run_cli`), not argparse's usage block and `prog: error:` line."""
+
+    def error(self, message: str):
+        raise InputError(f"{message} (see {self.prog} --help)")
+
+
+def script_parser(description: str) -> ScriptParser:
+    """The parser of a script in platform/, its help text `description` (the module docstring) kept as written."""
+    return ScriptParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def _flag(check: Callable, **bounds) -> Callable[[str], object]:
@@ -113,18 +127,45 @@ def interrupt_start_up() -> None:
         signal.signal(sig, _stop_starting)
 
 
+class LineTracking:
+    """A text stream that passes every write on to `stream` and knows whether its output ends a line: a progress bar
+    leaves its last frame after a carriage return, and the line `run_cli` prints then has to start a new one (so that
+    `grep '^error:'` finds it)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.at_line_start = True
+
+    def write(self, text: str) -> int:
+        if text:
+            self.at_line_start = text.endswith("\n")
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _report(kind: str, message: str = "") -> None:
+    """One line `kind: message` (or `kind`) on stderr, after a newline if the output so far ends mid-line."""
+    stream = sys.stderr
+    start = "" if getattr(stream, "at_line_start", True) else "\n"
+    print(f"{start}{kind}: {message}" if message else f"{start}{kind}", file=stream)
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's main. SIGTERM is treated like Ctrl-C, so a script can save its work either way."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)
+    if not isinstance(sys.stderr, LineTracking):
+        sys.stderr = LineTracking(sys.stderr)
     try:
         sys.exit(main() or 0)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _report("error", str(exc))
         sys.exit(2)
     except Interrupted as exc:
-        print(f"interrupted: {exc}", file=sys.stderr)
+        _report("interrupted", str(exc))
         sys.exit(INTERRUPTED_EXIT)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        _report("interrupted")
         sys.exit(INTERRUPTED_EXIT)

@@ -23,7 +23,6 @@ policy's mean and the paired comparison of every two policies over the same wind
 t-interval), also printed. An --out that holds a run is refused; --overwrite replaces it.
 """
 
-import argparse
 import json
 import textwrap
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.backtest import paired_comparisons, replay, window_count
-from envs.cli import device, positive_int, run_cli
+from envs.cli import device, positive_int, run_cli, script_parser
 from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import check_cost_range
@@ -98,7 +97,7 @@ def previous_folders(out: Path) -> list[Path]:
 
 def main() -> None:
     rules = textwrap.fill(", ".join(POLICY_NAMES), 100, initial_indent=" " * 10, break_on_hyphens=False).strip()
-    parser = argparse.ArgumentParser(description=__doc__.format(rules=rules), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__.format(rules=rules))
     parser.add_argument("--history", required=True, help="CSV or Parquet demand history: item, period, demand (as fit.py reads it)")
     parser.add_argument("--instance", required=True, help="instance JSON file (e.g. the one fit.py wrote from a history)")
     parser.add_argument(

@@ -28,7 +28,7 @@ what --out holds, removing every file of it. Ctrl-C or SIGTERM keeps the journal
 
 import argparse
 
-from envs.cli import held_out_flags, positive_int, positive_real, run_cli, time_limit
+from envs.cli import held_out_flags, positive_int, positive_real, run_cli, script_parser, time_limit
 from envs.errors import InputError
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
@@ -62,7 +62,7 @@ def check_kind_flags(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--kind", default=KINDS[0], choices=KINDS, help="which bound (default perfect-information)")
     solver = parser.add_argument_group("--kind perfect-information")

@@ -14,7 +14,6 @@ needs and what survives the loss of a node.
 
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import shlex
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from envs.cli import Interrupted, free_port, positive_int, run_cli
+from envs.cli import Interrupted, free_port, positive_int, run_cli, script_parser
 from envs.errors import InputError
 from envs.job_output import out_argument, resolve_out
 from sweeps.results_dir import open_results
@@ -138,7 +137,7 @@ def say(text: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--workers", type=positive_int, default=2, help="worker nodes (default 2)")
     parser.add_argument("--cpus", type=positive_int, default=2, help="CPUs of each worker node (default 2; 1 works too)")
     parser.add_argument(

@@ -23,12 +23,11 @@ Why these bounds: serving/decisions.py. A decision that is still not finite (for
 with NaN weights) is an error too, never an answer.
 """
 
-import argparse
 import json
 import sys
 import time
 
-from envs.cli import device, run_cli
+from envs.cli import device, run_cli, script_parser
 from envs.errors import InputError
 from envs.files import input_file, read_file
 from envs.instance import Instance
@@ -39,7 +38,7 @@ from trainers.policy import MODES
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
     source.add_argument(

@@ -13,10 +13,9 @@ documented held-out seed. An --out that holds a run (an evaluation, a bound, a M
 --overwrite replaces it, removing every file of it.
 """
 
-import argparse
 import textwrap
 
-from envs.cli import device, held_out_flags, run_cli
+from envs.cli import device, held_out_flags, run_cli, script_parser
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
@@ -32,7 +31,7 @@ from trainers.resolver import resolve
 
 def main() -> None:
     rules = textwrap.fill(", ".join(POLICY_NAMES), 100, initial_indent=" " * 18, break_on_hyphens=False).strip()
-    parser = argparse.ArgumentParser(description=__doc__.format(rules=rules), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__.format(rules=rules))
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")

@@ -20,11 +20,10 @@ factor path), .fit.md (the report) and .fit.png (its figure). An existing OUT or
 --overwrite is given; a history or cost table is never written over.
 """
 
-import argparse
 import json
 from pathlib import Path
 
-from envs.cli import factors, positive_int, run_cli, seed
+from envs.cli import factors, positive_int, run_cli, script_parser, seed
 from envs.fit import MAX_FACTORS, REPLICATES, fit_history, report_figure, report_markdown
 from envs.instance import atomic_write, atomic_write_text
 from envs.job_output import out_argument, resolve_out
@@ -36,7 +35,7 @@ def report_paths(out: Path) -> dict[str, Path]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--history", required=True, help="CSV or Parquet demand history: item, period, demand")
     parser.add_argument("--items", required=True, help="CSV or Parquet cost table: item, h, b, lead [, qbar]")
     parser.add_argument("--K", type=float, help="joint setup cost K >= 0 (default 10 n, the paper family's)")

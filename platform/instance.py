@@ -7,15 +7,13 @@ python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --o
 An existing --out is refused unless --overwrite is given; the item table is never written over.
 """
 
-import argparse
-
-from envs.cli import factors, positive_int, run_cli, seed
+from envs.cli import factors, positive_int, run_cli, script_parser, seed
 from envs.instance import Instance, paper_instance, with_factors
 from envs.job_output import out_argument, resolve_out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--n", type=positive_int, help="number of items of a paper-family instance")
     source.add_argument("--items", help="CSV or Parquet item table with columns h, b, lam, beta, lead, qbar")

@@ -8,13 +8,12 @@ every variant again for classical-best. Runs on an embedded local Ray, or on a c
   ray job submit --working-dir . -- python platform/main.py --n 64 --out /mnt/shared/runs/main-n64
 """
 
-import argparse
 import os
 
 import ray
 import torch
 
-from envs.cli import horizon, positive_int, run_cli, seed
+from envs.cli import horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
@@ -31,7 +30,7 @@ def tune_task(instance, name, horizon):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--n", type=positive_int, default=16, help="items of the paper instance (default 16)")
     parser.add_argument("--seed", type=seed, default=0, help="instance seed (default 0)")
     parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help="held-out episodes (default 128)")

@@ -17,10 +17,9 @@ bound, a training run); --overwrite replaces what --out holds, removing every fi
 the journal.
 """
 
-import argparse
 import json
 
-from envs.cli import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, seed, time_limit
+from envs.cli import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, script_parser, seed, time_limit
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from envs.job_output import resolve_out
@@ -32,7 +31,7 @@ from solver_workers.runs import SolverRun, milp_journal, run_milp
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--solver", default="highs", choices=SOLVERS, help="MILP solver (default highs)")
     parser.add_argument("--scenarios", type=scenarios, default=100, help="demand scenarios S (default 100)")

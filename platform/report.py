@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.cli import device, run_cli
+from envs.cli import device, run_cli, script_parser
 from envs.errors import InputError
 from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
@@ -219,7 +219,7 @@ def sweep_report(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("runs", nargs="+", help="a sweep's results directory, or evaluation folders")
     parser.add_argument(
         "--out",

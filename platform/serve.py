@@ -15,12 +15,11 @@ policy call (--max-batch-size, --batch-wait-ms; --max-batch-size 1 turns batchin
 for `serve run` / `serve deploy` is platform/serve.yaml.
 """
 
-import argparse
 import os
 import socket
 import time
 
-from envs.cli import non_negative_real, port, positive_int, run_cli
+from envs.cli import non_negative_real, port, positive_int, run_cli, script_parser
 from envs.errors import InputError
 from envs.files import input_file
 from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
@@ -40,7 +39,7 @@ def check_free(host: str, number: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
     which.add_argument("--policy", type=policy_name, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")

@@ -10,10 +10,9 @@ them (docs/model.md). An existing
 --out or --costs is refused unless --overwrite is given; the instance file is never written over.
 """
 
-import argparse
 from pathlib import Path
 
-from envs.cli import horizon, run_cli, seed
+from envs.cli import horizon, run_cli, script_parser, seed
 from envs.errors import InputError
 from envs.fit import simulate_history
 from envs.instance import Instance, atomic_write
@@ -31,7 +30,7 @@ def write_table(table, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--periods", type=horizon, required=True, help="number of daily periods")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the demand path (default 0)")

@@ -20,7 +20,7 @@ import os
 import shlex
 from pathlib import Path
 
-from envs.cli import Interrupted, run_cli
+from envs.cli import Interrupted, run_cli, script_parser
 from envs.errors import InputError
 from envs.job_output import out_argument, resolve_out
 from solver_workers.ray_session import init_ray, stop_ray
@@ -30,7 +30,7 @@ from sweeps.run import RESUME_COMMAND, cluster_nodes, dry_run, read_spec, run_sw
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--config", required=True, help="sweep file (YAML; see tune_configs/)")
     parser.add_argument("--out", type=out_argument, required=True, help="results directory")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")

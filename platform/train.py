@@ -30,7 +30,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from envs.cli import Interrupted, device, horizon, positive_int, run_cli, seed
+from envs.cli import Interrupted, device, horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES
 from envs.files import read_file
@@ -100,7 +100,7 @@ def stopped(args, out: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = script_parser(__doc__)
     parser.add_argument("--method", required=True, choices=list(METHODS))
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--preset", default="cpu", choices=list(PRESETS), help="training budget and network size (default cpu)")

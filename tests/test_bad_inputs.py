@@ -1,5 +1,6 @@
 """Bad input through the real scripts, one row of tests/bad_inputs/*.yaml each: the script exits with the
-row's status (2 by default), prints exactly one `error:` line that contains every expected substring,
+row's status (2 by default), prints exactly one line with `error:`, at its start (a bad flag too: no usage block),
+that contains every expected substring,
 never a traceback, and leaves nothing in its output folder.
 
 A row: id, script (in platform/), args, optional files (text written under {tmp}) and binary (hex bytes),
@@ -67,8 +68,9 @@ def test_bad_input_gives_one_clear_error(row, outcomes):
     folder, result = outcomes[row["id"]]
     output = result.stdout + result.stderr
     assert "Traceback" not in output, output[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:") or ": error:" in line]
-    assert len(errors) == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr[-3000:]
+    assert not any(line.startswith("usage:") for line in result.stderr.splitlines()), result.stderr[-3000:]
     for needle in row["expect"]:
         assert needle in errors[0], f"{needle!r} not in {errors[0]!r}"
     assert result.returncode == row.get("exit", 2), result.stderr[-3000:]

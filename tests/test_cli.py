@@ -181,8 +181,35 @@ def test_bad_flags_give_one_clear_error(tmp_path, args, message, script_runner):
     inst_path = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst_path)  # as `instance.py --n 2` writes it (test_instance_and_evaluate_zero_policy_with_trace)
     result = script_runner("evaluate.py", "--instance", inst_path, "--out", tmp_path / "o", *args)
-    assert result.returncode == 2 and message in result.stderr
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert "(see evaluate.py --help)" in lines[0]  # argparse's usage block is not printed
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["input", "interrupt"])
+def test_the_last_line_starts_its_own_line_after_a_progress_bar(kind, capsys, monkeypatch):
+    """A script that fails while a progress bar's frame (ended by a carriage return) is the last output prints its
+    `error:` or `interrupted:` line on a new line, so `grep '^error:'` finds it; after whole lines, no blank line."""
+    import sys
+
+    from envs.cli import LineTracking, run_cli
+    from envs.errors import InputError
+
+    def failing(prefix):
+        def main():
+            sys.stderr.write(prefix)
+            raise InputError("field 'x': expected 1") if kind == "input" else KeyboardInterrupt
+
+        return main
+
+    first = "error: field 'x': expected 1" if kind == "input" else "interrupted"
+    for prefix, expected in (("\revaluate:  40%|####  | 2/5", f"\revaluate:  40%|####  | 2/5\n{first}\n"), ("done\n", f"done\n{first}\n")):
+        monkeypatch.setattr(sys, "stderr", LineTracking(sys.stderr))
+        with pytest.raises(SystemExit) as stop:
+            run_cli(failing(prefix))
+        assert stop.value.code == (2 if kind == "input" else 130)
+        assert capsys.readouterr().err == expected
 
 
 def test_bad_instance_file_is_reported_and_nothing_written(tmp_path, script_runner):

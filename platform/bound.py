@@ -35,6 +35,7 @@ from envs.instance import Instance
 from envs.job_output import resolve_out
 from policies import lookahead
 from solver_workers.backends import SOLVERS, SolverOptions
+from solver_workers.bound import solved_note
 from solver_workers.decomposition import DecompositionOptions, certificate_note, check_items
 from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.runs import SolverRun, bound_journal, decomposition_journal, run_bound, run_decomposition_bound
@@ -110,10 +111,9 @@ def main() -> None:
     init_ray(args.workers, args.address)
     summary = run_bound(run, instance, journal, options)
     stop_ray()
-    optimal = summary["episodes_solved_to_optimality"]
     print(
         f"perfect-information bound: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes "
-        f"({optimal} solved to optimality; the rest report proven dual bounds)"
+        f"({solved_note(summary['episodes_solved_to_optimality'], summary['episodes'])})"
     )
 
 

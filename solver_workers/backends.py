@@ -9,8 +9,10 @@ variables GRB_WLSACCESSID, GRB_WLSSECRET, GRB_LICENSEID in the environment) is u
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -88,11 +90,30 @@ def _finite(value) -> float | None:
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+@functools.cache
+def _silence_highs_banner() -> None:
+    """Make this process's first highspy.Highs with standard output sent to /dev/null: HiGHS prints its banner (two
+    lines) on the first Highs a process makes, before any option can turn output off, and a solver worker's output
+    reaches the driver's console (with Ray's prefix) between a script's own lines."""
+    import highspy
+
+    sys.stdout.flush()
+    kept = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs().setOptionValue("output_flag", False)
+    finally:
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
 def load_highs(model: MilpModel, options: SolverOptions):
     """A highspy.Highs holding `model`, passed in one call from its arrays, with `options`' settings and output off;
     None when HiGHS rejects the model."""
     import highspy
 
+    _silence_highs_banner()
     h = highspy.Highs()
     for key, value in (
         ("output_flag", False),

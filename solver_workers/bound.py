@@ -202,3 +202,11 @@ def episode_bound(
         "plan_open": plan_open.tolist(),
         "plan_quantity": plan_quantity.tolist(),
     }
+
+
+def solved_note(optimal: int, episodes: int) -> str:
+    """How many of the perfect-information bound's episodes were solved to optimality, and what the others report."""
+    if optimal == episodes:
+        return f"all {episodes} solved to optimality"
+    rest = episodes - optimal
+    return f"{optimal} solved to optimality; the other {rest} report {'a proven dual bound' if rest == 1 else 'proven dual bounds'}"

@@ -10,7 +10,7 @@ from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
 from policies.classical import make_policy, tune_family, zero_policy
 from solver_workers.backends import SolverOptions, solve
-from solver_workers.bound import episode_bound, prepare, uncapacitated_bound
+from solver_workers.bound import episode_bound, prepare, solved_note, uncapacitated_bound
 from solver_workers.model import build_model
 
 EXACT = SolverOptions(gap=0.0)
@@ -72,3 +72,16 @@ def test_bound_is_below_every_policy_on_every_episode():
     bounds = np.array([episode_bound(inst, paths.demand[r].double().numpy(), inventory, in_transit, EXACT)["bound"] for r in range(6)])
     for policy_costs in costs:
         assert np.all(bounds <= policy_costs * (1 + 1e-6))
+
+
+@pytest.mark.parametrize(
+    "optimal, episodes, note",
+    [
+        (128, 128, "all 128 solved to optimality"),
+        (127, 128, "127 solved to optimality; the other 1 report a proven dual bound"),
+        (4, 128, "4 solved to optimality; the other 124 report proven dual bounds"),
+        (0, 2, "0 solved to optimality; the other 2 report proven dual bounds"),
+    ],
+)
+def test_the_bound_says_how_many_episodes_report_dual_bounds(optimal, episodes, note):
+    assert solved_note(optimal, episodes) == note

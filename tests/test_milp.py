@@ -3,6 +3,9 @@ sequence over an independent textbook formulation (explicit I, per-scenario root
 non-anticipativity rows), and first-period dynamics against envs' step."""
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -245,3 +248,27 @@ def test_scenarios_refuse_a_factor_of_the_wrong_length():
     inst = signed_negative_binomial_instance(2, 2)
     with pytest.raises(ValueError, match=r"factor: expected 2 numbers \(2 factors"):
         sample_scenarios(inst, 0.3, 2, 3, np.random.default_rng(0))
+
+
+def test_a_highs_solve_prints_nothing():
+    """A process's first HiGHS solve writes nothing to standard output: HiGHS prints a two-line banner on the first
+    Highs a process makes, before output can be turned off, and a solver worker's output reaches the driver's console
+    between a script's own lines. The control: a bare highspy.Highs() in the same kind of process prints it."""
+    solve_one = (
+        "import numpy as np\n"
+        "from envs.instance import paper_instance\n"
+        "from solver_workers.backends import SolverOptions, solve\n"
+        "from solver_workers.model import build_model, sample_scenarios\n"
+        "inst = paper_instance(2, 0)\n"
+        "demand = sample_scenarios(inst, 0.0, 1, 3, np.random.default_rng(0))\n"
+        "model = build_model(inst, np.zeros(2), np.zeros((2, int(max(inst.lead)))), demand)\n"
+        "assert solve(model, SolverOptions(gap=0.0)).status == 'optimal'\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    run = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+        for code in (solve_one, "import highspy; highspy.Highs()")
+    ]
+    assert run[0].returncode == 0, run[0].stderr
+    assert run[0].stdout == ""
+    assert "HiGHS" in run[1].stdout  # the banner the solve keeps off the console

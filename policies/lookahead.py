@@ -20,7 +20,11 @@ minimiser the excess is small). An item's form is stored in its own unit, scale_
 EXCESS_CAP, kept in its file: W scales with h, b and K, so costs in any currency give the same stored rows,
 and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two forms:
 * finite: W_i,t for every decision stage t < T - L_i of the evaluation horizon T (the horizon is known;
-  orders in the last L_i decisions never pay off and are not placed);
+  orders in the last L_i decisions never pay off and are not placed). An item whose rows would take more than its
+  share of FINITE_BUDGET keeps only some stages (the last and the first always): far from the horizon's end W_i,t
+  changes slowly and almost linearly from stage to stage, and a stage is left out when the straight line between the
+  kept stages around it holds its every entry to within STAGE_TOLERANCE units plus float16's own rounding; the
+  policy reads that line there;
 * stationary: W_i,0 of a long horizon (gamma^H <= STATIONARY_TAIL), for decide.py and serve.py, where a
   state carries no period.
 Positions are each item's DP lattice (two classes per unit with the integer-cap lattice); a position is
@@ -62,6 +66,13 @@ TABLES_FILE = "tables.json"
 EXCESS_CAP = 60000.0
 """The largest excess stored, in its item's unit (float16 holds up to 65504); also the value that pads a row."""
 DTYPES = {"float16": np.float16, "float32": np.float32}
+FINITE_BUDGET = 2e9
+"""Bytes the finite form of n items may take: an item whose rows of every stage take more than FINITE_BUDGET / n keeps
+only the stages that the line between kept ones cannot stand for (STAGE_TOLERANCE); the others keep every stage."""
+STAGE_TOLERANCE = 256.0
+"""A finite-form stage is left out when the line between the kept stages around it is within this many of its item's
+units (1/EXCESS_CAP of the item's largest excess), plus 2^-11 of the entry (float16's rounding), at every entry."""
+FLOAT16_ROUNDING = 2.0**-11
 REBUILD = "run the decomposition bound again (platform/bound.py --kind decomposition --out DIR) and use its folder"
 
 
@@ -81,10 +92,41 @@ def excess(action_value: np.ndarray) -> np.ndarray:
     return action_value - action_value.min(-1, keepdims=True)
 
 
+def _on_line(rows: np.ndarray, first: int, last: int, tolerance: float) -> bool:
+    """Whether every stage strictly between `first` and `last` of rows [S, M, N] is within `tolerance` plus float16's
+    rounding of the straight line between those two stages' rows."""
+    between = rows[first + 1 : last]
+    weight = ((np.arange(first + 1, last) - first) / (last - first))[:, None, None]
+    line = (1.0 - weight) * rows[first] + weight * rows[last]
+    return bool((np.abs(line - between) <= tolerance + FLOAT16_ROUNDING * np.abs(between)).all())
+
+
+def stage_tolerance(row_bytes: int, n: int) -> float | None:
+    """The tolerance an item's finite form is kept at when its rows of every stage take `row_bytes` and the instance has
+    n items: STAGE_TOLERANCE above its share of FINITE_BUDGET, else None (every stage kept)."""
+    return STAGE_TOLERANCE if row_bytes > FINITE_BUDGET / n else None
+
+
+def stage_knots(rows: np.ndarray, tolerance: float | None) -> np.ndarray:
+    """The stages of rows [S, M, N] (stored units) that the finite form keeps (module docstring), increasing: with a
+    `tolerance`, the last stage, then from each kept stage back the earliest stage whose line to it holds every stage
+    between (`_on_line`), down to stage 0; every stage when `tolerance` is None. Empty for S = 0."""
+    if tolerance is None:
+        return np.arange(rows.shape[0])
+    kept = [rows.shape[0] - 1] if rows.shape[0] else []
+    while kept and kept[-1] > 0:
+        last, first = kept[-1], kept[-1] - 1
+        while first > 0 and _on_line(rows, first - 1, last, tolerance):
+            first -= 1
+        kept.append(first)
+    return np.array(kept[::-1], dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class ItemTable:
-    """One item's tables: positions [N] (its lattice), factor grid points [M], finite [T_i, M, N] excess of
-    W_t for t < T_i = max(T - L_i, 0) (None when not kept), stationary [M, N] excess of W_0 of a long
+    """One item's tables: positions [N] (its lattice), factor grid points [M], finite [K_i, M, N] excess of
+    W_t at the kept stages `finite_stages` [K_i] (increasing, the last T_i - 1, T_i = max(T - L_i, 0); a stage between
+    two kept ones reads the line between them) (None when not kept), stationary [M, N] excess of W_0 of a long
     horizon (None when not kept), each in its own unit `scales[form]` (the excess is stored times
     1 / scale), the share k_i it was solved with and the window (largest order in lattice steps)."""
 
@@ -95,35 +137,53 @@ class ItemTable:
     share: float
     window: int
     scales: dict[str, float]
+    finite_stages: np.ndarray | None = None
 
     @classmethod
-    def from_values(cls, positions: np.ndarray, factor_points: np.ndarray, finite, stationary, share: float, window: int, dtype: str):
+    def from_values(
+        cls,
+        positions: np.ndarray,
+        factor_points: np.ndarray,
+        finite,
+        stationary,
+        share: float,
+        window: int,
+        dtype: str,
+        stage_tolerance: float | None = None,
+    ):
         """From the DP's action values W (finite [T_dec, M, N], stationary [M, N'] on the same lattice from the
         same bottom; the shorter one is padded with EXCESS_CAP, the top of the stored range, after every
         position, so never the first minimiser), in `dtype` (the stationary form always in float32: one
-        stage, and decide.py's answers should not depend on it). Each form's scale is its largest excess over
-        EXCESS_CAP (1 when every excess is 0), so a form's stored rows do not depend on whether the other form
-        was built beside it."""
+        stage, and decide.py's answers should not depend on it), the finite form at its `stage_knots` for
+        `stage_tolerance` (None: every stage). Each
+        form's scale is its largest excess over EXCESS_CAP (1 when every excess is 0), so a form's stored rows do
+        not depend on whether the other form was built beside it."""
         N = positions.size
         rows = {form: excess(values) for form, values in zip(FORMS, (finite, stationary)) if values is not None}
         scales = {form: float(row.max(initial=0.0)) / EXCESS_CAP or 1.0 for form, row in rows.items()}
+        scaled = {form: row / scales[form] for form, row in rows.items()}
+        knots = stage_knots(scaled[FORMS[0]], stage_tolerance) if FORMS[0] in scaled else None
 
         def stored(form, kind):
-            if form not in rows:
+            if form not in scaled:
                 return None
-            scaled = (rows[form] / scales[form]).astype(DTYPES[kind])
-            extra = N - scaled.shape[-1]
-            return np.concatenate([scaled, np.full((*scaled.shape[:-1], extra), EXCESS_CAP, scaled.dtype)], -1) if extra else scaled
+            kept = (scaled[form] if knots is None or form != FORMS[0] else scaled[form][knots]).astype(DTYPES[kind])
+            extra = N - kept.shape[-1]
+            return np.concatenate([kept, np.full((*kept.shape[:-1], extra), EXCESS_CAP, kept.dtype)], -1) if extra else kept
 
-        return cls(positions, factor_points, stored(FORMS[0], dtype), stored(FORMS[1], "float32"), float(share), int(window), scales)
+        finite_rows, stationary_rows = stored(FORMS[0], dtype), stored(FORMS[1], "float32")
+        return cls(positions, factor_points, finite_rows, stationary_rows, float(share), int(window), scales, knots)
 
     def save(self, path: str | os.PathLike) -> None:
-        """One .npz member per array: each form (with its scale, `{form}_scale`) can be read without the other."""
+        """One .npz member per array: each form (with its scale, `{form}_scale`; the finite form with its kept
+        stages, `finite_stages`) can be read without the other."""
         arrays = {"positions": self.positions, "factor_points": self.factor_points, "share": np.float64(self.share), "window": self.window}
         for form in FORMS:
             if getattr(self, form) is not None:
                 arrays[form] = getattr(self, form)
                 arrays[f"{form}_scale"] = np.float64(self.scales[form])
+        if self.finite is not None:
+            arrays["finite_stages"] = self.finite_stages
 
         def write(tmp):
             with open(tmp, "wb") as handle:
@@ -136,18 +196,27 @@ class ItemTable:
         """The tables in `path`, of `forms` only: only the members of those forms are read (a form not asked for,
         or not in the file, is None). A form's scale is its `{form}_scale`; a file that has one `scale` holds
         both forms in that unit, and a file without any scale holds its excess in the instance's own cost
-        units (scale 1). A missing, truncated or foreign file is one InputError naming it."""
+        units (scale 1). A finite form without `finite_stages` keeps every stage. A missing, truncated or foreign
+        file is one InputError naming it."""
         try:
             with np.load(path, allow_pickle=False) as members:
                 kept = [form for form in FORMS if form in forms and form in members]
                 shared = float(members["scale"]) if "scale" in members else 1.0
+                finite = members[FORMS[0]] if FORMS[0] in kept else None
+                knots = None
+                if finite is not None:
+                    knots = members["finite_stages"] if "finite_stages" in members else np.arange(finite.shape[0])
+                    if knots.shape != finite.shape[:1] or (knots.size and (knots[0] != 0 or (np.diff(knots) <= 0).any())):
+                        raise ValueError(f"finite_stages {knots.tolist()} are not {finite.shape[0]} increasing stages from 0")
                 return cls(
                     members["positions"],
                     members["factor_points"],
-                    *(members[form] if form in kept else None for form in FORMS),
+                    finite,
+                    members[FORMS[1]] if FORMS[1] in kept else None,
                     float(members["share"]),
                     int(members["window"]),
                     {form: float(members[f"{form}_scale"]) if f"{form}_scale" in members else shared for form in kept},
+                    knots,
                 )
         except FileNotFoundError:
             raise InputError(f"{NAME} tables: item file '{path}' does not exist; {REBUILD}") from None
@@ -163,6 +232,9 @@ class DeviceTables(NamedTuple):
     count: torch.Tensor
     offset: torch.Tensor
     stages: torch.Tensor
+    knot_lower: torch.Tensor
+    knot_upper: torch.Tensor
+    knot_weight: torch.Tensor
     window: torch.Tensor
     factor_points: torch.Tensor
     scales: torch.Tensor
@@ -177,8 +249,10 @@ class LookaheadTables:
     """Every item's tables of one form. Positions are padded to a common length: positions [n, N] (past an
     item's own `count` they keep increasing, so a batched searchsorted works). The excess rows are not
     padded (item sizes differ by a factor of 3 on the paper family): one flat array, item i's block
-    [stages_i, M, count_i] from `offset[i]`, in units of scales[i]. stages [n]: the finite form's T - L_i (no
-    order from stage T - L_i on; at least one row is kept), 1 for the stationary form; window [n];
+    [K_i, M, count_i] (its kept stages' rows) from `offset[i]`, in units of scales[i]. stages [n]: the finite
+    form's T - L_i (no order from stage T - L_i on; at least one row is kept), 1 for the stationary form; at stage t
+    item i reads (1 - knot_weight) row knot_lower + knot_weight row knot_upper of its block (each [n, max stages]);
+    window [n];
     factor_points [M]; shares [n]; `horizon` the evaluation horizon T (None: the stationary form). `on(device)`
     gives them as tensors, copied once per device and shared by every policy on these tables."""
 
@@ -187,6 +261,9 @@ class LookaheadTables:
     excess: np.ndarray
     offset: np.ndarray
     stages: np.ndarray
+    knot_lower: np.ndarray
+    knot_upper: np.ndarray
+    knot_weight: np.ndarray
     window: np.ndarray
     factor_points: np.ndarray
     shares: np.ndarray
@@ -229,6 +306,11 @@ class LookaheadTables:
     def nbytes(self) -> int:
         return int(self.excess.nbytes + self.positions.nbytes)
 
+    @property
+    def interpolated(self) -> bool:
+        """Whether some stage is read between two kept stages."""
+        return bool((self.knot_weight > 0).any())
+
     @classmethod
     def from_items(cls, items: list[ItemTable], form: str, horizon: int | None, instance_hash: str) -> LookaheadTables:
         if form not in FORMS:
@@ -237,8 +319,10 @@ class LookaheadTables:
         if any(r is None for r in rows):
             raise InputError(f"{NAME}: the tables hold no {form} form")
         M = items[0].factor_points.size
-        rows = [r[None] if form == FORMS[1] else r for r in rows]  # [S_i, M, N_i]
-        stages = np.array([r.shape[0] for r in rows])
+        rows = [r[None] if form == FORMS[1] else r for r in rows]  # [K_i, M, N_i]
+        knots = [t.finite_stages if form == FORMS[0] else np.zeros(1, np.int64) for t in items]
+        stages = np.array([int(k[-1]) + 1 if k.size else 0 for k in knots])
+        lower, upper, weight = _knot_reading(knots, max(int(stages.max(initial=0)), 1))
         rows = [r if r.shape[0] else np.zeros((1, M, t.positions.size), r.dtype) for r, t in zip(rows, items)]
         count = np.array([t.positions.size for t in items])
         N = int(count.max())
@@ -253,6 +337,9 @@ class LookaheadTables:
             np.concatenate([r.ravel() for r in rows]),
             np.concatenate([[0], np.cumsum(sizes)[:-1]]),
             stages if form == FORMS[0] else np.ones(len(items), np.int64),
+            lower,
+            upper,
+            weight,
             np.array([t.window for t in items]),
             items[0].factor_points,
             np.array([t.share for t in items]),
@@ -260,6 +347,25 @@ class LookaheadTables:
             horizon if form == FORMS[0] else None,
             instance_hash,
         )
+
+
+def _knot_reading(knots: list[np.ndarray], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per item and stage t < width, the kept rows around t and the weight of the upper one (lower, upper [n, width],
+    weight [n, width]): t itself when kept (weight 0), else the kept stages a < t < c with weight (t - a) / (c - a).
+    Stages past an item's last kept one read it."""
+    lower = np.zeros((len(knots), width), np.int64)
+    upper = np.zeros((len(knots), width), np.int64)
+    weight = np.zeros((len(knots), width))
+    for i, kept in enumerate(knots):
+        if not kept.size:
+            continue
+        stage = np.minimum(np.arange(width), kept[-1])
+        below = np.searchsorted(kept, stage, side="right") - 1
+        above = np.minimum(below + 1, kept.size - 1)
+        span = kept[above] - kept[below]
+        lower[i], upper[i] = below, above
+        weight[i] = np.where(span > 0, (stage - kept[below]) / np.maximum(span, 1), 0.0)
+    return lower, upper, weight
 
 
 # ---- the table folder --------------------------------------------------------------------------------
@@ -365,15 +471,16 @@ class LookaheadPolicy:
         factor = instance.exposure(state.factor).double().T.clamp(tables.factor_points[0], tables.factor_points[-1])
         qbar = instance.qbar.double()
         period = period if self.tables.horizon is not None else 0  # the stationary form: one stage, every period
+        interpolated = self.tables.interpolated
         gain, quantity = torch.zeros_like(position), torch.zeros_like(position)
         for items, width in self.tables.buckets(device):
             shared = factor if factor.shape[0] == 1 else factor[items]
-            group = self._group_gains(tables, items, width, position[items], nearest[items], shared, qbar[items], period)
+            group = self._group_gains(tables, items, width, position[items], nearest[items], shared, qbar[items], period, interpolated)
             gain[items], quantity[items] = group
         return gain.T, quantity.T
 
     @staticmethod
-    def _group_gains(tables: DeviceTables, items, width: int, position, nearest, factor, qbar, period: int):
+    def _group_gains(tables: DeviceTables, items, width: int, position, nearest, factor, qbar, period: int, interpolated: bool):
         """(g [b, B], quantity [b, B]) of the items `items` ([b]) whose windows are at most `width` lattice steps."""
         count, window, points = tables.count[items], tables.window[items], tables.factor_points
         M = points.numel()
@@ -388,15 +495,23 @@ class LookaheadPolicy:
         valid &= targets - anchor[..., None] <= qbar[..., None] * (1 + 1e-9)
         stages = tables.stages[items]
         stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, period)), min=0)
-        base = (tables.offset[items] + stage * M * count)[:, None, None]  # [b, 1, 1] start of each item's rows at its stage
-        if M == 1:
-            values = tables.excess[base + columns].double()
-        else:
+        if M > 1:
             upper_point = torch.searchsorted(points, factor.contiguous()).clamp(1, M - 1)  # [b or 1, B]
-            weight = ((factor - points[upper_point - 1]) / (points[upper_point] - points[upper_point - 1]))[..., None]
+            point_weight = ((factor - points[upper_point - 1]) / (points[upper_point] - points[upper_point - 1]))[..., None]
+
+        def read(knot):
+            """The excess at `columns` of each item's kept row `knot` [b], interpolated in the factor: [b, B, w+1]."""
+            base = (tables.offset[items] + knot * M * count)[:, None, None]  # [b, 1, 1] start of each item's kept row
+            if M == 1:
+                return tables.excess[base + columns].double()
             upper_row = base + count[:, None, None] * upper_point[..., None]
-            lower_row = upper_row - count[:, None, None]
-            values = (1 - weight) * tables.excess[lower_row + columns].double() + weight * tables.excess[upper_row + columns].double()
+            lower = tables.excess[upper_row - count[:, None, None] + columns].double()
+            return (1 - point_weight) * lower + point_weight * tables.excess[upper_row + columns].double()
+
+        values = read(tables.knot_lower[items, stage])
+        if interpolated:  # a stage between two kept ones: the line between them
+            stage_weight = tables.knot_weight[items, stage][:, None, None]
+            values = (1 - stage_weight) * values + stage_weight * read(tables.knot_upper[items, stage])
         values = values * tables.scales[items][:, None, None]  # [b, B, w+1] in cost units
         best, best_column = values.masked_fill(~valid, math.inf).min(-1)  # [b, B]
         gain = (values[..., 0] - best).clamp_min(0.0)

@@ -544,7 +544,8 @@ def item_table(
     only: the finite form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already)
     and the stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor
     grid. The two are separate solves (the stationary form is not the finite one's recursion run on), so a form
-    not asked for is not solved."""
+    not asked for is not solved. The finite form keeps the stages `lookahead.stage_tolerance` asks for at the
+    instance's n."""
     if not forms or not set(forms) <= set(lookahead.FORMS):
         raise ValueError(f"forms: expected a non-empty subset of {lookahead.FORMS}, got {forms!r}")
     one = item_instance(instance, item, share)
@@ -560,6 +561,9 @@ def item_table(
     stationary = None
     if long is not None:
         stationary = long.action_value[0] if long.action_value.shape[0] else np.zeros((long.grid.points.size, long.positions.size))
+    tolerance = None
+    if finite is not None:
+        tolerance = lookahead.stage_tolerance(finite.action_value.size * np.dtype(lookahead.DTYPES[dtype]).itemsize, instance.n)
     return lookahead.ItemTable.from_values(
         widest.positions,
         widest.grid.points,
@@ -568,6 +572,7 @@ def item_table(
         share,
         widest.window,
         dtype,
+        tolerance,
     )
 
 

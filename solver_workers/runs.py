@@ -217,7 +217,15 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
             "re-run the same command to resume"
         ) from None
     lookahead.write_manifest(
-        out / lookahead.TABLES_DIR, instance, run.horizon, {"finite_dtype": TABLE_DTYPE, "run_identity": journal.identity}
+        out / lookahead.TABLES_DIR,
+        instance,
+        run.horizon,
+        {
+            "finite_dtype": TABLE_DTYPE,
+            "finite_budget": lookahead.FINITE_BUDGET,
+            "stage_tolerance": lookahead.STAGE_TOLERANCE,
+            "run_identity": journal.identity,
+        },
     )
     figures = {name: combine(records, name, options) for name in ("best", "equal")}
     columns = {"item": [r["item"] for r in records], "lattice_step": [r["lattice_step"] for r in records]}

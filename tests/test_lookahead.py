@@ -176,19 +176,102 @@ def test_costs_in_another_currency_change_no_decision(three, form):
     np.testing.assert_array_equal(traces[1].quantity, traces[0].quantity)
 
 
+def thinned(table: lookahead.ItemTable, tolerance: float) -> lookahead.ItemTable:
+    """`table` (every stage kept) with its finite form kept at `lookahead.stage_knots` for `tolerance` only."""
+    assert table.finite_stages.size == table.finite.shape[0]
+    knots = lookahead.stage_knots(table.finite.astype(np.float64), tolerance)
+    return dataclasses.replace(table, finite=table.finite[knots], finite_stages=knots)
+
+
+def test_an_item_above_its_share_of_the_budget_keeps_some_stages_and_its_gains_within_the_tolerance(three, monkeypatch):
+    """With a finite budget smaller than every item's rows, every item keeps only some stages, and at every stage the
+    gains differ from those of the tables that keep every stage (the `three` fixture's, at n = 3 far under the budget)
+    by at most twice the stored error, (STAGE_TOLERANCE + 2^-11 EXCESS_CAP) scale_i, plus float16's rounding of the
+    kept rows. Catches thinning that ignores the budget, or a tolerance not applied in the item's unit."""
+    inst, full = three
+    assert all(np.array_equal(t.finite_stages, np.arange(t.finite.shape[0])) for t in full)
+    monkeypatch.setattr(lookahead, "FINITE_BUDGET", 1.0)
+    items = item_tables(inst, 20, SMALL, dtype="float16")
+    assert all(t.finite_stages.size < full_t.finite.shape[0] for t, full_t in zip(items, full))
+    rng = np.random.default_rng(1)
+    state = State(
+        torch.tensor(rng.uniform(-8, 16, (256, inst.n))),
+        torch.zeros(256, inst.n, LMAX - 1, dtype=torch.float64),
+        torch.tensor(rng.uniform(-3, 3, 256)),
+    )
+    tinst = inst.to_torch(dtype=torch.float64)
+    policies = [lookahead.LookaheadPolicy(lookahead.LookaheadTables.from_items(t, "finite", 20, "")) for t in (items, full)]
+    scales = torch.tensor([t.scales["finite"] for t in items])
+    allowed = 2 * (lookahead.STAGE_TOLERANCE + 2 * lookahead.FLOAT16_ROUNDING * lookahead.EXCESS_CAP) * scales
+    for period in range(20):
+        thin, every = (policy.gains(state, tinst, period)[0] for policy in policies)
+        assert ((thin - every).abs() <= allowed).all(), period
+
+
+def every_stage(table: lookahead.ItemTable) -> np.ndarray:
+    """The finite rows of every stage [T_i, M, N] of a table that keeps some: a kept stage's own row, a stage between
+    kept stages a < t < c the line (c - t) / (c - a) row_a + (t - a) / (c - a) row_c (the module docstring's rule,
+    written again here)."""
+    kept, rows = table.finite_stages, table.finite.astype(np.float64)
+    out = np.empty((kept[-1] + 1, *rows.shape[1:]))
+    for stage in range(kept[-1] + 1):
+        j = int(np.searchsorted(kept, stage, side="right")) - 1
+        if kept[j] == stage:
+            out[stage] = rows[j]
+        else:
+            share = (stage - kept[j]) / (kept[j + 1] - kept[j])
+            out[stage] = (1 - share) * rows[j] + share * rows[j + 1]
+    return out
+
+
+def test_stage_knots_keep_the_corners_of_piecewise_linear_rows_and_every_stage_a_bump_moves():
+    """Rows [S, M, N] piecewise linear in the stage with corners at 0, 7, 19 and 29 (S = 30) keep exactly those stages;
+    a bump at stage 12 of twice the tolerance keeps stage 12 (and a few around it, where the lines to it leave the
+    rows), one of half the tolerance adds nothing; every left-out stage lies within the tolerance plus float16's rounding of the line
+    between the kept stages around it (every_stage, written independently). Catches a greedy pass that keeps too
+    few (a corner lost) or reads the tolerance as relative only."""
+    rng = np.random.default_rng(3)
+    corners = [0, 7, 19, 29]
+    at_corners = rng.uniform(0, 5000, (len(corners), 2, 6))
+    stages = np.arange(30)
+    rows = np.empty((30, 2, 6))  # [S, M, N]
+    for point, position in itertools.product(range(2), range(6)):
+        rows[:, point, position] = np.interp(stages, corners, at_corners[:, point, position])
+    tolerance = 40.0
+    np.testing.assert_array_equal(lookahead.stage_knots(rows, tolerance), corners)
+    for bump in (2 * tolerance, tolerance / 2):
+        bumped = rows.copy()
+        bumped[12, 1, 3] += bump
+        knots = lookahead.stage_knots(bumped, tolerance)
+        if bump > tolerance:  # the bump's stage and the corners, and the stages its slopes need
+            assert set(corners) | {12} <= set(knots.tolist()) and len(knots) <= 8, knots
+        else:
+            np.testing.assert_array_equal(knots, corners)
+        table = lookahead.ItemTable(np.arange(6.0), np.arange(2.0), bumped[knots], None, 1.0, 2, {"finite": 1.0}, knots)
+        line = every_stage(table)
+        assert (np.abs(line - bumped) <= tolerance + lookahead.FLOAT16_ROUNDING * np.abs(bumped) + 1e-9).all()
+    assert lookahead.stage_knots(rows[:0], tolerance).size == 0 and lookahead.stage_knots(rows[:1], tolerance).tolist() == [0]
+
+
 def test_a_table_file_without_a_scale_holds_cost_units(three, tmp_path):
-    """A table file written before files kept a scale holds its excess in the instance's cost units: rewritten so
-    (the rows times the scale, no scale key), every item loads with scale 1 and the policy answers as before; a
-    file with one `scale` for both forms loads both in that unit. Catches a missing scale read as anything but 1,
-    a file without one refused, or a shared scale applied to one form only."""
-    inst, items = three
+    """A table file written before files kept a scale (or kept stages) holds its excess in the instance's cost units
+    at every stage: rewritten so (every stage's rows, `every_stage`, times the scale, no scale key), every item loads
+    with scale 1 and every stage kept, and the policy answers as before; a file with one `scale` for both forms loads
+    both in that unit. Catches a missing scale read as anything but 1, a file without one refused, a shared scale
+    applied to one form only, and a policy that reads a left-out stage other than as the line between the kept
+    stages around it (the tables here keep some stages only: asserted)."""
+    inst, full = three
+    items = [thinned(table, 64.0) for table in full]
+    assert any(table.finite_stages.size < table.finite_stages[-1] + 1 for table in items)
     old = {}
     for i, table in enumerate(items):
         old[i] = {"positions": table.positions, "factor_points": table.factor_points, "share": table.share, "window": table.window}
-        old[i] |= {form: getattr(table, form).astype(np.float32) * np.float32(table.scales[form]) for form in lookahead.FORMS}
+        old[i] |= {"finite": (every_stage(table) * table.scales["finite"]).astype(np.float32)}
+        old[i] |= {"stationary": table.stationary.astype(np.float32) * np.float32(table.scales["stationary"])}
         np.savez(tmp_path / lookahead.item_file(i), **old[i])
     loaded = [lookahead.ItemTable.load(tmp_path / lookahead.item_file(i)) for i in range(inst.n)]
     assert [t.scales for t in loaded] == [dict.fromkeys(lookahead.FORMS, 1.0)] * inst.n
+    assert all(np.array_equal(t.finite_stages, np.arange(t.finite.shape[0])) for t in loaded)
     np.savez(tmp_path / "shared.npz", **old[0], scale=2.5)  # the layout with one scale for both forms
     shared = lookahead.ItemTable.load(tmp_path / "shared.npz")
     assert shared.scales == dict.fromkeys(lookahead.FORMS, 2.5)
@@ -197,6 +280,15 @@ def test_a_table_file_without_a_scale_holds_cost_units(three, tmp_path):
     traces = [trace_of(items, "finite", inst, paths), trace_of(loaded, "finite", inst, paths)]
     np.testing.assert_array_equal(traces[1].open, traces[0].open)
     np.testing.assert_allclose(traces[1].quantity, traces[0].quantity)
+    # the gains themselves at every stage, on positions across each item's lattice and factors across the grid
+    rng = np.random.default_rng(0)
+    inventory = torch.tensor(rng.uniform(-8, 16, (256, inst.n)))
+    state = State(inventory, torch.zeros(256, inst.n, LMAX - 1, dtype=torch.float64), torch.tensor(rng.uniform(-3, 3, 256)))
+    policies = [lookahead.LookaheadPolicy(lookahead.LookaheadTables.from_items(t, "finite", 20, "")) for t in (items, loaded)]
+    tinst = inst.to_torch(dtype=torch.float64)
+    for period in range(20):
+        gains = [policy.gains(state, tinst, period)[0] for policy in policies]
+        torch.testing.assert_close(gains[0], gains[1], rtol=1e-5, atol=1e-6 * float(gains[1].max()))
 
 
 def bound_folder(inst: Instance, items: list, horizon: int, folder):

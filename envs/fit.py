@@ -63,12 +63,15 @@ from envs.instance import (
     FIELD_RANGES,
     OVERDISPERSION_MAX,
     InstanceError,
+    check_constant,
+    check_factors_for_items,
     check_item_column,
     exact_keys,
     exposure,
     loading_norms,
     number_column,
     read_table,
+    table_format,
     unit_directions,
 )
 
@@ -99,6 +102,13 @@ DRIFT_LEVEL = 0.01
 """Level of the drift test: the chance that a history of the fitted model flags the drift of any item's mean
 (two-sided, Bonferroni over the items)."""
 HISTORY_COLUMNS = ("item", "period", "demand")
+DEMAND_MAX = FIELD_RANGES["lam"][2]
+"""The most units one cell of a history may hold: an item's mean demand becomes its lam in the instance, whose upper
+bound this is, so that a history the reader accepts never gives an instance that the instance's ranges refuse."""
+INTEGER_TEXT = r"^[+-]?\d+$"
+"""A CSV demand cell written as an integer (regular expression over the whole cell, trimmed)."""
+NUMBER_TEXT = f"^(?:{validate.NUMBER_LITERAL.pattern})$"
+"""A CSV demand cell written as a number of any form (2, 2.0, 2e3)."""
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COST_COLUMNS = ("item", "h", "b", "lead")
 """The cost table's required columns; `qbar` is optional (default `default_caps`)."""
@@ -163,7 +173,9 @@ def _file_sha256(path) -> str:
 
 def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable]:
     """(integer period keys, unit, label of a key): integers as they are, dates as days since 1970-01-01, or as
-    months when every date falls on the same day of the month at least 28 days apart."""
+    calendar months since 1970-01 when every date falls on the same day of its month (month starts, the 15th) or on the
+    last day of its month (month ends: 2024-01-31, 2024-02-29, ...). Dates about a month apart (a median gap of 28
+    days or more) that are mostly, but not all, on one such grid are refused at the earliest date off it."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -178,10 +190,28 @@ def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable
         dates = days.astype("datetime64[D]")
         months = dates.astype("datetime64[M]")
         day_of_month = (dates - months).astype(np.int64)
+        month_end = dates + 1 == (months + 1).astype("datetime64[D]")
         distinct = np.unique(days)
-        if np.all(day_of_month == day_of_month[0]) and distinct.size > 1 and np.diff(distinct).min() >= 28:
-            day = int(day_of_month[0])
-            return months.astype(np.int64), "month", lambda m: str(np.datetime64(int(m), "M").astype("datetime64[D]") + day)
+        if distinct.size > 1 and np.median(np.diff(distinct)) >= 28:
+            day = int(np.bincount(day_of_month).argmax())
+            same_day = day_of_month == day
+            if np.all(month_end):
+                return months.astype(np.int64), "month", lambda m: str(np.datetime64(int(m) + 1, "M").astype("datetime64[D]") - 1)
+            if np.all(same_day):
+                return months.astype(np.int64), "month", lambda m: str(np.datetime64(int(m), "M").astype("datetime64[D]") + day)
+            on_grid, grid = (
+                (month_end, "the last day of its month") if month_end.sum() > same_day.sum() else (same_day, f"day {day + 1} of its month")
+            )
+            if on_grid.mean() > 0.5:
+                off = np.flatnonzero(~on_grid)
+                row = int(off[np.argmin(days[off])])
+                raise _bad(
+                    path,
+                    items[row],
+                    str(dates[row]),
+                    f"not {grid}, unlike most of the history's dates: monthly periods fall on one day of every month (or on "
+                    "every month's last day)",
+                )
         return days, "day", lambda d: str(np.datetime64(int(d), "D"))
     first = column.to_pylist()[0]
     raise InstanceError(
@@ -214,12 +244,45 @@ def _text_periods(column, path, items: np.ndarray):
     return pa.array(parsed, type=pa.date32() if as_dates else pa.int64())
 
 
-def _is_number_text(value) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+def _demand(table, path, items: np.ndarray, keys: np.ndarray, label) -> np.ndarray:
+    """The demand column as float64 counts [R]: integers as the file writes them (digits in a CSV, whose column is read
+    as text; an integer column in Parquet: 2, never 2.0) in [0, DEMAND_MAX]. The first row that is not is one
+    InstanceError naming its item and period, the column and the value as the file shows it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = table.column("demand")
+    csv = table_format(path, "history") == "csv"
+    if csv:
+        text = pc.utf8_trim_whitespace(column.fill_null(""))
+        is_number = pc.match_substring_regex(text, NUMBER_TEXT).to_numpy(zero_copy_only=False)
+        is_integer = pc.match_substring_regex(text, INTEGER_TEXT).to_numpy(zero_copy_only=False)
+        demand = np.full(len(text), np.nan)
+        demand[is_number] = pc.cast(text.filter(is_number), pa.float64()).to_numpy()
+        missing = pc.equal(text, "").to_numpy(zero_copy_only=False)
+    else:
+        numeric = pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+        demand = column.to_numpy(zero_copy_only=False).astype(np.float64) if numeric else np.full(len(column), np.nan)
+        missing = column.is_null().to_numpy(zero_copy_only=False)
+        is_number = numeric & ~missing
+        is_integer = is_number & pa.types.is_integer(column.type)
+    whole = is_number & (demand >= 0) & (demand == np.floor(demand))
+    bad = ~whole | (demand > DEMAND_MAX) | ~is_integer
+    if not bad.any():
+        return demand
+    row = int(np.argmax(bad))
+    value = text[row].as_py() if csv else column[row].as_py()
+    got, why = (repr(value) if isinstance(value, str) and not is_number[row] else str(value)), ""
+    if missing[row]:
+        got = "nothing (a missing value)"
+    elif whole[row] and demand[row] > DEMAND_MAX:
+        why = f"an item's mean demand is its lam in the instance, at most {DEMAND_MAX:g}: {FIELD_RANGES['lam'][3]}"
+    elif whole[row] and csv:
+        why = "a count is written as an integer, without a decimal point or an exponent"
+    elif whole[row]:
+        why = f"a count is an integer; the Parquet column holds {column.type} values: store it as an integer column"
+    where = f"history '{path}' item '{items[row]}' period {label(keys[row])}: column 'demand'"
+    raise validate.refuse(where, f"a non-negative integer (units sold) up to {DEMAND_MAX:,.0f}", got, why, InstanceError)
 
 
 def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callable, str]:
@@ -228,7 +291,7 @@ def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callabl
     import pyarrow as pa
 
     header = "a header line item,period,demand and one row per item and period"
-    path, table = read_table(path, "history", header, {"item": pa.string()})
+    path, table = read_table(path, "history", header, {"item": pa.string(), "demand": pa.string()})
     exact_keys(set(table.column_names), set(HISTORY_COLUMNS), f"history '{path}' columns")
     if table.num_rows == 0:
         raise InstanceError(f"history '{path}' has no rows; expected {header}")
@@ -242,18 +305,7 @@ def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callabl
         row = int(np.argmax(period_column.is_null().to_numpy(zero_copy_only=False)))
         raise InstanceError(f"history '{path}' item '{items[row]}' data row {row + 1}: the period is missing")
     keys, unit, label = _periods(period_column, path, items)
-    demand_column = table.column("demand")
-    if not (pa.types.is_integer(demand_column.type) or pa.types.is_floating(demand_column.type)):
-        values = demand_column.to_pylist()
-        row = next((r for r, v in enumerate(values) if not _is_number_text(v)), 0)
-        raise _bad(path, items[row], label(keys[row]), f"demand: expected a non-negative integer, got {values[row]!r}")
-    demand = demand_column.to_numpy(zero_copy_only=False).astype(np.float64)  # nulls become NaN
-    bad = ~np.isfinite(demand) | (demand < 0) | (demand != np.round(demand))
-    if bad.any():
-        row = int(np.argmax(bad))
-        got = "nothing (a missing value)" if np.isnan(demand[row]) else f"{demand[row]:g}"
-        raise _bad(path, items[row], label(keys[row]), f"demand: expected a non-negative integer (units sold), got {got}")
-    return items, keys, demand, unit, label, _file_sha256(path)
+    return items, keys, _demand(table, path, items, keys, label), unit, label, _file_sha256(path)
 
 
 def history_matrix(path) -> History:
@@ -941,11 +993,15 @@ def fit_history(
     factors: int | None = None,
     max_factors: int = MAX_FACTORS,
 ):
-    """(Instance, report): every check of the inputs first, then the number of factors (`factors`, or chosen by
+    """(Instance, report): every check of the inputs first (K and gamma, the cost table, the history and its cells,
+    the items of both, `factors` against the items), then the number of factors (`factors`, or chosen by
     `choose_factors` among 1..max_factors), the estimate, its bootstrap, the factor path, the fit checks and the
     hold-out check. K defaults to the paper family's 10 n."""
     from envs.instance import Instance
 
+    if K is not None:
+        check_constant("K", K)
+    check_constant("gamma", gamma)
     costs = read_costs(costs_path)
     history = history_matrix(history_path)
     match_items(history.items, costs, history_path, costs_path)
@@ -953,8 +1009,8 @@ def fit_history(
     history = History(history.demand[:, [column[x] for x in costs.items]], list(costs.items), history.periods, history.step, history.sha256)
     demand = history.demand
     n = demand.shape[1]
-    if factors is not None and factors > n:
-        raise InstanceError(f"number of factors (--factors): expected at most {n}, the history's number of items, got {factors}")
+    if factors is not None:
+        check_factors_for_items(factors, n, "number of factors (--factors)", "the history's number of items")
     chosen, candidates = choose_factors(demand, max(max_factors, factors or 0))
     factors_used = factors or chosen
     mean, cov = lagged_covariances(demand)
@@ -1302,21 +1358,71 @@ def report_figure(report: dict, path) -> None:
     plt.close(fig)
 
 
-def simulate_history(instance, seed: int, periods: int, start: str = "2024-01-01", names: list[str] | None = None):
-    """(history table, cost table) as pyarrow Tables: one episode of `periods` daily periods from `start`, drawn by
-    the project's own sampler (envs.exogenous.sample_paths: episode 0 of `seed`), and the instance's h, b, lead, qbar.
-    Items are named by `names` (default item-000, item-001, ...)."""
+STEP = re.compile(r"([1-9]\d*) (day|month|period)s?")
+"""A history's step as History.step (and so an instance's source.step) writes it: '1 day', '7 days', '1 month',
+'3 months', '1 period' (integer periods)."""
+
+
+def period_labels(step: str, start: str | None, periods: int):
+    """`periods` consecutive period labels at `step` (STEP) as a pyarrow array that history_matrix reads back at that
+    step: dates from `start` (YYYY-MM-DD, default 2024-01-01; a monthly step's on the day of the month of `start`, or
+    on month ends when `start` is the last day of its month), or integers from `start` (default 1) for a step in
+    periods. A step or a start that cannot be is one InstanceError naming it."""
+    import pyarrow as pa
+
+    match = STEP.fullmatch(step) if isinstance(step, str) else None
+    if match is None:
+        raise validate.refuse(
+            "instance field 'source.step'",
+            "'N days', 'N months' or 'N periods' (the history's step)",
+            validate.describe(step),
+            error=InstanceError,
+        )
+    size, unit = int(match.group(1)), match.group(2)
+    offsets = size * np.arange(periods)
+    if unit == "period":
+        if start is not None and not validate.DECIMAL_INTEGER.fullmatch(start):
+            raise InstanceError(f"start (--start): expected an integer, the first period of a history in periods, got '{start}'")
+        return pa.array(int(start or 1) + offsets, type=pa.int64())
+    text = "2024-01-01" if start is None else start
+    try:
+        first = np.datetime64(text, "D") if ISO_DATE.fullmatch(text) else None
+    except ValueError:  # a month or a day the calendar does not have: 2024-13-01, 2024-02-30
+        first = None
+    if first is None:
+        raise InstanceError(f"start (--start): expected a date YYYY-MM-DD, got '{start}'")
+    if unit == "day":
+        return pa.array(first + offsets, type=pa.date32())
+    month = first.astype("datetime64[M]")
+    day = first - month.astype("datetime64[D]")
+    months = month + offsets
+    if day <= np.timedelta64(27, "D"):
+        return pa.array(months.astype("datetime64[D]") + day, type=pa.date32())
+    if first + 1 == (month + 1).astype("datetime64[D]"):
+        return pa.array((months + 1).astype("datetime64[D]") - 1, type=pa.date32())
+    raise InstanceError(
+        f"start (--start): expected a day of the month up to the 28th or a month's last day (a monthly history's periods "
+        f"fall on one day of every month), got '{start}'"
+    )
+
+
+def simulate_history(instance, seed: int, periods: int, start: str | None = None, names: list[str] | None = None):
+    """(history table, cost table) as pyarrow Tables: one episode of `periods` periods, drawn by the project's own
+    sampler (envs.exogenous.sample_paths: episode 0 of `seed`), and the instance's h, b, lead, qbar. The periods are
+    `period_labels` from `start` at the step of the history the instance was fitted on (source.step), daily for an
+    instance without one. Items are named by `names`, by default the instance's own (a fitted instance's,
+    Instance.item_names), else item-000, item-001, ..."""
     import pyarrow as pa
 
     from envs.exogenous import sample_paths
 
-    names = names or [f"item-{i:03d}" for i in range(instance.n)]
+    labels = period_labels((instance.source or {}).get("step", "1 day"), start, periods)
+    names = names or instance.item_names or [f"item-{i:03d}" for i in range(instance.n)]
     demand = sample_paths(instance, seed, 1, periods).demand[0].numpy().astype(np.int64)  # [T, n]
-    dates = np.datetime64(start, "D") + np.arange(periods)
     history = pa.table(
         {
             "item": np.repeat(np.asarray(names, dtype=object), periods),
-            "period": pa.array(np.tile(dates, instance.n), type=pa.date32()),
+            "period": pa.concat_arrays([labels] * instance.n),
             "demand": demand.T.ravel(),
         }
     )

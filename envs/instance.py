@@ -70,7 +70,27 @@ FIELD_RANGES = {
     "qbar": (0.0, True, 1e8, VALUE_WHY),
     "K": (0.0, False, 1e12, VALUE_WHY),
 }
-"""The range of every real instance field but gamma and rho (checked with their own rules)."""
+"""The range of every real instance field but gamma and rho (checked with their own rules, `check_constant`)."""
+
+
+def check_constant(name: str, value, where: str | None = None) -> float:
+    """The instance constant `name` (K, gamma or rho) as a float in its range: K as FIELD_RANGES, gamma in (0, 1), rho
+    in [0, 1). `where` names the value as the user gave it (a flag: '--K'); by default it is the instance field."""
+    where = where or f"instance field '{name}'"
+    if name == "K":
+        low, low_open, high, why = FIELD_RANGES["K"]
+        return validate.real(value, where, low, high, low_open=low_open, why=why, error=InstanceError)
+    low_open = {"gamma": True, "rho": False}[name]
+    return validate.real(value, where, 0, 1, low_open=low_open, high_open=True, error=InstanceError)
+
+
+def check_factors_for_items(factors: int, n: int, where: str, items: str) -> int:
+    """The number of common factors k for n items, refused above n (`where` names it, `items` says what n is): the
+    loadings B [n, k] have rank at most n, and B F_t depends on F_t only through its projection on B's row space, itself
+    at most n independent AR(1) factors; so k > n factors are a model of n factors, which no history tells apart."""
+    if factors > n:
+        raise validate.refuse(where, f"at most {n}, {items}", str(factors), "n items' loadings span at most n factors", InstanceError)
+    return factors
 
 
 def _refuse(field_name: str, allowed: str, got, why: str = ""):
@@ -150,13 +170,8 @@ class Instance:
             phi = _item_array({"overdispersion": self.overdispersion}, "overdispersion", n)
             check_item_column("overdispersion", phi, "instance field 'overdispersion'", self.item_name)
             object.__setattr__(self, "overdispersion", phi if phi.any() else None)
-        low, low_open, high, why = FIELD_RANGES["K"]
-        where = "instance field '{}'"
-        object.__setattr__(self, "K", validate.real(self.K, where.format("K"), low, high, low_open=low_open, why=why, error=InstanceError))
-        object.__setattr__(
-            self, "gamma", validate.real(self.gamma, where.format("gamma"), 0, 1, low_open=True, high_open=True, error=InstanceError)
-        )
-        object.__setattr__(self, "rho", validate.real(self.rho, where.format("rho"), 0, 1, high_open=True, error=InstanceError))
+        for name in ("K", "gamma", "rho"):
+            object.__setattr__(self, name, check_constant(name, getattr(self, name)))
         if self.source is not None and not isinstance(self.source, dict):
             raise _refuse("source", "an object (where a fitted instance came from)", validate.describe(self.source))
 
@@ -198,8 +213,20 @@ class Instance:
 
     def item_name_unchecked(self, item: int, n: int) -> str:
         """`item_name` for an instance of `n` items whose fields are not yet checked (while it is being validated)."""
-        names = (self.source or {}).get("item_names") if isinstance(self.source, dict) else None
-        return f"item '{names[item]}'" if isinstance(names, list) and len(names) == n else f"item {item}"
+        names = self._source_names(n)
+        return f"item '{names[item]}'" if names else f"item {item}"
+
+    def _source_names(self, n: int) -> list | None:
+        """The item names of `source` (a fitted instance's) when it holds one per item of `n`, else None."""
+        names = self.source.get("item_names") if isinstance(self.source, dict) else None
+        return names if isinstance(names, list) and len(names) == n else None
+
+    @property
+    def item_names(self) -> list[str] | None:
+        """The items' names, in the order of the per-item lists, where the instance has them (a fitted one:
+        source.item_names), else None."""
+        names = self._source_names(self.n)
+        return [str(name) for name in names] if names else None
 
     @property
     def n(self) -> int:
@@ -377,6 +404,19 @@ def exposure(directions, factor):
     return factor @ directions.T
 
 
+TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+"""The suffixes of the tables the project reads and writes (item tables, histories, cost tables) and their formats."""
+
+
+def table_format(path, what: str) -> str:
+    """'csv' or 'parquet', the format `path`'s suffix names (TABLE_SUFFIXES); any other suffix is one InstanceError
+    naming `what` ("history", "--out")."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in TABLE_SUFFIXES:
+        raise InstanceError(f"{what} '{path}': expected a .csv or .parquet (.pq) file, got '{suffix}'")
+    return TABLE_SUFFIXES[suffix]
+
+
 def read_table(path: str | os.PathLike, what: str, header: str, column_types: dict | None = None):
     """(path, pyarrow Table) of a UTF-8 CSV (with a header line) or Parquet input file; one InputError naming `what`
     and the path for a missing, unreadable, empty or malformed file. `column_types` fixes CSV column types by name
@@ -386,10 +426,7 @@ def read_table(path: str | os.PathLike, what: str, header: str, column_types: di
     import pyarrow.parquet
 
     path = input_file(path, what)
-    suffix = path.suffix.lower()
-    if suffix not in (".csv", ".parquet", ".pq"):
-        raise InstanceError(f"{what} '{path}': expected a .csv or .parquet file, got '{suffix}'")
-    csv = suffix == ".csv"
+    csv = table_format(path, what) == "csv"
     try:
         if csv:
             text = read_text(path, what)

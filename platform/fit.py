@@ -2,22 +2,25 @@
 
   python platform/fit.py --history demand.csv --items costs.csv --out inst.json
 
---history: long form, columns item, period, demand (units sold, non-negative integers); one row per item and
-period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD, as dates or text) at one
-frequency (daily, weekly, monthly, ...); at least 50 periods. --items: columns item, h, b, lead and optionally qbar
-(default 4 lam_i, the paper's rule); one row per item of the history. CSV or Parquet for both. Units are per period
-of the history (a day for a daily one): h and b per unit per period, lead in periods, qbar in units per order (the
-fitted lam is units per period; a qbar below lam is flagged). docs/formats.md has the formats.
+--history: long form, columns item, period, demand (units sold: integers 0..1,000,000, written as integers); one
+row per item and period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD, as dates
+or text) at one frequency (daily, weekly, monthly on one day of the month or on month ends, ...); at least 50
+periods. --items: columns item, h, b, lead and optionally qbar (default 4 lam_i, the paper's rule); one row per item
+of the history. CSV or Parquet for both. Units are per period of the history (a day for a daily one): h and b per
+unit per period, lead in periods, qbar in units per order (the fitted lam is units per period; a qbar below lam is
+flagged). docs/formats.md has the formats.
 
 --factors k forces the number of common factors; by default k is chosen among 1..--max-factors (default 4) by the
 hold-out (envs.fit.choose_factors: the error of the last 20% of the periods' lagged correlations as the model fitted
 on the first 80% predicts them). The report shows each k's criterion.
 
 Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i and loadings (beta_i at one factor,
-loadings beyond), and overdispersion where an item has it, fitted; it records the history's SHA-256
-and the periods used under 'source') and, next to it, OUT-stem.fit.json (the report's numbers and the smoothed
-factor path), .fit.md (the report) and .fit.png (its figure). An existing OUT or report file is refused unless
---overwrite is given; a history or cost table is never written over.
+loadings beyond), and overdispersion where an item has it, fitted; it records the history's SHA-256, the periods
+used, their step ('1 day', '7 days', '1 month', '1 period') and the item names under 'source') and, next to it,
+OUT-stem.fit.json (the report's numbers and the smoothed factor path), .fit.md (the report) and .fit.png (its
+figure). An existing OUT or report file is refused unless --overwrite is given; a history or cost table is never
+written over. Every input (the flags, the cost table, every cell of the history) is checked before the estimation
+starts.
 """
 
 import json
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from envs.cli import factors, positive_int, run_cli, script_parser, seed
 from envs.fit import MAX_FACTORS, REPLICATES, fit_history, report_figure, report_markdown
-from envs.instance import atomic_write, atomic_write_text
+from envs.instance import atomic_write, atomic_write_text, check_constant
 from envs.job_output import out_argument, resolve_out
 
 
@@ -57,6 +60,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.replicates < 2:
         parser.error(f"--replicates: expected an integer >= 2 (a standard error needs two replicates), got {args.replicates}")
+    if args.K is not None:
+        check_constant("K", args.K, "--K")
+    check_constant("gamma", args.gamma, "--gamma")
     inputs = {"--history": args.history, "--items": args.items}
     out = resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs=inputs)
     for path in report_paths(out).values():

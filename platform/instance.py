@@ -4,11 +4,12 @@ python platform/instance.py --n 16 --seed 0 --out inst.json
 python platform/instance.py --n 16 --seed 0 --factors 3 --overdispersion 0.2 --out inst.json
 python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --out inst.json
 
-An existing --out is refused unless --overwrite is given; the item table is never written over.
+--factors is at most --n (n items' loadings span at most n factors, as platform/fit.py has it); --K, --gamma and
+--rho go with --items. An existing --out is refused unless --overwrite is given; the item table is never written over.
 """
 
 from envs.cli import factors, positive_int, run_cli, script_parser, seed
-from envs.instance import Instance, paper_instance, with_factors
+from envs.instance import Instance, check_constant, check_factors_for_items, paper_instance, with_factors
 from envs.job_output import out_argument, resolve_out
 
 
@@ -36,15 +37,24 @@ def main() -> None:
     parser.add_argument("--out", type=out_argument, required=True, help="output JSON file (.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args()
-    resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs={"--items": args.items})
+    constants = ("K", "gamma", "rho")
     if args.items:
-        missing = [f"--{k}" for k in ("K", "gamma", "rho") if getattr(args, k) is None]
+        missing = [f"--{k}" for k in constants if getattr(args, k) is None]
         if missing:
             parser.error(f"--items needs {', '.join(missing)}")
         if args.factors != 1 or args.overdispersion != 0:
             parser.error(
                 "--factors and --overdispersion draw a paper-family instance (--n); an item table states its own model in its columns"
             )
+        for name in constants:
+            check_constant(name, getattr(args, name), f"--{name}")
+    else:
+        given = [f"--{k}" for k in constants if getattr(args, k) is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: only with --items (the paper family, --n, has K = 10 n, gamma 0.95, rho 0.8)")
+        check_factors_for_items(args.factors, args.n, "--factors", "the number of items --n")
+    resolve_out(args.out, is_file=True, suffix=".json", overwrite=args.overwrite, inputs={"--items": args.items})
+    if args.items:
         instance = Instance.from_table(args.items, K=args.K, gamma=args.gamma, rho=args.rho)
     else:
         instance = with_factors(paper_instance(args.n, args.seed), args.factors, args.overdispersion, args.seed)

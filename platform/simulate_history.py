@@ -3,27 +3,29 @@ that the fit recovers the instance that made the data (docs/fitting.md).
 
   python platform/simulate_history.py --instance inst.json --periods 730 --seed 1 --out history.csv --costs costs.csv
 
-Writes the history (item, period, demand; daily dates from --start) and the cost table (item, h, b, lead, qbar) as
-CSV, or Parquet for a .parquet suffix. The history is episode 0 of --seed (envs.exogenous.sample_paths), drawn from
-the instance's own demand model: k factors with signed loadings and negative-binomial demand where the instance has
-them (docs/model.md). An existing
---out or --costs is refused unless --overwrite is given; the instance file is never written over.
+Writes the history (item, period, demand) and the cost table (item, h, b, lead, qbar), each as CSV (.csv) or Parquet
+(.parquet, .pq), the formats fit.py and backtest.py read; another suffix is refused. The history is episode 0 of
+--seed (envs.exogenous.sample_paths), drawn from the instance's own demand model: k factors with signed loadings and
+negative-binomial demand where the instance has them (docs/model.md). An instance fitted by fit.py lends the history
+its item names and its step (source.item_names, source.step: days, weeks, months or integer periods from --start);
+any other instance gives items item-000, item-001, ... and daily dates. An existing --out or --costs is refused
+unless --overwrite is given; the instance file is never written over.
 """
 
 from pathlib import Path
 
 from envs.cli import horizon, run_cli, script_parser, seed
-from envs.errors import InputError
 from envs.fit import simulate_history
-from envs.instance import Instance, atomic_write
+from envs.instance import Instance, atomic_write, table_format
 from envs.job_output import out_argument, resolve_out
 
 
 def write_table(table, path: Path) -> None:
+    """`table` as the file `path`, in the format its suffix names (envs.instance.table_format)."""
     import pyarrow.csv
     import pyarrow.parquet
 
-    if path.suffix.lower() == ".parquet":
+    if table_format(path, "output table") == "parquet":
         atomic_write(path, lambda tmp: pyarrow.parquet.write_table(table, tmp))
     else:
         atomic_write(path, lambda tmp: pyarrow.csv.write_csv(table, tmp, pyarrow.csv.WriteOptions(quoting_style="none")))
@@ -32,29 +34,31 @@ def write_table(table, path: Path) -> None:
 def main() -> None:
     parser = script_parser(__doc__)
     parser.add_argument("--instance", required=True, help="instance JSON file")
-    parser.add_argument("--periods", type=horizon, required=True, help="number of daily periods")
+    parser.add_argument("--periods", type=horizon, required=True, help="number of periods (at the fitted history's step, else days)")
     parser.add_argument("--seed", type=seed, default=0, help="seed of the demand path (default 0)")
-    parser.add_argument("--start", default="2024-01-01", help="date of the first period (default 2024-01-01)")
-    parser.add_argument("--out", type=out_argument, required=True, help="history file (.csv or .parquet)")
-    parser.add_argument("--costs", type=out_argument, required=True, help="cost table file (.csv or .parquet)")
+    parser.add_argument(
+        "--start", help="first period: a date YYYY-MM-DD (default 2024-01-01), or an integer (default 1) for a history in integer periods"
+    )
+    parser.add_argument("--out", type=out_argument, required=True, help="history file (.csv, .parquet or .pq)")
+    parser.add_argument("--costs", type=out_argument, required=True, help="cost table file (.csv, .parquet or .pq)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and --costs")
     args = parser.parse_args()
     inputs = {"--instance": args.instance}
+    table_format(args.out, "--out")
+    table_format(args.costs, "--costs")
     paths = [
         resolve_out(args.out, is_file=True, overwrite=args.overwrite, inputs=inputs),
         resolve_out(args.costs, "--costs", is_file=True, overwrite=args.overwrite, inputs=inputs | {"--out": args.out}),
     ]
-    try:
-        import numpy as np
-
-        np.datetime64(args.start, "D")
-    except ValueError:
-        raise InputError(f"--start: expected a date YYYY-MM-DD, got '{args.start}'") from None
     instance = Instance.load(args.instance)
     history, costs = simulate_history(instance, args.seed, args.periods, args.start)
     write_table(history, paths[0])
     write_table(costs, paths[1])
-    print(f"wrote {paths[0]} ({history.num_rows} rows: {instance.n} items x {args.periods} days) and {paths[1]}")
+    periods = history.column("period")
+    print(
+        f"wrote {paths[0]} ({history.num_rows} rows: {instance.n} items x {args.periods} periods, {periods[0]} to "
+        f"{periods[args.periods - 1]}) and {paths[1]}"
+    )
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ The history's periods are cut into consecutive windows of W periods; each window
 dynamics (envs.dynamics.step: orders, lead times, the costs h, b, K and the discount gamma of the instance), started
 from the simulator's initial state (envs.dynamics.initial_state: I_0 = mu_i, nothing in transit) with the factor
 estimated at the window's start, and judged by its discounted cost sum_{t<W} gamma^t C_t, as envs.evaluation judges
-an episode. The last T mod W periods, too few for a window, are not replayed.
+an episode. The last T mod W periods, too few for a window, are not replayed. An order placed at t is on hand at t + L_i,
+so a window of W <= min_i L_i periods ends before any order arrives: every decision could only add setup costs, so
+such a window is refused (`check_window`); so is a history shorter than one window (`window_count`). With one window
+there is no spread to estimate a standard error from: it is None (null in backtest.json), never 0 (`window_se`).
 
 The policy never sees the future: the factor in its state at period t is given by the caller, the causal estimate
 E[F_t | D_0..D_{t-1}] of policies.factor_filter.causal_factor under the demand model that the instance states
@@ -21,12 +24,38 @@ from envs.evaluation import Evaluation, Policy, evaluate, paired_comparison
 from envs.exogenous import ExogenousPaths
 from envs.instance import TensorInstance
 
+MIN_WINDOWS_SE = 2
+"""Fewest windows with a standard error: the sample standard deviation of the window costs needs two."""
+
 
 def window_count(periods: int, window: int, what: str = "the history") -> int:
-    """How many whole windows of `window` periods `periods` periods hold; an InputError when not one."""
+    """How many whole windows of `window` periods `periods` periods hold; an InputError when not one (a backtest replays
+    whole windows, so a history of at least one window is all it needs)."""
     if window > periods:
-        raise InputError(f"--window: {window} periods is longer than {what} ({periods} periods); give --window {periods} or less")
+        raise InputError(
+            f"--window: {window} periods is longer than {what} ({periods} periods): a backtest replays whole windows; give "
+            f"--window {periods} or less"
+        )
     return periods // window
+
+
+def check_window(window: int, lead: np.ndarray, instance_path: str) -> None:
+    """Refuse a window that ends before any order can arrive (module docstring): every policy's cost there is the zero
+    policy's plus the setups it opens, whatever it decides."""
+    shortest = int(np.min(lead)) + 1  # an order placed at period 0 is on hand at period min_i L_i
+    if window < shortest:
+        leads = f"{shortest - 1}" if np.ptp(lead) == 0 else f"{shortest - 1} to {int(np.max(lead))}"
+        raise InputError(
+            f"--window {window}: no order arrives within a window of {window} period{'s' if window > 1 else ''} (an order placed at "
+            f"period t is on hand at t + L_i, and the instance '{instance_path}' has lead times L_i of {leads}), so no decision "
+            f"could lower a window's cost; give --window {shortest} or more"
+        )
+
+
+def window_se(se: float, windows: int) -> float | None:
+    """A standard error over `windows` windows, None with fewer than MIN_WINDOWS_SE (envs.evaluation gives 0 there,
+    which would read as a mean known exactly)."""
+    return se if windows >= MIN_WINDOWS_SE else None
 
 
 def window_paths(demand: np.ndarray, factor: np.ndarray, window: int, device="cpu") -> ExogenousPaths:
@@ -54,14 +83,15 @@ def replay(
 
 def paired_comparisons(costs: dict[str, np.ndarray]) -> list[dict]:
     """Every pair (a, b) of the policies in the given order, a before b: the mean over windows of cost_a - cost_b,
-    its standard error and 95% t-interval (envs.evaluation.paired_comparison)."""
+    its standard error and 95% t-interval (envs.evaluation.paired_comparison; None, all three, with one window)."""
     labels = list(costs)
     rows = []
     for k, a in enumerate(labels):
         for b in labels[k + 1 :]:
             cmp = paired_comparison(costs[a], costs[b])
+            se = window_se(cmp.se, cmp.episodes)
+            low, high = (cmp.ci_low, cmp.ci_high) if se is not None else (None, None)
             rows.append(
-                {"a": a, "b": b, "mean_difference": cmp.mean_difference, "se": cmp.se, "ci_low": cmp.ci_low, "ci_high": cmp.ci_high,
-                 "windows": cmp.episodes}
+                {"a": a, "b": b, "mean_difference": cmp.mean_difference, "se": se, "ci_low": low, "ci_high": high, "windows": cmp.episodes}
             )  # fmt: skip
     return rows

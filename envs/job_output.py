@@ -6,6 +6,12 @@ Results are written through the file system (atomic renames, envs/results.py), s
 URI. Under `ray job submit` the driver runs in Ray's temporary copy of --working-dir (inside the Ray session
 folder, runtime_resources/working_dir_files/...), which Ray deletes and the user never looks in: a job's --out
 must be absolute and outside that copy. Nothing here imports Ray: the scripts check --out before they start it.
+
+An output never lies inside what a run reads or another run wrote (`apart_from_inputs`, `outside_runs`): a folder
+the script reads (a policy's tables, a checkpoint's run folder) would change under the run that reads it, and a file
+or folder inside another run's folder (a bound's equal-shares/, a backtest's policy folder) would change that run
+behind its own record (summary.json, backtest.json, split.jsonl), which would go on vouching for it. A run's own
+folder is replaced whole with --overwrite (envs.results.check_run_folder, clear_run), never a part of it.
 """
 
 from __future__ import annotations
@@ -56,11 +62,19 @@ def job_runtime_env() -> dict | None:
     return json.loads(config).get("runtime_env") or {}
 
 
-def apart_from_inputs(out: Path, inputs: dict[str, object], what: str, *, is_file: bool) -> None:
-    """Refuse an output that is one of the paths the script reads or writes under another flag (`inputs`: flag -> path,
-    None where not given), or, for an output folder, one that contains one: writing it would destroy that path, with
-    --overwrite too."""
+def apart_from_inputs(out: Path, inputs: dict[str, object], folders: dict[str, object], what: str, *, is_file: bool) -> None:
+    """Refuse an output that lies inside one of the folders the script reads (`folders`: flag -> path, None where not
+    given; a lookahead's tables folder, the evaluation folders of a report: a checkpoint's folder is a run's, refused
+    by `outside_runs`), is one of the paths it reads or writes under another flag (`inputs`, alike) or, for an output
+    folder, holds one: writing it would change or destroy that path, with --overwrite too. A path read as a file is
+    no folder to lie inside: given as a directory, the script refuses it as such."""
     target = out.resolve()
+    for flag, given in folders.items():
+        if given is not None and Path(given).resolve() in target.parents:
+            raise InputError(
+                f"{what} '{out}' lies inside the {flag} '{given}' that this run reads: writing there would change what it reads "
+                f"(a script never writes into its own input, even with --overwrite); give {what} a path outside '{given}'"
+            )
     for flag, given in inputs.items():
         if given is None:
             continue
@@ -73,14 +87,42 @@ def apart_from_inputs(out: Path, inputs: dict[str, object], what: str, *, is_fil
             )
 
 
+RUN_RECORDS = (".json", ".jsonl", ".pt")
+"""The suffixes of the entries of envs.results.RUNS that show a run above an output: its records (summary.json,
+backtest.json, a solver's journal, training.json, a checkpoint). Its Parquet tables and subfolders do not: a user's
+folder may hold an item table items.parquet, a cost table costs.parquet or a folder named greedy/ or lookahead/."""
+
+
+def run_record(folder: Path) -> tuple[str, str] | None:
+    """(kind, record file) of the run whose folder `folder` is, shown by a record (RUN_RECORDS) that
+    envs.results.RUNS names, or None."""
+    from envs.results import RUNS  # torch and scipy: loaded when an output is checked, not when envs.cli is imported
+
+    records = [(kind, entry) for kind, entries in RUNS.items() for entry in entries if Path(entry).suffix in RUN_RECORDS]
+    return next(((kind, entry) for kind, entry in records if (folder / entry).is_file()), None)
+
+
+def outside_runs(out: Path, what: str) -> None:
+    """Refuse an output that lies inside another run's folder (a folder above it that `run_record` recognises): that
+    run's record would go on vouching for files that are no longer its own, or stand beside foreign ones."""
+    for folder in out.resolve().parents:
+        if (held := run_record(folder)) is not None:
+            kind, entry = held
+            raise InputError(
+                f"{what} '{out}' lies inside '{folder}', the folder of {kind} ({entry}): writing there would change that run "
+                f"behind its {entry}; give {what} a path outside it (a run is replaced whole, by giving its own folder with --overwrite)"
+            )
+
+
 def resolve_out(
-    path, what: str = "--out", *, is_file: bool = False, suffix: str | None = None, overwrite: bool = False, inputs=None
+    path, what: str = "--out", *, is_file: bool = False, suffix: str | None = None, overwrite: bool = False, inputs=None, folders=None
 ) -> Path:
     """`path` as the script's output directory (or, with is_file, output file), checked before any work: not a
-    URI; under `ray job submit` absolute and outside the job's copy of its working directory; not one of the
-    script's `inputs` nor, for a directory, holding one (`apart_from_inputs`); a file not a directory, named with
-    `suffix` when given, and not an existing file unless `overwrite`; then writable (envs.files.output_dir, of the
-    file's folder with is_file). Creates nothing."""
+    URI; under `ray job submit` absolute and outside the job's copy of its working directory; not inside one of the
+    `folders` the script reads, not one of its `inputs` nor, for a directory, holding one (`apart_from_inputs`); not
+    inside another run's folder (`outside_runs`); a file not a directory, named with `suffix` when given, and not an
+    existing file unless `overwrite`; then writable (envs.files.output_dir, of the file's folder with is_file). Creates
+    nothing."""
     text = str(path)
     if (refusal := uri_refusal(text)) is not None:
         raise InputError(f"{what} {refusal}")
@@ -99,7 +141,8 @@ def resolve_out(
                 f"{what} '{text}' lies in Ray's temporary copy of the job's --working-dir '{cwd}', which Ray deletes; {SHARED}"
             )
     out = Path(text)
-    apart_from_inputs(out, inputs or {}, what, is_file=is_file)
+    apart_from_inputs(out, inputs or {}, folders or {}, what, is_file=is_file)
+    outside_runs(out, what)
     if not is_file:
         output_dir(out, what)
         return out

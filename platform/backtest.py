@@ -9,8 +9,10 @@ evaluate.py; --policy may be given several times. Classical families and the loo
 training paths of the instance for --window steps; the lookahead uses its stationary tables unless --lookahead-form
 says finite (a backtest's windows cut an unending history, so no horizon is known to the policy).
 
-The history's periods are cut into consecutive windows of --window periods (the last T mod W are not replayed);
-each window is one episode through the simulator's dynamics with the instance's costs (h, b, K, lead times, gamma
+The history's periods are cut into consecutive windows of --window periods (the last T mod W are not replayed); a
+window must let an order arrive (--window at least the instance's shortest lead time + 1) and the history must hold
+one; a history whose period length differs from the one the instance was fitted on (source.step) is refused. Each
+window is one episode through the simulator's dynamics with the instance's costs (h, b, K, lead times, gamma
 discounting), from the simulator's initial state (I_0 = mu_i = lam_i (L_i + 1), nothing in transit), scored by its
 discounted cost. The factor in the policy's state is E[F_t | demand before t] under the instance's demand model
 (a causal filter, policies/factor_filter.py: exact on a grid for one factor, a Gaussian approximation for k >= 2),
@@ -20,7 +22,9 @@ an instance with k >= 2 it is refused in one line before anything is tuned or re
 Writes under --out one evaluation folder per policy (summary.json with kind "backtest" and policy
 "backtest:<method>", costs.parquet with one row per window; platform/report.py reads them) and backtest.json: every
 policy's mean and the paired comparison of every two policies over the same windows (mean difference, s.e., 95%
-t-interval), also printed. An --out that holds a run is refused; --overwrite replaces it.
+t-interval), also printed; with one window there is no s.e. nor interval (null in backtest.json, "no s.e." printed). An
+--out that holds a run is refused, --overwrite replaces it; one inside an input folder or another run's folder is
+refused.
 """
 
 import json
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.backtest import paired_comparisons, replay, window_count
+from envs.backtest import check_window, paired_comparisons, replay, window_count, window_se
 from envs.cli import device, positive_int, run_cli, script_parser
 from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON
@@ -76,6 +80,19 @@ def history_demand(history: History, instance: Instance, history_path: str, inst
     return history.demand[:, [column[item] for item in names]]
 
 
+def check_step(history: History, instance: Instance, history_path: str, instance_path: str) -> None:
+    """Refuse a history whose period length (History.step) is not the one the instance was fitted on (source.step,
+    written by platform/fit.py): the instance's rates lam_i are demand per period of that length. An instance that
+    records no step is not checked."""
+    fitted = (instance.source or {}).get("step")
+    if fitted is not None and fitted != history.step:
+        raise InputError(
+            f"history '{history_path}' has periods of {history.step}, while the instance '{instance_path}' was fitted on periods "
+            f"of {fitted} (source.step), so its demand rates are per {fitted}: backtest a history of periods of {fitted}, or "
+            "fit an instance on this history's periods"
+        )
+
+
 def count(number: int, noun: str) -> str:
     return f"{number} {noun}" + ("" if number == 1 else "s")
 
@@ -120,11 +137,14 @@ def main() -> None:
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, and no --policy names one")
     if args.mode != "greedy" and not any(is_checkpoint(name) for name in args.policy):
         parser.error(f"--mode {args.mode}: applies to checkpoint:PATH only, and no --policy names one")
-    inputs = {"--history": args.history, "--instance": args.instance} | {f"--policy {name}": policy_path(name) for name in args.policy}
-    out = resolve_out(args.out, inputs=inputs)
+    policy_paths = {f"--policy {name}": policy_path(name) for name in args.policy}
+    tables = {f"--policy {name}": policy_path(name) for name in args.policy if is_lookahead(name)}  # a checkpoint's folder is a run's
+    out = resolve_out(args.out, inputs={"--history": args.history, "--instance": args.instance} | policy_paths, folders=tables)
     check_run_folder(out, BACKTEST, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
+    check_window(args.window, instance.lead, args.instance)
     history = history_matrix(args.history)
+    check_step(history, instance, args.history, args.instance)
     demand = history_demand(history, instance, args.history, args.instance)
     windows = window_count(demand.shape[0], args.window, f"the history '{args.history}'")
     check_cost_range(instance, args.window)
@@ -175,17 +195,19 @@ def main() -> None:
         label = f"{BACKTEST_KIND}:{resolved[k].label}"
         summary = write_evaluation(out / folders[k], label, results[k], 0, config, resolved[k].parameters, extra, instance=instance)
         costs[folders[k]] = results[k].discounted_cost
-        rows.append({"policy": args.policy[k], "folder": folders[k], "mean": summary["mean"], "se": summary["se"]})
-        print(
-            f"{summary['policy']}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {count(windows, 'window')} of "
-            f"{args.window} periods -> {out / folders[k]}"
-        )
+        se = window_se(summary["se"], windows)
+        rows.append({"policy": args.policy[k], "folder": folders[k], "mean": summary["mean"], "se": se})
+        spread = f"± {se:.2f} (s.e.)" if se is not None else "(no s.e.: one window)"
+        where = f"over {count(windows, 'window')} of {args.window} periods -> {out / folders[k]}"
+        print(f"{summary['policy']}: mean {summary['mean']:.2f} {spread} {where}")
     comparisons = paired_comparisons(costs)
     for row in comparisons:
-        print(
-            f"{row['a']} - {row['b']}: {row['mean_difference']:+.2f} ± {row['se']:.2f} (s.e.), 95% CI "
-            f"[{row['ci_low']:+.2f}, {row['ci_high']:+.2f}] over the same {row['windows']} windows"
+        spread = (
+            f"± {row['se']:.2f} (s.e.), 95% CI [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
+            if row["se"] is not None
+            else "(no s.e. or CI: one window)"
         )
+        print(f"{row['a']} - {row['b']}: {row['mean_difference']:+.2f} {spread} over the same {count(row['windows'], 'window')}")
     record = {
         "format": FORMAT,
         "version": VERSION,

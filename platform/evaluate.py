@@ -10,7 +10,9 @@ decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained
 sampled). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
 from the held-out one) before the evaluation. --seed picks the exogenous paths; its default is the
 documented held-out seed. An --out that holds a run (an evaluation, a bound, a MILP or a training run) is refused;
---overwrite replaces it, removing every file of it.
+--overwrite replaces it, removing every file of it. An --out inside the policy's folder (decomposition-lookahead:DIR,
+checkpoint:PATH) or inside another run's folder (a bound's equal-shares/, a backtest's policy folder) is refused, with
+--overwrite too.
 """
 
 import textwrap
@@ -46,7 +48,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.lookahead_form is not None and not is_lookahead(args.policy):
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, not to --policy {args.policy}")
-    resolve_out(args.out, inputs={"--instance": args.instance, "--policy": policy_path(args.policy)})
+    tables = {"--policy": policy_path(args.policy)} if is_lookahead(args.policy) else {}  # a checkpoint's folder is a run's
+    resolve_out(args.out, inputs={"--instance": args.instance, "--policy": policy_path(args.policy)}, folders=tables)
     check_run_folder(args.out, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range

@@ -249,7 +249,8 @@ def main() -> None:
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} needs a sweep's results directory (a directory holding sweep.json), given alone")
     if args.out:
-        resolve_out(args.out, is_file=True, overwrite=args.overwrite)
+        folders = {"--reference": args.reference, "--bound": args.bound, **{f"EVAL_DIR {k + 1}": d for k, d in enumerate(args.runs)}}
+        resolve_out(args.out, is_file=True, overwrite=args.overwrite, folders=folders)
     runs = [load_run(d) for d in args.runs]
     reference = load_run(args.reference, "--reference") if args.reference else runs[0]
     bound = load_bound(args.bound) if args.bound else None

@@ -14,7 +14,8 @@ import torch
 from conftest import INSTANCE, run_script, single_item
 from scipy import stats
 
-from envs.backtest import replay, window_paths
+from envs.backtest import check_window, paired_comparisons, replay, window_paths
+from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths, sample_paths
 from envs.fit import history_matrix, simulate_history, smooth_factor
@@ -54,6 +55,40 @@ def test_costs_worked_out_by_hand():
     assert zero.episodes == (0, 1) and zero.horizon == 3
     np.testing.assert_allclose(zero.discounted_cost, [33.4, 30.1], rtol=1e-6)
     np.testing.assert_allclose(ordering.discounted_cost, [16.35, 21.96], rtol=1e-6)
+
+
+def test_a_window_that_ends_before_any_order_arrives_is_refused():
+    """One item, lead 2 (an order placed at t is on hand at t + 2), lam 2 so I_0 = mu = 6, h 1, b 10, K 5, gamma 0.9;
+    demand 3, 4, 5, 2, 6, 1. Windows of 2: no order arrives, so ordering 2 every period costs the zero policy's plus
+    its setups K (1 + 0.9) = 9.5 in every window: zero Z = 3, -1 | 1, -1 | 0, -1: 3 + 9 = 12, 1 + 9 = 10, 0 + 9 = 9.
+    Windows of 3: the order of period 0 is on hand at period 2: zero Z = 3, -1, -6: 3 + 9 + 48.6 = 60.6 | 4, -2, -3:
+    4 + 18 + 24.3 = 46.3; ordering Z = 3, -1, -4 (+2): 8 + 0.9 * 15 + 0.81 * 45 = 57.95 | 4, -2, -1: 9 + 0.9 * 25 +
+    0.81 * 15 = 43.65. check_window refuses 2 and takes 3, the shortest lead time + 1."""
+    instance = single_item(lead=2).to_torch()
+    demand = np.array([[3.0], [4.0], [5.0], [2.0], [6.0], [1.0]])
+    factor = np.zeros(7)
+    np.testing.assert_allclose(replay(zero_policy, instance, demand, factor, window=2).discounted_cost, [12.0, 10.0, 9.0], rtol=1e-6)
+    ordering = replay(order_two_every_period, instance, demand, factor, window=2).discounted_cost
+    np.testing.assert_allclose(ordering, [21.5, 19.5, 18.5], rtol=1e-6)
+    np.testing.assert_allclose(replay(zero_policy, instance, demand, factor, window=3).discounted_cost, [60.6, 46.3], rtol=1e-6)
+    np.testing.assert_allclose(
+        replay(order_two_every_period, instance, demand, factor, window=3).discounted_cost, [57.95, 43.65], rtol=1e-6
+    )
+    with pytest.raises(InputError, match=r"^--window 2: no order arrives .* lead times L_i of 2\), .* give --window 3 or more$"):
+        check_window(2, np.array([2.0]), "inst.json")
+    with pytest.raises(InputError, match=r"lead times L_i of 3 to 4\), .* give --window 4 or more$"):
+        check_window(1, np.array([4.0, 3.0, 4.0]), "inst.json")
+    check_window(3, np.array([2.0]), "inst.json")
+
+
+def test_one_window_has_no_standard_error_and_two_have_one():
+    """One window: the mean difference, and None (not 0) for its s.e. and interval. Two windows, d = 2, 4: mean 3,
+    s.e. sd(d) / sqrt(2) = 1.414214 / 1.414214 = 1, half-width t_0.975 with 1 degree of freedom (12.706205) x 1."""
+    (one,) = paired_comparisons({"a": np.array([5.0]), "b": np.array([3.0])})
+    assert one == {"a": "a", "b": "b", "mean_difference": 2.0, "se": None, "ci_low": None, "ci_high": None, "windows": 1}
+    (two,) = paired_comparisons({"a": np.array([5.0, 7.0]), "b": np.array([3.0, 3.0])})
+    assert (two["mean_difference"], two["se"], two["windows"]) == (pytest.approx(3.0), pytest.approx(1.0), 2)
+    assert (two["ci_low"], two["ci_high"]) == pytest.approx((3.0 - 12.706205, 3.0 + 12.706205), rel=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -332,6 +367,47 @@ def test_the_report_refuses_a_backtest_beside_an_evaluation(backtest_run, simula
     assert (
         result.returncode == 2 and "a backtest on the history" in result.stderr and "compare backtests with backtests only" in result.stderr
     )
+
+
+def test_a_backtest_of_one_window_writes_no_standard_error(simulated, tmp_path):
+    """--window 160 on the 160-period history: one window, whose means and mean difference backtest.json holds (from the
+    window costs in costs.parquet), with null for every s.e. and interval; the console says there is none, never
+    "± 0.00"."""
+    _, _, folder = simulated
+    out = tmp_path / "bt"
+    result = run_script(
+        "backtest.py", "--history", folder / "history.csv", "--instance", folder / "instance.json", "--policy", "zero",
+        "--policy", "base-stock", "--window", 160, "--out", out, check=True,
+    )  # fmt: skip
+    record = json.loads((out / "backtest.json").read_text())
+    cost = {name: pq.read_table(out / name / "costs.parquet").column("discounted_cost").to_numpy() for name in ("zero", "base-stock")}
+    assert record["windows"] == 1 and all(cost[name].shape == (1,) for name in cost)
+    assert [(row["folder"], row["mean"], row["se"]) for row in record["policies"]] == [
+        ("zero", pytest.approx(cost["zero"][0], rel=1e-12), None), ("base-stock", pytest.approx(cost["base-stock"][0], rel=1e-12), None)
+    ]  # fmt: skip
+    (row,) = record["comparisons"]
+    assert row["mean_difference"] == pytest.approx(cost["zero"][0] - cost["base-stock"][0], rel=1e-12)
+    assert (row["se"], row["ci_low"], row["ci_high"], row["windows"]) == (None, None, None, 1)
+    assert "±" not in result.stdout and result.stdout.count("(no s.e.: one window)") == 2
+    assert "(no s.e. or CI: one window) over the same 1 window" in result.stdout
+
+
+def test_the_history_must_have_the_step_the_instance_was_fitted_on(simulated, tmp_path):
+    """The daily history against an instance recording source.step '7 days' (as fit.py writes it for weekly data): one
+    `error:` line naming both steps, nothing written; recording '1 day', it is backtested."""
+    instance, _, folder = simulated
+    args = ["--history", folder / "history.csv", "--policy", "zero", "--window", 80]
+    for step in ("7 days", "1 day"):
+        Instance.from_dict(instance.to_dict() | {"source": {"step": step}}).save(tmp_path / f"{step}.json")
+    refused = run_script("backtest.py", *args, "--instance", tmp_path / "7 days.json", "--out", tmp_path / "weekly")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: history '{folder / 'history.csv'}' has periods of 1 day, while the instance '{tmp_path / '7 days.json'}' was "
+        "fitted on periods of 7 days (source.step), so its demand rates are per 7 days: backtest a history of periods of 7 "
+        "days, or fit an instance on this history's periods"
+    ]
+    assert not (tmp_path / "weekly").exists()
+    run_script("backtest.py", *args, "--instance", tmp_path / "1 day.json", "--out", tmp_path / "daily", check=True)
+    assert json.loads((tmp_path / "daily" / "backtest.json").read_text())["step"] == "1 day"
 
 
 def test_overwrite_replaces_the_whole_backtest(simulated, tmp_path):

@@ -7,7 +7,7 @@ signed factor loadings (drawn N(0, I), scaled to the paper's |beta_i|) and negat
 overdispersion 0.2, whose filter is the Gaussian one (policies.factor_filter.GaussianFilter). The policies are made
 first and timed apart ("after tuning"): classical-best tuned on --tuning-episodes training paths of --window steps
 (policies.classical.tuned_policy; the evaluator tunes on 64), and the decomposition lookahead's stationary tables,
-of which --items sampled items are built (solver_workers.decomposition.item_table at their first-guess share) and
+of which --items sampled items are built (policies.decomposition.item_table at their first-guess share) and
 repeated to n items, as bench/lookahead.py does: a decision's work depends on the items' lattice sizes, not on their
 values; c = 1. Then timed, wall-clock and CPU: the causal factor filter over the whole history
 (policies.factor_filter.causal_factor) and each policy's replay on the history's windows (envs.backtest.replay);
@@ -32,8 +32,8 @@ from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance, with_factors
 from policies import lookahead
 from policies.classical import tuned_policy
+from policies.decomposition import DecompositionOptions, guess_shares, item_table
 from policies.factor_filter import causal_factor
-from solver_workers.decomposition import DecompositionOptions, guess_shares, item_table
 
 
 def timed(work, *args, **kwargs):

@@ -24,7 +24,7 @@ import torch
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance, paper_instance, with_factors
 from policies import dp_optimal
-from solver_workers.decomposition import DecompositionOptions, guess_shares, item_figures, item_instance, item_values, search_split
+from policies.decomposition import DecompositionOptions, guess_shares, item_figures, item_instance, item_values, search_split
 
 
 def load() -> list[float]:

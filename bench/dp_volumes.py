@@ -21,7 +21,7 @@ import torch
 
 from envs.instance import Instance
 from policies import dp_optimal
-from solver_workers.decomposition import DecompositionOptions, lattice_error
+from policies.decomposition import DecompositionOptions, lattice_error
 
 HORIZON = 50
 SETUPS = [5.0, 20.0, 80.0, 320.0, 1280.0]

@@ -4,7 +4,7 @@ the 128 x 50 held-out evaluation's time, each as wall-clock and as CPU time (one
 agree; on a shared machine the CPU time is the figure to compare). One JSON line per size, with the machine's
 load.
 
-Build time: each of `--items` sampled items' tables (solver_workers.decomposition.item_table: the finite
+Build time: each of `--items` sampled items' tables (policies.decomposition.item_table: the finite
 form's fine-grid DP over T and the stationary form's long-horizon DP) is timed at its first-guess share
 (guess_shares; the split search is the bound's own work, bench/decomposition.py), and the per-item mean is
 scaled to n items (CPU seconds of one worker; the bound's pool spreads them over its workers). Sizes and
@@ -26,11 +26,18 @@ With `--bound DIR --instance FILE` it measures a decomposition bound run's own t
 retail volumes, say): the folder's size, each form's size in memory and one state's decision time per form (the
 instance's initial state at F = 0), on one torch thread.
 
+With `--thin TOL [TOL ...]` besides, on a bound folder whose finite tables keep every stage (a run whose items all
+fit their share of lookahead.FINITE_BUDGET, or one written before stages were left out), it measures leaving stages
+out (policies/lookahead.py, "stage_knots") at each tolerance against the tables of every stage (the reference): the
+share of stages kept, the finite form's megabytes in memory, and the lookahead's (c = 1) cost on the 128 held-out
+episodes of 50 periods, paired with the reference's on the same episodes (mean difference and 95% CI).
+
   python bench/lookahead.py [--sizes 16 64 1024] [--items 32] [--load-repeats 5]
-  python bench/lookahead.py --bound runs/dec --instance fitted.json
+  python bench/lookahead.py --bound runs/dec --instance fitted.json [--thin 16 64 256 1024]
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -43,11 +50,11 @@ import numpy as np
 import torch
 
 from envs.dynamics import initial_state
-from envs.evaluation import EVAL_HORIZON, evaluate
+from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import Instance, paper_instance
 from policies import lookahead
-from solver_workers.decomposition import DecompositionOptions, guess_shares, item_table
+from policies.decomposition import DecompositionOptions, guess_shares, item_table
 
 REPEATS = 50
 
@@ -129,6 +136,42 @@ def bound_figures(folder: Path, instance_file: str) -> dict:
     return record
 
 
+def thinning_figures(folder: Path, instance_file: str, tolerances: list[float]) -> list[dict]:
+    """Stages left out at each of `tolerances` against the bound folder's every-stage finite tables (module docstring)."""
+    inst = Instance.load(instance_file)
+    items = [lookahead.ItemTable.load(folder / lookahead.TABLES_DIR / lookahead.item_file(i), forms=("finite",)) for i in range(inst.n)]
+    if any(t.finite_stages.size != t.finite.shape[0] for t in items):
+        raise SystemExit(f"--thin: the finite tables in {str(folder)!r} leave stages out already; it needs tables of every stage")
+    tinst, paths = inst.to_torch(), sample_paths(inst, HELDOUT_SEED, HELDOUT_EPISODES, EVAL_HORIZON)
+
+    def cost(tables):
+        return evaluate(lookahead.LookaheadPolicy(tables), tinst, paths).discounted_cost
+
+    reference = cost(lookahead.LookaheadTables.from_items(items, "finite", EVAL_HORIZON, inst.content_hash()))
+    records = []
+    for tolerance in tolerances:
+        kept = []
+        for t in items:
+            knots = lookahead.stage_knots(t.finite.astype(np.float64), tolerance)
+            kept.append(dataclasses.replace(t, finite=t.finite[knots], finite_stages=knots))
+        tables = lookahead.LookaheadTables.from_items(kept, "finite", EVAL_HORIZON, inst.content_hash())
+        paired = paired_comparison(cost(tables), reference)
+        records.append(
+            {
+                "n": inst.n,
+                "tolerance": tolerance,
+                "stages_kept": round(sum(t.finite_stages.size for t in kept) / sum(t.finite.shape[0] for t in items), 4),
+                "finite_table_megabytes": round(tables.nbytes / 2**20, 1),
+                "reference_mean": round(float(reference.mean()), 1),
+                "paired_difference": round(paired.mean_difference, 1),
+                "paired_ci": [round(paired.ci_low, 1), round(paired.ci_high, 1)],
+                "load": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+        print(json.dumps(records[-1]), flush=True)
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 1024], help="instance sizes (default 16 64 1024)")
@@ -136,11 +179,17 @@ def main() -> None:
     parser.add_argument("--load-repeats", type=int, default=5, help="loads of the stationary form timed per way and size (default 5)")
     parser.add_argument("--bound", type=Path, help="a decomposition bound run's folder: measure its tables instead (with --instance)")
     parser.add_argument("--instance", help="the instance file of --bound")
+    parser.add_argument("--thin", type=float, nargs="+", help="with --bound: measure leaving stages out at these tolerances")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if (args.bound is None) != (args.instance is None):
         parser.error("--bound and --instance go together")
+    if args.thin and args.bound is None:
+        parser.error("--thin needs --bound and --instance")
     if args.bound is not None:
+        if args.thin:
+            thinning_figures(args.bound, args.instance, args.thin)
+            return
         print(json.dumps({**bound_figures(args.bound, args.instance), "load": [round(x, 2) for x in os.getloadavg()]}))
         return
     options = DecompositionOptions()

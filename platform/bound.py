@@ -17,7 +17,7 @@ DIR/equal-shares). summary.json holds the DP's value (dp_value), its grid-conver
 conservative figure; costs.parquet the relaxed policies' simulated cost per episode (for paired
 comparisons); split.parquet every item's share, values and order counts. Journal: DIR/split.jsonl,
 identity: the instance's content hash, --seed, --horizon, --episodes and the grid settings. With k factors and
-overdispersion each item's DP is over its own exposure u_i,t with |beta_i| and its phi_i (solver_workers/decomposition.py),
+overdispersion each item's DP is over its own exposure u_i,t with |beta_i| and its phi_i (policies/decomposition.py),
 and its relaxed policy runs on its exposure path. docs/methods.md says what each figure is and how far it can be trusted.
 
 Re-running the same command resumes (the perfect-information bound also with more --episodes); a
@@ -34,9 +34,9 @@ from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from envs.job_output import resolve_out
 from policies import lookahead
+from policies.decomposition import DecompositionOptions, certificate_note, check_items
 from solver_workers.backends import SOLVERS, SolverOptions
 from solver_workers.bound import solved_note
-from solver_workers.decomposition import DecompositionOptions, certificate_note, check_items
 from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.runs import SolverRun, bound_journal, decomposition_journal, run_bound, run_decomposition_bound
 

@@ -16,7 +16,7 @@ Otherwise every argument is an evaluation folder written by evaluate.py, train.p
 sampled/) or milp.py: mean ± s.e., the paired 95% CI against the reference and, with --bound,
 the figure of the bound's kind: a perfect-information bound's gap (mean / bound's mean - 1), or the paired
 difference to a decomposition bound's relaxed policies with the bound, its DP value, under the table
-(solver_workers.decomposition.PAIRED_DIFFERENCE) and a note when it is the equal-shares split or a split the search
+(policies.decomposition.PAIRED_DIFFERENCE) and a note when it is the equal-shares split or a split the search
 did not certify; printed and with --out written as Markdown. A bound's folder is given with --bound, never as a
 run or --reference (its mean is no policy's cost). All must evaluate the same instance
 (summary.json records its content hash) on the same episodes, horizon and seed; anything else is
@@ -35,8 +35,8 @@ from envs.evaluation import paired_comparison, standard_error
 from envs.instance import atomic_write_text
 from envs.job_output import out_argument, resolve_out
 from envs.results import BACKTEST_KIND, read_evaluation
-from solver_workers.decomposition import NAME as DECOMPOSITION
-from solver_workers.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
+from policies.decomposition import NAME as DECOMPOSITION
+from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
 
 
 def load(directory: str) -> dict:
@@ -116,7 +116,7 @@ def paired_cell(run: dict, other: dict) -> str:
 
 def bound_notes(summary: dict) -> list[str]:
     """What a decomposition bound's figure is not: the split at equal shares (bound.py's equal-shares/ folder), or a best
-    split that the search did not certify (solver_workers.decomposition.certificate_note)."""
+    split that the search did not certify (policies.decomposition.certificate_note)."""
     if summary.get("split") == "equal shares":
         return [
             "note: this is the bound at equal shares K/n (bound.py's equal-shares/ folder), not at the best split: a valid but "

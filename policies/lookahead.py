@@ -1,6 +1,6 @@
 """The decomposition lookahead policy: a joint rule from the decomposition bound's per-item values.
 
-The decomposition bound (solver_workers/decomposition.py) splits K into shares k_i and solves each item
+The decomposition bound (policies/decomposition.py) splits K into shares k_i and solves each item
 alone by the n = 1 DP (policies/dp_optimal.py), whose post-decision value of the position y after ordering is
 
     W_i,t(y, f) = gamma^L_i G_i(y, f) + gamma E[V_i,t+1(y - D, F') | F_t = f].
@@ -30,7 +30,7 @@ and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two 
 Positions are each item's DP lattice (two classes per unit with the integer-cap lattice); a position is
 mapped to the nearest lattice point (orders up to lattice points keep a simulated position on it), and
 the item's factor, its exposure u_i,t = beta_i . F_t / |beta_i| (TensorInstance.exposure; F_t itself for the
-paper's model), on which its DP was solved (solver_workers/decomposition.py), is interpolated linearly between
+paper's model), on which its DP was solved (policies/decomposition.py), is interpolated linearly between
 the neighbouring grid points (clamped at the ends), as policies.dp_optimal.DPOptimalPolicy does: a shift of a
 row by a constant does not change differences, so interpolating the excess is interpolating W.
 

@@ -55,9 +55,9 @@ from envs.instance import Instance, atomic_write_text
 from envs.results import append_json_line, json_line
 from envs.validate import differences
 from policies import lookahead
+from policies.decomposition import DecompositionOptions, item_figures, item_values, search_split
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
-from solver_workers.decomposition import DecompositionOptions, item_figures, item_values, search_split
 from solver_workers.ray_session import this_node
 from solver_workers.rolling import RollingOptions, decide
 
@@ -334,7 +334,7 @@ def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions
 def run_decomposition(
     instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal, tables: Path | None = None
 ) -> tuple[list[dict], dict]:
-    """The decomposition bound (solver_workers/decomposition.py) on the pool, one task per item and
+    """The decomposition bound (policies/decomposition.py) on the pool, one task per item and
     round, resuming from `journal`: the split search's rounds on the coarse factor grid, then every
     item's figures at the best split and at equal shares, with its lookahead tables at the best split in
     the folder `tables` (an item whose record is journalled but whose table file is missing runs again

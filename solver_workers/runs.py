@@ -19,9 +19,9 @@ from envs.exogenous import ExogenousPaths, sample_paths
 from envs.instance import Instance
 from envs.results import check_run_folder, clear_run, write_evaluation
 from policies import lookahead
+from policies.decomposition import NAME as DECOMPOSITION
+from policies.decomposition import TABLE_DTYPE, DecompositionOptions, combine
 from solver_workers.backends import SolverOptions
-from solver_workers.decomposition import NAME as DECOMPOSITION
-from solver_workers.decomposition import TABLE_DTYPE, DecompositionOptions, combine
 from solver_workers.pool import (
     Journal,
     Pool,
@@ -201,7 +201,7 @@ EQUAL_SHARES_FIGURES = ("value", "lattice_error", "extrapolated", "conservative"
 
 
 def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal, options: DecompositionOptions) -> dict[str, Any]:
-    """The decomposition bound (solver_workers/decomposition.py) at the best split in `out` and at equal
+    """The decomposition bound (policies/decomposition.py) at the best split in `out` and at equal
     shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
     'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
     DP figures), with split.parquet: every item's share, values and order counts, and the lookahead

@@ -28,10 +28,10 @@ The paper's conventions, and the choices where it is silent (how cells are shown
   decisions recorded in its decisions.parquet on those paths (a MILP run of fewer decisions gets no line).
 * Reductions (1 - OR-Transformer's mean / the policy's) and gaps to the perfect-information bound (the
   policy's mean / the bound's mean - 1) are computed here once, for entries on the sweep's held-out set.
-* The decomposition bound (solver_workers/decomposition.py) is a bound column: its cell is its relaxed
+* The decomposition bound (policies/decomposition.py) is a bound column: its cell is its relaxed
   policies' simulated cost on the held-out episodes, not the bound; the bound is its DP value (and the
   conservative figure), noted under the cost table and beside every paired difference. Each policy's paired
-  difference to the relaxed policies (solver_workers.decomposition.PAIRED_DIFFERENCE: cost - their cost on
+  difference to the relaxed policies (policies.decomposition.PAIRED_DIFFERENCE: cost - their cost on
   the same episodes, 95% t-interval, and in % of their mean) estimates its expected distance to their
   expected cost, at most its distance to the bound. Its Figure 1 line is its relaxed policies' mean cost
   over the first 10 decisions (summary.json's cumulative_cost).
@@ -60,7 +60,7 @@ from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
 from envs.results import read_evaluation
-from solver_workers.decomposition import NAME as DECOMPOSITION
+from policies.decomposition import NAME as DECOMPOSITION
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial
 from trainers.registry import METHODS

@@ -58,12 +58,12 @@ def read_spec(path) -> tuple[SweepSpec, dict]:
 
 def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -> None:
     """Every size's baselines, each skipped when its folder is already whole (the solver journals resume)."""
+    from policies.decomposition import NAME as DECOMPOSITION
+    from policies.decomposition import DecompositionOptions
     from policies.dp_optimal import NAME as DP_OPTIMAL
     from policies.lookahead import NAME as LOOKAHEAD
     from policies.names import TABLES_PREFIX
     from solver_workers.backends import SolverOptions
-    from solver_workers.decomposition import NAME as DECOMPOSITION
-    from solver_workers.decomposition import DecompositionOptions
     from solver_workers.runs import (
         SolverRun,
         bound_journal,

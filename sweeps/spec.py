@@ -14,8 +14,8 @@ from envs import validate
 from envs.errors import InputError
 from envs.exogenous import check_path_size
 from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
+from policies.decomposition import DecompositionOptions
 from solver_workers.backends import SOLVERS
-from solver_workers.decomposition import DecompositionOptions
 from solver_workers.model import check_size
 from trainers import registry
 
@@ -157,7 +157,7 @@ class Baselines:
     solver_workers: int = 2
     decomposition: dict[str, Any] | None = None
     """The decomposition lower bound: {factor_points, coarse_points, tolerance}
-    (solver_workers.decomposition.DecompositionOptions); null to skip."""
+    (policies.decomposition.DecompositionOptions); null to skip."""
     lookahead: bool = False
     """The decomposition lookahead policy (policies.lookahead), from the tables of the decomposition bound's run
     (needs `decomposition`)."""

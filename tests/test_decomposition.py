@@ -1,4 +1,4 @@
-"""The decomposition lower bound (solver_workers/decomposition.py) against independently derived numbers:
+"""The decomposition lower bound (policies/decomposition.py) against independently derived numbers:
 the exact joint optimum of tiny two-item instances from a brute-force joint DP written here, the n = 1
 DP optimum, and the best split of known concave functions by exhaustive search."""
 
@@ -16,7 +16,7 @@ from envs.errors import InputError
 from envs.exogenous import ExogenousPaths, sample_paths
 from envs.instance import Instance
 from policies import dp_optimal
-from solver_workers.decomposition import (
+from policies.decomposition import (
     DecompositionOptions,
     best_split,
     certificate_note,

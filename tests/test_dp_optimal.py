@@ -20,8 +20,8 @@ from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance, with_factors
 from policies import dp_optimal
+from policies.decomposition import DecompositionOptions, check_items, item_instance, item_values
 from policies.dp_optimal import DPOptimalPolicy, solve
-from solver_workers.decomposition import DecompositionOptions, check_items, item_instance, item_values
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

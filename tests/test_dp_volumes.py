@@ -17,10 +17,8 @@ from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance
-from policies import dp_optimal, lookahead
-from solver_workers import decomposition
-from solver_workers.decomposition import DecompositionOptions, check_items, combine, item_figures, lattice_error
-from solver_workers.lookahead import item_tables
+from policies import decomposition, dp_optimal, lookahead
+from policies.decomposition import DecompositionOptions, check_items, combine, item_figures, item_tables, lattice_error
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,4 +1,4 @@
-"""The decomposition lookahead (policies/lookahead.py, solver_workers/lookahead.py) against independently derived
+"""The decomposition lookahead (policies/lookahead.py, policies/decomposition.py) against independently derived
 numbers: the n = 1 DP policy (its decisions and its cost on a held-out trace), the exact expected cost of the
 policy on a two-item instance by a brute-force joint policy evaluation written here (against the joint
 optimum of tests/test_decomposition.py), permuted items, and the tables a bound run keeps."""
@@ -12,6 +12,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT, import_circle, package_imports
 from scipy import stats
 from test_decomposition import TINY, joint_optimum, serial_values, three_factor_items, two_items
 
@@ -22,8 +23,7 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import LMAX, Instance
 from policies import dp_optimal, lookahead
 from policies.classical import tuned_policy
-from solver_workers.decomposition import DecompositionOptions, combine, item_figures, search_split
-from solver_workers.lookahead import item_tables
+from policies.decomposition import DecompositionOptions, combine, item_figures, item_tables, search_split
 
 SMALL = DecompositionOptions(factor_points=9, coarse_points=5)
 
@@ -34,6 +34,25 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def tables_of(instance: Instance, horizon: int, options=SMALL, form="finite", split="best", dtype="float32"):
     items = item_tables(instance, horizon, options, split, dtype=dtype)
     return lookahead.LookaheadTables.from_items(items, form, horizon, instance.content_hash())
+
+
+def test_a_table_goes_from_the_item_dp_to_a_decision_in_one_direction():
+    """policies/ holds the item DP (dp_optimal), the split and the tables made from it (decomposition) and the tables'
+    format and rule (lookahead): no module of it imports Ray, the solver pool or the trainers, the tables' format and
+    rule import neither the DP nor the decomposition (dp_optimal -> decomposition -> lookahead's ItemTable, never back),
+    and the package's imports have no circle."""
+    import ast
+
+    graph = package_imports("policies")
+    assert import_circle(graph) is None, " -> ".join(import_circle(graph))
+    assert graph["policies.lookahead"].isdisjoint({"policies.decomposition", "policies.dp_optimal"})
+    assert "policies.lookahead" in graph["policies.decomposition"] and "policies.dp_optimal" in graph["policies.decomposition"]
+    for path in (ROOT / "policies").glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names |= {alias.name for alias in node.names} if isinstance(node, ast.Import) else set()
+            names |= {node.module or ""} if isinstance(node, ast.ImportFrom) else set()
+        assert not {name.split(".")[0] for name in names} & {"ray", "solver_workers", "trainers", "highspy", "gurobipy"}, path
 
 
 # ---- n = 1: the DP's own rule --------------------------------------------------------------------------
@@ -350,7 +369,7 @@ def test_policies_on_the_same_tables_share_one_device_copy(three):
     device copy, and a new policy on them decides from that very tensor, while other tables get their own.
     Catches a policy that copies the tables to the device for itself (one copy per policy), and device copies
     pickled with the tables."""
-    from solver_workers.lookahead import THRESHOLDS, tune_threshold
+    from policies.decomposition import THRESHOLDS, tune_threshold
 
     inst, items = three
     tables = lookahead.LookaheadTables.from_items(items, "stationary", 20, inst.content_hash())

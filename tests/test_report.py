@@ -678,13 +678,13 @@ def test_report_pairs_every_policy_with_the_decomposition_bound(tmp_path, monkey
 
 def test_the_page_the_csv_and_the_docs_give_the_paired_difference_one_definition(tmp_path, monkeypatch):
     """The relaxed policies' paired difference and the bound (the DP value) are two figures, named by their definition
-    (solver_workers.decomposition.PAIRED_DIFFERENCE) in the page, in docs/methods.md, and with the same numbers in the
+    (policies.decomposition.PAIRED_DIFFERENCE) in the page, in docs/methods.md, and with the same numbers in the
     page and table.csv: catches the page calling the paired figure "how much any policy could still gain, at most"
     while its DP value says otherwise, and a CSV column that holds another figure than the page."""
     import csv
     import html
 
-    from solver_workers.decomposition import PAIRED_DIFFERENCE
+    from policies.decomposition import PAIRED_DIFFERENCE
     from sweeps import render as rn
 
     report = decomposition_report(tmp_path, monkeypatch)

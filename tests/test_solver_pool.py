@@ -15,8 +15,8 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
 from policies.classical import make_policy, zero_policy
+from policies.decomposition import DecompositionOptions
 from solver_workers.backends import SolverOptions
-from solver_workers.decomposition import DecompositionOptions
 from solver_workers.pool import (
     Journal,
     Pool,

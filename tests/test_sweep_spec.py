@@ -10,7 +10,7 @@ from conftest import ROOT, run_script
 
 from envs.errors import InputError
 from envs.files import read_file
-from solver_workers.decomposition import DecompositionOptions
+from policies.decomposition import DecompositionOptions
 from sweeps.results_dir import open_results
 from sweeps.run import dry_run, read_spec
 from sweeps.spec import SweepError, SweepSpec

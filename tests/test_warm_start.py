@@ -496,8 +496,8 @@ def test_a_warm_start_stopped_midway_resumes_to_the_uninterrupted_result(tmp_pat
 
 def small_lookahead_tables(monkeypatch) -> None:
     """The in-process lookahead tables on a coarse factor grid (seconds instead of minutes)."""
-    from solver_workers import lookahead as lookahead_tables
-    from solver_workers.decomposition import DecompositionOptions
+    from policies import decomposition as lookahead_tables
+    from policies.decomposition import DecompositionOptions
 
     build = lookahead_tables.item_tables
     small = DecompositionOptions(factor_points=9, coarse_points=4)
@@ -510,7 +510,7 @@ def test_a_resumed_lookahead_teacher_keeps_its_threshold_and_ends_as_the_uninter
     """The decomposition lookahead as teacher, its tables computed in process: Ctrl-C in imitation update 3, then a
     resume that may not tune the threshold again (the checkpoint's is used) ends with the uninterrupted run's
     weights and the first build's record."""
-    from solver_workers import lookahead as lookahead_tables
+    from policies import decomposition as lookahead_tables
 
     small_lookahead_tables(monkeypatch)
     config = TrainConfig(**RUN, updates=1, imitation_updates=4, imitation_teacher=LOOKAHEAD, checkpoint_every=2)

@@ -1,7 +1,7 @@
 """Policies that are not learned, made by name on the instance they act on (policies/names.py's NAMED_POLICIES and
 decomposition-lookahead:DIR): a classical family tuned on training paths for `horizon` steps, the n = 1 DP optimum,
 or the decomposition lookahead (its tables read from a bound run's folder, or computed now by
-solver_workers/lookahead.py). trainers/resolver.py makes every policy name through here, learned ones through the
+policies/decomposition.py). trainers/resolver.py makes every policy name through here, learned ones through the
 registry; the warm start's teacher (trainers/imitation.py, below the registry) uses this module directly.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 from envs.evaluation import Policy
 from envs.instance import Instance
 from policies.classical import tuned_policy
+from policies.decomposition import lookahead_policy
 from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.dp_optimal import dp_optimal_policy
 from policies.lookahead import FORMS
 from policies.names import is_lookahead, policy_path
-from solver_workers.lookahead import lookahead_policy
 
 
 def named_policy(

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from envs import validate
 from envs.errors import InputError
-from envs.instance import FACTORS_MAX
+from envs.instance import FACTORS_MAX, OVERDISPERSION_MAX
 from envs.job_output import out_argument
 from envs.validate import DECIMAL_INTEGER, NUMBER_LITERAL
 
@@ -62,6 +62,8 @@ mip_gap = _flag(validate.mip_gap)
 scenarios = _flag(validate.scenarios)
 factors = _flag(validate.integer, low=1, high=FACTORS_MAX, why="an instance has at most that many factors")
 """A number of common factors k in [1, FACTORS_MAX] (envs.instance)."""
+overdispersion = _flag(validate.real, low=0.0, high=OVERDISPERSION_MAX)
+"""An overdispersion phi in [0, OVERDISPERSION_MAX] (envs.instance)."""
 
 
 def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:

@@ -1,6 +1,7 @@
 """GPU readiness in one run: the gpu-marked tests, the simulator's costs on the GPU against the CPU, a few
-updates of the paper preset at n = 1,024 in float32 and bfloat16 (seconds, transitions/s, micro-batch, peak memory
-within 80 GiB), the paper network's decision time at
+updates of the paper preset at n = 1,024 in float32 and bfloat16, and in bfloat16 with activation checkpointing,
+torch.compile and CUDA graphs (UPDATE_SETTINGS; seconds, transitions/s, micro-batch, peak memory within 80 GiB),
+the paper network's decision time at
 batch 1 and 128, and a Ray Train run with use_gpu on one GPU. Prints one JSON line per check; the last line
 says which checks failed. Exit status 0 when every check passed, 1 when one failed, and 0 with a single
 "no CUDA" line on a machine without CUDA (nothing to check there).
@@ -34,6 +35,14 @@ DECISION_REPEATS = 20
 PEAK_LIMIT_GIB = 80.0
 """A paper update must fit an 80 GB card (an H100): the update check fails above this peak allocation."""
 ROOT = Path(__file__).resolve().parent.parent
+UPDATE_SETTINGS = (
+    {"precision": "float32"},
+    {"precision": "bfloat16"},
+    {"precision": "bfloat16", "checkpoint_activations": True},
+    {"precision": "bfloat16", "compile": True},
+    {"precision": "bfloat16", "cuda_graphs": True},
+)
+"""The config fields of each `paper_updates` check (over the preset's)."""
 
 
 def emit(record: dict) -> dict:
@@ -126,35 +135,45 @@ def peak_memory_gib(device: str):
 
 def free_device_memory(device: str) -> None:
     """Return what the caching allocator holds to the device, so a later check starts from an empty GPU (after an
-    out-of-memory error too: the caller has dropped the failed update's tensors and its traceback by then)."""
+    out-of-memory error too: the caller has dropped the failed update's tensors and its traceback by then), with
+    the compiled graphs dropped (CUDA graphs keep a memory pool of their own)."""
+    torch._dynamo.reset()
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
 
 
-def paper_updates(device: str, n: int, preset: str, updates: int, precision: str) -> dict:
-    """`updates` timed updates of OR-Transformer's `preset` (after one untimed) in `precision`, without the warm
-    start, with the default memory budget; passes when every loss is finite and the peak stays within PEAK_LIMIT_GIB."""
+def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict) -> dict:
+    """`updates` timed updates of OR-Transformer's `preset` (after one untimed, which compiles with `compile` or
+    `cuda_graphs`) with the config fields `settings`, without the warm start, with the default memory budget; passes
+    when every loss is finite and the peak stays within PEAK_LIMIT_GIB. CUDA graphs are skipped without CUDA."""
     from trainers.pathwise import PathwiseTrainer
     from trainers.registry import method_config
 
-    config = method_config("or-transformer", preset, {"device": device, "imitation_updates": 0, "precision": precision})
-    record = {"figure": "paper_updates", "preset": preset, "precision": precision, "device": device}
-    record.update(n=n, batch=config.batch, rollout=config.rollout)
+    record = {"figure": "paper_updates", "preset": preset, **settings, "device": device, "n": n}
+    if settings.get("cuda_graphs") and not device.startswith("cuda"):
+        return {**record, "skipped": "CUDA graphs need CUDA"}
+    config = method_config("or-transformer", preset, {"device": device, "imitation_updates": 0, **settings})
+    record.update(batch=config.batch, rollout=config.rollout)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     error = None
     try:
         trainer = PathwiseTrainer(config, paper_instance(n, 0).to_torch(device))
-        record.update(micro_batch=trainer.memory.rollouts, memory_budget_gib=round(trainer.memory.budget_gib, 1))
+        memory = trainer.memory
+        record.update(
+            micro_batch=memory.rollouts, readout_micro_batch=memory.readout_rollouts, memory_budget_gib=round(memory.budget_gib, 1)
+        )
+        start = time.perf_counter()
         trainer.step()
         synchronize(device)
+        record["first_update_seconds"] = round(time.perf_counter() - start, 2)
         start = time.perf_counter()
         losses = [trainer.step()["loss"] for _ in range(updates)]
         synchronize(device)
         seconds = (time.perf_counter() - start) / updates
-    except torch.OutOfMemoryError as e:
-        error = f"out of memory: {str(e).splitlines()[0]}"
+    except Exception as e:  # out of memory, or a compiler's error: reported, and the later checks still run
+        error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
     trainer = None
     peak = peak_memory_gib(device)
     free_device_memory(device)
@@ -240,7 +259,6 @@ def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
 
 def main() -> int:
     from envs.cli import device, positive_int
-    from trainers.pathwise import PRECISIONS
     from trainers.registry import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -268,7 +286,7 @@ def main() -> int:
     checks = [
         lambda: [gpu_tests(dev)],
         lambda: [cost_agreement(dev, args.n)],
-        *(lambda precision=precision: [paper_updates(dev, args.n, args.preset, args.updates, precision)] for precision in PRECISIONS),
+        *(lambda settings=settings: [paper_updates(dev, args.n, args.preset, args.updates, settings)] for settings in UPDATE_SETTINGS),
         lambda: decision_time(dev, args.n, args.preset),
         lambda: [ray_train(dev, args.n, args.preset, args.updates)],
     ]

@@ -1,5 +1,5 @@
-"""CUDA checks (skipped without a GPU): the step and an evaluation on the GPU match the CPU, and a
-training update runs there."""
+"""CUDA checks (skipped without a GPU): the step and an evaluation on the GPU match the CPU, a training update
+runs there, TF32 stays within the updates that use it, and CUDA graphs give the eager update."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,7 @@ from envs.exogenous import sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
 from policies.classical import make_policy
+from trainers import pathwise
 from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network
 from trainers.policy import LearnedPolicy
 
@@ -72,3 +73,37 @@ def test_the_policy_call_on_cuda_masks_the_quantities_the_cpu_skips():
     torch.testing.assert_close(gpu_open.cpu(), cpu_open)
     torch.testing.assert_close(gpu_quantity.cpu(), cpu_quantity, rtol=1e-4, atol=1e-4)
     assert bool((gpu_quantity[gpu_open == 0] == 0).all())
+
+
+def test_a_bfloat16_update_on_cuda_leaves_tf32_off_for_a_later_float32_run():
+    """A bfloat16 update uses TF32 (its default) during the update only: a float32 run after it in the same process,
+    and the process itself, have TF32 as before."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    config = {"batch": 8, "rollout": 3, "blocks": 1, "width": 32, "heads": 2, "feed_forward": 64, "device": "cuda"}
+    inside, losses = [], pathwise.hybrid_losses
+
+    def recording(*args, **kwargs):
+        inside.append(torch.backends.cuda.matmul.allow_tf32)
+        return losses(*args, **kwargs)
+
+    instance = paper_instance(16, 0).to_torch("cuda")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pathwise, "hybrid_losses", recording)
+        for precision in ("bfloat16", "float32"):
+            PathwiseTrainer(TrainConfig(**config, precision=precision), instance).step()
+    assert inside == [True, False] and torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_cuda_graphs_give_the_eager_update_on_cuda():
+    """Two updates (float64, micro-batches of 2 rollouts) with the networks replayed as CUDA graphs leave the
+    parameters of the eager updates to float64 rounding."""
+    instance = paper_instance(4, 0).to_torch("cuda", torch.float64)
+    config = {"batch": 4, "rollout": 3, "blocks": 1, "width": 16, "heads": 2, "feed_forward": 32, "micro_batch": 2, "device": "cuda"}
+
+    def parameters_after_two_updates(cuda_graphs: bool) -> torch.Tensor:
+        trainer = PathwiseTrainer(TrainConfig(**config, cuda_graphs=cuda_graphs), instance)
+        for _ in range(2):
+            trainer.step()
+        return torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+
+    torch.testing.assert_close(parameters_after_two_updates(True), parameters_after_two_updates(False), rtol=1e-9, atol=1e-12)

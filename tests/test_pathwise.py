@@ -17,6 +17,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from trainers import pathwise
+from trainers.memory import GIB, MemoryPlan, StateBytes
 from trainers.pathwise import (
     PathwiseTrainer,
     TrainConfig,
@@ -85,7 +86,7 @@ def test_pathwise_gradient_matches_finite_differences(method):
         return ro.pathwise / trainer.state.batch, ro
 
     loss, ro = pathwise_loss()
-    assert 0 < ro.open_order.mean() < 1
+    assert 0 < ro.stored.open_order.mean() < 1
     grad = torch.autograd.grad(loss, head.bias)[0].sum().item()
     eps = 1e-6
     with torch.no_grad():
@@ -128,9 +129,10 @@ def reference_losses(model, inst, state, draws, cfg, alpha_entropy):
 
 @pytest.mark.parametrize("method", ["or-transformer", "hpo"])
 def test_micro_batched_losses_and_gradients_equal_the_one_graph_reference(method):
-    """The three passes of hybrid_losses (open and critic networks after the rollout on stored tokens, micro-batches
-    of 3 rollouts of 8) give the losses and every parameter's gradient of the slow one-graph reference. Catches a
-    score term on stale log-probabilities, a lost critic or entropy gradient, a wrong weight per micro-batch."""
+    """The three passes of hybrid_losses (open and critic networks after the rollout on stored tokens; the rollouts
+    in micro-batches of 3 of 8, the critic and open passes in micro-batches of 5) give the losses and every parameter's
+    gradient of the slow one-graph reference. Catches a score term on stale log-probabilities, a lost critic or
+    entropy gradient, a wrong weight per micro-batch, stored states put back in the wrong rows."""
     cfg = TrainConfig(method=method, **{**RUN, "batch": 8})
     inst = paper_instance(4, 0).to_torch(dtype=torch.float64)
     trainer = PathwiseTrainer(cfg, inst)
@@ -143,7 +145,7 @@ def test_micro_batched_losses_and_gradients_equal_the_one_graph_reference(method
     reference = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
     chunks = [slice(0, 3), slice(3, 6), slice(6, 8)]
-    result = hybrid_losses(model, inst, trainer.state, draws(), cfg, 0.01, chunks)
+    result = hybrid_losses(model, inst, trainer.state, draws(), cfg, 0.01, chunks, [slice(0, 5), slice(5, 8)])
     for got, want in zip(result.losses, expected):
         assert got.item() == pytest.approx(want.item(), rel=1e-9, abs=1e-12)
     assert 0 < result.open_rate < 1
@@ -312,13 +314,14 @@ def test_bfloat16_networks_agree_with_float32():
     assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
 
 
-def update_memory(batch: int, micro_batch: int, budget: float) -> dict:
+def update_memory(batch: int, micro_batch: int, budget: float, checkpoint_activations: bool = False) -> dict:
     """bench/memory.py's measurement of one paper-preset update at n = 256 in a fresh process (on one thread). glibc's
     mmap threshold is fixed, so every freed tensor goes back to the system at once and the peak resident memory
     follows the live memory (with its moving threshold, freed blocks stay in the heap by chance: the same update's
     peak varied by a factor of two between runs)."""
     script = Path(__file__).resolve().parent.parent / "bench" / "memory.py"
     command = [sys.executable, str(script), "--child", "256", str(batch), str(micro_batch), str(budget), "cpu", "1"]
+    command += ["--checkpoint-activations"] if checkpoint_activations else []
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -338,3 +341,46 @@ def test_a_paper_update_at_n_256_stays_within_a_small_memory_budget():
     assert bounded["micro_batch"] == 1 or kept <= budget  # the plan: the largest micro-batch within the budget, at least one rollout
     assert bounded["update_gib"] <= 2 * max(budget, kept) < whole["update_gib"], (bounded, whole)
     assert 2 * bounded["update_gib"] < whole["update_gib"], (bounded, whole)
+
+
+def test_the_memory_plan_bounds_every_pass_after_what_the_update_stores():
+    """Hand-worked plan: 8 rollouts of 10 steps, a budget of 1,000 bytes of which the update stores 8 x 10 x 2 = 160;
+    the 840 left hold 840 // (10 x 8 + 5 + 2) = 9 -> all 8 rollouts in the rollout pass, 840 // (10 x 40) = 2 in the
+    critic and open passes (the critic keeps more per state than the open network), 840 // (8 + 30 + 40 + 2) = 10
+    states in imitation. A fixed micro-batch of 3 takes 3 rollouts in every pass and 30 states."""
+    state = StateBytes(quantity=8, terminal=5, open=30, critic=40, recomputed=2, stored=2)
+    plan = MemoryPlan.choose(1000 / GIB, "test", state, shard=8, steps=10)
+    assert (plan.rollouts, plan.readout_rollouts, plan.states) == (8, 2, 10)
+    assert plan.readout_chunks() == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)] and plan.rollout_chunks() == [slice(0, 8)]
+    fixed = MemoryPlan.choose(1000 / GIB, "test", state, shard=8, steps=10, micro_batch=3)
+    assert (fixed.rollouts, fixed.readout_rollouts, fixed.states) == (3, 3, 30)
+    starved = MemoryPlan.choose(100 / GIB, "test", state, shard=8, steps=10)  # stores more than the budget: one of each
+    assert (starved.rollouts, starved.readout_rollouts, starved.states) == (1, 1, 1)
+
+
+CHECKPOINTED_BUDGET = 0.1
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")
+def test_a_paper_update_with_activation_checkpointing_stays_within_a_small_memory_budget():
+    """With checkpoint_activations a rollout keeps a sixth of what it keeps without (0.014 against 0.086 GiB at
+    n = 256), so the rollout pass takes 7 of 8 rollouts under 0.1 GiB; the critic and open passes keep what they keep
+    per state (0.066 GiB per rollout) and must take fewer. The update's peak resident memory grows by at most twice
+    the budget (0.09 GiB on this project's machine). The control that this bound catches the plan that sized every
+    pass by the rollout pass alone is `test_the_rollout_pass_alone_does_not_bound_a_checkpointed_update` (slow)."""
+    bounded = update_memory(8, 0, CHECKPOINTED_BUDGET, checkpoint_activations=True)
+    assert bounded["update_gib"] <= 2 * CHECKPOINTED_BUDGET, bounded
+    stored = bounded["stored_gib"]
+    assert bounded["micro_batch"] * bounded["rollout_gib"] + stored <= CHECKPOINTED_BUDGET < 8 * bounded["rollout_gib"]
+    assert bounded["readout_micro_batch"] == 1 or bounded["readout_micro_batch"] * bounded["readout_gib"] + stored <= CHECKPOINTED_BUDGET
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")
+def test_the_rollout_pass_alone_does_not_bound_a_checkpointed_update():
+    """The control of the test above: the plan that sized every pass by the rollout pass alone (the rollout pass's
+    micro-batch of 7 in every pass, a fixed micro-batch) grows by more than twice the budget (0.50 GiB on this
+    project's machine)."""
+    bounded = update_memory(8, 0, CHECKPOINTED_BUDGET, checkpoint_activations=True)
+    rollout_pass_alone = update_memory(8, bounded["micro_batch"], CHECKPOINTED_BUDGET, checkpoint_activations=True)
+    assert rollout_pass_alone["update_gib"] > 2 * CHECKPOINTED_BUDGET, rollout_pass_alone

@@ -42,6 +42,9 @@ class RunConfig:
     def require_choice(self, name: str, allowed) -> None:
         validate.choice(getattr(self, name), f"config field '{name}'", allowed, error=ConfigError)
 
+    def require_bool(self, name: str) -> None:
+        validate.boolean(getattr(self, name), f"config field '{name}'", error=ConfigError)
+
 
 BATCH_MAX = 65_536
 BATCH_WHY = (
@@ -98,7 +101,8 @@ class TrainerConfig(RunConfig):
 
     @classmethod
     def memory_fields(cls) -> tuple[str, ...]:
-        """Fields that change how much memory a run takes, not its result: a resume may change them."""
+        """Fields that change how much memory or time a run takes, not its result (to float rounding): a resume may
+        change them."""
         return ()
 
     def check_shared_fields(self) -> None:

@@ -1,23 +1,27 @@
-"""The memory an update may take, and the micro-batch that keeps it there (the same gradient, bounded memory).
+"""The memory an update may take, and the micro-batches that keep it there (the same gradient, bounded memory).
 
 A pathwise update keeps, for its backward pass, the activations of the quantity network on every state of a
-rollout and of the frozen critic on its last state (trainers.pathwise); the open and critic encoders run after
-the rollout on stored, detached tokens, and the warm start fits all three networks on stored states. Both go
-through their rollouts or states in micro-batches and add up the gradients, so the peak grows with the
-micro-batch, not with B.
+rollout and of the frozen critic on its last state (trainers.pathwise); the critic and open networks run after
+the rollouts on stored, detached tokens, and the warm start fits all three networks on stored states. Each pass
+goes through its rollouts or states in micro-batches of its own and adds up the gradients, so the peak grows with
+the micro-batches, not with B. What the update stores of every state until its end (the tokens, costs and open
+decisions of the later passes, and the exogenous draws: `StateBytes.stored`) grows with B; the budget counts it
+first, and the micro-batches share the rest.
 
 The bytes one state keeps are measured, not modelled: one state's forward is run under
 `torch.autograd.graph.saved_tensors_hooks` and the storages autograd saves are added up, so the figure follows
 the network (Transformer or perceptron), n, the dtype, autocast and activation checkpointing as they are. With
 checkpointing, the backward pass recomputes one block at a time: one block's activations per state of the
-micro-batch come on top (`StateBytes.recomputed`).
+micro-batch come on top (`StateBytes.recomputed`). Checkpointing shrinks the rollout pass only (the quantity
+encoder's blocks): the critic and open passes keep what they keep per state, and take fewer rollouts at a time.
 
 The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: two fifths
 of a GPU's free memory (what the backward pass and the model need comes on top, and an 80 GiB card keeps room);
 on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger micro-batch buys no
-speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what
-the micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024 an
-update adds about 1.3 times what its micro-batch keeps, plus 0.27 GiB, docs/benchmarks.md).
+speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what the update stores and
+what a micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024
+an update adds about 1.3 times what its micro-batch keeps, plus 0.27 GiB; with checkpointing, whose rollout
+micro-batches hold more states per step, about 1.7 times; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -91,9 +95,14 @@ def accumulate(loss: torch.Tensor) -> None:
         loss.backward()
 
 
+def slices(count: int, size: int) -> list[slice]:
+    """0 .. count - 1 in consecutive slices of `size` (the last may be shorter)."""
+    return [slice(start, min(start + size, count)) for start in range(0, count, size)]
+
+
 @dataclass(frozen=True)
 class StateBytes:
-    """What one state keeps for the backward pass of each network, in bytes."""
+    """What one state keeps for the backward pass of each network, and what the update stores of it, in bytes."""
 
     quantity: int
     """One rollout step: the quantity network, the features and the simulator step."""
@@ -103,10 +112,17 @@ class StateBytes:
     critic: int
     recomputed: int = 0
     """With activation checkpointing: one block's activations, held while the backward pass recomputes it."""
+    stored: int = 0
+    """Held until the update's end: the state's tokens, normalised cost and open decision (for the critic and open
+    passes) and its exogenous draws."""
 
     def rollout(self, steps: int) -> int:
         """One rollout of `steps` steps: the quantity network on every state, the frozen critic on the last."""
         return steps * self.quantity + self.terminal + self.recomputed
+
+    def readout(self, steps: int) -> int:
+        """The critic or the open pass (whichever keeps more) on the `steps` stored states of one rollout."""
+        return steps * max(self.open, self.critic)
 
 
 @dataclass(frozen=True)
@@ -118,7 +134,9 @@ class MemoryPlan:
     """How the budget was chosen ("config field 'memory_budget'" or the default's rule)."""
     state: StateBytes
     rollouts: int
-    """Rollouts per micro-batch of a pathwise update (of this rank's shard)."""
+    """Rollouts per micro-batch of a pathwise update's rollout pass (of this rank's shard)."""
+    readout_rollouts: int
+    """Rollouts per micro-batch of its critic and open passes on the stored states."""
     states: int
     """States per micro-batch of an imitation update (all three networks on each state)."""
     shard: int
@@ -127,29 +145,47 @@ class MemoryPlan:
 
     @staticmethod
     def choose(budget_gib: float, source: str, state: StateBytes, shard: int, steps: int, micro_batch: int = 0) -> MemoryPlan:
-        """The largest micro-batches whose activations fit `budget_gib` (at least one rollout or state), or
-        `micro_batch` rollouts when the config fixes it (> 0)."""
-        budget = budget_gib * GIB
+        """The largest micro-batches of each pass whose activations fit `budget_gib` less what the update stores (at
+        least one rollout or state), or `micro_batch` rollouts in every pass when the config fixes it (> 0)."""
         if micro_batch:
             rollouts = min(micro_batch, shard)
-        else:
-            rollouts = max(1, min(shard, math.floor(budget / state.rollout(steps))))
+            return MemoryPlan(budget_gib, source, state, rollouts, rollouts, rollouts * steps, shard, steps)
+        free = budget_gib * GIB - shard * steps * state.stored
+
+        def fitting(count: int, each: int) -> int:
+            return max(1, min(count, math.floor(free / each)))
+
         per_state = state.quantity + state.open + state.critic + state.recomputed
-        states = rollouts * steps if micro_batch else max(1, min(shard * steps, math.floor(budget / per_state)))
-        return MemoryPlan(budget_gib, source, state, rollouts, states, shard, steps)
+        return MemoryPlan(
+            budget_gib,
+            source,
+            state,
+            fitting(shard, state.rollout(steps)),
+            fitting(shard, state.readout(steps)),
+            fitting(shard * steps, per_state),
+            shard,
+            steps,
+        )
 
     def rollout_chunks(self) -> list[slice]:
-        """This rank's rollouts, micro-batch by micro-batch."""
-        return [slice(start, min(start + self.rollouts, self.shard)) for start in range(0, self.shard, self.rollouts)]
+        """This rank's rollouts, micro-batch by micro-batch of the rollout pass."""
+        return slices(self.shard, self.rollouts)
+
+    def readout_chunks(self) -> list[slice]:
+        """This rank's rollouts, micro-batch by micro-batch of the critic and open passes."""
+        return slices(self.shard, self.readout_rollouts)
 
     def state_chunks(self, states: int) -> list[slice]:
         """`states` stored states, micro-batch by micro-batch."""
-        return [slice(start, min(start + self.states, states)) for start in range(0, states, self.states)]
+        return slices(states, self.states)
 
     def describe(self) -> str:
         passes = math.ceil(self.shard / self.rollouts)
-        per_rollout = self.state.rollout(self.steps) / GIB
+        per_rollout, readout = (bytes_ / GIB for bytes_ in (self.state.rollout(self.steps), self.state.readout(self.steps)))
+        stored = self.shard * self.steps * self.state.stored / GIB
         return (
             f"memory: micro-batches of {self.rollouts} of {self.shard} rollouts ({passes} per update; {per_rollout:.3g} GiB of "
-            f"activations per rollout) and of {self.states} states in imitation, for a budget of {self.budget_gib:.3g} GiB ({self.source})"
+            f"activations per rollout), of {self.readout_rollouts} in the critic and open passes ({readout:.3g} GiB per rollout) "
+            f"and of {self.states} states in imitation, for a budget of {self.budget_gib:.3g} GiB ({self.source}), of which the "
+            f"update stores {stored:.3g} GiB"
         )

@@ -10,8 +10,10 @@ is eq. (total_loss). Costs are normalised by c_ref (eq. cost_normalization).
 Memory: the open and critic networks see only detached states, so they need not sit in the rollout's graph.
 An update draws its exogenous steps first, then goes through its rollouts in micro-batches (`hybrid_losses`):
 the rollout with the quantity network in the graph and the backward pass of its pathwise term, then the critic
-and the open network on the stored tokens; the gradients add up to those of the one-graph update. The
-micro-batch comes from the config's memory budget (trainers.memory).
+and the open network on the stored tokens, in micro-batches of their own; the gradients add up to those of the
+one-graph update. The micro-batches come from the config's memory budget (trainers.memory). An update runs with
+TF32 as the config says, restored after it (`matmul_tf32`), and with `compile` or `cuda_graphs` on compiled
+networks.
 
 The update is written for data-parallel use: when torch.distributed is initialised (a Ray Train
 worker), rank k simulates rollouts k B/W .. (k+1) B/W - 1 of the B, the advantage statistics, the
@@ -40,6 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -80,11 +83,12 @@ from trainers.validation import Score, Validation, due, validation_record
 
 METHODS = ("or-transformer", "hpo")
 PRECISIONS = ("float32", "bfloat16")
-MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations")
+MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations", "compile", "cuda_graphs")
+"""Fields that change how much memory or time an update takes, not its result (to float rounding): a run may resume
+with other values."""
 TEACHER_WAIT = timedelta(hours=24)
 """How long the other ranks wait for rank 0's teacher (tuning classical-best or building the lookahead's tables
 at n = 1,024 takes far longer than a process group's default timeout)."""
-"""Fields that change how much memory an update takes, not its result: a run may resume with other values."""
 
 
 @dataclass(frozen=True)
@@ -127,17 +131,25 @@ class TrainConfig(TrainerConfig):
     best.pt, else its checkpoint.pt): the same method and network shape; an OR-Transformer's may come from any n, an
     HPO network only from the same n."""
     precision: str = "float32"
-    """The networks' arithmetic: float32, or bfloat16 (autocast; the simulator and the costs stay float32, and on a
-    GPU the float32 matrix products left use TF32)."""
+    """The networks' arithmetic: float32, or bfloat16 (autocast; the simulator and the costs stay float32)."""
+    tf32: bool | None = None
+    """Whether the float32 matrix products of the updates on a GPU use TF32 (true, false), or null: with precision
+    bfloat16 only. Set during each update (and imitation update) and restored after it (`matmul_tf32`)."""
     memory_budget: float = 0.0
-    """GiB that an update's activations may take (> 0), or 0: two fifths of a GPU's free memory, on the CPU a quarter of
-    the available RAM and at most 0.5 GiB (trainers.memory). The update goes through its rollouts in the largest
-    micro-batches that fit: the same gradient, to float rounding."""
+    """GiB that what an update stores and its activations may take (> 0), or 0: two fifths of a GPU's free memory, on
+    the CPU a quarter of the available RAM and at most 0.5 GiB (trainers.memory). Each pass of the update goes through
+    its rollouts in the largest micro-batches that fit: the same gradient, to float rounding in float32 (bfloat16:
+    docs/methods.md, "Memory")."""
     micro_batch: int = 0
-    """Rollouts per micro-batch (>= 1), or 0: chosen from memory_budget."""
+    """Rollouts per micro-batch of every pass (>= 1), or 0: chosen from memory_budget."""
     checkpoint_activations: bool = False
     """OR-Transformer: recompute the quantity encoder's blocks in the backward pass instead of keeping their
     activations (activation checkpointing): larger micro-batches for about a third more quantity-network time."""
+    compile: bool = False
+    """torch.compile the three networks (their forward and backward passes; the simulator stays eager)."""
+    cuda_graphs: bool = False
+    """Replay the compiled networks as CUDA graphs (torch.compile's mode "reduce-overhead"; compiles them whatever
+    `compile` says); needs a cuda device."""
     validate_every: int = 100
     """Updates between two scores of the greedy policy on the validation set (>= 0; 0: never), which is also scored at
     update 0 and at the last update; the network of the lowest score is kept as best.pt (trainers.validation)."""
@@ -152,6 +164,11 @@ class TrainConfig(TrainerConfig):
     @classmethod
     def memory_fields(cls) -> tuple[str, ...]:
         return MEMORY_FIELDS
+
+    @property
+    def uses_tf32(self) -> bool:
+        """The `tf32` setting, its default resolved."""
+        return self.precision == "bfloat16" if self.tf32 is None else self.tf32
 
     def __post_init__(self):
         self.require_choice("method", METHODS)
@@ -172,12 +189,17 @@ class TrainConfig(TrainerConfig):
         if not isinstance(self.initial_weights, str):
             raise ConfigError(f"config field 'initial_weights': expected a checkpoint path or '', got {self.initial_weights!r}")
         self.require_choice("precision", PRECISIONS)
+        if self.tf32 is not None and not isinstance(self.tf32, bool):
+            allowed = "true, false or null (null: true with precision bfloat16)"
+            raise validate.refuse("config field 'tf32'", allowed, validate.describe(self.tf32), error=ConfigError)
         self.require_real("memory_budget", 0)
         self.require_int("micro_batch", 0)
-        if not isinstance(self.checkpoint_activations, bool):
-            raise ConfigError(f"config field 'checkpoint_activations': expected true or false, got {self.checkpoint_activations!r}")
+        for name in ("checkpoint_activations", "compile", "cuda_graphs"):
+            self.require_bool(name)
         if self.checkpoint_activations and self.method == "hpo":
             raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise ConfigError(f"config field 'cuda_graphs': CUDA graphs need device cuda or cuda:K, this run's device is '{self.device}'")
         self.require_int("validate_every", 0)
         self.require_int("validation_episodes", 1)
         self.require_int("validation_horizon", 1, validate.HORIZON_MAX, validate.HORIZON_WHY)
@@ -211,6 +233,22 @@ def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
         raise ConfigError(
             f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({str(exc).splitlines()[0]})"
         ) from None
+
+
+@contextmanager
+def matmul_tf32(on: bool):
+    """Inside the block the float32 matrix products on a GPU use TF32 or not (`on`); after it the process's flags
+    are as they were: torch.backends.cuda.matmul's allow_tf32, and its fp32_precision where torch has one (setting
+    allow_tf32 sets it too)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32, getattr(matmul, "fp32_precision", None)
+    matmul.allow_tf32 = on
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = before[0]
+        if before[1] is not None:
+            matmul.fp32_precision = before[1]
 
 
 def tokens(instance: TensorInstance, state: State):
@@ -256,15 +294,21 @@ def draw_rollouts(stream: FactorDemandStream, factor: torch.Tensor, generator: t
     return RolloutDraws(torch.stack(demands), torch.stack(factors), torch.stack(uniforms))
 
 
+class Stored(NamedTuple):
+    """What the critic and open passes need of rollouts, detached."""
+
+    items: torch.Tensor  # [b, T, n, 11]  item tokens of s_t
+    glob: torch.Tensor  # [b, T, 4]       global token of s_t
+    normalized_cost: torch.Tensor  # [b, T]  C~_t
+    open_order: torch.Tensor  # [b, T]  sampled Y_t
+    bootstrap_value: torch.Tensor  # [b]  V_psi(s_T)
+
+
 class Rollout(NamedTuple):
     """One micro-batch of rollouts: the pathwise term with its graph, the rest detached for the later passes."""
 
     pathwise: torch.Tensor  # []  sum over the rollouts of sum_t gamma^t C~_t + gamma^T V_{sg(psi)}(s_T), eq. (pathwise_loss)
-    items: torch.Tensor  # [b, T, n, 11]  item tokens of s_t, detached
-    glob: torch.Tensor  # [b, T, 4]       global token of s_t, detached
-    normalized_cost: torch.Tensor  # [b, T]  C~_t, detached
-    open_order: torch.Tensor  # [b, T]  sampled Y_t
-    bootstrap_value: torch.Tensor  # [b]  V_psi(s_T), detached
+    stored: Stored
     final_state: State  # detached
 
 
@@ -296,7 +340,8 @@ def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, draws:
         terminal_value = functional_call(model.critic_net, frozen, (items, glob)).to(items.dtype)
     stack = lambda xs: torch.stack(xs, dim=1)  # noqa: E731
     pathwise = pathwise + gamma**steps * terminal_value.sum()
-    return Rollout(pathwise, stack(items_kept), stack(globs_kept), stack(costs), stack(opens), terminal_value.detach(), state.detach())
+    stored = Stored(stack(items_kept), stack(globs_kept), stack(costs), stack(opens), terminal_value.detach())
+    return Rollout(pathwise, stored, state.detach())
 
 
 def gae(normalized_cost: torch.Tensor, value: torch.Tensor, bootstrap: torch.Tensor, gamma: float, lam: float):
@@ -401,61 +446,71 @@ def hybrid_losses(
     config: TrainConfig,
     alpha_entropy: float,
     chunks: list[slice],
+    readout_chunks: list[slice] | None = None,
     backward: bool = True,
 ) -> UpdateResult:
     """Eqs. (discrete_loss), (pathwise_loss), (critic_loss), (total_loss) of this rank's rollouts, and with
-    `backward` their gradients added into the parameters' .grad, one micro-batch of rollouts (`chunks`) at a time:
+    `backward` their gradients added into the parameters' .grad, one micro-batch at a time:
 
-    1. each micro-batch's rollouts (`rollout`) and the backward pass of its share of alpha_PW L_PW;
-    2. per micro-batch, the critic on the stored states: the values, GAE (eqs. td_residual - gae, within each
-       rollout) and the backward pass of its share of alpha_V L_V;
+    1. per micro-batch of rollouts (`chunks`), the rollouts (`rollout`) and the backward pass of their share of
+       alpha_PW L_PW; their tokens, costs and open decisions are stored for the whole shard;
+    2. per micro-batch of rollouts of the critic and open passes (`readout_chunks`, by default `chunks`), the
+       critic on the stored states: the values, GAE (eqs. td_residual - gae, within each rollout) and the backward
+       pass of their share of alpha_V L_V;
     3. the advantages standardised over the whole batch (eq. standardized_advantage, of every rank), then per
-       micro-batch the open network's log-probabilities and entropies and the backward pass of their share of
-       L_Y - alpha_H H.
+       micro-batch of `readout_chunks` the open network's log-probabilities and entropies and the backward pass of
+       their share of L_Y - alpha_H H.
 
     Every term is a mean over rollouts (and steps), so each micro-batch adds its sum divided by the shard's count:
-    the gradient of the whole batch in one graph, to float rounding, with the activations of one micro-batch."""
+    the gradient of the whole batch in one graph, to float rounding, with the activations of one micro-batch. In
+    bfloat16 the rounding of the open network's p can differ between the rollout's forward, which samples Y, and the
+    score term's (docs/methods.md, "Memory")."""
     shard, steps = state.batch, draws.demand.shape[0]
     per_state = shard * steps
     precision = config.precision
     gradients = torch.enable_grad() if backward else torch.no_grad()
     with gradients:
-        rollouts = []
+        pathwise, stored, finals = torch.zeros((), device=state.inv.device, dtype=state.inv.dtype), None, []
         for rows in chunks:
             ro = rollout(model, instance, state.index(rows), draws.rows(rows), precision)
             if backward:
                 accumulate(config.pathwise_weight * ro.pathwise / shard)
-            rollouts.append(ro._replace(pathwise=ro.pathwise.detach()))
-        pathwise = sum(ro.pathwise for ro in rollouts) / shard
+            pathwise = pathwise + ro.pathwise.detach()
+            if stored is None:  # the whole shard's, filled micro-batch by micro-batch
+                stored = Stored(*(x.new_empty((shard, *x.shape[1:])) for x in ro.stored))
+            for whole, part in zip(stored, ro.stored):
+                whole[rows] = part
+            finals.append(ro.final_state)
+        pathwise = pathwise / shard
+        readout = [Stored(*(x[rows] for x in stored)) for rows in readout_chunks or chunks]
         critic, advantages = torch.zeros_like(pathwise), []
-        for ro in rollouts:
-            with autocast(precision, ro.items.device):
-                value = model.value(ro.items.flatten(0, 1), ro.glob.flatten(0, 1)).to(pathwise.dtype).view(ro.open_order.shape)
-            advantage, target = gae(ro.normalized_cost, value, ro.bootstrap_value, instance.gamma, config.gae_lambda)
-            part = 0.5 * ((value - target) ** 2).sum() / per_state
+        for part in readout:
+            with autocast(precision, part.items.device):
+                value = model.value(part.items.flatten(0, 1), part.glob.flatten(0, 1)).to(pathwise.dtype).view(part.open_order.shape)
+            advantage, target = gae(part.normalized_cost, value, part.bootstrap_value, instance.gamma, config.gae_lambda)
+            loss = 0.5 * ((value - target) ** 2).sum() / per_state
             if backward:
-                accumulate(config.critic_weight * part)
-            critic = critic + part.detach()
+                accumulate(config.critic_weight * loss)
+            critic = critic + loss.detach()
             advantages.append(advantage)
-        standardized = standardize(torch.cat(advantages)).split([ro.open_order.shape[0] for ro in rollouts])
+        standardized = standardize(torch.cat(advantages)).split([part.open_order.shape[0] for part in readout])
         score, entropy = torch.zeros_like(pathwise), torch.zeros_like(pathwise)
-        for ro, advantage in zip(rollouts, standardized):
-            with autocast(precision, ro.items.device):
-                logit = model.open_logit(ro.items.flatten(0, 1), ro.glob.flatten(0, 1)).to(pathwise.dtype).view(ro.open_order.shape)
-            distribution = torch.distributions.Bernoulli(logits=logit)
-            score_part = (distribution.log_prob(ro.open_order) * advantage).sum() / per_state
+        for part, advantage in zip(readout, standardized):
+            with autocast(precision, part.items.device):
+                logit = model.open_logit(part.items.flatten(0, 1), part.glob.flatten(0, 1)).to(pathwise.dtype).view(part.open_order.shape)
+            distribution = torch.distributions.Bernoulli(logits=logit, validate_args=False)  # no host synchronisation
+            score_part = (distribution.log_prob(part.open_order) * advantage).sum() / per_state
             entropy_part = distribution.entropy().sum() / per_state
             if backward:
                 accumulate(score_part - alpha_entropy * entropy_part)
             score, entropy = score + score_part.detach(), entropy + entropy_part.detach()
     total = score + config.pathwise_weight * pathwise + config.critic_weight * critic - alpha_entropy * entropy
-    cost = torch.cat([ro.normalized_cost for ro in rollouts])
-    discount = instance.gamma ** torch.arange(steps, device=cost.device, dtype=torch.float64)
-    final = State(*(torch.cat([getattr(ro.final_state, f) for ro in rollouts]) for f in ("inv", "pipe", "factor")))
+    discount = instance.gamma ** torch.arange(steps, device=pathwise.device, dtype=torch.float64)
+    final = State(*(torch.cat([getattr(f, name) for f in finals]) for name in ("inv", "pipe", "factor")))
     return UpdateResult(
         Losses(total, score, pathwise, critic, entropy),
-        (cost.double() * instance.c_ref * discount).sum(1),
-        torch.cat([ro.open_order for ro in rollouts]).double().mean(),
+        (stored.normalized_cost.double() * instance.c_ref * discount).sum(1),
+        stored.open_order.double().mean(),
         final,
     )
 
@@ -494,26 +549,31 @@ class PathwiseTrainer:
         teacher's parameters, seconds)."""
         if config.checkpoint_activations:
             self.model.quantity_net.encoder.checkpoint_blocks = True
-        if config.precision == "bfloat16" and instance.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # the float32 products outside autocast
         self.memory = self._memory_plan()
         """The micro-batches of an update and of an imitation update (trainers.memory)."""
+        if config.compile or config.cuda_graphs:  # after the plan, which measures the eager networks
+            for network in (self.model.open_net, self.model.quantity_net, self.model.critic_net):
+                network.compile(mode="reduce-overhead" if config.cuda_graphs else None)
         self.validation = validation
 
     def _memory_plan(self) -> MemoryPlan:
         """Measure what one state keeps for each network (one state's forwards, trainers.memory) and choose the
         micro-batches for the config's budget. A rollout of one row is measured over one and over two steps: the
-        difference is one step (quantity network, features, simulator), the rest the frozen critic on s_T."""
+        difference is one step (quantity network, features, simulator), the rest the frozen critic on s_T. What the
+        update stores of a state are its tokens and draws, its cost and its open decision."""
         config, instance, model = self.config, self.instance, self.model
         state = self.state.index(slice(0, 1))
         items, glob = (x.detach() for x in tokens(instance, state))
 
-        def one_row_rollout(steps: int) -> int:
-            draws = RolloutDraws(
+        def one_row_draws(steps: int) -> RolloutDraws:
+            return RolloutDraws(
                 torch.zeros_like(state.inv).expand(steps, -1, -1),
                 state.factor.expand(steps, -1),
                 torch.ones_like(state.factor).expand(steps, -1),
             )
+
+        def one_row_rollout(steps: int) -> int:
+            draws = one_row_draws(steps)
             return saved_bytes(lambda: rollout(model, instance, state, draws, config.precision).pathwise, model.parameters())
 
         def network(forward):
@@ -526,7 +586,8 @@ class PathwiseTrainer:
             model.quantity_net.encoder.checkpoint_blocks = False
             recomputed = network(model.quantity_fraction) // config.blocks
             model.quantity_net.encoder.checkpoint_blocks = True
-        per_state = StateBytes(two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed)
+        stored = sum(x.nbytes for x in (items, glob, *one_row_draws(1))) + 2 * state.inv.element_size()  # and C~_t, Y_t
+        per_state = StateBytes(two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed, stored)
         if config.memory_budget:
             budget, source = config.memory_budget, "config field 'memory_budget'"
         else:
@@ -577,10 +638,11 @@ class PathwiseTrainer:
         bar = tqdm(total=total, initial=done, desc=f"warm start: imitate {config.imitation_teacher}", disable=not progress)
         with bar:
             for update in range(done, total):
-                batch = rollouts.next_update(config.rollout, mix=None if update < plain else mix)
                 optimizer.zero_grad(set_to_none=True)
-                chunks = self.memory.state_chunks(batch.open_order.shape[0])
-                loss = imitation_losses(self.model, batch, chunks, config.precision, backward=True)
+                with self._update_settings():
+                    batch = rollouts.next_update(config.rollout, mix=None if update < plain else mix)
+                    chunks = self.memory.state_chunks(batch.open_order.shape[0])
+                    loss = imitation_losses(self.model, batch, chunks, config.precision, backward=True)
                 self._gradient_step(optimizer)
                 bar.update(1)
                 if update + 1 < total and after_update is not None:
@@ -664,7 +726,9 @@ class PathwiseTrainer:
         try:
             draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
             self.optimizer.zero_grad(set_to_none=True)
-            result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, self.memory.rollout_chunks())
+            chunks = (self.memory.rollout_chunks(), self.memory.readout_chunks())
+            with self._update_settings():
+                result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, *chunks)
         except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run saves it there)
             self.stream.generator.set_state(streams[0])
             self.generator.set_state(streams[1])
@@ -678,27 +742,38 @@ class PathwiseTrainer:
             self.state, restarted = restart_runaways(self.state, instance, config.restart_periods)
         self.update += 1
         local = torch.stack([result.discounted_cost.mean(), *(value.double() for value in result.losses), result.open_rate])
-        mean = (_global_sum(local) / world).tolist()  # every shard holds B / W rollouts: the mean of the means
+        mean = _global_sum(local) / world  # every shard holds B / W rollouts: the mean of the means
+        figures = torch.cat([mean, _global_sum(restarted.double())[None], torch.stack([norm.double() for norm in norms.values()])])
+        figures = figures.tolist()  # the update's one host synchronisation
         return {
             "update": self.update,
-            **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "open_rate"), mean)),
-            "restarted": int(_global_sum(restarted.double())),
+            **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "open_rate"), figures)),
+            "restarted": int(figures[len(local)]),
             "learning_rate": learning_rate(config, self.update - 1),
-            **{f"grad_norm_{k}": v for k, v in norms.items()},
+            **{f"grad_norm_{name}": value for name, value in zip(norms, figures[len(local) + 1 :])},
         }
 
-    def _gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    def _gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
         """Average the accumulated gradients over the ranks, clip each network's gradient norm to grad_clip and
-        step `optimizer`; returns each network's norm before clipping."""
+        step `optimizer`; returns each network's norm before clipping ([] tensors: no host synchronisation)."""
         _, world = rank_and_world()
         if world > 1:
             average_gradients(list(self.model.parameters()), world)
         norms = {}
         for name, params in self.model.networks().items():
             grads = [p for p in params if p.grad is not None]
-            norms[name] = float(torch.nn.utils.clip_grad_norm_(grads, self.config.grad_clip)) if grads else 0.0
+            norms[name] = (
+                torch.nn.utils.clip_grad_norm_(grads, self.config.grad_clip) if grads else torch.zeros((), device=self.instance.device)
+            )
         optimizer.step()
         return norms
+
+    def _update_settings(self):
+        """The settings an update's networks run under: TF32 as the config says (`matmul_tf32`), and with CUDA graphs a
+        new step of the compiled graphs' replays (the previous update's outputs may be overwritten)."""
+        if self.config.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return matmul_tf32(self.config.uses_tf32)
 
     def diverged(self, metrics: dict[str, float]) -> str | None:
         return divergence_reason(metrics, self.instance.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)

@@ -1,0 +1,143 @@
+"""How a pathwise update runs, not what it computes: TF32 set for the update and restored after it, no host
+synchronisation per micro-batch, torch.compile with the eager update's results, and the settings' refusals."""
+
+from collections import Counter
+from contextlib import contextmanager
+
+import pytest
+import torch
+from conftest import TINY
+
+from envs.instance import paper_instance
+from trainers import pathwise
+from trainers.config import ConfigError
+from trainers.pathwise import PathwiseTrainer, TrainConfig
+
+RUN = {**TINY, "batch": 4, "rollout": 3}
+CONVERSIONS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+"""The Tensor methods that copy a value to the host (on a GPU: wait for every kernel queued before)."""
+
+
+def tf32_flags() -> tuple:
+    """The process's TF32 flags (torch >= 2.9 has fp32_precision too)."""
+    matmul = torch.backends.cuda.matmul
+    return matmul.allow_tf32, getattr(matmul, "fp32_precision", None), torch.get_float32_matmul_precision()
+
+
+@pytest.fixture
+def restored_tf32():
+    """The process's TF32 flags as they were before the test, whatever the test leaves."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32, getattr(matmul, "fp32_precision", None)
+    yield
+    matmul.allow_tf32 = before[0]
+    if before[1] is not None:
+        matmul.fp32_precision = before[1]
+
+
+def tf32_in_updates(monkeypatch, configs: list[dict]) -> list[bool]:
+    """One update of a trainer of each config in turn: whether TF32 was on during each update's losses."""
+    inside, losses = [], pathwise.hybrid_losses
+    monkeypatch.setattr(pathwise, "hybrid_losses", lambda *args, **kwargs: inside.append(tf32_flags()[0]) or losses(*args, **kwargs))
+    instance = paper_instance(2, 0).to_torch()
+    for config in configs:
+        PathwiseTrainer(TrainConfig(**RUN, **config), instance).step()
+    return inside
+
+
+def test_tf32_is_the_run_s_setting_during_its_updates_and_the_flags_are_restored_after(monkeypatch, restored_tf32):
+    """A bfloat16 update uses TF32 by default, a float32 one does not, `tf32` overrides either, and after every update the
+    process's flags are those before it, so a float32 run after a bfloat16 one in the same process gets no TF32. The
+    control, a context manager that sets the flag without restoring it, leaves it on after the bfloat16 update."""
+    before = tf32_flags()
+    assert before[0] is False
+    assert tf32_in_updates(monkeypatch, [{"precision": "bfloat16"}, {}]) == [True, False]
+    assert tf32_flags() == before
+    assert tf32_in_updates(monkeypatch, [{"precision": "bfloat16", "tf32": False}, {"tf32": True}]) == [False, True]
+    assert tf32_flags() == before
+
+    @contextmanager
+    def set_without_restoring(on: bool):
+        torch.backends.cuda.matmul.allow_tf32 = on
+        yield
+
+    monkeypatch.setattr(pathwise, "matmul_tf32", set_without_restoring)
+    tf32_in_updates(monkeypatch, [{"precision": "bfloat16"}])
+    assert tf32_flags() != before
+
+
+def conversions_in_an_update(monkeypatch, micro_batch: int) -> Counter:
+    """The host conversions (CONVERSIONS) of one update of 4 rollouts in micro-batches of `micro_batch`, but Adam's
+    reads of its step counters (tensors on the CPU even when the parameters are on a GPU: no synchronisation)."""
+    trainer = PathwiseTrainer(TrainConfig(**RUN, micro_batch=micro_batch), paper_instance(4, 0).to_torch())
+    counts, counting = Counter(), [True]
+
+    def counted(name: str):
+        original = getattr(torch.Tensor, name)
+
+        def conversion(tensor, *args, **kwargs):
+            counts[name] += counting[0]
+            return original(tensor, *args, **kwargs)
+
+        return conversion
+
+    for name in CONVERSIONS:
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    adam_step = trainer.optimizer.step
+
+    def uncounted_adam_step(*args, **kwargs):
+        counting[0] = False
+        try:
+            return adam_step(*args, **kwargs)
+        finally:
+            counting[0] = True
+
+    monkeypatch.setattr(trainer.optimizer, "step", uncounted_adam_step)
+    trainer.step()
+    monkeypatch.undo()
+    return +counts
+
+
+def test_an_update_converts_to_the_host_once_whatever_its_micro_batches(monkeypatch):
+    """The update's metrics (losses, gradient norms, restarts) reach the host in one conversion, in 1 or 4
+    micro-batches: nothing per micro-batch (a Bernoulli validating its arguments tests them on the host) and no
+    gradient norm converted apart."""
+    for micro_batch in (4, 1):
+        assert conversions_in_an_update(monkeypatch, micro_batch) == Counter(tolist=1), micro_batch
+
+
+def two_updates(config: dict) -> tuple[torch.Tensor, list[dict]]:
+    """The parameters and metrics after two updates at n = 4 in float64."""
+    trainer = PathwiseTrainer(TrainConfig(**config), paper_instance(4, 0).to_torch(dtype=torch.float64))
+    metrics = [trainer.step() for _ in range(2)]
+    return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), metrics
+
+
+@pytest.mark.slow
+def test_compiled_networks_give_the_eager_update():
+    """With `compile` (CPU inductor, float64) two updates in micro-batches of 2 rollouts leave the parameters and
+    metrics of the eager updates to float64 rounding, and the networks were compiled (dynamo captured graphs). About
+    90 s on this project's machine, nearly all of it compiling."""
+    from torch._dynamo.utils import counters
+
+    config = {**RUN, "micro_batch": 2, "warmup": 1, "learning_rate": 1e-3}
+    eager, eager_metrics = two_updates(config)
+    graphs = counters["stats"]["unique_graphs"]
+    compiled, compiled_metrics = two_updates({**config, "compile": True})
+    assert counters["stats"]["unique_graphs"] > graphs
+    torch.testing.assert_close(compiled, eager, rtol=1e-9, atol=1e-12)
+    for got, want in zip(compiled_metrics, eager_metrics):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("tf32", "yes", "config field 'tf32': expected true, false or null (null: true with precision bfloat16), got a string \"yes\""),
+        ("compile", 1, "config field 'compile': expected true or false, got 1"),
+        ("cuda_graphs", True, "config field 'cuda_graphs': CUDA graphs need device cuda or cuda:K, this run's device is 'cpu'"),
+    ],
+)
+def test_the_settings_refuse_what_they_cannot_take(field, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**{field: value})

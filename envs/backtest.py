@@ -11,7 +11,7 @@ there is no spread to estimate a standard error from: it is None (null in backte
 
 The policy never sees the future: the factor in its state at period t is given by the caller, the causal estimate
 E[F_t | D_0..D_{t-1}] of policies.factor_filter.causal_factor under the demand model that the instance states
-(platform/backtest.py), never the smoothed path of envs.fit.smooth_factor, which conditions on the whole history.
+(platform/backtest.py), never the smoothed path of envs.factor_smoother.smooth_factor, which conditions on the whole history.
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ from envs.cli import device, positive_int, run_cli, script_parser
 from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import check_cost_range
-from envs.fit import History, history_matrix
 from envs.instance import Instance, atomic_write_text
 from envs.job_output import out_argument, resolve_out
 from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
+from envs.sales_history import History, history_matrix
 from policies.classical import POLICY_NAMES
 from policies.factor_filter import causal_factor, describe_filter
 from policies.lookahead import FORMS

@@ -11,7 +11,7 @@ unit per period, lead in periods, qbar in units per order (the fitted lam is uni
 flagged). docs/formats.md has the formats.
 
 --factors k forces the number of common factors; by default k is chosen among 1..--max-factors (default 4) by the
-hold-out (envs.fit.choose_factors: the error of the last 20% of the periods' lagged correlations as the model fitted
+hold-out (envs.factor_choice.choose_factors: the error of the last 20% of the periods' lagged correlations as the model fitted
 on the first 80% predicts them). The report shows each k's criterion.
 
 Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i and loadings (beta_i at one factor,
@@ -27,7 +27,10 @@ import json
 from pathlib import Path
 
 from envs.cli import factors, positive_int, run_cli, script_parser, seed
-from envs.fit import MAX_FACTORS, REPLICATES, fit_history, report_figure, report_markdown
+from envs.factor_choice import MAX_FACTORS
+from envs.fit import fit_history
+from envs.fit_bootstrap import REPLICATES
+from envs.fit_report import report_figure, report_markdown
 from envs.instance import atomic_write, atomic_write_text, check_constant
 from envs.job_output import out_argument, resolve_out
 
@@ -90,6 +93,7 @@ def main() -> None:
         f"rho={rho['estimate']:.3f} ± {rho['se']:.3f} (s.e.), K={instance.K:g}, gamma={instance.gamma:g}; "
         f"report {paths['md']} ({len(report['notes'])} notes, {len(report['flags'])} flags; hold-out coverage of 80% intervals: "
         f"items {100 * report['holdout']['item_coverage']:.1f}%, total {100 * report['holdout']['total_coverage']:.1f}%)"
+        + (f"; {report['checks']['season']['effect']}" if report["checks"]["season"]["effect"] else "")
     )
 
 

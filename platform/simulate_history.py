@@ -15,7 +15,7 @@ unless --overwrite is given; the instance file is never written over.
 from pathlib import Path
 
 from envs.cli import horizon, run_cli, script_parser, seed
-from envs.fit import simulate_history
+from envs.demand_simulation import simulate_history
 from envs.instance import Instance, atomic_write, table_format
 from envs.job_output import out_argument, resolve_out
 

@@ -15,11 +15,13 @@ from conftest import INSTANCE, run_script, single_item
 from scipy import stats
 
 from envs.backtest import check_window, paired_comparisons, replay, window_paths
+from envs.demand_simulation import simulate_history
 from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths, sample_paths
-from envs.fit import history_matrix, simulate_history, smooth_factor
+from envs.factor_smoother import smooth_factor
 from envs.instance import Instance, paper_instance, with_factors
+from envs.sales_history import history_matrix
 from policies.classical import make_policy, zero_policy
 from policies.dp_optimal import tauchen_grid
 from policies.factor_filter import GaussianFilter, GridFilter, causal_factor
@@ -94,7 +96,7 @@ def test_one_window_has_no_standard_error_and_two_have_one():
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     """A 3-item paper instance, episode 0 of seed 11 over 160 periods (its true factor and demand), and the same demand
-    written as a history file by envs.fit.simulate_history."""
+    written as a history file by envs.demand_simulation.simulate_history."""
     folder = tmp_path_factory.mktemp("simulated")
     instance = paper_instance(3, 2)
     paths = sample_paths(instance, 11, 1, 160)
@@ -110,7 +112,7 @@ def aware_rule(instance):
 
 
 def test_replay_with_the_true_factor_equals_the_evaluator_on_the_same_paths(simulated):
-    """The history file read back (envs.fit.history_matrix) and replayed with the true factor costs what
+    """The history file read back (envs.sales_history.history_matrix) and replayed with the true factor costs what
     envs.evaluation.evaluate gives on the sampler's own paths: one window of 150 periods is episode 0 of
     sample_paths(seed 11, 150 steps); windows of 50 are its slices, cut here by hand."""
     instance, paths, folder = simulated
@@ -261,7 +263,7 @@ def test_the_richer_filters_are_causal_and_a_peeking_one_is_not(factors, overdis
 
 def test_the_filter_is_causal_and_the_smoother_is_not():
     """Changing D_t for t >= s leaves the filter's F_hat_0..F_hat_s unchanged (F_hat_t uses D_0..D_t-1) and moves
-    F_hat_s+1; the smoother of the fit report (envs.fit.smooth_factor), the broken control, moves before s."""
+    F_hat_s+1; the smoother of the fit report (envs.factor_smoother.smooth_factor), the broken control, moves before s."""
     instance = paper_instance(4, 1)
     demand = sample_paths(instance, 5, 1, 120).demand[0].double().numpy()
     before = causal_factor(instance, demand)
@@ -392,6 +394,25 @@ def test_a_backtest_of_one_window_writes_no_standard_error(simulated, tmp_path):
     assert "(no s.e. or CI: one window) over the same 1 window" in result.stdout
 
 
+def test_a_history_shorter_than_the_fit_needs_is_backtested_in_whole_windows(simulated, tmp_path):
+    """The first 40 periods of the history with --window 10: 4 windows replayed (the fit's 50-period rule is the fit's,
+    not the backtest's), each of them the same 10 periods as in the whole history's first 40 (same costs); a window
+    longer than the 40 periods is refused with the backtest's own reason."""
+    _, _, folder = simulated
+    lines = (folder / "history.csv").read_text().splitlines()
+    periods = sorted({line.split(",")[1] for line in lines[1:]})[:40]
+    kept = [lines[0]] + [line for line in lines[1:] if line.split(",")[1] in set(periods)]
+    (tmp_path / "short.csv").write_text("\n".join(kept) + "\n")
+    args = ["--instance", folder / "instance.json", "--policy", "zero", "--window", 10]
+    run_script("backtest.py", "--history", tmp_path / "short.csv", *args, "--out", tmp_path / "short", check=True)
+    run_script("backtest.py", "--history", folder / "history.csv", *args, "--out", tmp_path / "whole", check=True)
+    short, whole = (pq.read_table(tmp_path / run / "zero" / "costs.parquet")["discounted_cost"].to_numpy() for run in ("short", "whole"))
+    assert short.shape == (4,) and json.loads((tmp_path / "short" / "backtest.json").read_text())["windows"] == 4
+    np.testing.assert_allclose(short, whole[:4], rtol=1e-12)
+    refused = run_script("backtest.py", "--history", tmp_path / "short.csv", *args[:-1], 50, "--out", tmp_path / "long")
+    assert refused.returncode == 2 and "50 periods is longer than the history" in refused.stderr and "(40 periods)" in refused.stderr
+
+
 def test_the_history_must_have_the_step_the_instance_was_fitted_on(simulated, tmp_path):
     """The daily history against an instance recording source.step '7 days' (as fit.py writes it for weekly data): one
     `error:` line naming both steps, nothing written; recording '1 day', it is backtested."""
@@ -460,7 +481,7 @@ def test_a_checkpoint_is_backtested_like_a_named_policy(trained, tmp_path):
 @pytest.fixture(scope="module")
 def three_factor_history(tmp_path_factory):
     """A k = 3 negative-binomial instance of 4 items with signed loadings and 120 periods of its history
-    (envs.fit.simulate_history), written as files."""
+    (envs.demand_simulation.simulate_history), written as files."""
     folder = tmp_path_factory.mktemp("three_factors")
     instance = factor_instance(4, 5, 3, 0.4)
     history, _ = simulate_history(instance, 7, 120)

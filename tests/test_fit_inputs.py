@@ -14,9 +14,11 @@ import pytest
 from conftest import ROOT, run_script
 
 import envs.fit
+from envs.demand_simulation import simulate_history
 from envs.errors import InputError
-from envs.fit import fit_history, history_matrix, simulate_history
+from envs.fit import fit_history
 from envs.instance import FIELD_RANGES, Instance, paper_instance
+from envs.sales_history import history_matrix
 
 ESTIMATION = ("choose_factors", "lagged_covariances", "estimate", "bootstrap", "smooth_factor", "holdout_check")
 """The steps of the estimation in envs.fit, in the order fit_history runs them."""
@@ -222,7 +224,7 @@ def test_a_history_drawn_from_a_fitted_instance_has_its_item_names_and_step(tmp_
     ids=["weekly", "monthly-on-the-15th", "every-second-period", "no-step-daily"],
 )
 def test_a_simulated_history_reads_back_at_the_instances_step(step, start, periods, tmp_path):
-    """envs.fit.simulate_history of a paper instance whose source records `step`: the history read back has that step
+    """envs.demand_simulation.simulate_history of a paper instance whose source records `step`: the history read back has that step
     and the periods written out here from --start (weeks from 2024-01-01 by default, the 15th of each month, every
     second integer from 5); an instance without a step draws days. Catches daily dates for a weekly or monthly
     instance, which backtest.py refuses against it."""

@@ -10,8 +10,8 @@ import pyarrow.csv
 import pytest
 from conftest import INSTANCE, digests, run_script
 
+from envs.demand_simulation import simulate_history
 from envs.errors import InputError
-from envs.fit import simulate_history
 from envs.job_output import resolve_out
 
 HORIZON = 10

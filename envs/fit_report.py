@@ -1,0 +1,424 @@
+"""The fit report (docs/fitting.md, "The fit report"): its numbers (JSON-ready: the parameters with standard errors
+and intervals, the choice of k, the groups of items and their correlations, the checks and their flags, the factor
+path), its Markdown and its figure."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import norm
+
+from envs.demand_simulation import rates
+from envs.fit_bootstrap import CONFIDENCE, Bootstrap, interval, mean_off_diagonal, observed_statistics
+from envs.fit_checks import (
+    CHECK_SE,
+    DISPERSION_LEVEL,
+    DRIFT_LEVEL,
+    HOLDOUT_SHARE,
+    INTERVAL,
+    RHO_AT_CAP,
+    SEASON_LEVEL,
+    mean_drift,
+    model_correlation,
+    model_statistics,
+)
+from envs.instance import OVERDISPERSION_MAX
+from envs.moment_estimator import ALTERNATIONS, BETA_MAX, LAGS, RHO_MAX, Estimate, model_loadings
+from envs.sales_history import History
+
+
+def loading_groups(loadings: np.ndarray) -> np.ndarray:
+    """[n] each item's group: its largest loading (in magnitude) and that loading's sign, coded 2 j (+) or 2 j + 1 (-)
+    for factor j; -1 for an item with no loading."""
+    largest = np.abs(loadings).argmax(axis=1)
+    negative = loadings[np.arange(loadings.shape[0]), largest] < 0
+    return np.where(np.abs(loadings).max(axis=1) > 0, 2 * largest + negative, -1)
+
+
+def group_name(code: int) -> str:
+    return "none" if code < 0 else f"{'+-'[code % 2]}F{code // 2 + 1}"
+
+
+def group_correlations(correlation: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
+    """(mean correlation over pairs i != j of one group, over pairs of two groups); NaN where there is no such pair."""
+    same = groups[:, None] == groups[None, :]
+    off = ~np.eye(groups.size, dtype=bool)
+    within, between = correlation[same & off], correlation[~same]
+    return (float(within.mean()) if within.size else float("nan")), (float(between.mean()) if between.size else float("nan"))
+
+
+HEATMAP_ITEMS = 200
+"""Most items in the report's correlation heat maps (those of the largest |beta_i|); the group means use every item."""
+
+
+def report_numbers(
+    history: History,
+    fitted: Estimate,
+    model: Estimate,
+    cov: np.ndarray,
+    boot: Bootstrap,
+    factor: dict,
+    holdout: dict,
+    periodic: dict,
+    choice: dict,
+    source: dict,
+    qbar: np.ndarray,
+) -> dict:
+    """The numbers of the fit report (JSON-ready): `fitted` the estimate, `model` the instance's model (the estimate
+    with each phi_i not above its test's threshold set to 0), `periodic` the periodic check (`periodic_check`); `qbar`
+    the instance's order caps."""
+    names = history.items
+    n = len(names)
+    se = {
+        name: getattr(boot, name).std(axis=0, ddof=1)
+        for name in ("lam", "beta", "rho", "overdispersion", "variance", "autocorrelation", "cross_correlation")
+    }
+    lam_low, lam_high = interval(fitted.lam, se["lam"], 0.0, math.inf)
+    total_se = float(boot.lam.sum(axis=1).std(ddof=1))  # the replicates' lam_i share their history's factor path
+    total_low, total_high = interval(float(fitted.lam.sum()), total_se, 0.0, math.inf)
+    lam_correlation = mean_off_diagonal(np.corrcoef(boot.lam, rowvar=False)) if n > 1 else float("nan")
+    beta_low, beta_high = interval(fitted.beta, se["beta"], 0.0, BETA_MAX)
+    rho_low, rho_high = interval(fitted.rho, se["rho"], 0.0, RHO_MAX)
+    phi_low, phi_high = interval(fitted.overdispersion, se["overdispersion"], 0.0, OVERDISPERSION_MAX)
+    loadings = model_loadings(model)
+    obs_var, obs_acf, obs_cross = observed_statistics(cov)
+    model_var, model_acf, model_cross = model_statistics(model.lam, loadings, model.rho, model.overdispersion)
+    var_off = np.abs(obs_var - model_var) > CHECK_SE * se["variance"]
+    acf_off = np.abs(obs_acf - model_acf) > CHECK_SE * se["autocorrelation"]
+    cross_off = bool(abs(obs_cross - model_cross) > CHECK_SE * se["cross_correlation"]) if n > 1 else False
+    rho_at_cap = fitted.rho >= RHO_MAX - RHO_AT_CAP
+    drift, drift_sd = mean_drift(history.demand, model.lam, loadings, model.rho, model.overdispersion)
+    drift_z = norm.ppf(1 - DRIFT_LEVEL / (2 * n))
+    drift_off = np.abs(drift) > drift_z * drift_sd
+    checked = periodic["why_not"] is None
+    season_off = periodic["off"] if checked else np.zeros(n, dtype=bool)
+    season_effect = None
+    if season_off.any():
+        biased_down = periodic["rho_without"] > fitted.rho
+        season_effect = (
+            f"a pattern over the {periodic['season']} in {int(season_off.sum())} of {n} items: the fit reads its swing as "
+            + ("variation shared by the items that does not persist (noise at lags 1..4)" if biased_down else "persistence of the factors")
+            + f", so rho {fitted.rho:.3f} is biased {'down' if biased_down else 'up'} ({periodic['rho_without']:.3f} with each "
+            f"item's means per {periodic['season']} divided out)"
+        )
+    coverage_low = INTERVAL - CHECK_SE * holdout["item_coverage_se"]
+    holdout_below = holdout["item_coverage"] < coverage_low
+    cap_below = qbar < fitted.lam  # Instance.caps_below_demand: no policy keeps up with the item's demand
+    cap_below_one = qbar < 1.0  # the DP-based policies order on lattices of whole units or tenths: policies.dp_optimal.CapBelowStep
+    sd = np.sqrt(np.maximum(obs_var, 1e-300))
+    observed_corr = cov[0] / np.outer(sd, sd)
+    model_corr = model_correlation(model.lam, loadings, model.overdispersion)
+    groups = loading_groups(model.loadings)
+    shown = np.sort(np.argsort(-model.beta, kind="stable")[:HEATMAP_ITEMS])
+    order = shown[np.lexsort((-np.abs(model.loadings[shown]).max(axis=1), groups[shown]))]  # by group, then by the leading loading
+    observed_within, observed_between = group_correlations(observed_corr, groups)
+    model_within, model_between = group_correlations(model_corr, groups)
+    dispersed_out = [names[i] for i in np.flatnonzero((fitted.overdispersion > 0) & (model.overdispersion == 0))]
+    items = []
+    for i, name in enumerate(names):
+        items.append(
+            {
+                "item": name,
+                "lam": float(fitted.lam[i]), "lam_se": float(se["lam"][i]), "lam_interval": [float(lam_low[i]), float(lam_high[i])],
+                "beta": float(fitted.beta[i]), "beta_se": float(se["beta"][i]), "beta_interval": [float(beta_low[i]), float(beta_high[i])],
+                "loadings": [float(x) for x in model.loadings[i]], "group": group_name(int(groups[i])),
+                "overdispersion": float(fitted.overdispersion[i]), "overdispersion_se": float(se["overdispersion"][i]),
+                "overdispersion_interval": [float(phi_low[i]), float(phi_high[i])],
+                "overdispersion_in_instance": float(model.overdispersion[i]),
+                "observed_mean": float(history.demand[:, i].mean()), "model_mean": float(fitted.lam[i]),
+                "observed_variance": float(obs_var[i]), "model_variance": float(model_var[i]), "variance_se": float(se["variance"][i]),
+                "observed_autocorrelation": float(obs_acf[i]), "model_autocorrelation": float(model_acf[i]),
+                "autocorrelation_se": float(se["autocorrelation"][i]),
+                "half_mean_drift": float(drift[i]), "half_mean_drift_sd": float(drift_sd[i]),
+                "variance_off": bool(var_off[i]), "autocorrelation_off": bool(acf_off[i]), "drift_off": bool(drift_off[i]),
+                "season_statistic": float(periodic["statistic"][i]) if checked else None, "season_off": bool(season_off[i]),
+                "holdout_coverage": float(holdout["item_coverage_per_item"][i]),
+                "holdout_observed_mean": float(holdout["observed_mean"][i]), "holdout_predicted_mean": float(holdout["predicted_mean"][i]),
+                "note": fitted.notes.get(i, ""),
+            }
+        )  # fmt: skip
+    factor_mean = np.asarray(factor["mean"]).reshape(len(history.periods), -1)
+    return {
+        "source": source,
+        "estimator": f"moments over all pairs and lags 0..{LAGS} (the lag-0 diagonal left out), "
+        "weighted least squares of rank k (envs/moment_estimator.py)",
+        "confidence": CONFIDENCE,
+        "bootstrap": {"kind": "parametric", "replicates": int(boot.rho.size)},
+        "factors": {
+            **choice,
+            "criterion": "hold-out error of the lagged correlations: the estimator's weighted squares on the last "
+            f"{100 * HOLDOUT_SHARE:g}% of the periods, of the model fitted on the first {100 * (1 - HOLDOUT_SHARE):g}%",
+            "rotation": "varimax (the loadings are identified up to a rotation of the factors)",
+        },
+        "rho": {"estimate": fitted.rho, "se": float(se["rho"]), "interval": [float(rho_low), float(rho_high)]},
+        "lam_shared": {
+            "error_correlation": lam_correlation,
+            "total": float(fitted.lam.sum()),
+            "total_se": total_se,
+            "total_interval": [float(total_low), float(total_high)],
+        },
+        "items": items,
+        "cross_correlation": {"observed": obs_cross, "model": model_cross, "se": float(se["cross_correlation"]), "off": cross_off},
+        "groups": {
+            "rule": "each item in the group of its largest varimax loading and that loading's sign (+F1, -F1, +F2, ...)",
+            "sizes": {group_name(int(g)): int((groups == g).sum()) for g in np.unique(groups)},
+            "within": {"observed": observed_within, "model": model_within},
+            "between": {"observed": observed_between, "model": model_between},
+        },
+        "correlation": {
+            "items": [names[i] for i in order],
+            "observed": np.round(observed_corr[np.ix_(order, order)], 3).tolist(),
+            "model": np.round(model_corr[np.ix_(order, order)], 3).tolist(),
+        },
+        "checks": {
+            "flag_at_se": CHECK_SE,
+            "variance_off": [names[i] for i in np.flatnonzero(var_off)],
+            "autocorrelation_off": [names[i] for i in np.flatnonzero(acf_off)],
+            "cross_correlation_off": cross_off,
+            "rho_at_cap": bool(rho_at_cap),
+            "drift_level": DRIFT_LEVEL,
+            "drift": [names[i] for i in np.flatnonzero(drift_off)],
+            "season": {
+                "season": periodic["season"],
+                "checked": checked,
+                "why_not": periodic["why_not"],
+                "level": SEASON_LEVEL,
+                "degrees_of_freedom": periodic["seasons"] - 1 if checked else None,
+                "threshold": periodic["threshold"] if checked else None,
+                "items": [names[i] for i in np.flatnonzero(season_off)],
+                "rho_without": periodic["rho_without"] if checked else None,
+                "effect": season_effect,
+            },
+            "holdout_below": bool(holdout_below),
+            "cap_below_demand": [names[i] for i in np.flatnonzero(cap_below)],
+            "cap_below_one": [names[i] for i in np.flatnonzero(cap_below_one)],
+        },
+        "holdout": {
+            **{
+                key: holdout[key]
+                for key in ("train_periods", "holdout_periods", "interval", "item_coverage", "item_coverage_se", "total_coverage")
+            },
+            "item_coverage_low": coverage_low,
+        },
+        "notes": [
+            *(
+                []
+                if fitted.converged
+                else [f"the estimator did not converge in {ALTERNATIONS} alternations; the loadings are the best for the rho given"]
+            ),
+            *(f"item '{names[i]}': {why}" for i, why in sorted(fitted.notes.items())),
+            *(
+                [
+                    f"phi = 0 (Poisson demand) in the instance for {len(fitted.poisson_items) + len(dispersed_out)} item(s): "
+                    f"{len(fitted.poisson_items)} with a variance at most what the factors and Poisson noise give"
+                    f"{' (' + ', '.join(names[i] for i in fitted.poisson_items[:20]) + ')' if len(fitted.poisson_items) else ''}, "
+                    f"{len(dispersed_out)} with an overdispersion within {norm.ppf(1 - DISPERSION_LEVEL / n):.2f} s.e. of 0 "
+                    f"(level {DISPERSION_LEVEL:g} over all items){' (' + ', '.join(dispersed_out[:20]) + ')' if dispersed_out else ''}"
+                ]
+                if len(fitted.poisson_items) or dispersed_out
+                else []
+            ),
+        ],
+        "flags": [
+            *(f"item '{names[i]}': variance off" for i in np.flatnonzero(var_off)),
+            *(f"item '{names[i]}': lag-1 autocorrelation off" for i in np.flatnonzero(acf_off)),
+            *(["average cross-item correlation off"] if cross_off else []),
+            *([f"rho {fitted.rho:.3f} at its cap {RHO_MAX:g}: a trend or a change of level?"] if rho_at_cap else []),
+            *(
+                f"item '{names[i]}': mean drifts by {drift[i]:+.3g} between the halves ({drift[i] / drift_sd[i]:+.1f} s.d.)"
+                for i in np.flatnonzero(drift_off)
+            ),
+            *(
+                f"item '{names[i]}': its mean varies with the {periodic['season']} (chi-square {periodic['statistic'][i]:.1f} on "
+                f"{periodic['seasons'] - 1} d.f., above {periodic['threshold']:.1f})"
+                for i in np.flatnonzero(season_off)
+            ),
+            *([season_effect] if season_effect else []),
+            *(
+                [f"hold-out coverage {100 * holdout['item_coverage']:.1f}% below its interval (from {100 * coverage_low:.1f}%)"]
+                if holdout_below
+                else []
+            ),
+            *(
+                f"item '{names[i]}': order cap qbar {qbar[i]:g} below its mean demand lam {fitted.lam[i]:.3g} per period: "
+                "no policy keeps up (the backlog grows without bound); the decomposition bound and lookahead refuse it"
+                for i in np.flatnonzero(cap_below)
+            ),
+            *(
+                f"item '{names[i]}': order cap qbar {qbar[i]:g} below one unit: orders of a fraction of a unit only; dp-optimal, "
+                "the decomposition bound and its lookahead order on a lattice and refuse a cap below one step of it"
+                for i in np.flatnonzero(cap_below_one & ~cap_below)
+            ),
+        ],
+        "factor": {"period": history.periods, "mean": np.asarray(factor["mean"]).tolist(), "sd": np.asarray(factor["sd"]).tolist()},
+        "total_demand": history.demand.sum(axis=1).tolist(),
+        "total_model_given_factor": rates(model.lam, model.loadings, factor_mean).sum(axis=1).tolist(),
+    }
+
+
+def markdown_cell(text: str) -> str:
+    """`text` for a cell of a Markdown table: a '|' escaped, so that it does not end the cell."""
+    return text.replace("|", "\\|")
+
+
+def _figure(value: float) -> str:
+    return "none (no such pair)" if math.isnan(value) else f"{value:.3f}"
+
+
+def report_markdown(report: dict, figure_name: str) -> str:
+    """The fit report as Markdown (the numbers of `report`)."""
+    source, rho, hold, cross = report["source"], report["rho"], report["holdout"], report["cross_correlation"]
+    choice, groups, shared, season = report["factors"], report["groups"], report["lam_shared"], report["checks"]["season"]
+    level = f"{100 * report['confidence']:g}%"
+    k = choice["chosen"]
+    how = "forced by --factors" if choice["forced"] else f"chosen among 1..{len(choice['candidates'])} by the hold-out"
+    lines = [
+        "# Demand model fit",
+        "",
+        f"History `{source['history']}` (SHA-256 `{source['history_sha256'][:16]}…`): {source['periods']} periods of "
+        f"{source['step']} from {source['first_period']} to {source['last_period']}, {len(report['items'])} items. "
+        f"Estimator: {report['estimator']}. Standard errors: parametric bootstrap "
+        f"({report['bootstrap']['replicates']} histories of the same length drawn from the fitted model and fitted again); "
+        f"intervals: {level}, estimate ± z s.e. within the parameter's range.",
+        "",
+        f"**k = {k} factor{'s' if k > 1 else ''}** ({how}), **rho = {rho['estimate']:.3f}** (s.e. {rho['se']:.3f}, {level} interval "
+        f"[{rho['interval'][0]:.3f}, {rho['interval'][1]:.3f}])",
+        "",
+        *(
+            [
+                f"lam's errors are shared across items: over the bootstrap's histories the items' lam errors correlate "
+                f"{shared['error_correlation']:.2f} on average over pairs (a history's factor path moves the means of the items that "
+                "load on a factor together), so those items' intervals hold or miss the truth together, and the count of items "
+                f"inside their intervals is not one of independent trials. The items' common level, their total "
+                f"rate sum_i lam_i = {shared['total']:.4g}, has the {level} interval [{shared['total_interval'][0]:.4g}, "
+                f"{shared['total_interval'][1]:.4g}] (s.e. {shared['total_se']:.3g}).",
+                "",
+            ]
+            if len(report["items"]) > 1
+            else []
+        ),
+        f"![factor path, total demand and correlations]({figure_name})",
+        "",
+        "## Number of factors",
+        "",
+        f"Criterion: {choice['criterion']} (smaller is better). Loadings: {choice['rotation']}.",
+        "",
+        "| k | hold-out error | rho |",
+        "| --- | --- | --- |",
+        *(
+            f"| {row['factors']}{' (chosen)' if row['factors'] == k else ''} | {row['holdout_error']:.5g} | {row['rho']:.3f} |"
+            for row in choice["candidates"]
+        ),
+        "",
+        "## Correlations",
+        "",
+        f"Groups: {groups['rule']}; sizes " + ", ".join(f"{name} {size}" for name, size in groups["sizes"].items()) + ".",
+        "Mean correlation within a group: "
+        + " / ".join(_figure(groups["within"][key]) for key in ("observed", "model"))
+        + " (observed / model); between groups: "
+        + " / ".join(_figure(groups["between"][key]) for key in ("observed", "model"))
+        + ".",
+        "",
+        "## Checks",
+        "",
+        f"A statistic is flagged (`off`) when observed and model differ by more than {report['checks']['flag_at_se']:g} bootstrap "
+        "standard errors of the observed value. The model's mean is the observed mean by construction.",
+        "",
+        f"* Average cross-item correlation: observed {cross['observed']:.4f}, model {cross['model']:.4f} (s.e. {cross['se']:.4f})"
+        + (" **off**" if cross["off"] else ""),
+        f"* Items whose variance is off: {len(report['checks']['variance_off'])}"
+        + (f" ({', '.join(report['checks']['variance_off'][:20])})" if report["checks"]["variance_off"] else ""),
+        f"* Items whose lag-1 autocorrelation is off: {len(report['checks']['autocorrelation_off'])}"
+        + (f" ({', '.join(report['checks']['autocorrelation_off'][:20])})" if report["checks"]["autocorrelation_off"] else ""),
+        f"* Hold-out (fit on the first {hold['train_periods']} periods, forecast the last {hold['holdout_periods']}): "
+        f"{100 * hold['interval']:g}% predictive intervals hold {100 * hold['item_coverage']:.1f}% of the item-periods "
+        f"(s.e. {100 * hold['item_coverage_se']:.1f}) and {100 * hold['total_coverage']:.1f}% of the periods' total demand "
+        f"(the model says {100 * hold['interval']:g}%)" + (" **below its interval**" if report["checks"]["holdout_below"] else "") + ".",
+        f"* rho at its cap: {'**yes**' if report['checks']['rho_at_cap'] else 'no'}",
+        f"* Items whose mean drifts between the first and the second half (level {report['checks']['drift_level']:g} over all items): "
+        f"{len(report['checks']['drift'])}" + (f" ({', '.join(report['checks']['drift'][:20])})" if report["checks"]["drift"] else ""),
+        (
+            f"* Items whose mean varies with the {season['season']} (chi-square on {season['degrees_of_freedom']} d.f. of the "
+            f"differences between its means per {season['season']}, their covariance the fitted model's; level {season['level']:g} "
+            f"over all items): {len(season['items'])}" + (f" ({', '.join(season['items'][:20])})" if season["items"] else "") + ". "
+            f"rho fitted again with each item's means per {season['season']} divided out: {season['rho_without']:.3f} "
+            f"(as fitted: {rho['estimate']:.3f})"
+            if season["checked"]
+            else f"* Periodic pattern in the items' means: not checked ({season['why_not']})"
+        ),
+        f"* Items whose order cap qbar is below their mean demand lam: {len(report['checks']['cap_below_demand'])}"
+        + (f" ({', '.join(report['checks']['cap_below_demand'][:20])})" if report["checks"]["cap_below_demand"] else ""),
+        f"* Items whose order cap qbar is below one unit: {len(report['checks']['cap_below_one'])}"
+        + (f" ({', '.join(report['checks']['cap_below_one'][:20])})" if report["checks"]["cap_below_one"] else ""),
+        "",
+    ]
+    if report["flags"]:
+        lines += ["## Flags", "", *[f"* {flag}" for flag in report["flags"]], ""]
+    if report["notes"]:
+        lines += ["## Notes: what the fit did, and what the model cannot represent", "", *[f"* {note}" for note in report["notes"]], ""]
+    lines += [
+        "## Items",
+        "",
+        "|beta| is the norm of the item's loadings (rotation-free); phi its overdispersion (Var D = rate + phi rate^2 given the "
+        "rate), the instance's value after the test of 0 in brackets where it differs.",
+        "",
+        "| item | group | lam (s.e.) | \\|beta\\| (s.e.) | phi (s.e.) | mean obs / model | variance obs / model | "
+        "lag-1 autocorr. obs / model | hold-out coverage |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["items"]:
+        in_instance = "" if row["overdispersion_in_instance"] == row["overdispersion"] else f" [{row['overdispersion_in_instance']:g}]"
+        lines.append(
+            f"| {markdown_cell(row['item'])} | {row['group']} | {row['lam']:.3f} ({row['lam_se']:.3f}) | "
+            f"{row['beta']:.3f} ({row['beta_se']:.3f}) | "
+            f"{row['overdispersion']:.3f} ({row['overdispersion_se']:.3f}){in_instance} | "
+            f"{row['observed_mean']:.3f} / {row['model_mean']:.3f} | {row['observed_variance']:.2f} / {row['model_variance']:.2f}"
+            f"{' **off**' if row['variance_off'] else ''} | {row['observed_autocorrelation']:.3f} / {row['model_autocorrelation']:.3f}"
+            f"{' **off**' if row['autocorrelation_off'] else ''} | {100 * row['holdout_coverage']:.0f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def report_figure(report: dict, path) -> None:
+    """One PNG: the smoothed factor paths with +-2 s.d., the total demand against the model's expected total given
+    those paths (the hold-out periods shaded), and the observed beside the model's correlation matrix (two heat maps,
+    items ordered by group and leading loading)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    periods = len(report["factor"]["period"])
+    mean = np.asarray(report["factor"]["mean"]).reshape(periods, -1)
+    sd = np.asarray(report["factor"]["sd"]).reshape(periods, -1)
+    t = np.arange(periods)
+    fig = plt.figure(figsize=(10, 11))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.6])
+    top, middle = fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, :])
+    for j in range(mean.shape[1]):
+        top.fill_between(t, mean[:, j] - 2 * sd[:, j], mean[:, j] + 2 * sd[:, j], color=f"C{j}", alpha=0.2)
+        top.plot(t, mean[:, j], color=f"C{j}", lw=1, label=f"smoothed factor F{j + 1}" + (" (±2 s.d.)" if j == 0 else ""))
+    top.set_ylabel("factor")
+    top.legend(loc="upper right")
+    middle.plot(t, report["total_demand"], color="black", lw=0.8, label="total demand (observed)")
+    middle.plot(
+        t, report["total_model_given_factor"], color="tab:orange", lw=1, label="model: sum_i lam_i exp(beta_i . F_t - |beta_i|^2/2)"
+    )
+    middle.set_ylabel("units per period")
+    middle.set_xlabel(f"period (0 = {report['source']['first_period']}, step {report['source']['step']})")
+    middle.legend(loc="upper right")
+    for axis in (top, middle):
+        axis.axvspan(report["holdout"]["train_periods"], periods, color="grey", alpha=0.12)
+    k = report["factors"]["chosen"]
+    top.set_title(f"fitted factors (k = {k}, rho = {report['rho']['estimate']:.3f}); shaded: hold-out periods")
+    for column, key in enumerate(("observed", "model")):
+        axis = fig.add_subplot(grid[2, column])
+        image = axis.imshow(np.asarray(report["correlation"][key]), vmin=-1, vmax=1, cmap="RdBu_r", interpolation="nearest")
+        axis.set_title(f"{key} correlation ({len(report['correlation']['items'])} items by group)")
+        axis.set_xticks([])
+        axis.set_yticks([])
+    fig.colorbar(image, ax=axis, fraction=0.046)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)

@@ -108,9 +108,18 @@ def load_bound(directory: str) -> dict:
     return bound
 
 
+def se_cell(cost) -> str:
+    """The standard error of a run's mean over its episodes, or "none" with one episode (a backtest's one window), where
+    no spread exists to estimate it from."""
+    return f"{standard_error(cost):.2f}" if cost.size > 1 else "none (one episode)"
+
+
 def paired_cell(run: dict, other: dict) -> str:
-    """The paired difference run - other on the same episodes, with its 95% t-interval (envs.evaluation.paired_comparison)."""
+    """The paired difference run - other on the same episodes, with its 95% t-interval (envs.evaluation.paired_comparison);
+    with one episode the difference alone."""
     cmp = paired_comparison(run["cost"], other["cost"])
+    if cmp.episodes < 2:
+        return f"{cmp.mean_difference:+.2f} (no CI: one episode)"
     return f"{cmp.mean_difference:+.2f} [{cmp.ci_low:+.2f}, {cmp.ci_high:+.2f}]"
 
 
@@ -163,11 +172,11 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
             gap = f" {100 * (run['cost'].mean() / bound['cost'].mean() - 1):.1f}% |" if bound else ""
         status = run["summary"].get("training", {}).get("status")
         name = run["name"] + (f" ({status})" if status and status != "completed" else "") + network_note(run["summary"])
-        lines.append(f"| {name} | {run['cost'].mean():.2f} | {standard_error(run['cost']):.2f} | {ci} |{gap}")
+        lines.append(f"| {name} | {run['cost'].mean():.2f} | {se_cell(run['cost'])} | {ci} |{gap}")
     if decomposition:
         b = bound["summary"]
         lines += [
-            f"| {RELAXED_POLICIES} (simulated) | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | "
+            f"| {RELAXED_POLICIES} (simulated) | {bound['cost'].mean():.2f} | {se_cell(bound['cost'])} | "
             f"{paired_cell(bound, reference)} | 0 |",
             "",
             f"decomposition bound: {dp_figures(b['dp_value'], b['conservative_value'])} (an expected cost: the bound)",
@@ -176,9 +185,7 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
             PAIRED_DIFFERENCE,
         ]
     elif bound:
-        lines.append(
-            f"| perfect-information bound | {bound['cost'].mean():.2f} | {standard_error(bound['cost']):.2f} | (lower bound) | 0.0% |"
-        )
+        lines.append(f"| perfect-information bound | {bound['cost'].mean():.2f} | {se_cell(bound['cost'])} | (lower bound) | 0.0% |")
     return lines
 
 

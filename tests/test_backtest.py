@@ -374,7 +374,7 @@ def test_the_report_refuses_a_backtest_beside_an_evaluation(backtest_run, simula
 def test_a_backtest_of_one_window_writes_no_standard_error(simulated, tmp_path):
     """--window 160 on the 160-period history: one window, whose means and mean difference backtest.json holds (from the
     window costs in costs.parquet), with null for every s.e. and interval; the console says there is none, never
-    "± 0.00"."""
+    "± 0.00", and so does report.py on the policies' folders (no s.e. of 0.00, no interval of zero width)."""
     _, _, folder = simulated
     out = tmp_path / "bt"
     result = run_script(
@@ -392,6 +392,11 @@ def test_a_backtest_of_one_window_writes_no_standard_error(simulated, tmp_path):
     assert (row["se"], row["ci_low"], row["ci_high"], row["windows"]) == (None, None, None, 1)
     assert "±" not in result.stdout and result.stdout.count("(no s.e.: one window)") == 2
     assert "(no s.e. or CI: one window) over the same 1 window" in result.stdout
+    report = run_script("report.py", out / "base-stock", out / "zero", "--reference", out / "zero", check=True).stdout
+    rows = [line for line in report.splitlines() if line.startswith("| backtest:")]
+    assert len(rows) == 2 and all("| none (one episode) |" in line for line in rows), report
+    difference = cost["base-stock"][0] - cost["zero"][0]
+    assert f"| {difference:+.2f} (no CI: one episode) |" in report, report
 
 
 def test_a_history_shorter_than_the_fit_needs_is_backtested_in_whole_windows(simulated, tmp_path):

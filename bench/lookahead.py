@@ -37,7 +37,6 @@ episodes of 50 periods, paired with the reference's on the same episodes (mean d
 """
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -150,10 +149,7 @@ def thinning_figures(folder: Path, instance_file: str, tolerances: list[float]) 
     reference = cost(lookahead.LookaheadTables.from_items(items, "finite", EVAL_HORIZON, inst.content_hash()))
     records = []
     for tolerance in tolerances:
-        kept = []
-        for t in items:
-            knots = lookahead.stage_knots(t.finite.astype(np.float64), tolerance)
-            kept.append(dataclasses.replace(t, finite=t.finite[knots], finite_stages=knots))
+        kept = [t.kept_at(tolerance) for t in items]
         tables = lookahead.LookaheadTables.from_items(kept, "finite", EVAL_HORIZON, inst.content_hash())
         paired = paired_comparison(cost(tables), reference)
         records.append(

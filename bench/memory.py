@@ -80,7 +80,7 @@ def one_update(
         "budget_gib": round(trainer.memory.budget_gib, 3),
         "rollout_gib": round(trainer.memory.state.rollout(config.rollout) / GIB, 4),
         "readout_gib": round(trainer.memory.state.readout(config.rollout) / GIB, 4),
-        "stored_gib": round(batch * config.rollout * trainer.memory.state.stored / GIB, 4),
+        "stored_gib": round(trainer.memory.state.kept_until_the_end(batch, config.rollout) / GIB, 4),
         "seconds": round(time.perf_counter() - start, 2),
         "peak_gib": round(peak / GIB, 3),
         "update_gib": round((peak - before) / GIB, 3),

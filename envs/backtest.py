@@ -20,12 +20,9 @@ import numpy as np
 import torch
 
 from envs.errors import InputError
-from envs.evaluation import Evaluation, Policy, evaluate, paired_comparison
+from envs.evaluation import SE_MIN_VALUES, Evaluation, Policy, evaluate, paired_comparison
 from envs.exogenous import ExogenousPaths
 from envs.instance import TensorInstance
-
-MIN_WINDOWS_SE = 2
-"""Fewest windows with a standard error: the sample standard deviation of the window costs needs two."""
 
 
 def window_count(periods: int, window: int, what: str = "the history") -> int:
@@ -53,9 +50,9 @@ def check_window(window: int, lead: np.ndarray, instance_path: str) -> None:
 
 
 def window_se(se: float, windows: int) -> float | None:
-    """A standard error over `windows` windows, None with fewer than MIN_WINDOWS_SE (envs.evaluation gives 0 there,
-    which would read as a mean known exactly)."""
-    return se if windows >= MIN_WINDOWS_SE else None
+    """A standard error over `windows` windows, None with fewer than envs.evaluation.SE_MIN_VALUES (the evaluation gives
+    0 there, which would read as a mean known exactly)."""
+    return se if windows >= SE_MIN_VALUES else None
 
 
 def window_paths(demand: np.ndarray, factor: np.ndarray, window: int, device="cpu") -> ExogenousPaths:

@@ -55,10 +55,15 @@ class Evaluation:
         return standard_error(self.discounted_cost)
 
 
+SE_MIN_VALUES = 2
+"""Fewest values a standard error is estimated from (the sample standard deviation needs two): with fewer the
+evaluation format holds 0, and the backtest and report.py say that none exists."""
+
+
 def standard_error(values: np.ndarray) -> float:
-    """Standard error of the mean (sample std with ddof=1, over sqrt(E)); 0 for one value."""
+    """Standard error of the mean (sample std with ddof=1, over sqrt(E)); 0 below SE_MIN_VALUES values."""
     values = np.asarray(values, dtype=np.float64)
-    return float(values.std(ddof=1) / math.sqrt(values.size)) if values.size > 1 else 0.0
+    return float(values.std(ddof=1) / math.sqrt(values.size)) if values.size >= SE_MIN_VALUES else 0.0
 
 
 def rollout_costs(

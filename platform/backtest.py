@@ -138,7 +138,8 @@ def main() -> None:
     if args.mode != "greedy" and not any(is_checkpoint(name) for name in args.policy):
         parser.error(f"--mode {args.mode}: applies to checkpoint:PATH only, and no --policy names one")
     policy_paths = {f"--policy {name}": policy_path(name) for name in args.policy}
-    tables = {f"--policy {name}": policy_path(name) for name in args.policy if is_lookahead(name)}  # a checkpoint's folder is a run's
+    # the tables folders a lookahead reads (a checkpoint's folder is a run's: refused as one)
+    tables = {f"--policy {name}": policy_paths[f"--policy {name}"] for name in args.policy if is_lookahead(name)}
     out = resolve_out(args.out, inputs={"--history": args.history, "--instance": args.instance} | policy_paths, folders=tables)
     check_run_folder(out, BACKTEST, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)

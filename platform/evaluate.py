@@ -48,8 +48,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.lookahead_form is not None and not is_lookahead(args.policy):
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, not to --policy {args.policy}")
-    tables = {"--policy": policy_path(args.policy)} if is_lookahead(args.policy) else {}  # a checkpoint's folder is a run's
-    resolve_out(args.out, inputs={"--instance": args.instance, "--policy": policy_path(args.policy)}, folders=tables)
+    read = {"--policy": policy_path(args.policy)}
+    tables = read if is_lookahead(args.policy) else {}  # a checkpoint's folder is a run's
+    resolve_out(args.out, inputs={"--instance": args.instance} | read, folders=tables)
     check_run_folder(args.out, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range

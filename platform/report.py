@@ -31,7 +31,7 @@ import numpy as np
 
 from envs.cli import device, run_cli, script_parser
 from envs.errors import InputError
-from envs.evaluation import paired_comparison, standard_error
+from envs.evaluation import SE_MIN_VALUES, paired_comparison, standard_error
 from envs.instance import atomic_write_text
 from envs.job_output import out_argument, resolve_out
 from envs.results import BACKTEST_KIND, read_evaluation
@@ -111,14 +111,14 @@ def load_bound(directory: str) -> dict:
 def se_cell(cost) -> str:
     """The standard error of a run's mean over its episodes, or "none" with one episode (a backtest's one window), where
     no spread exists to estimate it from."""
-    return f"{standard_error(cost):.2f}" if cost.size > 1 else "none (one episode)"
+    return f"{standard_error(cost):.2f}" if cost.size >= SE_MIN_VALUES else "none (one episode)"
 
 
 def paired_cell(run: dict, other: dict) -> str:
     """The paired difference run - other on the same episodes, with its 95% t-interval (envs.evaluation.paired_comparison);
     with one episode the difference alone."""
     cmp = paired_comparison(run["cost"], other["cost"])
-    if cmp.episodes < 2:
+    if cmp.episodes < SE_MIN_VALUES:
         return f"{cmp.mean_difference:+.2f} (no CI: one episode)"
     return f"{cmp.mean_difference:+.2f} [{cmp.ci_low:+.2f}, {cmp.ci_high:+.2f}]"
 

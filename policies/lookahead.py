@@ -45,7 +45,8 @@ import json
 import math
 import os
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import NamedTuple
 
@@ -173,6 +174,14 @@ class ItemTable:
 
         finite_rows, stationary_rows = stored(FORMS[0], dtype), stored(FORMS[1], "float32")
         return cls(positions, factor_points, finite_rows, stationary_rows, float(share), int(window), scales, knots)
+
+    def kept_at(self, tolerance: float) -> ItemTable:
+        """This table, which keeps every stage, with its finite form kept at the stages `stage_knots` chooses for
+        `tolerance` from its stored rows (what a bound run would keep, to the stored rows' rounding)."""
+        if self.finite_stages.size != self.finite.shape[0]:
+            raise ValueError("the table's finite form leaves stages out already")
+        knots = stage_knots(self.finite.astype(np.float64), tolerance)
+        return replace(self, finite=self.finite[knots], finite_stages=knots)
 
     def save(self, path: str | os.PathLike) -> None:
         """One .npz member per array: each form (with its scale, `{form}_scale`; the finite form with its kept
@@ -306,9 +315,9 @@ class LookaheadTables:
     def nbytes(self) -> int:
         return int(self.excess.nbytes + self.positions.nbytes)
 
-    @property
+    @cached_property
     def interpolated(self) -> bool:
-        """Whether some stage is read between two kept stages."""
+        """Whether some stage is read between two kept stages (found at the first decision and kept)."""
         return bool((self.knot_weight > 0).any())
 
     @classmethod

@@ -195,13 +195,6 @@ def test_costs_in_another_currency_change_no_decision(three, form):
     np.testing.assert_array_equal(traces[1].quantity, traces[0].quantity)
 
 
-def thinned(table: lookahead.ItemTable, tolerance: float) -> lookahead.ItemTable:
-    """`table` (every stage kept) with its finite form kept at `lookahead.stage_knots` for `tolerance` only."""
-    assert table.finite_stages.size == table.finite.shape[0]
-    knots = lookahead.stage_knots(table.finite.astype(np.float64), tolerance)
-    return dataclasses.replace(table, finite=table.finite[knots], finite_stages=knots)
-
-
 def test_an_item_above_its_share_of_the_budget_keeps_some_stages_and_its_gains_within_the_tolerance(three, monkeypatch):
     """With a finite budget smaller than every item's rows, every item keeps only some stages, and at every stage the
     gains differ from those of the tables that keep every stage (the `three` fixture's, at n = 3 far under the budget)
@@ -280,7 +273,7 @@ def test_a_table_file_without_a_scale_holds_cost_units(three, tmp_path):
     applied to one form only, and a policy that reads a left-out stage other than as the line between the kept
     stages around it (the tables here keep some stages only: asserted)."""
     inst, full = three
-    items = [thinned(table, 64.0) for table in full]
+    items = [table.kept_at(64.0) for table in full]
     assert any(table.finite_stages.size < table.finite_stages[-1] + 1 for table in items)
     old = {}
     for i, table in enumerate(items):

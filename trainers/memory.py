@@ -120,6 +120,10 @@ class StateBytes:
         """One rollout of `steps` steps: the quantity network on every state, the frozen critic on the last."""
         return steps * self.quantity + self.terminal + self.recomputed
 
+    def kept_until_the_end(self, rollouts: int, steps: int) -> int:
+        """What an update of `rollouts` rollouts of `steps` steps stores until its end (`stored` per state)."""
+        return rollouts * steps * self.stored
+
     def readout(self, steps: int) -> int:
         """The critic or the open pass (whichever keeps more) on the `steps` stored states of one rollout."""
         return steps * max(self.open, self.critic)
@@ -150,7 +154,7 @@ class MemoryPlan:
         if micro_batch:
             rollouts = min(micro_batch, shard)
             return MemoryPlan(budget_gib, source, state, rollouts, rollouts, rollouts * steps, shard, steps)
-        free = budget_gib * GIB - shard * steps * state.stored
+        free = budget_gib * GIB - state.kept_until_the_end(shard, steps)
 
         def fitting(count: int, each: int) -> int:
             return max(1, min(count, math.floor(free / each)))
@@ -182,7 +186,7 @@ class MemoryPlan:
     def describe(self) -> str:
         passes = math.ceil(self.shard / self.rollouts)
         per_rollout, readout = (bytes_ / GIB for bytes_ in (self.state.rollout(self.steps), self.state.readout(self.steps)))
-        stored = self.shard * self.steps * self.state.stored / GIB
+        stored = self.state.kept_until_the_end(self.shard, self.steps) / GIB
         return (
             f"memory: micro-batches of {self.rollouts} of {self.shard} rollouts ({passes} per update; {per_rollout:.3g} GiB of "
             f"activations per rollout), of {self.readout_rollouts} in the critic and open passes ({readout:.3g} GiB per rollout) "

@@ -158,8 +158,10 @@ def main() -> None:
     validation = training.get("validation")
     if validation and validation["best"]:
         best = validation["best"]
+        margin = validation.get("validation_margin", 0)
+        rule = f"each replaced only by one {margin:g} s.e. better on the same paths" if margin else "the lowest score"
         print(
-            f"best network by validation: update {best['update']}, {best['cost']:.2f} ± {best['se']:.2f} on "
+            f"kept network by validation ({rule}): update {best['update']}, {best['cost']:.2f} ± {best['se']:.2f} on "
             f"{validation['validation_episodes']} validation paths (best.pt, evaluated below)"
         )
     for mode in MODES:

@@ -47,6 +47,13 @@ def test_another_network_is_refused_naming_the_field(trained_paths):
         PathwiseTrainer(
             method_config("or-transformer", "cpu", {**FINE_TUNE, "width": 32, "initial_weights": path}), paper_instance(2, 0).to_torch()
         )
+    with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*setup_feature 'paper' \(this run: 'per-item'\)"):
+        PathwiseTrainer(
+            method_config("or-transformer", "cpu", {**FINE_TUNE, "setup_feature": "per-item", "initial_weights": path}),
+            paper_instance(2, 0).to_torch(),
+        )
+    with pytest.raises(ConfigError, match=r"config field 'setup_feature': an hpo network has a fixed n"):
+        method_config("hpo", "cpu", {**FINE_TUNE, "setup_feature": "per-item"})
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*method 'or-transformer' \(this run: 'hpo'\)"):
         PathwiseTrainer(method_config("hpo", "cpu", {**FINE_TUNE, "initial_weights": path}), paper_instance(2, 0).to_torch())
     with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*does not fit this network"):  # HPO's input is 11 n + 4

@@ -82,3 +82,30 @@ def test_hpo_rejects_a_different_item_count():
     model = HPOPerceptron(3, hidden=8)
     with pytest.raises(ValueError, match="built for n = 3"):
         model(torch.zeros(2, 4, 11), torch.zeros(2, 4))
+
+
+def test_the_per_item_setup_feature_is_the_papers_divided_by_the_real_items():
+    """An OR-Transformer with setup_feature per-item gives, on n = 5 items, the outputs of the same weights under the
+    paper's feature with K / (c_scale sigma_ref) divided by 5 written into the global token; in a padded batch (9 slots,
+    rows with 5 and 3 real items) each row's outputs are those of its real items alone. The control, the padded slot
+    count (9) as n, changes the open logit."""
+    torch.manual_seed(2)
+    per_item = ORTransformer(SMALL, setup_feature="per-item").double()
+    paper = ORTransformer(SMALL).double()
+    paper.load_state_dict(per_item.state_dict())
+    ti = paper_instance(5, 0).to_torch(dtype=torch.float64)
+    s = random_state(5, batch=3)
+    items, glob = item_tokens(ti, s), global_token(ti, s)
+    divided = torch.cat([glob[:, :1] / 5, glob[:, 1:]], dim=-1)
+    for got, want in zip(per_item(items, glob), paper(items, divided)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert not torch.allclose(per_item(items, glob).open_logit, paper(items, glob).open_logit)
+    padded = torch.cat([items, torch.randn(3, 4, 11, dtype=torch.float64) * 100], dim=1)
+    mask = torch.cat([torch.ones(3, 5, dtype=torch.bool), torch.zeros(3, 4, dtype=torch.bool)], dim=1)
+    mask[2, 3:5] = False  # the last row has 3 real items
+    out = per_item(padded, glob, mask)
+    torch.testing.assert_close(out.open_logit[:2], per_item(items[:2], glob[:2]).open_logit)
+    torch.testing.assert_close(out.open_logit[2:], per_item(items[2:, :3], glob[2:]).open_logit)
+    torch.testing.assert_close(out.quantity_fraction[2:, :3], per_item(items[2:, :3], glob[2:]).quantity_fraction)
+    nine = torch.cat([glob[:, :1] / 9, glob[:, 1:]], dim=-1)
+    assert not torch.allclose(paper(padded, nine, mask).open_logit[:2], out.open_logit[:2])

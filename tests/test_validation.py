@@ -66,8 +66,9 @@ SMALL = dict(TINY, updates=6, validate_every=2, checkpoint_every=2, imitation_up
 
 
 class ScriptedScores:
-    """Stands in for trainers.validation.evaluate: the validation costs come from `costs` in call order, and the weights
-    of each scored network are kept (copies)."""
+    """Stands in for trainers.validation.evaluate: the validation costs come from `costs` in call order (a number: that
+    cost on each of 4 paths, reported with s.e. 0.5; or the per-path costs), and the weights of each scored network are
+    kept (copies)."""
 
     def __init__(self, costs):
         self.costs = iter(costs)
@@ -75,7 +76,11 @@ class ScriptedScores:
 
     def __call__(self, policy, instance, paths):
         self.weights.append({k: v.clone() for k, v in policy.model.state_dict().items()})
-        return SimpleNamespace(mean=next(self.costs), se=0.5)
+        cost = next(self.costs)
+        if np.ndim(cost):
+            cost = np.asarray(cost, np.float64)
+            return SimpleNamespace(mean=float(cost.mean()), se=float(cost.std(ddof=1) / np.sqrt(cost.size)), discounted_cost=cost)
+        return SimpleNamespace(mean=cost, se=0.5, discounted_cost=np.full(4, cost))
 
 
 def same_weights(a: dict, b: dict) -> bool:
@@ -121,6 +126,36 @@ def test_a_resumed_run_keeps_its_best_network(tmp_path, monkeypatch):
     whole, resumed = (read_checkpoint(tmp_path / name / "best.pt")["trainer"] for name in ("whole", "resumed"))
     assert resumed["update"] == whole["update"] == 2
     assert same_weights(resumed["model"], whole["model"])
+
+
+def test_a_later_network_replaces_the_kept_one_only_when_its_paired_lead_exceeds_the_margin(tmp_path, monkeypatch):
+    """Per-path costs scored at updates 0, 2, 4, 6 (4 paths): update 2 is lower than update 0 by 1 on average with a
+    paired s.e. of 0.577 (1.7 s.e.), update 4 by 3 with the same s.e. (5.2 s.e.), update 6 higher. With the margin of
+    2 s.e. update 2 does not replace update 0 and update 4 does; with margin 0 (the control: the lowest score) update
+    2 replaces update 0 (checked on a Validation alone) until update 4 beats it in turn; with margin 7 nothing beats
+    update 0."""
+    base = np.array([10.0, 20.0, 30.0, 40.0])
+    scored = [base, base - [0.0, 2.0, 0.0, 2.0], base - [2.0, 4.0, 2.0, 4.0], base + 1]
+    kept = {}
+    for margin in (2.0, 0.0, 7.0):
+        monkeypatch.setattr(validation_module, "evaluate", ScriptedScores(scored))
+        run = tmp_path / f"margin{margin:g}"
+        summary = train(TrainConfig(**SMALL, validation_margin=margin), INSTANCE, run, progress=False)
+        kept[margin] = read_checkpoint(run / "best.pt")["trainer"]["update"]
+        assert summary["validation"]["best"]["update"] == kept[margin]
+        assert summary["validation"]["validation_margin"] == margin
+    assert kept == {2.0: 4, 0.0: 4, 7.0: 0}
+    validation = Validation(INSTANCE, 4, 5, "cpu", margin=0.0)
+    monkeypatch.setattr(validation_module, "evaluate", ScriptedScores(scored[:2]))
+    model = PathwiseTrainer(TrainConfig(**SMALL), INSTANCE.to_torch("cpu")).model
+    validation.score(model, 0)
+    validation.score(model, 2)
+    assert validation.best.score.update == 2
+    with_margin = Validation(INSTANCE, 4, 5, "cpu", margin=2.0)
+    monkeypatch.setattr(validation_module, "evaluate", ScriptedScores(scored[:2]))
+    with_margin.score(model, 0)
+    with_margin.score(model, 2)
+    assert with_margin.best.score.update == 0
 
 
 def test_the_recorded_best_score_is_the_best_networks_cost_on_the_validation_paths(trained):

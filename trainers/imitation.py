@@ -233,6 +233,17 @@ class ImitationLosses(NamedTuple):
     """The share of states whose greedy Y = 1{p > 0.5} is the teacher's (no gradient)."""
 
 
+def actor_imitation(
+    logit: torch.Tensor, fraction: torch.Tensor, open_target: torch.Tensor, fraction_target: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The open network's binary cross-entropy to `open_target` (decisions, or probabilities) and the quantity
+    network's squared error to `fraction_target`, each summed over these states (and items) and divided by `count`
+    states (and their items): a micro-batch's share of the means over `count` states."""
+    open_loss = F.binary_cross_entropy_with_logits(logit, open_target, reduction="sum") / count
+    quantity = F.mse_loss(fraction, fraction_target, reduction="sum") / (count * fraction.shape[-1])
+    return open_loss, quantity
+
+
 def imitation_losses(
     model: ThreeNetworks, batch: TeacherSteps, chunks: list[slice] | None = None, precision: str = "float32", backward: bool = False
 ) -> ImitationLosses:
@@ -249,8 +260,7 @@ def imitation_losses(
             logit = model.open_logit(items, glob).to(dtype)
             fraction = model.quantity_fraction(items, glob).to(dtype)
             value = model.value(items, glob).to(dtype)
-        open_loss = F.binary_cross_entropy_with_logits(logit, batch.open_order[rows].to(dtype), reduction="sum") / count
-        quantity = F.mse_loss(fraction, batch.fraction[rows], reduction="sum") / batch.fraction.numel()
+        open_loss, quantity = actor_imitation(logit, fraction, batch.open_order[rows].to(dtype), batch.fraction[rows], count)
         critic = 0.5 * F.mse_loss(value, batch.cost_to_go[rows], reduction="sum") / count
         if backward:
             accumulate(open_loss + quantity + critic)

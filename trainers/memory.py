@@ -115,6 +115,8 @@ class StateBytes:
     stored: int = 0
     """Held until the update's end: the state's tokens, normalised cost and open decision (for the critic and open
     passes) and its exogenous draws."""
+    anchor: int = 0
+    """With the anchor term: the quantity network on a stored state, in the open pass beside the open network."""
 
     def rollout(self, steps: int) -> int:
         """One rollout of `steps` steps: the quantity network on every state, the frozen critic on the last."""
@@ -126,7 +128,7 @@ class StateBytes:
 
     def readout(self, steps: int) -> int:
         """The critic or the open pass (whichever keeps more) on the `steps` stored states of one rollout."""
-        return steps * max(self.open, self.critic)
+        return steps * max(self.open + self.anchor, self.critic)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,11 @@ Both take item tokens [B, n, 11], the global token [B, 4] and an optional paddin
 
 A Transformer's global readouts (open logit, value) update only h_0 in the last block: the other rows of
 that block reach neither h_0 nor any gradient, so this is the same function with a quarter less attention.
+An OR-Transformer may read the global token's setup-cost feature per item (`setup_feature` "per-item", not the
+paper's): K / (n c_scale sigma_ref) instead of eq. (global_features)'s K / (c_scale sigma_ref), divided by the number
+of real items inside the network. On instances whose K grows with n (the paper's K = 10 n) the paper's feature grows
+with n, so a network trained at one n reads a setup cost it never saw at another (docs/methods.md, "Size").
+
 An encoder may recompute its blocks in the backward pass instead of keeping their activations
 (`checkpoint_blocks`, activation checkpointing): the same gradient for about a tenth of the memory
 (the paper's encoder at n = 1,024; trainers.memory measures both).
@@ -45,6 +50,10 @@ class TransformerShape:
     width: int = 128  # d
     heads: int = 8
     feed_forward: int = 512  # 4d
+
+
+SETUP_FEATURES = ("paper", "per-item")
+"""How an OR-Transformer reads the global token's setup cost (module docstring)."""
 
 
 class SelfAttention(nn.Module):
@@ -88,8 +97,9 @@ class TokenEncoder(nn.Module):
     last block updates only those rows (the earlier blocks need every row as a key and a value) and the
     result is [B, len(rows), d]."""
 
-    def __init__(self, shape: TransformerShape):
+    def __init__(self, shape: TransformerShape, setup_per_item: bool = False):
         super().__init__()
+        self.setup_per_item = setup_per_item
         self.embed_global = nn.Linear(GLOBAL_FEATURES, shape.width)
         self.embed_item = nn.Linear(ITEM_FEATURES, shape.width)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.blocks))
@@ -98,6 +108,9 @@ class TokenEncoder(nn.Module):
         """Recompute each block in the backward pass instead of keeping its activations (module docstring)."""
 
     def forward(self, items, glob, item_mask=None, rows: slice = slice(None)):
+        if self.setup_per_item:  # K / (c_scale sigma_ref) divided by the real items of each row
+            count = items.new_full(glob.shape[:1], items.shape[1]) if item_mask is None else item_mask.sum(-1).to(glob.dtype)
+            glob = torch.cat([glob[:, :1] / count[:, None], glob[:, 1:]], dim=-1)
         x = torch.cat([self.embed_global(glob)[:, None], self.embed_item(items)], dim=1)
         keep = None
         if item_mask is not None:  # the global token is always attended to
@@ -113,9 +126,9 @@ class GlobalReadout(nn.Module):
     """A token encoder and a scalar head on the final global representation h_0: [B]. The last block computes
     h_0 only (see the module docstring)."""
 
-    def __init__(self, shape: TransformerShape):
+    def __init__(self, shape: TransformerShape, setup_per_item: bool = False):
         super().__init__()
-        self.encoder = TokenEncoder(shape)
+        self.encoder = TokenEncoder(shape, setup_per_item)
         self.head = nn.Linear(shape.width, 1)
 
     def forward(self, items, glob, item_mask=None):
@@ -125,9 +138,9 @@ class GlobalReadout(nn.Module):
 class ItemReadout(nn.Module):
     """A token encoder and one head shared by all item representations h_i: [B, n] (or [B, n, outputs])."""
 
-    def __init__(self, shape: TransformerShape, outputs: int = 1):
+    def __init__(self, shape: TransformerShape, outputs: int = 1, setup_per_item: bool = False):
         super().__init__()
-        self.encoder = TokenEncoder(shape)
+        self.encoder = TokenEncoder(shape, setup_per_item)
         self.head = nn.Linear(shape.width, outputs)
 
     def forward(self, items, glob, item_mask=None):
@@ -195,11 +208,12 @@ class ThreeNetworks(nn.Module):
 class ORTransformer(ThreeNetworks):
     """OR-Transformer: three encoders, eq. (three_transformers), with disjoint parameters."""
 
-    def __init__(self, shape: TransformerShape = TransformerShape()):
+    def __init__(self, shape: TransformerShape = TransformerShape(), setup_feature: str = "paper"):
         super().__init__()
-        self.open_net = GlobalReadout(shape)
-        self.quantity_net = ItemReadout(shape)
-        self.critic_net = GlobalReadout(shape)
+        per_item = setup_feature == "per-item"
+        self.open_net = GlobalReadout(shape, per_item)
+        self.quantity_net = ItemReadout(shape, setup_per_item=per_item)
+        self.critic_net = GlobalReadout(shape, per_item)
 
 
 class HPOPerceptron(ThreeNetworks):

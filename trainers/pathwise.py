@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
@@ -69,13 +70,14 @@ from trainers.imitation import (
     Frontier,
     StudentMix,
     TeacherRollouts,
+    actor_imitation,
     imitation_losses,
     is_teacher,
     replay_clock,
     teacher_policy,
 )
 from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
-from trainers.networks import HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
+from trainers.networks import SETUP_FEATURES, HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
 from trainers.policy import LearnedPolicy
 from trainers.run import MethodRun, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
@@ -150,13 +152,28 @@ class TrainConfig(TrainerConfig):
     cuda_graphs: bool = False
     """Replay the compiled networks as CUDA graphs (torch.compile's mode "reduce-overhead"; compiles them whatever
     `compile` says); needs a cuda device."""
+    setup_feature: str = "paper"
+    """How an OR-Transformer reads the setup cost of the global token: paper (K / (c_scale sigma_ref), eq.
+    global_features) or per-item (K / (n c_scale sigma_ref), for a network that acts at other sizes than it was
+    trained at; trainers.networks). An hpo network takes paper."""
     validate_every: int = 100
     """Updates between two scores of the greedy policy on the validation set (>= 0; 0: never), which is also scored at
-    update 0 and at the last update; the network of the lowest score is kept as best.pt (trainers.validation)."""
+    update 0 and at the last update; the kept network is saved as best.pt (trainers.validation)."""
     validation_episodes: int = 64
     """Paths of the validation set (>= 1)."""
     validation_horizon: int = EVAL_HORIZON
     """Steps of each validation path (>= 1); the held-out evaluation's by default."""
+    validation_margin: float = 2.0
+    """A scored network replaces the kept one when its paired mean difference on the validation paths is below this
+    many standard errors of it (>= 0; 0: the lowest score is kept; trainers.validation.beats)."""
+    critic_warmup_updates: int = 0
+    """The first updates that fit the critic alone (>= 0): the open and quantity networks are not stepped, and the
+    learning-rate schedule (`learning_rate`) starts after them."""
+    anchor_weight: float = 0.0
+    """Weight (>= 0) of the anchor term at the actor's first update: the open network's cross-entropy and the quantity
+    network's squared error to the network the paper phase started from (`anchor_losses`), decaying linearly to 0 over
+    `anchor_updates` (>= 1 when the weight is > 0) of the actor's updates."""
+    anchor_updates: int = 0
     restart_periods: float = 20.0
     """A rollout in which some item's stock or backorders exceed this many periods of its mean demand plus one order
     cap starts again from the initial state (`restart_runaways`; > 0), or 0: never (the paper's rollouts run on)."""
@@ -200,19 +217,30 @@ class TrainConfig(TrainerConfig):
             raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise ConfigError(f"config field 'cuda_graphs': CUDA graphs need device cuda or cuda:K, this run's device is '{self.device}'")
+        self.require_choice("setup_feature", SETUP_FEATURES)
+        if self.method == "hpo" and self.setup_feature != "paper":
+            raise ConfigError("config field 'setup_feature': an hpo network has a fixed n, so it takes 'paper'")
         self.require_int("validate_every", 0)
         self.require_int("validation_episodes", 1)
         self.require_int("validation_horizon", 1, validate.HORIZON_MAX, validate.HORIZON_WHY)
         self.require_real("restart_periods", 0)
+        self.require_real("validation_margin", 0)
+        self.require_int("critic_warmup_updates", 0, self.updates - 1, "the actor's updates follow it, within 'updates'")
+        self.require_real("anchor_weight", 0)
+        self.require_int("anchor_updates", 0)
+        if self.anchor_weight and not self.anchor_updates:
+            raise ConfigError(
+                "config field 'anchor_updates': an integer >= 1 when anchor_weight is > 0 (the updates it decays over), got 0"
+            )
 
 
 def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
     if config.method == "hpo":
         return HPOPerceptron(n, config.hidden)
-    return ORTransformer(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward))
+    return ORTransformer(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), config.setup_feature)
 
 
-NETWORK_FIELDS = {"or-transformer": ("blocks", "width", "heads", "feed_forward"), "hpo": ("hidden",)}
+NETWORK_FIELDS = {"or-transformer": ("blocks", "width", "heads", "feed_forward", "setup_feature"), "hpo": ("hidden",)}
 
 
 def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
@@ -222,7 +250,7 @@ def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
         ckpt = read_checkpoint(path, next(model.parameters()).device)
     except CheckpointError as exc:
         raise ConfigError(f"config field 'initial_weights': {exc}") from None
-    source = ckpt["config"]
+    source = {**{f: getattr(TrainConfig, f) for f in NETWORK_FIELDS[config.method]}, **ckpt["config"]}  # older files lack newer fields
     differ = [f for f in ("method", *NETWORK_FIELDS[config.method]) if source.get(f) != getattr(config, f)]
     if differ:
         found = ", ".join(f"{f} {source.get(f)!r} (this run: {getattr(config, f)!r})" for f in differ)
@@ -256,12 +284,26 @@ def tokens(instance: TensorInstance, state: State):
 
 
 def learning_rate(config: TrainConfig, update: int) -> float:
-    """Linear warm-up over `warmup` updates to the peak, then cosine decay to the final rate (update is 0-based)."""
+    """The peak rate during the critic's warm-up (the first `critic_warmup_updates`, the critic alone); from the
+    actor's first update a linear warm-up over `warmup` updates to the peak, then cosine decay to the final rate at
+    the last update (update is 0-based)."""
+    if update < config.critic_warmup_updates:
+        return config.learning_rate
+    update -= config.critic_warmup_updates
     if update < config.warmup:
         return config.learning_rate * (update + 1) / config.warmup
-    span = max(config.updates - config.warmup, 1)
+    span = max(config.updates - config.critic_warmup_updates - config.warmup, 1)
     progress = min((update - config.warmup) / span, 1.0)
     return config.final_learning_rate + 0.5 * (config.learning_rate - config.final_learning_rate) * (1 + math.cos(math.pi * progress))
+
+
+def anchor_weight(config: TrainConfig, update: int) -> float:
+    """The anchor term's weight at `update` (0-based): none during the critic's warm-up, then anchor_weight at the
+    actor's first update, decaying linearly to 0 over anchor_updates."""
+    actor_update = update - config.critic_warmup_updates
+    if not config.anchor_weight or actor_update < 0:
+        return 0.0
+    return config.anchor_weight * max(0.0, 1.0 - actor_update / config.anchor_updates)
 
 
 def entropy_weight(config: TrainConfig, update: int) -> float:
@@ -429,6 +471,29 @@ class Losses(NamedTuple):
     pathwise: torch.Tensor
     critic: torch.Tensor
     entropy: torch.Tensor
+    anchor: torch.Tensor
+
+
+class Anchor(NamedTuple):
+    """The anchor term of an update (`anchor_losses`): the network the paper phase started from and its weight."""
+
+    network: ThreeNetworks
+    weight: float
+
+
+def anchor_losses(model: ThreeNetworks, anchor: ThreeNetworks, items: torch.Tensor, glob: torch.Tensor, logit: torch.Tensor, count: int):
+    """How far the actor is from `anchor` on these states (not the paper's): the open network's Bernoulli KL
+    divergence from the anchor's, KL(p_anchor || p) = BCE(logit, p_anchor) - H(p_anchor), and the squared error of the
+    quantity fractions (trainers.imitation.actor_imitation, the warm start's terms with the anchor as teacher), each a
+    micro-batch's share of the means over `count` states. `logit` is the model's open logit on the states."""
+    with torch.no_grad():
+        anchor_logit = anchor.open_logit(items, glob).to(logit.dtype)
+        anchor_fraction = anchor.quantity_fraction(items, glob).to(logit.dtype)
+        target = torch.sigmoid(anchor_logit)
+        own_entropy = F.binary_cross_entropy_with_logits(anchor_logit, target, reduction="sum") / count
+    fraction = model.quantity_fraction(items, glob).to(logit.dtype)
+    cross_entropy, quantity = actor_imitation(logit, fraction, target, anchor_fraction, count)
+    return cross_entropy - own_entropy + quantity
 
 
 class UpdateResult(NamedTuple):
@@ -448,6 +513,8 @@ def hybrid_losses(
     chunks: list[slice],
     readout_chunks: list[slice] | None = None,
     backward: bool = True,
+    actor: bool = True,
+    anchor: Anchor | None = None,
 ) -> UpdateResult:
     """Eqs. (discrete_loss), (pathwise_loss), (critic_loss), (total_loss) of this rank's rollouts, and with
     `backward` their gradients added into the parameters' .grad, one micro-batch at a time:
@@ -464,16 +531,21 @@ def hybrid_losses(
     Every term is a mean over rollouts (and steps), so each micro-batch adds its sum divided by the shard's count:
     the gradient of the whole batch in one graph, to float rounding, with the activations of one micro-batch. In
     bfloat16 the rounding of the open network's p can differ between the rollout's forward, which samples Y, and the
-    score term's (docs/methods.md, "Memory")."""
+    score term's (docs/methods.md, "Memory").
+
+    Without `actor` (the critic's warm-up) only the critic's gradient is computed: the rollouts run without a graph
+    and the score, pathwise and entropy terms are metrics. With an `anchor` the open pass adds its weight times
+    `anchor_losses` to L_Y - alpha_H H."""
     shard, steps = state.batch, draws.demand.shape[0]
     per_state = shard * steps
     precision = config.precision
-    gradients = torch.enable_grad() if backward else torch.no_grad()
-    with gradients:
+    actor = actor and backward
+    with torch.enable_grad() if backward else torch.no_grad():
         pathwise, stored, finals = torch.zeros((), device=state.inv.device, dtype=state.inv.dtype), None, []
         for rows in chunks:
-            ro = rollout(model, instance, state.index(rows), draws.rows(rows), precision)
-            if backward:
+            with torch.enable_grad() if actor else torch.no_grad():
+                ro = rollout(model, instance, state.index(rows), draws.rows(rows), precision)
+            if actor:
                 accumulate(config.pathwise_weight * ro.pathwise / shard)
             pathwise = pathwise + ro.pathwise.detach()
             if stored is None:  # the whole shard's, filled micro-batch by micro-batch
@@ -494,21 +566,24 @@ def hybrid_losses(
             critic = critic + loss.detach()
             advantages.append(advantage)
         standardized = standardize(torch.cat(advantages)).split([part.open_order.shape[0] for part in readout])
-        score, entropy = torch.zeros_like(pathwise), torch.zeros_like(pathwise)
+        score, entropy, anchored = torch.zeros_like(pathwise), torch.zeros_like(pathwise), torch.zeros_like(pathwise)
         for part, advantage in zip(readout, standardized):
-            with autocast(precision, part.items.device):
-                logit = model.open_logit(part.items.flatten(0, 1), part.glob.flatten(0, 1)).to(pathwise.dtype).view(part.open_order.shape)
-            distribution = torch.distributions.Bernoulli(logits=logit, validate_args=False)  # no host synchronisation
-            score_part = (distribution.log_prob(part.open_order) * advantage).sum() / per_state
-            entropy_part = distribution.entropy().sum() / per_state
-            if backward:
-                accumulate(score_part - alpha_entropy * entropy_part)
-            score, entropy = score + score_part.detach(), entropy + entropy_part.detach()
-    total = score + config.pathwise_weight * pathwise + config.critic_weight * critic - alpha_entropy * entropy
+            items, glob = part.items.flatten(0, 1), part.glob.flatten(0, 1)
+            with torch.enable_grad() if actor else torch.no_grad(), autocast(precision, part.items.device):
+                logit = model.open_logit(items, glob).to(pathwise.dtype)
+                anchor_part = anchor_losses(model, anchor.network, items, glob, logit, per_state) if anchor else torch.zeros_like(pathwise)
+                distribution = torch.distributions.Bernoulli(logits=logit.view(part.open_order.shape), validate_args=False)  # no host sync
+                score_part = (distribution.log_prob(part.open_order) * advantage).sum() / per_state
+                entropy_part = distribution.entropy().sum() / per_state
+            if actor:
+                accumulate(score_part - alpha_entropy * entropy_part + (anchor.weight * anchor_part if anchor else 0))
+            score, entropy, anchored = score + score_part.detach(), entropy + entropy_part.detach(), anchored + anchor_part.detach()
+    weight = anchor.weight if anchor else 0.0
+    total = score + config.pathwise_weight * pathwise + config.critic_weight * critic - alpha_entropy * entropy + weight * anchored
     discount = instance.gamma ** torch.arange(steps, device=pathwise.device, dtype=torch.float64)
     final = State(*(torch.cat([getattr(f, name) for f in finals]) for name in ("inv", "pipe", "factor")))
     return UpdateResult(
-        Losses(total, score, pathwise, critic, entropy),
+        Losses(total, score, pathwise, critic, entropy, anchored),
         (stored.normalized_cost.double() * instance.c_ref * discount).sum(1),
         stored.open_order.double().mean(),
         final,
@@ -555,6 +630,29 @@ class PathwiseTrainer:
             for network in (self.model.open_net, self.model.quantity_net, self.model.critic_net):
                 network.compile(mode="reduce-overhead" if config.cuda_graphs else None)
         self.validation = validation
+        self.anchor: ThreeNetworks | None = None
+        """The network the paper phase started from, frozen, while the anchor term lasts (`anchor_losses`)."""
+
+    def _anchor_network(self, weights: dict[str, torch.Tensor]) -> ThreeNetworks:
+        network = build_network(self.config, self.instance.n).to(device=self.instance.device, dtype=self.instance.dtype)
+        network.load_state_dict(weights)
+        return network.requires_grad_(False).eval()
+
+    def _anchor(self) -> Anchor | None:
+        """This update's anchor term, its network taken from the model at the paper phase's first update (after any
+        warm start); None where its weight is 0, and the network is let go once the term has ended."""
+        weight = anchor_weight(self.config, self.update)
+        if not weight:
+            if self.update >= self.config.critic_warmup_updates:
+                self.anchor = None
+            return None
+        if self.anchor is None:
+            if self.update > self.config.critic_warmup_updates:
+                raise RuntimeError(
+                    f"the anchor network is missing at update {self.update}: a checkpoint without it cannot resume the anchor term"
+                )
+            self.anchor = self._anchor_network(self.model.state_dict())
+        return Anchor(self.anchor, weight)
 
     def _memory_plan(self) -> MemoryPlan:
         """Measure what one state keeps for each network (one state's forwards, trainers.memory) and choose the
@@ -587,7 +685,8 @@ class PathwiseTrainer:
             recomputed = network(model.quantity_fraction) // config.blocks
             model.quantity_net.encoder.checkpoint_blocks = True
         stored = sum(x.nbytes for x in (items, glob, *one_row_draws(1))) + 2 * state.inv.element_size()  # and C~_t, Y_t
-        per_state = StateBytes(two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed, stored)
+        anchored = network(model.quantity_fraction) if config.anchor_weight else 0
+        per_state = StateBytes(two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed, stored, anchored)
         if config.memory_budget:
             budget, source = config.memory_budget, "config field 'memory_budget'"
         else:
@@ -722,13 +821,15 @@ class PathwiseTrainer:
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(config, self.update)
         alpha_entropy = entropy_weight(config, self.update)
+        actor = self.update >= config.critic_warmup_updates
+        anchor = self._anchor()
         streams = (self.stream.generator.get_state(), self.generator.get_state())
         try:
             draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
             self.optimizer.zero_grad(set_to_none=True)
             chunks = (self.memory.rollout_chunks(), self.memory.readout_chunks())
             with self._update_settings():
-                result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, *chunks)
+                result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, *chunks, actor=actor, anchor=anchor)
         except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run saves it there)
             self.stream.generator.set_state(streams[0])
             self.generator.set_state(streams[1])
@@ -747,7 +848,7 @@ class PathwiseTrainer:
         figures = figures.tolist()  # the update's one host synchronisation
         return {
             "update": self.update,
-            **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "open_rate"), figures)),
+            **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "anchor_loss", "open_rate"), figures)),
             "restarted": int(figures[len(local)]),
             "learning_rate": learning_rate(config, self.update - 1),
             **{f"grad_norm_{name}": value for name, value in zip(norms, figures[len(local) + 1 :])},
@@ -797,6 +898,7 @@ class PathwiseTrainer:
             "warm_start": self.warm_start_record,
             **({"imitation": self.imitation()} if self.imitation else {}),
             **({"validation": self.validation.state()} if self.validation else {}),
+            **({"anchor": self.anchor.state_dict()} if self.anchor is not None else {}),
         }
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
@@ -818,6 +920,7 @@ class PathwiseTrainer:
         self.imitation = (lambda: imitation) if imitation else None
         if self.validation is not None and data.get("validation"):  # absent from checkpoints older than validation
             self.validation.load_state(data["validation"])
+        self.anchor = self._anchor_network(data["anchor"]) if data.get("anchor") else None
 
 
 class PathwiseRun(MethodRun):
@@ -837,7 +940,9 @@ class PathwiseRun(MethodRun):
         config = self.config
         validation = None
         if self.lead and config.validate_every:
-            validation = Validation(self.instance, config.validation_episodes, config.validation_horizon, self.device)
+            validation = Validation(
+                self.instance, config.validation_episodes, config.validation_horizon, self.device, config.validation_margin
+            )
         self.trainer = PathwiseTrainer(config, self.instance.to_torch(self.device), fresh=checkpoint is None, validation=validation)
         if checkpoint is not None:
             self.trainer.load_state_dict(checkpoint["trainer"])

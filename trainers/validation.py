@@ -6,17 +6,23 @@ every `validate_every` updates and at the last update, the greedy policy is scor
 mean discounted cost on `validation_episodes` paths of `validation_horizon` steps drawn with
 envs.exogenous.VALIDATION_SEED, a seed of their own (never the held-out set, the classical rules' tuning paths or
 a training stream), the same for every run on the instance, so that seeds and settings are compared on the same
-paths. The network with the lowest score (the earlier one on a tie) is kept beside the last: in the trainer's
-checkpoint state and as the run folder's best.pt (trainers.run), which `checkpoint:RUN` evaluates."""
+paths. The network kept beside the last (in the trainer's checkpoint state and as the run folder's best.pt,
+trainers.run, which `checkpoint:RUN` evaluates) is the first scored one until a later network beats it on the same
+paths: its per-episode costs minus the kept network's have a mean below -`validation_margin` standard errors of that
+mean (`beats`). With margin 0 that is the lowest score (the earlier one on a tie); with a margin a network whose lead is
+within the validation's noise does not replace the warm start it came from: at n = 16 the paper phase's networks
+differ from their warm start by less than the noise of 64 paths, and the lowest of a dozen such scores is the one
+whose paths happened to favour it (docs/experiments.md, "The selected student")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
-from envs.evaluation import evaluate
+from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import VALIDATION_SEED, sample_paths
 from envs.instance import Instance
 from trainers.networks import ThreeNetworks
@@ -37,27 +43,42 @@ class Score(NamedTuple):
     se: float
 
 
+def beats(costs: np.ndarray, kept: np.ndarray | None, kept_mean: float, margin: float) -> bool:
+    """Whether a network whose per-episode validation costs are `costs` replaces the kept one (`kept`, its costs on
+    the same paths; None in a checkpoint made before they were kept: then its mean `kept_mean` alone): the mean of
+    costs - kept is below -margin times its standard error (strictly below 0 at margin 0)."""
+    if kept is None:
+        return float(np.mean(costs)) < kept_mean
+    difference = paired_comparison(costs, kept)
+    return difference.mean_difference < -margin * difference.se if margin else difference.mean_difference < 0
+
+
 @dataclass
 class Best:
-    """The network with the lowest validation cost so far: its update, score and weights (CPU copies)."""
+    """The kept network: its update, score, per-episode validation costs and weights (CPU copies)."""
 
     score: Score
     model: dict[str, torch.Tensor]
+    costs: np.ndarray | None
 
     def state(self) -> dict[str, Any]:
-        return {"update": self.score.update, "cost": self.score.cost, "se": self.score.se, "model": self.model}
+        costs = None if self.costs is None else torch.from_numpy(self.costs)  # a checkpoint holds tensors, not arrays
+        return {"update": self.score.update, "cost": self.score.cost, "se": self.score.se, "model": self.model, "costs": costs}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Best:
-        return cls(Score(int(state["update"]), float(state["cost"]), float(state["se"])), state["model"])
+        costs = state.get("costs")  # absent from checkpoints made before the costs were kept
+        score = Score(int(state["update"]), float(state["cost"]), float(state["se"]))
+        return cls(score, state["model"], None if costs is None else costs.cpu().numpy())
 
 
 class Validation:
     """The validation set of one run (paths of VALIDATION_SEED on `instance`, on `device`), the scores so far and
     the best network."""
 
-    def __init__(self, instance: Instance, episodes: int, horizon: int, device: torch.device | str):
+    def __init__(self, instance: Instance, episodes: int, horizon: int, device: torch.device | str, margin: float = 0.0):
         self.instance = instance.to_torch(device)
+        self.margin = margin
         self.paths = sample_paths(instance, VALIDATION_SEED, episodes, horizon, device)
         self.scores: list[Score] = []
         self.best: Best | None = None
@@ -66,16 +87,17 @@ class Validation:
         return any(s.update == update for s in self.scores)
 
     def score(self, model: ThreeNetworks, update: int) -> Score:
-        """Score `model` (the network of `update`) and keep it when it is the best so far; the model is left in
-        training mode."""
+        """Score `model` (the network of `update`) and keep it when it is the first or `beats` the kept one; the model
+        is left in training mode."""
         try:
             costs = evaluate(LearnedPolicy(model, "greedy"), self.instance, self.paths)
         finally:
             model.train()
         score = Score(update, costs.mean, costs.se)
         self.scores.append(score)
-        if self.best is None or score.cost < self.best.score.cost:
-            self.best = Best(score, {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()})
+        if self.best is None or beats(costs.discounted_cost, self.best.costs, self.best.score.cost, self.margin):
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            self.best = Best(score, weights, np.asarray(costs.discounted_cost, np.float64))
         return score
 
     def state(self) -> dict[str, Any]:
@@ -87,7 +109,7 @@ class Validation:
         self.best = Best.from_state(state["best"]) if state["best"] else None
 
 
-SETTINGS = ("validate_every", "validation_episodes", "validation_horizon")
+SETTINGS = ("validate_every", "validation_episodes", "validation_horizon", "validation_margin")
 """The config fields of validation (trainers.pathwise.TrainConfig)."""
 
 

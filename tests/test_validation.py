@@ -156,6 +156,9 @@ def test_a_later_network_replaces_the_kept_one_only_when_its_paired_lead_exceeds
     with_margin.score(model, 0)
     with_margin.score(model, 2)
     assert with_margin.best.score.update == 0
+    restored = Validation(INSTANCE, 4, 5, "cpu", margin=2.0)  # a resume: the kept network's per-path costs come back
+    restored.load_state(with_margin.state())
+    assert np.array_equal(restored.best.costs, scored[0]) and isinstance(with_margin.state()["best"]["costs"], torch.Tensor)
 
 
 def test_the_recorded_best_score_is_the_best_networks_cost_on_the_validation_paths(trained):

@@ -138,7 +138,7 @@ def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
         "--instance",
         inst,
         "--policy",
-        f"checkpoint:{tmp_path / 'run' / 'checkpoint.pt'}",
+        f"checkpoint:{tmp_path / 'run'}",  # its best.pt, the network of the run's own held-out evaluation
         "--episodes",
         4,
         "--horizon",

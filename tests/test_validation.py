@@ -162,8 +162,9 @@ def test_a_later_network_replaces_the_kept_one_only_when_its_paired_lead_exceeds
 
 
 def test_the_recorded_best_score_is_the_best_networks_cost_on_the_validation_paths(trained):
-    """The shared OR-Transformer run (warm start, 2 updates): best.pt's score is the lowest in training.json, and
-    evaluating best.pt's greedy policy on the validation seed's paths gives that score again."""
+    """The shared OR-Transformer run (warm start, 2 updates): best.pt's score is one of training.json's, update 0's
+    unless a later one is lower (the margin may keep update 0 over a lower one), and evaluating best.pt's greedy
+    policy on the validation seed's paths gives that score again."""
     from envs.evaluation import evaluate
     from envs.exogenous import VALIDATION_SEED
     from trainers.policy import LearnedPolicy
@@ -172,7 +173,9 @@ def test_the_recorded_best_score_is_the_best_networks_cost_on_the_validation_pat
     run = trained["or-transformer"]
     record = json.loads((run.folder / "training.json").read_text())["validation"]
     assert [s["update"] for s in record["scores"]] == [0, 2]
-    assert record["best"]["cost"] == min(s["cost"] for s in record["scores"])
+    kept = next(s for s in record["scores"] if s["update"] == record["best"]["update"])
+    assert kept["cost"] == record["best"]["cost"]
+    assert kept["update"] == 0 or kept["cost"] < record["scores"][0]["cost"]
     policy, ckpt = load_policy(run.folder / "best.pt")
     assert ckpt["trainer"]["update"] == record["best"]["update"]
     paths = sample_paths(INSTANCE, VALIDATION_SEED, record["validation_episodes"], record["validation_horizon"])

@@ -5,7 +5,7 @@ that the sweep's trials make too).
   python platform/train.py --method or-transformer --instance inst.json --preset cpu --seed 0 --out runs/ot16
   python platform/train.py --method transformer-ppo --instance inst.json --preset cpu --seed 0 --out runs/tppo16
 
-Writes to --out: checkpoint.pt, best.pt (OR-Transformer and HPO: the network of the lowest validation cost,
+Writes to --out: checkpoint.pt, best.pt (OR-Transformer and HPO: the network the validation kept,
 trainers.validation), curve.parquet, tensorboard/, training.json, and the held-out evaluation of the best network
 (else the last) as the greedy (Y = 1{p > 0.5}) and sampled (Y ~ Bernoulli(p)) policies in greedy/ and
 sampled/, in the format of platform/evaluate.py (for PPO: greedy = Beta mean and p > 0.5; sampled =

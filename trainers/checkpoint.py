@@ -29,7 +29,7 @@ class CheckpointError(InputError):
 
 
 LAST, BEST = "checkpoint.pt", "best.pt"
-"""A run folder's checkpoint of its last update, and its network of the lowest validation cost (trainers.validation)."""
+"""A run folder's checkpoint of its last update, and the network its validation kept (trainers.validation)."""
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:

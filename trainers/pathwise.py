@@ -567,6 +567,7 @@ def hybrid_losses(
             advantages.append(advantage)
         standardized = standardize(torch.cat(advantages)).split([part.open_order.shape[0] for part in readout])
         score, entropy, anchored = torch.zeros_like(pathwise), torch.zeros_like(pathwise), torch.zeros_like(pathwise)
+        weight = anchor.weight if anchor else 0.0
         for part, advantage in zip(readout, standardized):
             items, glob = part.items.flatten(0, 1), part.glob.flatten(0, 1)
             with torch.enable_grad() if actor else torch.no_grad(), autocast(precision, part.items.device):
@@ -576,9 +577,8 @@ def hybrid_losses(
                 score_part = (distribution.log_prob(part.open_order) * advantage).sum() / per_state
                 entropy_part = distribution.entropy().sum() / per_state
             if actor:
-                accumulate(score_part - alpha_entropy * entropy_part + (anchor.weight * anchor_part if anchor else 0))
+                accumulate(score_part - alpha_entropy * entropy_part + weight * anchor_part)
             score, entropy, anchored = score + score_part.detach(), entropy + entropy_part.detach(), anchored + anchor_part.detach()
-    weight = anchor.weight if anchor else 0.0
     total = score + config.pathwise_weight * pathwise + config.critic_weight * critic - alpha_entropy * entropy + weight * anchored
     discount = instance.gamma ** torch.arange(steps, device=pathwise.device, dtype=torch.float64)
     final = State(*(torch.cat([getattr(f, name) for f in finals]) for name in ("inv", "pipe", "factor")))

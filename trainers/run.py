@@ -4,7 +4,7 @@ result, Ctrl-C / SIGTERM as a saved interruption, and a progress bar.
 
 Files in the run directory:
   checkpoint.pt   latest checkpoint (trainers.checkpoint)
-  best.pt         the network with the lowest validation cost so far (trainers.validation), in the checkpoint
+  best.pt         the network the validation keeps (trainers.validation: the first scored, replaced by one that beats it), in the checkpoint
                   format with that update's weights alone; written with each checkpoint, of a method that validates
   curve.parquet   method, n, seed, update, cost10, wall_seconds, validation_cost (null where not validated),
                   restarted (rollouts restarted in the update; null for a method without restarts): updates 1..k

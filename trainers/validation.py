@@ -50,7 +50,7 @@ def beats(costs: np.ndarray, kept: np.ndarray | None, kept_mean: float, margin: 
     if kept is None:
         return float(np.mean(costs)) < kept_mean
     difference = paired_comparison(costs, kept)
-    return difference.mean_difference < -margin * difference.se if margin else difference.mean_difference < 0
+    return difference.mean_difference < -margin * difference.se
 
 
 @dataclass

@@ -147,13 +147,13 @@ def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict
     """`updates` timed updates of OR-Transformer's `preset` (after one untimed, which compiles with `compile` or
     `cuda_graphs`) with the config fields `settings`, without the warm start, with the default memory budget; passes
     when every loss is finite and the peak stays within PEAK_LIMIT_GIB. CUDA graphs are skipped without CUDA."""
-    from trainers.pathwise import PathwiseTrainer
+    from trainers.pathwise import NO_WARM_START, PathwiseTrainer
     from trainers.registry import method_config
 
     record = {"figure": "paper_updates", "preset": preset, **settings, "device": device, "n": n}
     if settings.get("cuda_graphs") and not device.startswith("cuda"):
         return {**record, "skipped": "CUDA graphs need CUDA"}
-    config = method_config("or-transformer", preset, {"device": device, "imitation_updates": 0, **settings})
+    config = method_config("or-transformer", preset, {"device": device, **NO_WARM_START, **settings})
     record.update(batch=config.batch, rollout=config.rollout)
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
@@ -229,6 +229,7 @@ def decision_time(device: str, n: int, preset: str) -> list[dict]:
 def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
     """A Ray Train run of one worker (use_gpu on CUDA) on an embedded Ray, in a temporary run folder."""
     from solver_workers.ray_session import init_ray, stop_ray
+    from trainers.pathwise import NO_WARM_START
     from trainers.ray_train import train_data_parallel
     from trainers.registry import method_config
 
@@ -236,7 +237,7 @@ def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
     config = method_config(
         "or-transformer",
         preset,
-        {"device": "cuda" if use_gpu else "cpu", "imitation_updates": 0, "updates": updates, "checkpoint_every": 0},
+        {"device": "cuda" if use_gpu else "cpu", **NO_WARM_START, "updates": updates, "checkpoint_every": 0},
     )
     init_ray(1)
     start = time.perf_counter()

@@ -34,7 +34,7 @@ from envs.exogenous import HELDOUT_SEED, FactorDemandStream, sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
 from policies.classical import make_policy
-from trainers.pathwise import PathwiseTrainer, build_network
+from trainers.pathwise import NO_WARM_START, PathwiseTrainer, build_network
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config
 
@@ -213,7 +213,7 @@ def update_time(device):
     for n in (4, 16, 64):
         tinst = paper_instance(n, 0).to_torch(device)
         for method in ("or-transformer", "hpo"):
-            cfg = method_config(method, "cpu", {"device": device, "imitation_updates": 0})  # the update alone, without the warm start
+            cfg = method_config(method, "cpu", {"device": device, **NO_WARM_START})  # the update alone, without the warm start
             trainer = PathwiseTrainer(cfg, tinst)
             seconds = median_seconds(trainer.step, 5)
             model_free = median_seconds(lambda: _simulate(tinst, cfg.batch, cfg.rollout), 5)  # noqa: B023 (called at once, inside the loop)

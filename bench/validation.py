@@ -16,7 +16,7 @@ import torch
 
 from envs.instance import paper_instance
 from trainers import registry
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import NO_WARM_START, PathwiseTrainer, TrainConfig
 from trainers.validation import Validation
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     torch.set_num_threads(1)
     for n in args.sizes:
         instance = paper_instance(n, 0)
-        config = registry.method_config("or-transformer", "cpu", {"imitation_updates": 0})
+        config = registry.method_config("or-transformer", "cpu", NO_WARM_START)
         assert isinstance(config, TrainConfig)
         trainer = PathwiseTrainer(config, instance.to_torch("cpu"))
         trainer.step()  # the first update allocates

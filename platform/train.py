@@ -39,6 +39,7 @@ from envs.job_output import out_argument, resolve_out
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.experiment import run_experiment
+from trainers.pathwise import NO_WARM_START
 from trainers.policy import MODES
 from trainers.registry import METHODS, PRESETS
 from trainers.run import check_run_dir
@@ -114,7 +115,7 @@ def main() -> None:
         metavar="CHECKPOINT",
         help="fine-tune: start from this pathwise checkpoint's network (a run folder: its best.pt; same method and "
         "network shape; an OR-Transformer's from any n) instead of a fresh one, without the preset's warm start "
-        "(unless --config sets imitation_updates)",
+        "(unless --config sets imitation_updates or imitation_dagger_updates)",
     )
     existing = parser.add_mutually_exclusive_group()
     existing.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint.pt")
@@ -134,7 +135,8 @@ def main() -> None:
         **{k: getattr(args, k) for k in ("updates", "batch", "initial_weights") if getattr(args, k) is not None},
     }
     if args.initial_weights is not None and METHODS[args.method].family == "pathwise":
-        overrides.setdefault("imitation_updates", 0)  # imitating classical-best would overwrite the network being fine-tuned
+        for name, value in NO_WARM_START.items():  # a warm start would overwrite the network being fine-tuned
+            overrides.setdefault(name, value)
     try:
         result = run_experiment(
             args.method,

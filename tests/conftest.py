@@ -180,9 +180,13 @@ TINY = dict(batch=8, rollout=3, blocks=1, width=16, heads=2, feed_forward=32, hi
 of width 16. A test that needs another size says which fields differ ({**TINY, ...})."""
 UPDATES = 2
 """The shared runs' updates."""
-WARM_START = {"or-transformer": {"imitation_updates": 3, "imitation_teacher": "base-stock"}, "hpo": {"imitation_updates": 0}}
-"""The cpu preset's warm start (300 updates imitating classical-best) cut to 3 updates imitating base-stock (one
-family to tune instead of every family) for OR-Transformer, and skipped for HPO."""
+WARM_START = {
+    "or-transformer": {"imitation_updates": 3, "imitation_dagger_updates": 1, "imitation_teacher": "base-stock"},
+    "hpo": {"imitation_updates": 0},
+}
+"""The cpu preset's warm starts shortened: OR-Transformer's (300 plain and 1,000 DAgger updates imitating the
+decomposition lookahead) to 3 plain and 1 DAgger update imitating base-stock (one family to tune); HPO's (300
+imitating classical-best) skipped."""
 EPISODES, HORIZON = 4, 5
 """The shared runs' held-out evaluation."""
 

@@ -6,11 +6,12 @@ import os
 import pyarrow.parquet as pq
 import pytest
 import torch
+import yaml
 from conftest import ROOT, TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.checkpoint import CheckpointError, save_checkpoint
-from trainers.pathwise import PathwiseTrainer, TrainConfig, train
+from trainers.pathwise import NO_WARM_START, PathwiseTrainer, TrainConfig, train
 from trainers.registry import load_checkpoint, load_policy
 
 RUN = {**TINY, "warmup": 2, "checkpoint_every": 2}
@@ -106,8 +107,8 @@ def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
     paper_instance(3, 0).save(inst)
     short = tmp_path / "short-warm-start.yaml"
     short.write_text(
-        "imitation_updates: 20\nimitation_teacher: base-stock\n"
-    )  # the cpu preset's warm start, shortened from 300 (one family to tune)
+        "imitation_updates: 20\nimitation_dagger_updates: 2\nimitation_teacher: base-stock\n"
+    )  # the cpu preset's warm start, shortened from 300 + 1,000 (a teacher of one family to tune)
     run = script(
         "train.py",
         "--method",
@@ -172,7 +173,7 @@ def test_yaml_config_files(tmp_path, script_runner):
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
     quick = tmp_path / "quick.yaml"  # tune_configs/train/quick.yaml without the cpu preset's warm start
-    quick.write_text((ROOT / "tune_configs" / "train" / "quick.yaml").read_text() + "imitation_updates: 0\n")
+    quick.write_text(yaml.safe_dump({**yaml.safe_load((ROOT / "tune_configs" / "train" / "quick.yaml").read_text()), **NO_WARM_START}))
     run = script(
         "train.py",
         "--method",
@@ -192,7 +193,8 @@ def test_yaml_config_files(tmp_path, script_runner):
     )
     assert run.returncode == 0, run.stderr
     config = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["config"]
-    assert (config.hidden, config.batch, config.updates, config.imitation_updates) == (64, 16, 2, 0)  # file over preset, flag over file
+    warm_start = (config.imitation_updates, config.imitation_dagger_updates)
+    assert (config.hidden, config.batch, config.updates, warm_start) == (64, 16, 2, (0, 0))  # file over preset, flag over file
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch: 16\nlearning_rte: 0.1\n")
     result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")

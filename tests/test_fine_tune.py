@@ -9,12 +9,12 @@ from conftest import TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise import NO_WARM_START, PathwiseTrainer
 from trainers.registry import load_checkpoint, method_config, train
 
 NETWORK = {**TINY, "updates": 2}
 """The network of the session's trained runs (conftest.trained, n = 2), for 2 updates."""
-FINE_TUNE = {**NETWORK, "imitation_updates": 0}
+FINE_TUNE = {**NETWORK, **NO_WARM_START}
 """... trained at once (no warm start)."""
 
 
@@ -47,9 +47,9 @@ def test_another_network_is_refused_naming_the_field(trained_paths):
         PathwiseTrainer(
             method_config("or-transformer", "cpu", {**FINE_TUNE, "width": 32, "initial_weights": path}), paper_instance(2, 0).to_torch()
         )
-    with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*setup_feature 'paper' \(this run: 'per-item'\)"):
+    with pytest.raises(ConfigError, match=r"config field 'initial_weights'.*setup_feature 'per-item' \(this run: 'paper'\)"):
         PathwiseTrainer(
-            method_config("or-transformer", "cpu", {**FINE_TUNE, "setup_feature": "per-item", "initial_weights": path}),
+            method_config("or-transformer", "cpu", {**FINE_TUNE, "setup_feature": "paper", "initial_weights": path}),
             paper_instance(2, 0).to_torch(),
         )
     with pytest.raises(ConfigError, match=r"config field 'setup_feature': an hpo network has a fixed n"):
@@ -81,7 +81,7 @@ def test_a_fine_tune_resumes_without_its_initial_weights_file(trained_paths, tmp
 
 @pytest.mark.slow
 def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, tmp_path):
-    """train.py --initial-weights: the cpu preset imitates classical-best first, which would overwrite the network."""
+    """train.py --initial-weights: the cpu preset imitates the lookahead first, which would overwrite the network."""
     inst, config = tmp_path / "i6.json", tmp_path / "network.yaml"
     paper_instance(6, 0).save(inst)
     config.write_text(yaml.safe_dump(NETWORK))
@@ -103,7 +103,8 @@ def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, 
         tmp_path / "ft",
         check=True,
     )
-    assert load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["config"].imitation_updates == 0
+    fine_tune = load_checkpoint(tmp_path / "ft" / "checkpoint.pt")["config"]
+    assert (fine_tune.imitation_updates, fine_tune.imitation_dagger_updates) == (0, 0)
     assert "warm_start" not in json.loads((tmp_path / "ft" / "training.json").read_text())
     config.write_text(yaml.safe_dump({**NETWORK, "imitation_updates": 2}))  # unless the config asks for one
     run_script(

@@ -32,8 +32,10 @@ from trainers.pathwise import TrainConfig
 def test_one_preset_table_for_both_families():
     shared = [f.name for f in fields(TrainerConfig) if f.name != "method"]
     for preset, table in registry.PRESETS.items():
+        assert set(table) <= {"shared", "pathwise", "rllib", *METHODS}, preset  # a misspelt part would apply to nothing
         configs = {method: registry.method_config(method, preset) for method in METHODS}
-        for name in set(shared) - set(table["pathwise"]) - set(table["rllib"]):  # a family may set a shared field for itself
+        own = {name for part, values in table.items() if part != "shared" for name in values}
+        for name in set(shared) - own:  # a family or a method may set a shared field for itself
             assert len({getattr(c, name) for c in configs.values()}) == 1, (preset, name)
     cpu = {method: registry.method_config(method, "cpu") for method in METHODS}
     # the cpu preset (trainers/registry.py, docs/methods.md): B 128, 1,280 updates, 2 blocks of width 64, 4 heads,
@@ -42,11 +44,22 @@ def test_one_preset_table_for_both_families():
         (128, 1280, 2, 64, 4, 256, 256)
     }
     assert cpu["or-transformer"].checkpoint_every == cpu["hpo"].checkpoint_every == 250
-    # the pathwise methods start by imitating classical-best (docs/experiments.md); the paper preset does not
-    assert cpu["or-transformer"].imitation_updates == cpu["hpo"].imitation_updates == 300
+    # the pathwise methods start by imitating a teacher (docs/experiments.md): OR-Transformer the lookahead, 300
+    # plain and 1,000 DAgger updates, with the setup-cost feature per item; HPO classical-best, 300 plain; the paper
+    # preset does not
+    ot, hpo = cpu["or-transformer"], cpu["hpo"]
+    assert (ot.imitation_teacher, ot.imitation_updates, ot.imitation_dagger_updates, ot.setup_feature) == (
+        "decomposition-lookahead",
+        300,
+        1000,
+        "per-item",
+    )
+    hpo_warm_start = (hpo.imitation_teacher, hpo.imitation_updates, hpo.imitation_dagger_updates, hpo.setup_feature)
+    assert hpo_warm_start == ("classical-best", 300, 0, "paper")
     assert {(c.learning_rate, c.final_learning_rate) for c in (cpu["or-transformer"], cpu["hpo"])} == {(1e-4, 1e-5)}
     assert cpu["ppo"].learning_rate == registry.method_config("ppo", "paper").learning_rate  # PPO keeps its own
-    assert registry.method_config("or-transformer", "paper").imitation_updates == 0
+    paper_ot = registry.method_config("or-transformer", "paper")
+    assert (paper_ot.imitation_updates, paper_ot.imitation_dagger_updates, paper_ot.setup_feature) == (0, 0, "paper")
     assert (cpu["ppo"].epochs, cpu["ppo"].minibatches) == (cpu["transformer-ppo"].epochs, cpu["transformer-ppo"].minibatches) == (2, 2)
     paper = registry.method_config("hpo", "paper")
     assert (paper.batch, paper.updates, paper.width, paper.checkpoint_every) == (

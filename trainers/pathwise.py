@@ -93,6 +93,10 @@ TEACHER_WAIT = timedelta(hours=24)
 at n = 1,024 takes far longer than a process group's default timeout)."""
 
 
+NO_WARM_START = {"imitation_updates": 0, "imitation_dagger_updates": 0}
+"""The overrides of a pathwise run without a warm start, whatever its preset's (plain and DAgger updates alike)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig(TrainerConfig):
     """One pathwise run (OR-Transformer or HPO): the shared fields and the hybrid losses' settings."""

@@ -61,20 +61,22 @@ METHODS: dict[str, Method] = {
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The paper's configuration: the configs' defaults (table "OR-Transformer architecture and training settings").
     "paper": {"shared": {}, "pathwise": {}, "rllib": {}},
-    # Trains n = 16 in about 20 minutes on one CPU core: 8x fewer rollouts per update, 12.5x fewer updates,
-    # two blocks of width 64 (4 heads, feed-forward 256) instead of four of 128. The pathwise methods first
-    # imitate classical-best for 300 updates (the warm start), then make the paper's updates at a 3x lower
-    # learning rate (1e-4 to 1e-5): the choice of docs/experiments.md (imitating the decomposition lookahead with
-    # 1,000 DAgger updates instead was not better after the paper's updates, over 3 seeds). PPO makes 2 passes of
-    # 2 minibatches (4 Adam steps) per update instead of 4 x 4, so Transformer-PPO at n = 16 fits in about half an
-    # hour here.
+    # Trains n = 16 in under an hour on one CPU core: 8x fewer rollouts per update, 12.5x fewer updates, two
+    # blocks of width 64 (4 heads, feed-forward 256) instead of four of 128, the paper's updates at a 3x lower
+    # learning rate (1e-4 to 1e-5). The pathwise methods first imitate a teacher (the warm start): OR-Transformer
+    # the decomposition lookahead, 300 plain and 1,000 DAgger updates, with the setup-cost feature per item (the
+    # best selected student over 3 seeds, and one network for every n: docs/experiments.md); HPO classical-best,
+    # 300 plain updates. PPO makes 2 passes of 2 minibatches (4 Adam steps) per update instead of 4 x 4, so
+    # Transformer-PPO at n = 16 fits in about half an hour here.
     "cpu": {
         "shared": {"batch": 128, "updates": 1280, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256, "hidden": 256},
         "pathwise": {"checkpoint_every": 250, "imitation_updates": 300, "learning_rate": 1e-4, "final_learning_rate": 1e-5},
         "rllib": {"epochs": 2, "minibatches": 2},
+        "or-transformer": {"imitation_teacher": "decomposition-lookahead", "imitation_dagger_updates": 1000, "setup_feature": "per-item"},
     },
 }
-"""Per preset: the fields every family shares, then each family's own (over the config's defaults)."""
+"""Per preset: the fields every family shares, then each family's own, then a method's own (over the config's
+defaults)."""
 
 
 def method(name) -> Method:
@@ -166,8 +168,8 @@ def family(name: str) -> Family:
 
 
 def method_config(name: str, preset: str = "cpu", overrides: dict[str, Any] | None = None):
-    """The typed config of method `name`: the config's defaults (the paper's), then the preset's shared and
-    family fields, then `overrides` (config fields; unknown ones are refused, naming the allowed ones)."""
+    """The typed config of method `name`: the config's defaults (the paper's), then the preset's shared, family
+    and method fields, then `overrides` (config fields; unknown ones are refused, naming the allowed ones)."""
     entry = method(name)
     if not isinstance(preset, str) or preset not in PRESETS:
         raise ConfigError(f"preset: expected one of {list(PRESETS)}, got {preset!r}")
@@ -175,7 +177,9 @@ def method_config(name: str, preset: str = "cpu", overrides: dict[str, Any] | No
     if "method" in overrides:
         raise ConfigError(f"overrides: 'method' is not a field to override (the method is {name!r})")
     values = PRESETS[preset]
-    return family(entry.family).config_class.from_dict({**values["shared"], **values[entry.family], **overrides, "method": name})
+    return family(entry.family).config_class.from_dict(
+        {**values["shared"], **values[entry.family], **values.get(name, {}), **overrides, "method": name}
+    )
 
 
 def config_from_dict(data: dict[str, Any]):

@@ -29,7 +29,7 @@ again; a second one stops at once, keeping the files of the last checkpoint. An 
 e.g. out of memory) saves the run at the last finished update with status `failed` and the error as the reason,
 then raises it again, where the method can (`MethodRun.saves_after_failure`); a resume continues the same curve.
 
-A warm start (config imitation_updates > 0) runs before update 1. Every `checkpoint_every` imitation updates
+A warm start (config imitation_updates or imitation_dagger_updates > 0) runs before update 1. Every `checkpoint_every` imitation updates
 it saves a checkpoint of update 0 that holds the warm start under way (status `running`, an empty curve), and
 an interruption stops it like an update: after the current imitation update (during the teacher's build: after
 the build and the first imitation update), saved (status `interrupted`); a resume continues it from there to the

@@ -5,6 +5,7 @@ import os
 import runpy
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,6 @@ def pytest_collection_modifyitems(config, items):
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_script(name: str, *args, check: bool = False) -> subprocess.CompletedProcess:
-    """Run platform/<name> with the test interpreter, as a user would from the command line."""
-    result = subprocess.run([sys.executable, str(ROOT / "platform" / name), *map(str, args)], capture_output=True, text=True, timeout=300)
-    if check:
-        assert result.returncode == 0, result.stderr[-2000:]
-    return result
-
-
 SCRIPT_IMPORTS = [
     "torch",
     "pyarrow.parquet",
@@ -65,18 +58,46 @@ SCRIPT_IMPORTS = [
     "sweeps.run",
     "serving.decisions",
 ]
-"""What the scripts import, loaded once by the fork server of `script_runner`."""
+"""What the scripts import, loaded once by the fork server that run_script's processes come from (a new interpreter
+spends 2-4 s importing them)."""
+
+SCRIPT_SECONDS = 300
 
 
-def script_as_main(path: str, args: list[str], stdout: str, stderr: str, status: str) -> None:
+def run_script(name: str, *args, check: bool = False) -> subprocess.CompletedProcess:
+    """Run platform/<name> as a user would from the command line (`python platform/<name> args` in the test process's
+    working folder): a fresh process, forked from a server that has imported SCRIPT_IMPORTS; killed after
+    SCRIPT_SECONDS. `check`: assert that it exited with 0. Its environment is the server's, the test process's when
+    the server started: one that the script sets again would disagree with what its imports read (Ray's
+    RAY_AUTH_MODE, set by ray.init, is read when ray is imported)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(SCRIPT_IMPORTS)  # takes effect when the server starts, at the first call
+    path, argv = str(ROOT / "platform" / name), [str(a) for a in args]
+    with tempfile.TemporaryDirectory(prefix="script-") as logs:
+        stdout, stderr, status = (os.path.join(logs, f) for f in ("out", "err", "status"))
+        process = context.Process(target=script_as_main, args=(path, argv, os.getcwd(), stdout, stderr, status))
+        process.start()
+        process.join(timeout=SCRIPT_SECONDS)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+        code = int(Path(status).read_text()) if os.path.isfile(status) else process.exitcode
+        result = subprocess.CompletedProcess([name, *argv], code, Path(stdout).read_text(), Path(stderr).read_text())
+    if check:
+        assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def script_as_main(path: str, args: list[str], cwd: str, stdout: str, stderr: str, status: str) -> None:
     """In a child of the fork server: the script as `python path args` runs it (its folder first on sys.path, its
-    argv, run as __main__), with stdout and stderr in the two files. The exit status (SystemExit's code; an uncaught
-    exception prints its traceback and gives 1) is also written to `status`: the fork server's own report of it
-    can be lost (multiprocessing then gives 255)."""
+    argv, run as __main__, in the caller's working folder `cwd`), with stdout and stderr in the two files. The exit
+    status (SystemExit's code; an uncaught exception prints its traceback and gives 1) is also written to `status`:
+    the fork server's own report of it can be lost (multiprocessing then gives 255)."""
     for fd, name in ((1, stdout), (2, stderr)):
         target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
+    os.chdir(cwd)
     sys.argv = [path, *args]
     sys.path.insert(0, os.path.dirname(path))
     code = 1
@@ -98,30 +119,6 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def script_runner(tmp_path_factory):
-    """run_script for many short runs: each one a fresh process forked from a server that has imported
-    SCRIPT_IMPORTS once (a new interpreter spends 2-4 s importing them), running the real script as __main__."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(SCRIPT_IMPORTS)
-    logs = tmp_path_factory.mktemp("script-output")
-    counter = iter(range(1 << 30))
-
-    def run(name: str, *args) -> subprocess.CompletedProcess:
-        path, argv, k = str(ROOT / "platform" / name), [str(a) for a in args], next(counter)
-        stdout, stderr, status = logs / f"{k}.out", logs / f"{k}.err", logs / f"{k}.status"
-        process = context.Process(target=script_as_main, args=(path, argv, str(stdout), str(stderr), str(status)))
-        process.start()
-        process.join(timeout=300)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-        code = int(status.read_text()) if status.is_file() else process.exitcode
-        return subprocess.CompletedProcess([name, *argv], code, stdout.read_text(), stderr.read_text())
-
-    return run
 
 
 def single_item(lead: int, lam: float = 2.0, h: float = 1.0, b: float = 10.0, K: float = 5.0, qbar: float = 12.0) -> Instance:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import INSTANCE, ROOT
+from conftest import INSTANCE, ROOT, run_script
 
 from envs.instance import paper_instance
 
@@ -35,7 +35,7 @@ def fill(text: str, values: dict) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: values[m.group(1)], text)
 
 
-def run_row(row, folder: Path, common: dict, run_script):
+def run_row(row, folder: Path, common: dict):
     """Write the row's files into its own folder and run its script."""
     values = {**common, "tmp": str(folder), "out": str(folder / "out")}
     for name, text in row.get("files", {}).items():
@@ -47,7 +47,7 @@ def run_row(row, folder: Path, common: dict, run_script):
 
 
 @pytest.fixture(scope="session")
-def outcomes(tmp_path_factory, trained, script_runner):
+def outcomes(tmp_path_factory, trained):
     """Every row's (folder, result): the shared inputs first, then the rows two at a time, each a process
     forked from conftest's script server."""
     folder = tmp_path_factory.mktemp("bad-inputs")
@@ -59,7 +59,7 @@ def outcomes(tmp_path_factory, trained, script_runner):
     for path in folders.values():
         path.mkdir(parents=True)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(zip(folders, pool.map(lambda row: run_row(row, folders[row["id"]], common, script_runner), ROWS)))
+        results = dict(zip(folders, pool.map(lambda row: run_row(row, folders[row["id"]], common), ROWS)))
     return {key: (folders[key], results[key]) for key in folders}
 
 

@@ -102,7 +102,7 @@ def test_bad_checkpoint_files_are_rejected(tmp_path):
 script = run_script
 
 
-def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
+def test_train_evaluate_decide_end_to_end(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(3, 0).save(inst)
     short = tmp_path / "short-warm-start.yaml"
@@ -160,16 +160,16 @@ def test_train_evaluate_decide_end_to_end(tmp_path, script_runner):
     qbar = paper_instance(3, 0).qbar
     assert all(0 <= q <= cap for q, cap in zip(answers[0]["quantity"], qbar))
     state.write_text(json.dumps({"inventory": [1, 2], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}))
-    bad = script_runner("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    bad = run_script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert bad.returncode == 2 and "field 'inventory': expected 3 numbers" in bad.stderr
     state.write_text('{"inventory": [1, 2,')
-    bad = script_runner("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    bad = run_script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert bad.returncode == 2 and f"state file '{state}' is not valid JSON" in bad.stderr
-    bad = script_runner("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
+    bad = run_script("evaluate.py", "--instance", inst, "--policy", f"checkpoint:{tmp_path / 'nothing.pt'}", "--out", tmp_path / "x")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
-def test_yaml_config_files(tmp_path, script_runner):
+def test_yaml_config_files(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst)
     quick = tmp_path / "quick.yaml"  # tune_configs/train/quick.yaml without the cpu preset's warm start
@@ -197,12 +197,12 @@ def test_yaml_config_files(tmp_path, script_runner):
     assert (config.hidden, config.batch, config.updates, warm_start) == (64, 16, 2, (0, 0))  # file over preset, flag over file
     bad = tmp_path / "bad.yaml"
     bad.write_text("batch: 16\nlearning_rte: 0.1\n")
-    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
+    result = run_script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
     assert result.returncode == 2 and "unknown keys ['learning_rte']" in result.stderr
     bad.write_text("batch: [16\n")
-    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
+    result = run_script("train.py", "--method", "hpo", "--instance", inst, "--config", bad, "--out", tmp_path / "x")
     assert result.returncode == 2 and "is not valid YAML" in result.stderr
-    result = script_runner("train.py", "--method", "hpo", "--instance", inst, "--config", tmp_path / "none.yaml", "--out", tmp_path / "x")
+    result = run_script("train.py", "--method", "hpo", "--instance", inst, "--config", tmp_path / "none.yaml", "--out", tmp_path / "x")
     assert result.returncode == 2 and "config file" in result.stderr and "does not exist" in result.stderr
 
 

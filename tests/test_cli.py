@@ -138,18 +138,18 @@ def test_item_table_import(tmp_path):
     assert inst.n == 2 and inst.K == 20 and inst.lead.tolist() == [2, 1]
 
 
-def test_an_existing_instance_file_is_replaced_only_with_overwrite(tmp_path, script_runner):
+def test_an_existing_instance_file_is_replaced_only_with_overwrite(tmp_path):
     """instance.py refuses an existing --out and leaves it as it was; with --overwrite it writes the new instance."""
     path = tmp_path / "inst.json"
     paper_instance(2, 0).save(path)
     before = path.read_bytes()
-    refused = script_runner("instance.py", "--n", 3, "--out", path)
+    refused = run_script("instance.py", "--n", 3, "--out", path)
     assert refused.returncode == 2 and "exists: give --overwrite to replace it" in refused.stderr and path.read_bytes() == before
     script("instance.py", "--n", 3, "--out", path, "--overwrite")
     assert Instance.load(path).n == 3
 
 
-def test_overwrite_replaces_a_run_of_another_kind_whole(tmp_path, script_runner):
+def test_overwrite_replaces_a_run_of_another_kind_whole(tmp_path):
     """evaluate.py refuses a folder that holds a decomposition bound and leaves it as it was; with --overwrite no file of
     the bound is left beside the evaluation (a report would read its split.jsonl or lookahead/ as the evaluation's),
     and a file that is no run's stays."""
@@ -161,7 +161,7 @@ def test_overwrite_replaces_a_run_of_another_kind_whole(tmp_path, script_runner)
     (run / "notes.txt").write_text("mine")
     before = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
     args = ["--instance", inst, "--policy", "zero", "--episodes", 2, "--horizon", 3, "--out", run]
-    refused = script_runner("evaluate.py", *args)
+    refused = run_script("evaluate.py", *args)
     assert refused.returncode == 2 and "holds a decomposition bound (split.jsonl)" in refused.stderr
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before
     script("evaluate.py", *args, "--overwrite")
@@ -177,10 +177,10 @@ def test_overwrite_replaces_a_run_of_another_kind_whole(tmp_path, script_runner)
         (["--policy", "zero", "--instance-missing"], "unrecognized arguments"),
     ],
 )
-def test_bad_flags_give_one_clear_error(tmp_path, args, message, script_runner):
+def test_bad_flags_give_one_clear_error(tmp_path, args, message):
     inst_path = tmp_path / "inst.json"
     paper_instance(2, 0).save(inst_path)  # as `instance.py --n 2` writes it (test_instance_and_evaluate_zero_policy_with_trace)
-    result = script_runner("evaluate.py", "--instance", inst_path, "--out", tmp_path / "o", *args)
+    result = run_script("evaluate.py", "--instance", inst_path, "--out", tmp_path / "o", *args)
     lines = result.stderr.splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
     assert "(see evaluate.py --help)" in lines[0]  # argparse's usage block is not printed
@@ -212,12 +212,12 @@ def test_the_last_line_starts_its_own_line_after_a_progress_bar(kind, capsys, mo
         assert capsys.readouterr().err == expected
 
 
-def test_bad_instance_file_is_reported_and_nothing_written(tmp_path, script_runner):
+def test_bad_instance_file_is_reported_and_nothing_written(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(
         json.dumps({"K": 1, "gamma": 1.5, "rho": 0.5, "items": {"h": [1], "b": [1], "lam": [1], "beta": [0], "lead": [1], "qbar": [1]}})
     )
-    result = script_runner("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o")
+    result = run_script("evaluate.py", "--instance", bad, "--policy", "zero", "--out", tmp_path / "o")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: instance file '{bad}': instance field 'gamma': expected a number in (0, 1), got 1.5"
     assert not (tmp_path / "o").exists()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import INSTANCE, METHODS, clear_of_one_half
+from conftest import INSTANCE, METHODS, clear_of_one_half, run_script
 
 from envs.dynamics import State
 from envs.errors import InputError
@@ -52,11 +52,11 @@ def network_decision(policy, state: State):
 
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 @pytest.mark.parametrize("method", METHODS)
-def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path, script_runner):
+def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path):
     """Catches a decide.py answer that is not the policy's (wrong head, wrong probability, O != Y Q, a sampled answer
     that is not the stream's first draw) or not in the service's shape (a list of answer objects for a list)."""
     (tmp_path / "state.json").write_text(json.dumps(STATES))
-    result = script_runner("decide.py", "--checkpoint", checkpoints[method], "--state", tmp_path / "state.json", "--mode", mode)
+    result = run_script("decide.py", "--checkpoint", checkpoints[method], "--state", tmp_path / "state.json", "--mode", mode)
     assert result.returncode == 0, result.stderr[-2000:]
     answers = json.loads(result.stdout)
     assert (
@@ -84,10 +84,10 @@ def test_decide_answers_the_policy_decision(checkpoints, method, mode, tmp_path,
         np.testing.assert_allclose(quantity, sampled.quantity.numpy(), rtol=1e-5)
 
 
-def test_one_state_object_gets_one_answer_object(checkpoints, tmp_path, script_runner):
+def test_one_state_object_gets_one_answer_object(checkpoints, tmp_path):
     """Catches decide.py answering one state in another shape than POST /decide does (it printed batch-shaped columns)."""
     (tmp_path / "state.json").write_text(json.dumps(STATES[1]))
-    result = script_runner("decide.py", "--checkpoint", checkpoints["hpo"], "--state", tmp_path / "state.json")
+    result = run_script("decide.py", "--checkpoint", checkpoints["hpo"], "--state", tmp_path / "state.json")
     assert result.returncode == 0, result.stderr[-2000:]
     answer = json.loads(result.stdout)
     assert isinstance(answer, dict) and set(answer) == {"open", "open_probability", "quantity", "order"}
@@ -95,12 +95,12 @@ def test_one_state_object_gets_one_answer_object(checkpoints, tmp_path, script_r
     assert "1 states decided in" in result.stderr
 
 
-def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path, script_runner):
+def test_a_non_finite_decision_is_an_error(checkpoints, tmp_path):
     payload = torch.load(checkpoints["hpo"], weights_only=True)
     payload["trainer"]["model"] = {k: torch.full_like(v, float("nan")) for k, v in payload["trainer"]["model"].items()}
     torch.save(payload, tmp_path / "nan.pt")
     (tmp_path / "state.json").write_text(json.dumps(STATES[0]))
-    result = script_runner("decide.py", "--checkpoint", tmp_path / "nan.pt", "--state", tmp_path / "state.json")
+    result = run_script("decide.py", "--checkpoint", tmp_path / "nan.pt", "--state", tmp_path / "state.json")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stdout == "" and "gives a non-finite open probability or quantity for state 0" in result.stderr
 
@@ -220,17 +220,17 @@ def test_a_factor_aware_rule_answers_states_of_three_factors_from_each_item_s_ex
         np.testing.assert_allclose(answer.quantity[row].numpy(), expected, rtol=1e-5)
 
 
-def test_decide_py_serves_a_named_policy_on_three_factors_and_a_checkpoint_refuses_them(checkpoints, tmp_path, script_runner):
+def test_decide_py_serves_a_named_policy_on_three_factors_and_a_checkpoint_refuses_them(checkpoints, tmp_path):
     THREE_FACTORS.save(tmp_path / "inst.json")
     (tmp_path / "state.json").write_text(json.dumps([VALID_THREE, {**VALID_THREE, "factor": [-1.0, 0.0, 1.0]}]))
-    done = script_runner(
+    done = run_script(
         "decide.py", "--policy", "base-stock-factor", "--instance", tmp_path / "inst.json", "--state", tmp_path / "state.json"
     )
     assert done.returncode == 0, done.stderr
     answers = json.loads(done.stdout)
     assert len(answers) == 2 and all(len(a["quantity"]) == 2 and a["open"] in (0, 1) for a in answers)
     for method in ("or-transformer", "ppo"):
-        refused = script_runner(
+        refused = run_script(
             "decide.py", "--checkpoint", checkpoints[method], "--instance", tmp_path / "inst.json", "--state", tmp_path / "state.json"
         )
         assert refused.returncode == 2 and refused.stderr.count("error:") == 1

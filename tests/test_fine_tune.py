@@ -128,11 +128,11 @@ def test_the_command_line_fine_tune_skips_the_presets_warm_start(trained_paths, 
     assert json.loads((tmp_path / "ft2" / "training.json").read_text())["warm_start"]["updates"] == 2
 
 
-def test_a_refused_initial_weights_leaves_no_run_folder(trained_paths, tmp_path, script_runner):
+def test_a_refused_initial_weights_leaves_no_run_folder(trained_paths, tmp_path):
     """The checkpoint is checked before the run folder is made (the script and the library alike)."""
     inst = tmp_path / "i4.json"
     paper_instance(4, 0).save(inst)
-    result = script_runner(
+    result = run_script(
         "train.py", "--method", "hpo", "--instance", inst, "--initial-weights", trained_paths["or-transformer"], "--out", tmp_path / "ft"
     )
     assert result.returncode == 2 and "holds another network: method 'or-transformer' (this run: 'hpo')" in result.stderr, result.stderr[

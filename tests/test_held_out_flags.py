@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from conftest import run_script
 
 SHARED = ("--episodes", "--horizon", "--seed", "--out")
 SOLVER_POOL = ("--workers", "--address")
@@ -17,10 +18,10 @@ def flag_help(text: str, flag: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def helps(script_runner):
+def helps():
     result = {}
     for script in ("evaluate.py", "milp.py", "bound.py"):
-        done = script_runner(script, "--help")
+        done = run_script(script, "--help")
         assert done.returncode == 0, done.stderr
         result[script] = done.stdout
     return result

@@ -70,12 +70,12 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_an_output_inside_an_input_or_another_run_changes_nothing(runs, case, script_runner):
+def test_an_output_inside_an_input_or_another_run_changes_nothing(runs, case):
     """Each case is one `error:` line naming --out, the folder and what to do, exit status 2, and the bound's and
     the backtest's files are byte for byte what they were."""
     script, args, expected = CASES[case]
     before = digests(runs)
-    result = script_runner(script, *(str(a).format(runs=runs) for a in args))
+    result = run_script(script, *(str(a).format(runs=runs) for a in args))
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: --out '"), result.stderr[-2000:]
     for needle in expected:

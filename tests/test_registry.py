@@ -12,7 +12,7 @@ from dataclasses import fields
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import EPISODES, HORIZON, INSTANCE, METHODS, ROOT, TINY, tiny
+from conftest import EPISODES, HORIZON, INSTANCE, METHODS, ROOT, TINY, run_script, tiny
 from helpers import import_circle, package_imports
 
 from envs.errors import InputError
@@ -203,12 +203,12 @@ def policy_input(instance):
     return initial_state(tinst, FactorDemandStream(tinst, 1, 0).initial_factor()), tinst
 
 
-def test_evaluate_script_on_every_methods_checkpoint(trained, tmp_path, script_runner):
+def test_evaluate_script_on_every_methods_checkpoint(trained, tmp_path):
     (tmp_path / "inst.json").write_text(json.dumps(INSTANCE.to_dict()))
     runs = [(method, mode) for method in METHODS for mode in ("greedy", "sampled")]
 
     def evaluate_script(method, mode):
-        return script_runner(
+        return run_script(
             "evaluate.py",
             "--instance",
             tmp_path / "inst.json",

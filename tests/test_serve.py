@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, single_item
+from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, run_script, single_item
 from helpers import Gate
 
 from envs.errors import InputError
@@ -61,10 +61,10 @@ def call(port: int, method: str, path: str, body: bytes = None, content_type="ap
         connection.close()
 
 
-def decide_py(script_runner, checkpoint, states: list[dict], tmp_path, mode="greedy") -> list[dict]:
+def decide_py(checkpoint, states: list[dict], tmp_path, mode="greedy") -> list[dict]:
     """decide.py's answers to a list of states: one answer object per state, as POST /decide answers a list."""
     (tmp_path / "states.json").write_text(json.dumps(states))
-    result = script_runner("decide.py", "--checkpoint", checkpoint, "--state", tmp_path / "states.json", "--mode", mode)
+    result = run_script("decide.py", "--checkpoint", checkpoint, "--state", tmp_path / "states.json", "--mode", mode)
     assert result.returncode == 0, result.stderr[-2000:]
     return json.loads(result.stdout)
 
@@ -100,9 +100,9 @@ def service(ray_session, trained):
 
 
 @pytest.mark.slow
-def test_answers_are_decide_py_answers(service, script_runner, tmp_path):
+def test_answers_are_decide_py_answers(service, tmp_path):
     port, checkpoint = service
-    expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
+    expected = decide_py(checkpoint, STATES, tmp_path)
     status, answers = call(port, "POST", "/decide", json.dumps(STATES).encode())
     assert status == 200 and len(answers) == 4
     assert_same_answers(answers, expected)
@@ -285,7 +285,7 @@ def test_a_bad_request_gets_a_4xx_naming_the_field(service, method, path, payloa
 
 
 @pytest.mark.slow
-def test_requests_queued_during_a_policy_call_share_the_next_one(service, script_runner, tmp_path):
+def test_requests_queued_during_a_policy_call_share_the_next_one(service, tmp_path):
     """Catches batching that never merges requests (each request its own policy call), a batch answered by more than
     one call, and a wrong answer to concurrent requests. The replica's first policy call is held at a gate
     (tests/helpers.py) until the 15 other requests are queued in the replica, as its /info says: they must then
@@ -319,7 +319,7 @@ def test_requests_queued_during_a_policy_call_share_the_next_one(service, script
     finally:
         serve.delete("test-gated")
     assert all(status == 200 for status, _ in answers), answers
-    expected = decide_py(script_runner, checkpoint, STATES, tmp_path)
+    expected = decide_py(checkpoint, STATES, tmp_path)
     assert_same_answers([answer for _, answer in answers], [expected[k % 4] for k in range(16)])
     assert (counters["requests"], counters["batches"], counters["largest_batch"], counters["forward_passes"]) == (16, 2, 15, 2)
     assert counters["queued"] == 0
@@ -579,7 +579,7 @@ def test_bad_service_args_are_refused_naming_the_field(args, message):
 
 
 @pytest.mark.slow
-def test_a_killed_replica_is_replaced(service, ray_session, script_runner, tmp_path):
+def test_a_killed_replica_is_replaced(service, ray_session, tmp_path):
     port, checkpoint = service
     replica = call(port, "GET", "/info")[1]["replica"]
     ray_session.kill(ray_session.get_actor(replica, namespace="serve"))
@@ -593,7 +593,7 @@ def test_a_killed_replica_is_replaced(service, ray_session, script_runner, tmp_p
             break
         time.sleep(0.5)
     assert status == 200, answer
-    assert_same_answers(answer, decide_py(script_runner, checkpoint, STATES, tmp_path))
+    assert_same_answers(answer, decide_py(checkpoint, STATES, tmp_path))
     assert call(port, "GET", "/info")[1]["replica"] != replica
 
 

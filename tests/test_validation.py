@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import INSTANCE, TINY
+from conftest import INSTANCE, TINY, run_script
 from test_train_safety import interrupt_at
 
 from envs.dynamics import State, initial_state
@@ -184,12 +184,12 @@ def test_the_recorded_best_score_is_the_best_networks_cost_on_the_validation_pat
     assert run.result["greedy"]["parameters"]["network"] == "best"
 
 
-def test_the_report_names_the_network_each_evaluation_is_of(trained, script_runner):
+def test_the_report_names_the_network_each_evaluation_is_of(trained):
     """report.py's pairwise table: OR-Transformer's held-out evaluation is of its best network, PPO's (no validation)
     of its last."""
     ot, ppo = trained["or-transformer"], trained["ppo"]
     best = json.loads((ot.folder / "training.json").read_text())["validation"]["best"]["update"]
-    result = script_runner("report.py", ot.folder / "greedy", ppo.folder / "greedy")
+    result = run_script("report.py", ot.folder / "greedy", ppo.folder / "greedy")
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"| or-transformer-greedy (best network, update {best}) |" in result.stdout
     assert "| ppo-greedy (last network, update 2) |" in result.stdout

@@ -99,9 +99,6 @@ def test_bad_checkpoint_files_are_rejected(tmp_path):
         load_policy(tmp_path / "hpo.pt", instance=paper_instance(3, 0))
 
 
-script = run_script
-
-
 def test_train_evaluate_decide_end_to_end(tmp_path):
     inst = tmp_path / "inst.json"
     paper_instance(3, 0).save(inst)
@@ -109,7 +106,7 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
     short.write_text(
         "imitation_updates: 20\nimitation_dagger_updates: 2\nimitation_teacher: base-stock\n"
     )  # the cpu preset's warm start, shortened from 300 + 1,000 (a teacher of one family to tune)
-    run = script(
+    run = run_script(
         "train.py",
         "--method",
         "or-transformer",
@@ -134,7 +131,7 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
         assert summary["policy"] == f"or-transformer-{mode}" and summary["episodes"] == 4 and summary["training"]["status"] == "completed"
     assert pq.read_table(tmp_path / "run" / "curve.parquet").num_rows == 3
     assert json.loads((tmp_path / "run" / "training.json").read_text())["warm_start"]["updates"] == 20
-    ev = script(
+    ev = run_script(
         "evaluate.py",
         "--instance",
         inst,
@@ -153,7 +150,7 @@ def test_train_evaluate_decide_end_to_end(tmp_path):
     assert evaluated["mean"] == pytest.approx(json.loads((tmp_path / "run" / "greedy" / "summary.json").read_text())["mean"])
     state = tmp_path / "state.json"
     state.write_text(json.dumps([{"inventory": [1, 2, 3], "in_transit": [[0, 0, 0]] * 3, "factor": 0.5}] * 2))
-    decision = script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
+    decision = run_script("decide.py", "--checkpoint", tmp_path / "run" / "checkpoint.pt", "--state", state)
     assert decision.returncode == 0, decision.stderr
     answers = json.loads(decision.stdout)
     assert len(answers) == 2 and len(answers[0]["quantity"]) == 3 and answers[0]["open"] in (0, 1)
@@ -174,7 +171,7 @@ def test_yaml_config_files(tmp_path):
     paper_instance(2, 0).save(inst)
     quick = tmp_path / "quick.yaml"  # tune_configs/train/quick.yaml without the cpu preset's warm start
     quick.write_text(yaml.safe_dump({**yaml.safe_load((ROOT / "tune_configs" / "train" / "quick.yaml").read_text()), **NO_WARM_START}))
-    run = script(
+    run = run_script(
         "train.py",
         "--method",
         "hpo",

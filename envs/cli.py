@@ -51,6 +51,20 @@ def _flag(check: Callable, **bounds) -> Callable[[str], object]:
 
 
 positive_int = _flag(validate.integer, low=1)
+
+
+def replicates(text: str) -> int:
+    """A count of bootstrap replicates: an integer >= 2, since a standard error needs two."""
+    refused = argparse.ArgumentTypeError(f"expected an integer >= 2 (a standard error needs two replicates), got {text}")
+    try:
+        value = positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise refused from None
+    if value < 2:
+        raise refused
+    return value
+
+
 positive_real = _flag(validate.real, low=0.0, low_open=True)
 non_negative_real = _flag(validate.real, low=0.0)
 port = _flag(validate.integer, low=1, high=65535)

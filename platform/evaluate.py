@@ -3,7 +3,8 @@
   python platform/evaluate.py --instance inst.json --policy classical-best --out runs/eval
 
 POLICY is one of: {rules} (tuned rules, policies/classical.py), dp-optimal (one-item instances only: the
-exact dynamic-programming optimum for this horizon, policies/dp_optimal.py), decomposition-lookahead (the
+dynamic-programming optimum for this horizon, policies/dp_optimal.py; exact for an item whose domain spans at most
+2,000 units, on a coarse lattice above that, as its summary's exact_lattice and lattice_step say), decomposition-lookahead (the
 joint rule on the decomposition bound's per-item values, policies/lookahead.py: its tables computed now) or
 decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/bound.py --kind
 decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or

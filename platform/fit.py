@@ -5,7 +5,8 @@
 --history: long form, columns item, period, demand (units sold: integers 0..1,000,000, written as integers); one
 row per item and period (0 for a period without sales); periods consecutive integers or dates (YYYY-MM-DD, as dates
 or text) at one frequency (daily, weekly, monthly on one day of the month or on month ends, ...); at least 50
-periods. --items: columns item, h, b, lead and optionally qbar (default 4 lam_i, the paper's rule); one row per item
+periods. --items: columns item, h, b, lead and optionally qbar (default: the least whole number at least
+4 lam_i, the paper's rule, the 0.999 quantile of the item's lead-time demand and 1); one row per item
 of the history. CSV or Parquet for both. Units are per period of the history (a day for a daily one): h and b per
 unit per period, lead in periods, qbar in units per order (the fitted lam is units per period; a qbar below lam is
 flagged). docs/formats.md has the formats.
@@ -26,7 +27,7 @@ starts.
 import json
 from pathlib import Path
 
-from envs.cli import factors, positive_int, run_cli, script_parser, seed
+from envs.cli import factors, replicates, run_cli, script_parser, seed
 from envs.factor_choice import MAX_FACTORS
 from envs.fit import fit_history
 from envs.fit_bootstrap import REPLICATES
@@ -47,7 +48,7 @@ def main() -> None:
     parser.add_argument("--K", type=float, help="joint setup cost K >= 0 (default 10 n, the paper family's)")
     parser.add_argument("--gamma", type=float, default=0.95, help="discount factor in (0, 1) (default 0.95)")
     parser.add_argument(
-        "--replicates", type=positive_int, default=REPLICATES, help=f"bootstrap replicates, at least 2 (default {REPLICATES})"
+        "--replicates", type=replicates, default=REPLICATES, help=f"bootstrap replicates, at least 2 (default {REPLICATES})"
     )
     parser.add_argument(
         "--seed", type=seed, default=0, help="seed of the bootstrap and of the hold-out check's randomised intervals (default 0)"
@@ -61,8 +62,6 @@ def main() -> None:
     parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file (.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and its report files")
     args = parser.parse_args()
-    if args.replicates < 2:
-        parser.error(f"--replicates: expected an integer >= 2 (a standard error needs two replicates), got {args.replicates}")
     if args.K is not None:
         check_constant("K", args.K, "--K")
     check_constant("gamma", args.gamma, "--gamma")

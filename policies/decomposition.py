@@ -27,16 +27,16 @@ Reported figures (`combine`): the split is searched on the coarse factor grid (a
 bound); the values at the chosen split and at equal shares K/n come from the fine grid, and the
 coarse grid's values at the same shares give the convergence check in the grid step: Tauchen's error
 is O(step^2) (measured), so the fine grid's remaining error is estimated as |coarse - fine| / (r^2 - 1)
-with r the ratio of the grid steps (Richardson), and the conservative figure subtracts twice that.
-The per-item cap is raised to ceil(qbar) (policies.dp_optimal.make_lattice, a relaxation) and the
-position domain reaches dmax below min(x_0, 0) (both only lower the values).
+with r the ratio of the grid steps (Richardson). The per-item cap is raised to ceil(qbar)
+(policies.dp_optimal.make_lattice, a relaxation) and the position domain reaches dmax below min(x_0, 0)
+(both only lower the values).
 
 Items at real volumes (docs/methods.md, "The DP at real volumes"). An item whose exact lattice would have more than
 policies.dp_optimal.MAX_POSITIONS positions is solved on a coarse lattice of step D (demand moved onto the multiples
-of D, its mean kept), whose error has no known sign. Its size is estimated like the factor grid's: the same item on the
-coarse factor grid with steps D and 2D, both with the cap c = ceil(qbar / 2D) 2D (a multiple of both, so that the two
-differ by the lattice alone), and the error of step D taken as |V_D - V_2D| / 3 (the error is O(D^2), measured);
-`lattice_error` sums it over the items and the conservative figure subtracts twice it as well.
+of D, its mean kept), whose value is an approximation. For such an item policies/dp_certificate.py computes, on the
+same lattice and fine grid, a proven lower bound on its exact-lattice value (`certified_values`); on the exact lattice
+the value is its own certificate. The certified figure sums them, and the conservative figure is the certified figure
+less twice the factor grid's estimated error: a proof in the lattice, an estimate in the factor grid only.
 
 Per episode: each item's relaxed-optimal policy (the fine grid's DP policy) is simulated on that
 episode's exposure path of the item and the item's demands, the held-out paths every method is evaluated on, and
@@ -46,7 +46,6 @@ cost, which is at least the relaxed optimum; they serve the paired comparisons.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -63,7 +62,7 @@ from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import TUNING_SEED, ExogenousPaths, sample_paths
 from envs.instance import ITEM_COLUMNS, Instance, exposure
-from policies import dp_optimal, lookahead
+from policies import dp_certificate, dp_optimal, lookahead
 from policies.classical import TUNING_EPISODES
 
 NAME = "decomposition-bound"
@@ -254,18 +253,13 @@ def item_values(instance: Instance, item: int, setups, horizon: int, points: int
 
 
 @names_the_item
-def lattice_error(instance: Instance, item: int, setups, horizon: int, step: int, options: DecompositionOptions) -> np.ndarray:
-    """The estimated error of item `item`'s values on its lattice of step D = `step` at every share in `setups` ([G]):
-    |V_D - V_2D| / 3 on the coarse factor grid, both with the cap ceil(qbar / 2D) 2D (module docstring); zeros on the
-    exact lattice (D = 1)."""
-    if step == 1:
-        return np.zeros(len(setups))
+def certified_values(instance: Instance, item: int, solutions: list, horizon: int, options: DecompositionOptions) -> list[float]:
+    """Proven lower bounds on item `item`'s exact-lattice values at the shares of its fine-grid `solutions`: the values
+    themselves on the exact lattice (step 1), else policies.dp_certificate's bound on the same lattice and grid."""
+    if solutions[0].lattice.step == 1:
+        return [solution.expected_cost for solution in solutions]
     one = item_instance(instance, item, 0.0)
-    cap = math.ceil(float(one.qbar[0]) / (2 * step) - 1e-9) * 2 * step
-    capped = dataclasses.replace(one, qbar=np.array([float(cap)]))
-    settings = options.dp_settings(options.coarse_points)
-    fine, coarse = (dp_optimal.expected_costs(capped, horizon, setups, step=d, **settings) for d in (step, 2 * step))
-    return np.abs(fine - coarse) / 3.0
+    return [float(v) for v in dp_certificate.certified_costs(one, horizon, [s.setup for s in solutions], **options.dp_settings())]
 
 
 # ---- the split ------------------------------------------------------------------------------------
@@ -487,11 +481,11 @@ def item_figures(
     }
     coarse = [known[s] for s in setups]
     step = solutions[0].lattice.step
-    errors = lattice_error(instance, item, setups, horizon, step, options)
+    certified = certified_values(instance, item, solutions, horizon, options)
     own_paths = item_paths(instance, item, paths)
     discount = instance.gamma ** np.arange(horizon)
     record = {"item": int(item), "lattice_step": int(step)}
-    for name, setup, solution, value, error in zip(names, setups, solutions, coarse, errors):
+    for name, setup, solution, value, floor in zip(names, setups, solutions, coarse, certified):
         result = evaluate(
             dp_optimal.DPOptimalPolicy(solution), item_instance(instance, item, setup).to_torch(dtype=torch.float64), own_paths, trace=True
         )
@@ -500,7 +494,7 @@ def item_figures(
             "share": setup,
             "value": solution.expected_cost,
             "coarse_value": float(value),
-            "lattice_error": float(error),
+            "certified_value": floor,
             "costs": result.discounted_cost.tolist(),
             "orders": float(orders.sum(1).mean()),
             "discounted_orders": float((orders @ discount).mean()),
@@ -581,20 +575,21 @@ def item_table(
 
 
 def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:
-    """The bound's figures for one split from the items' records: the fine-grid value, the Richardson
-    estimate of the limit, the coarse lattices' estimated error (`lattice_error`, summed over the items; 0 when
-    every item is on its exact lattice) and the conservative figure (module docstring), the per-episode costs [E]
-    and the mean cumulative discounted cost by step [T] of the relaxed policies."""
+    """The bound's figures for one split from the items' records: the fine-grid value, the Richardson estimate of the
+    factor grid's limit, the certified value (the items' proven lower bounds on their exact-lattice values, summed:
+    the fine-grid value itself where every item is on its exact lattice), the conservative figure (the certified value
+    less twice the factor grid's estimated error; module docstring), the per-episode costs [E] and the mean cumulative
+    discounted cost by step [T] of the relaxed policies."""
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
     remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
-    lattice = sum(r[name]["lattice_error"] for r in records)
+    certified = sum(r[name]["certified_value"] for r in records)
     return {
         "value": fine,
         "coarse_value": coarse,
-        "lattice_error": lattice,
+        "certified": certified,
         "extrapolated": fine - (coarse - fine) / (options.step_ratio**2 - 1),
-        "conservative": fine - 2 * (remaining + lattice),
+        "conservative": certified - 2 * remaining,
         "costs": np.sum([r[name]["costs"] for r in records], axis=0),
         "cumulative": np.sum([r[name]["cumulative"] for r in records], axis=0),
     }

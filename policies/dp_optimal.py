@@ -67,10 +67,12 @@ is solved again.
 
 Coarse lattice (real volumes; docs/methods.md, "The DP at real volumes"). Where the exact lattice would have more than
 MAX_POSITIONS positions (a domain of many periods of a large or heavy-tailed demand), the DP works on x_0 + D Z with a
-step D > 1 of whole units (`lattice_step`): orders are multiples of D, the cap is rounded to one (up with
-`integer_cap`, down without), and one period's demand law is moved onto the multiples of D keeping its mean
-(`demand_law`); the recursion below is the same with D units per step. Its value is then an approximation of unknown
-sign (`exact_lattice` is False), whose size the decomposition bound estimates and subtracts.
+step D > 1 of whole units (`lattice_step`, at most half the cap and a twentieth of the lead-time demand's spread):
+targets are lattice points up to the cap and, where D does not divide the cap, the cap's own end with its value
+interpolated (`Lattice.rest`: the cap is never rounded); one period's demand law is moved onto the multiples of D
+keeping its mean (`demand_law`); the recursion below is the same with D units per step. Its value is then an
+approximation (`exact_lattice` is False); policies/dp_certificate.py bounds the exact lattice's value from below on
+the same lattice.
 
 Several setup costs at once (`setups`, `expected_costs`): everything but the value functions is shared
 (factor grid, demand laws, lattice, G), and the backward pass runs on [setups, M, N] arrays.
@@ -98,6 +100,7 @@ import numpy as np
 import torch
 from scipy import stats
 from scipy.fft import irfft, next_fast_len, rfft
+from scipy.signal import fftconvolve
 
 from envs import validate
 from envs.dynamics import State
@@ -255,12 +258,19 @@ def demand_law(rates: np.ndarray, overdispersion: float, tail: float, step: int 
     return pmf / pmf.sum(1, keepdims=True) if step > 1 else pmf
 
 
+DIRECT_CONVOLUTION = 1_000_000
+"""Demand laws whose lengths multiply to at most this are summed by direct convolution, longer ones by FFT."""
+
+
 def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int) -> list[np.ndarray]:
     """Law of D_t + ... + D_{t+j-1} given F_t = f_i on the chain, for j = 1..periods: H_j [M, j dmax + 1]."""
     laws = [pmf]
     for _ in range(periods - 1):
         mixed = grid.transition @ laws[-1]  # law of the later demands given F_t: [M, S]
-        laws.append(np.stack([np.convolve(p, q) for p, q in zip(pmf, mixed)]))
+        if pmf.shape[1] * mixed.shape[1] <= DIRECT_CONVOLUTION:
+            laws.append(np.stack([np.convolve(p, q) for p, q in zip(pmf, mixed)]))
+        else:  # long laws (a heavy tail at a fine step): by FFT, its round-off below 0 cut
+            laws.append(np.clip(fftconvolve(pmf, mixed, axes=1), 0.0, None))
     return laws
 
 
@@ -313,6 +323,13 @@ class Lattice:
     def classes(self) -> int:
         return int(self.offsets.size)
 
+    @property
+    def rest(self) -> float:
+        """The part of the cap beyond the window's last lattice point, in units of stock (0 on the exact lattices, and on
+        a coarse one whose step divides the cap): an order reaches the interpolated point `rest` above it."""
+        rest = self.cap - self.window * self.step
+        return rest if self.step > 1 and rest > 1e-9 * max(1.0, self.cap) else 0.0
+
     def positions(self, low_unit: int, high_unit: int) -> np.ndarray:
         """Every lattice position of the steps low_unit..high_unit, increasing: [(high - low + 1) c]."""
         return self.step * (np.arange(low_unit, high_unit + 1)[:, None] + self.offsets[None, :]).ravel()
@@ -322,7 +339,9 @@ MAX_POSITIONS = 2000
 """The exact lattice is kept while it has at most this many positions (its domain's width times its positions per unit:
 every item of the paper's family, and the DP's tests); a larger one is replaced by a coarse lattice of step D > 1
 units with at most twice this many (`lattice_step`)."""
-RESOLUTION = 4
+SPREAD_POSITIONS = 2
+"""The spread's limit on a coarse step gives way where it would take more than this many times MAX_POSITIONS positions."""
+RESOLUTION = 20
 """A coarse lattice step is at most 1 / RESOLUTION of the lead-time demand's standard deviation given the current factor
 (`lead_time_spread`, `lattice_step`)."""
 
@@ -333,17 +352,21 @@ def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int)
     return max(x0, (lead + 1) * dmax) + cap - min(x0, 0.0) + floor_periods * dmax
 
 
-def lattice_step(span: float, classes: int, cap: int, spread: float, max_positions: int = MAX_POSITIONS) -> int:
-    """D, the lattice step in units of stock (docs/methods.md, "The DP at real volumes"): 1 (the exact lattice, `classes`
-    positions per unit) while span x classes <= max_positions. Else D_0 = max(2, ceil(span / max_positions)), but at
-    most spread / RESOLUTION (`spread`: the standard deviation of the lead-time demand) and at most the integer `cap`
-    (an order of one step must fit under it); 1 where that leaves less than 2. D is the largest divisor of `cap` in
-    [D_0 / 2, D_0] above 1 when there is one (a cap that is a multiple of D is the item's own cap, not a rounded one:
-    rounding a cap of 128 to 130 moved the value by 0.9% where the cap binds), else D_0. So a coarse lattice has at
-    most 2 max_positions positions, and more only where the spread asks for a finer step."""
-    if span * classes <= max_positions:
+def lattice_step(span: float, cap: int, spread: float, max_positions: int = MAX_POSITIONS) -> int:
+    """D, the item's lattice step in units of stock (docs/methods.md, "The DP at real volumes"), a function of the item
+    alone, so that dp-optimal, the bound and the lookahead put it on the same lattice: 1 (the exact lattice) while its
+    domain spans at most max_positions units (`span`: `domain_span` with the cap ceil(qbar) = `cap` and a floor one
+    period's demand below x_0). Else D_0 = max(2, ceil(span / max_positions)), but at most spread / RESOLUTION
+    (`spread`: the standard deviation of the lead-time demand) unless that would take more than SPREAD_POSITIONS x
+    max_positions positions (a heavy tail far beyond the spread), and at most half the cap (an item can always order
+    less than its cap); 1 where that leaves less than 2. D is the largest divisor of `cap` in [D_0 / 2, D_0] when there
+    is one (the window then ends on a lattice point), else D_0 (the window's last point, at the cap, is interpolated:
+    `Lattice.rest`). So a coarse lattice has at most 2 max_positions positions, and up to 2 SPREAD_POSITIONS
+    max_positions where the spread asks for a finer step."""
+    if span <= max_positions:
         return 1
-    least = min(max(2, math.ceil(span / max_positions)), math.floor(spread / RESOLUTION), cap)
+    least = min(max(2, math.ceil(span / max_positions)), math.floor(spread / RESOLUTION))
+    least = min(max(least, math.ceil(span / (SPREAD_POSITIONS * max_positions))), cap // 2)
     if least < 2:
         return 1
     divisors = [d for d in range(least, max(2, -(-least // 2)) - 1, -1) if cap % d == 0]
@@ -375,8 +398,8 @@ def make_lattice(
     the coarse lattice x0 + D Z, with the cap rounded to a multiple of D: up with `integer_cap` (a relaxation),
     down without (a restriction)."""
     if step > 1:
-        steps = math.ceil(qbar / step - 1e-9) if integer_cap else math.floor(qbar / step + 1e-9)
-        return Lattice(np.array([_fraction(x0 / step)]), steps, float(steps * step), False, step)
+        cap = float(whole_cap(qbar, up=True)) if integer_cap else qbar
+        return Lattice(np.array([_fraction(x0 / step)]), math.floor(cap / step + 1e-9), cap, False, step)
     if integer_cap:
         offsets = np.unique([0.0, _fraction(x0)])
         cap = float(whole_cap(qbar, up=True))
@@ -517,12 +540,13 @@ def _plan(
     grid = tauchen_grid(instance.rho, factor_points, factor_width)  # the chain of the item's exposure u_t
     rates = demand_rate(lam, beta, grid.points)
     dmax = demand_top(rates, item_overdispersion(instance), tail)
-    cap = whole_cap(qbar, up=integer_cap)
+    cap = float(whole_cap(qbar, up=True)) if integer_cap else qbar
     span = domain_span(x0, cap, dmax, lead, floor_periods)
-    if step is None:
-        classes = make_lattice(x0, qbar, max_denominator, integer_cap).classes
+    if step is None:  # the item's own step, whatever the cap's relaxation and the domain's floor (`lattice_step`)
         spread = lead_time_spread(lam, item_overdispersion(instance), lead, beta, instance.rho)
-        step = lattice_step(span, classes, cap, spread, validate.integer(max_positions, f"{NAME} max_positions", 1))
+        whole = whole_cap(qbar, up=True)
+        units = domain_span(x0, whole, dmax, lead, 1)
+        step = lattice_step(units, whole, spread, validate.integer(max_positions, f"{NAME} max_positions", 1))
     lattice = make_lattice(x0, qbar, max_denominator, integer_cap, validate.integer(step, f"{NAME} lattice step", 1))
     if lattice.window == 0:
         unit = lattice.step / lattice.classes
@@ -658,6 +682,13 @@ def window_min(values: np.ndarray, window: int) -> np.ndarray:
     return np.minimum(suffix[:, :N], prefix[:, window : window + N])
 
 
+def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
+    """values interpolated at the point `share` of a lattice step beyond [x, x + window] for every x (the last value
+    beyond the domain's top): [..., N]."""
+    last = np.concatenate([values[..., window:], np.repeat(values[..., -1:], window + 1, axis=-1)], axis=-1)  # [..., N + 1]
+    return (1.0 - share) * last[..., : values.shape[-1]] + share * last[..., 1 : values.shape[-1] + 1]
+
+
 def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept):
     """The backward recursion on the lattice for every setup cost in `setups` [G] at once (NumPy).
     Returns V_0 [G, M, N], W [kept, G, M, N] (W_t of the first `kept` decision steps), and whether an optimal
@@ -688,6 +719,8 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
         full = irfft(rfft(padded.reshape(G, M, length // c, c), size, axis=2) * kernel, size, axis=2)  # [G, M, size, c]
         w = charge + gamma * full[:, :, : length // c].reshape(G, M, length)[..., pad : pad + N]
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
+        if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
+            best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))
         opens = cost + best < w
         value = np.where(opens, cost + best, w)
         if t < kept:
@@ -768,6 +801,12 @@ class DPOptimalPolicy:
         anchor = position.clamp_min(positions[0])  # below the domain: the cap measured from its first position
         inside = (idx < N) & (positions[idx.clamp_max(N - 1)] - anchor[:, None] <= qbar * (1 + 1e-9))  # the item's own cap
         idx = torch.cat([k[:, None], idx.clamp_max(N - 1)], dim=1)  # column 0: no order
+        beyond = sol.lattice.step > 1 and qbar > sol.window * sol.lattice.step * (1 + 1e-9)
+        if beyond:  # a coarse lattice whose window stops short of the cap: the cap's end, its value interpolated in x
+            end = (anchor + qbar).clamp(positions[0], positions[-1])
+            above = torch.searchsorted(positions, end).clamp(1, N - 1)
+            share = (end - positions[above - 1]) / (positions[above] - positions[above - 1])
+            idx = torch.cat([idx, (above - 1)[:, None], above[:, None]], dim=1)
         f = instance.exposure(state.factor)[:, 0].double().clamp(points[0], points[-1])  # [B] the item's exposure u_t
         if M == 1:
             values = flat[idx]
@@ -779,9 +818,13 @@ class DPOptimalPolicy:
             nearest = (f[:, None] - points[None, :]).abs().argmin(1)
             values = flat[nearest[:, None] * N + idx]
         stay = values[:, 0]
-        best, offset = values[:, 1:].masked_fill(~inside, math.inf).min(1)
-        opens = instance.K + best < stay
+        best, offset = values[:, 1 : sol.window + 2].masked_fill(~inside, math.inf).min(1)
         target = positions[(k + offset).clamp_max(N - 1)]
+        if beyond:
+            at_end = (1 - share) * values[:, -2] + share * values[:, -1]
+            target = torch.where(at_end < best, end, target)
+            best = torch.minimum(best, at_end)
+        opens = instance.K + best < stay
         quantity = torch.where(opens, target - position, torch.zeros_like(position))
         quantity = quantity.clamp(0.0, float(sol.instance.qbar[0]))
         return opens.to(dtype), quantity.to(dtype)[:, None]

@@ -502,6 +502,18 @@ class LookaheadPolicy:
         # it (a backlog deeper than the DP's domain orders its whole cap towards the table's best target, not nothing)
         anchor = torch.maximum(position, tables.positions[items, :1])
         valid &= targets - anchor[..., None] <= qbar[..., None] * (1 + 1e-9)
+        # a coarse lattice (steps over one unit) whose window stops short of the cap: the cap's end x + qbar is a target too,
+        # its value interpolated between its two lattice neighbours (policies/dp_optimal.py's `Lattice.rest`)
+        spacing = (tables.positions[items, 1] - tables.positions[items, 0])[:, None]  # [b, 1]
+        beyond = (spacing > 1 + 1e-9) & (qbar > window[:, None] * spacing * (1 + 1e-9))  # [b, 1]
+        end = None
+        if bool(beyond.any()):
+            rows = tables.positions[items]  # [b, N]
+            end = torch.minimum(anchor + qbar, rows.gather(1, (count - 1)[:, None]))  # [b, B]
+            above = torch.minimum(torch.searchsorted(rows, end.contiguous()).clamp_min(1), (count - 1)[:, None])
+            lower_target = rows.gather(1, above - 1)
+            share = (end - lower_target) / (rows.gather(1, above) - lower_target)
+            columns = torch.cat([columns, (above - 1)[..., None], above[..., None]], dim=-1)
         stages = tables.stages[items]
         stage = torch.clamp(torch.minimum(stages - 1, torch.full_like(stages, period)), min=0)
         if M > 1:
@@ -521,11 +533,15 @@ class LookaheadPolicy:
         if interpolated:  # a stage between two kept ones: the line between them
             stage_weight = tables.knot_weight[items, stage][:, None, None]
             values = (1 - stage_weight) * values + stage_weight * read(tables.knot_upper[items, stage])
-        values = values * tables.scales[items][:, None, None]  # [b, B, w+1] in cost units
-        best, best_column = values.masked_fill(~valid, math.inf).min(-1)  # [b, B]
+        values = values * tables.scales[items][:, None, None]  # [b, B, w+1 (+2)] in cost units
+        best, best_column = values[..., : width + 1].masked_fill(~valid, math.inf).min(-1)  # [b, B]
+        target = targets.gather(2, best_column[..., None])[..., 0]
+        if end is not None:  # the cap's own end, between two lattice points of a coarse lattice
+            at_end = torch.where(beyond, (1 - share) * values[..., -2] + share * values[..., -1], math.inf)
+            target = torch.where(at_end < best, end, target)
+            best = torch.minimum(best, at_end)
         gain = (values[..., 0] - best).clamp_min(0.0)
         gain = torch.where(torch.isfinite(best) & (period < stages)[:, None], gain, torch.zeros_like(gain))
-        target = targets.gather(2, best_column[..., None])[..., 0]
         quantity = torch.where(gain > 0, torch.minimum(target - position, qbar).clamp_min(0.0), torch.zeros_like(position))
         return gain, quantity
 

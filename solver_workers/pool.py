@@ -54,7 +54,7 @@ from envs.files import read_text
 from envs.instance import Instance, atomic_write_text
 from envs.results import append_json_line, json_line
 from envs.validate import differences
-from policies import lookahead
+from policies import dp_optimal, lookahead
 from policies.decomposition import DecompositionOptions, item_figures, item_values, search_split
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
@@ -106,6 +106,7 @@ def decomposition_identity(instance: Instance, seed: int, horizon: int, episodes
         "seed": int(seed),
         "horizon": int(horizon),
         "episodes": int(episodes),
+        "lattice_resolution": dp_optimal.RESOLUTION,
         **options.to_dict(),
     }
 

@@ -196,7 +196,7 @@ def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: Sol
         ) from None
 
 
-EQUAL_SHARES_FIGURES = ("value", "lattice_error", "extrapolated", "conservative")
+EQUAL_SHARES_FIGURES = ("value", "certified", "extrapolated", "conservative")
 """The figures of the equal-shares split that the best split's summary.json repeats under `equal_shares`."""
 
 
@@ -230,7 +230,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
     figures = {name: combine(records, name, options) for name in ("best", "equal")}
     columns = {"item": [r["item"] for r in records], "lattice_step": [r["lattice_step"] for r in records]}
     for name in ("best", "equal"):
-        for field in ("share", "value", "coarse_value", "lattice_error", "orders", "discounted_orders"):
+        for field in ("share", "value", "coarse_value", "certified_value", "orders", "discounted_orders"):
             columns[f"{name}_{field}"] = [r[name][field] for r in records]
     table = pa.table(columns)
     config = run.recorded_config(instance)
@@ -246,7 +246,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
             "split": "best" if name == "best" else "equal shares",
             "dp_value": f["value"],
             "coarse_value": f["coarse_value"],
-            "lattice_error": f["lattice_error"],
+            "certified_value": f["certified"],
             "extrapolated_value": f["extrapolated"],
             "conservative_value": f["conservative"],
             "cumulative_cost": f["cumulative"].tolist(),

@@ -274,17 +274,21 @@ def test_refine_adds_points_beside_the_share():
     assert refine([1.0, 2.0, 8.0], 8.0, 10.0) == [5.0, 10.0]
 
 
-def test_conservative_figure_subtracts_twice_the_estimated_grid_and_lattice_errors():
+def test_conservative_figure_is_the_certified_value_less_twice_the_estimated_grid_error():
     """Grid steps in the ratio r = 2: the remaining error is |coarse - fine| / 3 (Richardson, O(step^2)); the items'
-    lattice errors (0.25 and 0.5, item 1 on a coarse lattice) add up and are subtracted twice as well."""
+    certified values (item 1 on a coarse lattice, 0.25 below its value; item 2 0.5 below) add up, and the conservative
+    figure is their sum less twice the grid's error, not the fine value less it."""
     records = [
-        {"item": 0, "best": {"value": 100.0, "coarse_value": 103.0, "lattice_error": 0.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]}},
-        {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "lattice_error": 0.25, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}},
-        {"item": 2, "best": {"value": 0.0, "coarse_value": 0.0, "lattice_error": 0.5, "costs": [0.0, 0.0], "cumulative": [0.0, 0.0]}},
+        {
+            "item": 0,
+            "best": {"value": 100.0, "coarse_value": 103.0, "certified_value": 100.0, "costs": [1.0, 2.0], "cumulative": [1.0, 1.5]},
+        },
+        {"item": 1, "best": {"value": 50.0, "coarse_value": 50.0, "certified_value": 49.75, "costs": [3.0, 5.0], "cumulative": [2.0, 4.0]}},
+        {"item": 2, "best": {"value": 0.0, "coarse_value": 0.0, "certified_value": -0.5, "costs": [0.0, 0.0], "cumulative": [0.0, 0.0]}},
     ]
     figures = combine(records, "best", DecompositionOptions(factor_points=41, coarse_points=21))
-    assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["lattice_error"] == 0.75
-    assert figures["conservative"] == pytest.approx(148.0 - 1.5)
+    assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["certified"] == 149.25
+    assert figures["conservative"] == pytest.approx(149.25 - 2.0)
     np.testing.assert_array_equal(figures["costs"], [4.0, 7.0])
     np.testing.assert_array_equal(figures["cumulative"], [3.0, 5.5])
 

@@ -17,8 +17,8 @@ from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance
-from policies import decomposition, dp_optimal, lookahead
-from policies.decomposition import DecompositionOptions, check_items, combine, item_figures, item_tables, lattice_error
+from policies import decomposition, dp_certificate, dp_optimal, lookahead
+from policies.decomposition import DecompositionOptions, check_items, combine, item_figures, item_tables
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -86,81 +86,178 @@ def test_lead_time_spread_is_the_standard_deviation_of_the_lead_time_demand_give
 
 def test_the_paper_family_keeps_its_exact_lattice_and_retail_volumes_get_a_bounded_one():
     """Every item of a paper instance (lam 2-7) stays on its exact lattice (so their numbers do not move: the frozen
-    fixture of tests/test_demand_model.py); an item selling hundreds a period with overdispersion gets a step that
-    divides its cap, at most a quarter of its lead-time spread, and a domain of at most 2 MAX_POSITIONS positions
-    unless the spread is what limits its step."""
+    fixture of tests/test_demand_model.py); an item selling hundreds a period with overdispersion gets a step of at most
+    half its cap and a twentieth of its lead-time spread, unless that would take more than SPREAD_POSITIONS x
+    MAX_POSITIONS positions (lam 10,000 at phi 10: a 1e-13 tail of millions of units), and its domain stays within
+    twice that many positions."""
     options = DecompositionOptions()
     paper = paper_instance(16, seed=3)
     for i in range(paper.n):
         assert dp_optimal.check_item(decomposition.item_instance(paper, i, 1.0), 50, **options.dp_settings()).step == 1
+    largest = dp_optimal.SPREAD_POSITIONS * dp_optimal.MAX_POSITIONS
     for lam, phi, lead in ((300.0, 2.0, 2), (507.0, 2.5, 3), (10000.0, 0.0, 1), (10000.0, 10.0, 4)):
         one = item(lam, phi, lead)
         lattice = dp_optimal.check_item(one, 50, **options.dp_settings())
-        assert lattice.step > 1 and math.ceil(4 * lam) % lattice.step == 0 and lattice.cap == math.ceil(4 * lam)
+        cap = math.ceil(4 * lam)
+        assert 1 < lattice.step <= cap // 2 and lattice.cap == cap
+        span = dp_optimal.item_span(one, **options.dp_settings())
         spread_limit = dp_optimal.lead_time_spread(lam, phi, lead, 0.4, 0.7) / dp_optimal.RESOLUTION
-        assert lattice.step <= spread_limit
+        assert lattice.step <= max(spread_limit, math.ceil(span / largest)), (lam, phi, lattice.step, spread_limit)
         problem = dp_optimal._prepare(one, 50, **options.dp_settings(21))
         positions = problem.lattice.positions(problem.low_unit, math.ceil(problem.upper / problem.lattice.step))
-        assert positions.size <= 2 * dp_optimal.MAX_POSITIONS + 2 or 2 * lattice.step >= math.floor(spread_limit), (lam, phi)
+        assert positions.size <= 2 * largest + 2, (lam, phi, positions.size)
 
 
-# ---- the certificate on coarse lattices ---------------------------------------------------------------
+# ---- the certificate: a proven lower bound on the exact lattice's value --------------------------------------
 
 
-SMALL = DecompositionOptions(factor_points=9, coarse_points=5, max_positions=60)
-CASES = [
-    dict(lam=12.0, phi=3.0, lead=1),
-    dict(lam=40.0, phi=0.0, lead=3),
-    dict(lam=25.0, phi=1.0, lead=2, h=9.0, b=1.0),
-    dict(lam=60.0, phi=0.0, lead=1, K=400.0),
-]
+PRIMES = (7, 11, 13, 31, 61, 127, 131, 211, 509, 1009, 2003, 4001)
 
 
-def certified(one: Instance, options: DecompositionOptions) -> tuple[dict, dict, float]:
-    """(the bound's figures of the one-item instance at share K, its item record, the exact lattice's DP value on the
-    same factor grid)."""
-    paths = sample_paths(one, 7, 4, HORIZON)
-    record = item_figures(one, 0, {"best": one.K, "equal": one.K}, HORIZON, paths, options)
-    exact = dp_optimal.expected_costs(decomposition.item_instance(one, 0, 0.0), HORIZON, [one.K], step=1, **options.dp_settings())
-    return combine([record], "best", options), record, float(exact[0])
+def random_items(seed: int, count: int, largest_lam: float) -> list[tuple[Instance, float]]:
+    """(item, setup cost) pairs drawn as a user's catalogue might hold them: lam log-uniform in [0.5, largest_lam], phi 0
+    or uniform in [0, 10], lead 1-4, loading 0-0.6, rho 0-0.9, h/b from 1/50 to 9/1, and a cap that is a prime at or
+    above lam, just above lam (2-30%) or 4 lam; setup costs from a tenth of lam to 100 lam."""
+    rng = np.random.default_rng(seed)
+    items = []
+    while len(items) < count:
+        lam = float(np.exp(rng.uniform(math.log(0.5), math.log(largest_lam))))
+        primes = [p for p in PRIMES if p > lam + 1]
+        caps = [math.ceil(lam * rng.uniform(1.02, 1.3)), math.ceil(4 * lam)] + ([int(rng.choice(primes))] if primes else [])
+        cap = max(int(rng.choice(caps)), math.floor(lam) + 1)
+        h, b = [(1.0, 9.0), (9.0, 1.0), (1.0, 50.0), (1.0, 1.0)][rng.integers(4)]
+        phi = float(rng.choice([0.0, rng.uniform(0.0, 10.0)]))
+        one = Instance(
+            h=[h],
+            b=[b],
+            lam=[lam],
+            beta=[float(rng.uniform(0.0, 0.6))],
+            lead=[int(rng.integers(1, 5))],
+            qbar=[float(cap)],
+            K=0.0,
+            gamma=0.95,
+            rho=float(rng.uniform(0.0, 0.9)),
+            overdispersion=[phi] if phi else None,
+        )
+        items.append((one, float(lam * 10 ** rng.uniform(-1, 2))))
+    return items
 
 
-def test_the_conservative_bound_stays_below_the_exact_lattice_value_on_coarse_lattices():
-    """Items forced onto coarse lattices (max_positions 60): the conservative figure is never above the exact
-    lattice's DP value, and the coarse value is within its stated error (twice the lattice's estimate) of it, so the
-    lattice's term alone covers the lattice's error. The broken control: the coarse value itself is above the exact
-    one (a mean-preserving spread of the demand raises the expected loss), so it is no bound without the term."""
+CERTIFY = dict(factor_points=5, integer_cap=True, floor_periods=1)
+"""The bound's DP settings (policies.decomposition.DecompositionOptions.dp_settings) on a small factor grid."""
+
+
+def exact_value(one: Instance, setup: float, horizon: int) -> float:
+    return float(dp_optimal.expected_costs(one, horizon, [setup], step=1, **CERTIFY)[0])
+
+
+def forced_cases(count: int) -> list[tuple[Instance, float, int]]:
+    """Items of `random_items` with small exact lattices, each on a coarse step drawn from 2 to half its cap (below
+    the step their spread would ask for, and often not a divisor of the cap)."""
+    cases = []
+    for k, (one, setup) in enumerate(random_items(11, count, 60.0)):
+        cap = int(one.qbar[0])
+        if cap >= 4:
+            cases.append((one, setup, 2 + k % (cap // 2 - 1)))
+    return cases
+
+
+def violations(cases, horizon: int = 8) -> list:
+    """The cases whose certificate on their forced step is above their exact lattice's value."""
     above = []
-    for case in CASES:
-        figures, record, exact = certified(item(**case), SMALL)
+    for one, setup, step in cases:
+        certificate = float(dp_certificate.certified_costs(one, horizon, [setup], step=step, **CERTIFY)[0])
+        exact = exact_value(one, setup, horizon)
+        if certificate > exact + 1e-9 * abs(exact):
+            above.append((one, setup, step, certificate, exact))
+    return above
+
+
+def test_the_certificate_is_never_above_the_exact_lattice_whatever_the_step():
+    """80 random items (lam 0.5-60, phi 0-10, lead 1-4, prime and tight caps, h/b 1/50 to 9/1; the slow test takes
+    300) on coarse steps up to half their cap, most of them far coarser than the lattice rule would choose and many not
+    dividing the cap: the certificate is never above the exact lattice's optimum on the same factor grid. The broken
+    controls find items above it: the sag margins dropped (the interpolant of the coarse values alone), and the cap's
+    last partial step dropped (the window rounded down to whole steps)."""
+    cases = forced_cases(80)
+    assert sum(int(one.qbar[0]) % step != 0 for one, _, step in cases) >= 20
+    assert violations(cases) == []
+    original_margins, original_min = dp_certificate._Expectation.margins, dp_certificate._bellman_min
+    try:
+        dp_certificate._Expectation.margins = lambda self, values, step: np.zeros_like(values)
+        assert len(violations(cases)) >= 10
+        dp_certificate._Expectation.margins = original_margins
+        dp_certificate._bellman_min = lambda omega, setups, window, rest, step: original_min(omega, setups, window, 0, step)
+        assert len(violations(cases)) >= 3
+    finally:
+        dp_certificate._Expectation.margins, dp_certificate._bellman_min = original_margins, original_min
+
+
+@pytest.mark.slow
+def test_the_certificate_is_never_above_the_exact_lattice_on_300_random_items():
+    cases = forced_cases(360)
+    assert len(cases) >= 300 and violations(cases) == []
+
+
+def tightness(items, horizon: int, largest_span: float) -> tuple[int, float]:
+    """(how many items sat on a coarse lattice, the largest relative shortfall of the certificate) over the items whose
+    exact domain spans at most `largest_span` units, each on the lattice the item's DP chooses; asserts validity."""
+    coarse, worst = 0, 0.0
+    for one, setup in items:
+        if dp_optimal.item_span(one, **CERTIFY) > largest_span:
+            continue
+        certificate = float(dp_certificate.certified_costs(one, horizon, [setup], **CERTIFY)[0])
+        exact = exact_value(one, setup, horizon)
+        assert certificate <= exact + 1e-9 * abs(exact), (one, setup, certificate, exact)
+        worst = max(worst, (exact - certificate) / exact)
+        coarse += dp_optimal.check_item(one, horizon, **CERTIFY).step > 1
+    return coarse, worst
+
+
+def test_the_certificate_is_within_one_percent_on_the_lattice_each_item_gets():
+    """Random items across lam 0.5-2,000 (the first 120 of the slow test's 300 whose exact lattice spans at most 40,000
+    units): on the lattice the item's DP chooses (a twentieth of its lead-time spread), the certificate is never above
+    the exact lattice's optimum and within 1% of it."""
+    coarse, worst = tightness(random_items(12, 120, 2000.0), 12, 40_000)
+    assert coarse >= 8 and worst <= 0.01, (coarse, worst)
+
+
+@pytest.mark.slow
+def test_the_certificate_is_within_one_percent_on_every_random_item():
+    """As above without the span limit: every one of the 300 items, up to millions of exact positions."""
+    coarse, worst = tightness(random_items(12, 300, 2000.0), 12, math.inf)
+    assert coarse >= 60 and worst <= 0.01, (coarse, worst)
+
+
+ISSUE_ITEM = dict(h=[1.0], b=[9.0], lam=[5.0], beta=[0.2], lead=[2], qbar=[6.0], gamma=0.95, rho=0.8, overdispersion=[10.0])
+
+
+@pytest.mark.parametrize("K", [2.0, 25.0])
+def test_the_conservative_figure_of_a_heavy_tailed_item_with_a_tight_cap_is_below_its_exact_optimum(K):
+    """lam 5, phi 10, cap 6 at the default options: its lattice keeps single units (a step of 6, the whole cap, left it
+    only all-or-nothing orders and a conservative figure 0.9 above the exact optimum at K = 2), its conservative figure
+    is at most the exact optimum and within 1% of it."""
+    one = Instance(**ISSUE_ITEM, K=K)
+    options = DecompositionOptions()
+    record = item_figures(one, 0, {"best": K, "equal": K}, 50, sample_paths(one, 7, 4, 50), options)
+    figures = combine([record], "best", options)
+    exact = dp_optimal.expected_costs(decomposition.item_instance(one, 0, 0.0), 50, [K], step=1, **options.dp_settings())[0]
+    assert record["lattice_step"] < 6
+    assert 0.99 * exact <= figures["conservative"] <= figures["certified"] <= exact + 1e-9 * exact
+
+
+def test_the_bound_certifies_coarse_items_below_their_exact_lattice():
+    """Items forced onto coarse lattices through the bound's own option (max_positions 60): each record's certified
+    value is at most its exact lattice's value and below its coarse value, and the conservative figure below both."""
+    options = DecompositionOptions(factor_points=9, coarse_points=5, max_positions=60)
+    for case in (dict(lam=60.0, phi=3.0, lead=1), dict(lam=400.0, phi=0.0, lead=3, qbar=1601.0)):
+        one = item(**case)
+        record = item_figures(one, 0, {"best": one.K, "equal": one.K}, HORIZON, sample_paths(one, 7, 4, HORIZON), options)
+        figures = combine([record], "best", options)
+        exact = dp_optimal.expected_costs(decomposition.item_instance(one, 0, 0.0), HORIZON, [one.K], step=1, **options.dp_settings())[0]
         assert record["lattice_step"] > 1, case
-        assert figures["conservative"] <= exact, (case, figures, exact)
-        assert abs(figures["value"] - exact) <= 2 * figures["lattice_error"], (case, figures, exact)
-        above.append(figures["value"] > exact)
-    assert any(above)
-
-
-@pytest.mark.parametrize("lam", [1.0, 5.0, 30.0, 100.0, 500.0])
-def test_the_certificate_across_retail_volumes(lam):
-    """lam 1-500, phi 0-10, lead 1-3 at the default lattice sizes, wherever the exact lattice fits (here: a domain of at
-    most 120,000 units, on 5 factor points): the coarse value minus twice its estimated lattice error is never above the
-    exact lattice's value, and the coarse value is within that error. At lam 1 every item keeps its exact lattice."""
-    options = DecompositionOptions(factor_points=9, coarse_points=5)
-    settings = options.dp_settings(options.coarse_points)
-    compared = 0
-    for phi in (0.0, 1.0, 10.0):
-        for lead in (1, 3):
-            one = decomposition.item_instance(item(lam, phi, lead), 0, 0.0)
-            lattice = dp_optimal.check_item(one, HORIZON, **settings)
-            if lattice.step == 1 or dp_optimal.item_span(one, **settings) > 120_000:
-                continue
-            shares = [10.0, 100.0, 1000.0]
-            coarse = dp_optimal.expected_costs(one, HORIZON, shares, **settings)
-            exact = dp_optimal.expected_costs(one, HORIZON, shares, step=1, **settings)
-            error = 2 * lattice_error(item(lam, phi, lead), 0, shares, HORIZON, lattice.step, options)
-            assert np.all(coarse - error <= exact) and np.all(np.abs(coarse - exact) <= error), (lam, phi, lead, coarse, exact, error)
-            compared += 1
-    assert compared >= 2 or lam == 1.0
+        assert figures["conservative"] <= figures["certified"] <= exact + 1e-9 * exact, (case, figures, exact)
+        assert figures["certified"] < figures["value"], (case, figures)
 
 
 # ---- the lookahead on coarse tables and on any cap ----------------------------------------------------
@@ -252,3 +349,70 @@ def test_a_backlog_below_the_tables_orders_its_whole_cap():
     for policy in (lookahead.LookaheadPolicy(tables, 1.0), dp_optimal.DPOptimalPolicy(solution)):
         opens, quantity = policy(state, tinst)
         assert opens.item() == 1.0 and quantity.item() == pytest.approx(qbar), type(policy).__name__
+
+
+# ---- the lattice keeps the problem ---------------------------------------------------------------------------
+
+
+def test_every_entry_point_puts_an_item_on_one_lattice_that_orders_less_than_its_cap():
+    """dp-optimal with its defaults (121 factor points, its own cap, a floor of L + 1 periods), the bound (41 points,
+    the cap ceil(qbar), a floor of one period) and the lookahead's tables choose the same step for every random item
+    (they differed for lam 30, phi 2, qbar 120: steps 24 and 16), and no step is more than half the cap (lam 5, phi 10,
+    qbar 6 had the step 6: only all-or-nothing orders)."""
+    options = DecompositionOptions()
+    for one, _ in random_items(13, 60, 2000.0) + [(item(30.0, 2.0, 2, qbar=120.0), 0.0), (Instance(**ISSUE_ITEM, K=2.0), 0.0)]:
+        steps = {
+            dp_optimal.check_item(one, 50, stages=None).step,
+            dp_optimal.check_item(one, 50, **options.dp_settings()).step,
+            dp_optimal.check_item(one, 50, **options.dp_settings(integer_cap=decomposition.tables_relax_cap(float(one.qbar[0])))).step,
+        }
+        assert len(steps) == 1, (one, steps)
+        assert steps.pop() <= max(1, math.ceil(float(one.qbar[0])) // 2), one
+
+
+def test_a_cap_the_step_does_not_divide_is_kept_exactly():
+    """lam 100, phi 0.5 and a prime cap of 131 on a coarse lattice (step 6): dp-optimal's value is within 0.3% of the
+    exact lattice's (the cap rounded down to 120 cost 23%, rounded up in the bound 19% below), and from a deep backlog its
+    policy orders exactly 131."""
+    one = item(100.0, 0.5, 2, qbar=131.0, K=500.0, beta=0.2)
+    settings = dict(factor_points=9)
+    coarse = dp_optimal.solve(one, HORIZON, **settings)
+    assert coarse.lattice.step > 1 and 131 % coarse.lattice.step != 0
+    exact = dp_optimal.expected_costs(one, HORIZON, [500.0], step=1, **settings)[0]
+    assert abs(coarse.expected_cost - exact) <= 0.003 * exact, (coarse.expected_cost, exact)
+    state = State(
+        torch.tensor([[-400.0]], dtype=torch.float64), torch.zeros(1, 1, LMAX - 1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    )
+    opens, quantity = dp_optimal.DPOptimalPolicy(coarse)(state, one.to_torch(dtype=torch.float64))
+    assert opens.item() == 1.0 and quantity.item() == pytest.approx(131.0)
+
+
+LOOKAHEAD_CASES = {
+    "lam 30, phi 2, cap 120": (item(30.0, 2.0, 2, qbar=120.0, K=150.0, beta=0.2), False),
+    "lam 100, phi 0.5, prime cap 131": (item(100.0, 0.5, 2, qbar=131.0, K=500.0, beta=0.2), False),
+    "lam 10, phi 2, lead 3, h 9, b 1": (item(10.0, 2.0, 3, h=9.0, b=1.0, K=450.0, beta=0.2), True),
+    "lam 500, phi 2, lead 4, prime cap 2003": (item(500.0, 2.0, 4, qbar=2003.0, K=2000.0), True),
+    "lam 2000, Poisson, tight cap 2081, h 1, b 50": (item(2000.0, 0.0, 1, qbar=2081.0, b=50.0, K=5000.0), True),
+    "lam 1, phi 10, lead 4, cap 9": (item(1.0, 10.0, 4, qbar=9.0, K=30.0), True),
+    "lam 300, phi 10, lead 1, cap 1201": (item(300.0, 10.0, 1, qbar=1201.0, K=3000.0), True),
+}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(name, marks=[pytest.mark.slow] if slow else []) for name, (_, slow) in LOOKAHEAD_CASES.items()]
+)
+def test_the_one_item_lookahead_is_within_three_per_mille_of_its_exact_lattice_self(case):
+    """The one-item lookahead on the lattice its item gets against the lookahead on the exact lattice, paired over 2,000
+    episodes (9 factor points, T = 12): within 0.3% of the exact one's cost (plus two paired standard errors); the
+    issue's three cases (+1.3%, +1.8% and +14.6% before) and items of lam 1-2,000, phi 0-10, lead 1-4, prime and tight
+    caps, b/h up to 50 (slow)."""
+    one = LOOKAHEAD_CASES[case][0]
+    policies = []
+    for max_positions in (dp_optimal.MAX_POSITIONS, 10**9):
+        options = DecompositionOptions(factor_points=9, coarse_points=5, max_positions=max_positions)
+        items = item_tables(one, HORIZON, options, dtype="float32", forms=("finite",))
+        policies.append(lookahead.LookaheadPolicy(lookahead.LookaheadTables.from_items(items, "finite", HORIZON, ""), 1.0))
+    paths = sample_paths(one, 4, 2000, HORIZON)
+    ours, reference = (decisions(policy, one, paths) for policy in policies)
+    comparison = paired_comparison(ours.discounted_cost, reference.discounted_cost)
+    assert comparison.mean_difference <= 0.003 * reference.mean + 2 * comparison.se, (case, comparison, reference.mean)

@@ -35,6 +35,7 @@ from envs.instance import Instance
 from envs.job_output import resolve_out
 from policies import lookahead
 from policies.decomposition import DecompositionOptions, certificate_note, check_items
+from policies.dp_optimal import LONG_SOLVE
 from solver_workers.backends import SOLVERS, SolverOptions
 from solver_workers.bound import solved_note
 from solver_workers.ray_session import init_ray, stop_ray
@@ -94,7 +95,13 @@ def main() -> None:
     run = SolverRun.from_args(out, args)
     if args.kind == "decomposition":
         options = DecompositionOptions(factor_points=args.factor_points, coarse_points=args.coarse_points, tolerance=args.tolerance)
-        check_items(instance, args.horizon, options, f"--instance '{args.instance}'", lookahead.FORMS)  # before Ray starts
+        item, seconds = check_items(instance, args.horizon, options, f"--instance '{args.instance}'", lookahead.FORMS)  # before Ray starts
+        if seconds > LONG_SOLVE:
+            print(
+                f"decomposition bound: {instance.item_name(item)}'s DP is the largest, about {seconds:,.0f} s a solve on "
+                f"{options.factor_points} factor points; each item takes a solve per split round and a few for its figures and tables",
+                flush=True,
+            )
         journal = decomposition_journal(run, instance, options, args.overwrite)
         init_ray(args.workers, args.address)
         s = run_decomposition_bound(run, instance, journal, options)

@@ -181,12 +181,16 @@ def check_caps(instance: Instance, where: str) -> None:
         )
 
 
-def check_items(instance: Instance, horizon: int, options: DecompositionOptions, where: str, forms: tuple[str, ...] = ()) -> None:
+def check_items(
+    instance: Instance, horizon: int, options: DecompositionOptions, where: str, forms: tuple[str, ...] = ()
+) -> tuple[int, float]:
     """Refuse, before Ray starts, an instance with an item whose DP would not fit in memory or cannot order under its cap
     (policies.dp_optimal.check_item, milliseconds an item): the bound's fine solve of two shares with W_t kept, and the
-    lookahead tables of `forms` (`item_table`'s solves). One InputError naming the item and what to change."""
+    lookahead tables of `forms` (`item_table`'s solves). One InputError naming the item and what to change. Returns the
+    item whose fine solve takes longest and its estimated seconds (policies.dp_optimal.estimated_seconds)."""
     check_caps(instance, where)
     long = lookahead.stationary_horizon(instance.gamma)
+    slowest = (0, 0.0)
     for item in range(instance.n):
         one = item_instance(instance, item, 0.0)
         relax = tables_relax_cap(float(instance.qbar[item]))
@@ -198,6 +202,9 @@ def check_items(instance: Instance, horizon: int, options: DecompositionOptions,
                 dp_optimal.check_item(one, steps, setups, stages, **options.dp_settings(integer_cap=integer_cap))
         except (dp_optimal.TooLarge, dp_optimal.CapBelowStep) as exc:
             raise InputError(f"{where}: {instance.item_name(item)}: {exc}") from None
+        seconds = dp_optimal.estimated_seconds(one, horizon, 2, **options.dp_settings())[1]
+        slowest = max(slowest, (item, seconds), key=lambda pair: pair[1])
+    return slowest
 
 
 def names_the_item(solve_item: Callable) -> Callable:
@@ -259,7 +266,8 @@ def certified_values(instance: Instance, item: int, solutions: list, horizon: in
     if solutions[0].lattice.step == 1:
         return [solution.expected_cost for solution in solutions]
     one = item_instance(instance, item, 0.0)
-    return [float(v) for v in dp_certificate.certified_costs(one, horizon, [s.setup for s in solutions], **options.dp_settings())]
+    setups, values = [s.setup for s in solutions], [s.expected_cost for s in solutions]
+    return [float(v) for v in dp_certificate.certified_costs(one, horizon, setups, values, **options.dp_settings())]
 
 
 # ---- the split ------------------------------------------------------------------------------------

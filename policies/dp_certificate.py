@@ -103,9 +103,7 @@ def _bellman_min(omega: np.ndarray, setups: np.ndarray, window: int, rest: int, 
     best = inside
     if rest:
         share = rest / step
-        shifted = np.concatenate([omega[..., window:], np.repeat(omega[..., -1:], window, axis=-1)], axis=-1)  # omega_{j+w}
-        after = np.concatenate([shifted[..., 1:], shifted[..., -1:]], axis=-1)  # omega_{j+w+1}
-        best = np.minimum(best, (1.0 - share) * shifted + share * after)  # the window's end a_{j+w} + r
+        best = np.minimum(best, dp_optimal.window_end(omega, window, share))  # the window's end a_{j+w} + r
     cost = setups[:, None, None]
     value = np.minimum(omega, cost + best)
     if rest:
@@ -124,12 +122,35 @@ def _bellman_min(omega: np.ndarray, setups: np.ndarray, window: int, rest: int, 
     return value, touches
 
 
-def certified_costs(instance: Instance, horizon: int, setups, **settings) -> np.ndarray:
+CERTIFICATE_GAP = 0.005
+"""`certified_costs` halves the step while its bound lies more than this fraction below the DP's value."""
+CERTIFICATE_POSITIONS = 40_000
+"""... as long as the finer lattice has at most this many positions (five times the most a DP's own lattice has)."""
+
+
+def certified_costs(instance: Instance, horizon: int, setups, reference=None, **settings) -> np.ndarray:
     """A lower bound on the item's exact-lattice optimum with its cap raised to ceil(qbar) (the bound's relaxation),
-    for every setup cost in `setups`: [G]. `settings` are dp_optimal.solve's (integer_cap is implied); the lattice step
-    is the one the item's DP uses with them."""
+    for every setup cost in `setups`: [G]. `settings` are dp_optimal.solve's (integer_cap is implied), `step` among
+    them; the lattice step is the one the item's DP uses with them. With `reference` (the DP's values at `setups`), the
+    step is halved while the bound is more than CERTIFICATE_GAP below them and the finer lattice has at most
+    CERTIFICATE_POSITIONS positions: the sag margins shrink with the square of the step, and each step's bound is valid,
+    so the largest is kept."""
     settings = {**settings, "integer_cap": True}
-    if dp_optimal._plan(instance, **settings).lattice.step == 1:  # the exact lattice: its value is the optimum
+    step = dp_optimal._plan(instance, **settings).lattice.step
+    bound = _certified(instance, horizon, setups, {**settings, "step": step})
+    if reference is None:
+        return bound
+    reference = np.atleast_1d(np.asarray(reference, dtype=np.float64))
+    units = dp_optimal.item_span(instance, **settings)
+    while step > 1 and np.any(reference - bound > CERTIFICATE_GAP * np.abs(reference)) and units / (step // 2) <= CERTIFICATE_POSITIONS:
+        step //= 2
+        bound = np.maximum(bound, _certified(instance, horizon, setups, {**settings, "step": step}))
+    return bound
+
+
+def _certified(instance: Instance, horizon: int, setups, settings: dict) -> np.ndarray:
+    """`certified_costs` on the lattice of settings["step"]."""
+    if settings["step"] == 1:  # the exact lattice: its value is the optimum
         return dp_optimal.expected_costs(instance, horizon, setups, **settings)
     problem = dp_optimal._prepare(instance, horizon, **settings)
     step, grid = problem.lattice.step, problem.grid

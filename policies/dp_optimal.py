@@ -58,7 +58,7 @@ cells. So raising the cap to ceil(qbar), a relaxation (its optimum is at most th
 two classes Z and x_0 + Z exact: two positions per unit instead of up to max_denominator.
 
 Position domain: [x_lo, x_hi] with x_lo = min(x_0, 0) - (L + 1) dmax (`floor_periods` replaces L + 1)
-and x_hi = max(x_0, q) + qbar (dmax the one-period truncation point, q the upper 1e-9 quantile of S at
+and x_hi = max(x_0, q) + min(qbar, q) (dmax the one-period truncation point, q the upper 1e-9 quantile of S at
 the top factor); positions below x_lo that the expectation needs are extrapolated linearly (slope over
 the lowest unit), which only touches states ~(L + 1) dmax below anything a sensible policy visits.
 With floor_periods = 1 the values move down by at most 0.001 (about 1e-6 relative) on the paper
@@ -93,6 +93,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -101,6 +102,7 @@ import torch
 from scipy import stats
 from scipy.fft import irfft, next_fast_len, rfft
 from scipy.signal import fftconvolve
+from tqdm import tqdm
 
 from envs import validate
 from envs.dynamics import State
@@ -339,7 +341,7 @@ MAX_POSITIONS = 2000
 """The exact lattice is kept while it has at most this many positions (its domain's width times its positions per unit:
 every item of the paper's family, and the DP's tests); a larger one is replaced by a coarse lattice of step D > 1
 units with at most twice this many (`lattice_step`)."""
-SPREAD_POSITIONS = 2
+SPREAD_POSITIONS = 4
 """The spread's limit on a coarse step gives way where it would take more than this many times MAX_POSITIONS positions."""
 RESOLUTION = 20
 """A coarse lattice step is at most 1 / RESOLUTION of the lead-time demand's standard deviation given the current factor
@@ -348,8 +350,10 @@ RESOLUTION = 20
 
 def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int) -> float:
     """An upper bound on the width of the position domain (module docstring): from min(x_0, 0) - floor_periods dmax
-    to max(x_0, q) + cap, with q <= (L + 1) dmax."""
-    return max(x0, (lead + 1) * dmax) + cap - min(x0, 0.0) + floor_periods * dmax
+    to max(x_0, q) + min(cap, q), with q <= (L + 1) dmax (a cap far above the demand adds no more than q: the domain
+    grows if an optimal target reaches its top)."""
+    top = (lead + 1) * dmax
+    return max(x0, top) + min(cap, top) - min(x0, 0.0) + floor_periods * dmax
 
 
 def lattice_step(span: float, cap: int, spread: float, max_positions: int = MAX_POSITIONS) -> int:
@@ -579,6 +583,23 @@ def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | 
     return plan.lattice
 
 
+SECONDS_PER_CELL = 6e-8
+"""Seconds of the backward pass per setup cost x factor point x (position + one period's demand points) x decision
+step, measured on this project's development machine (2 CPU cores; bench/dp_volumes.py's items: 54-62 ns)."""
+LONG_SOLVE = 10.0
+"""A solve estimated to take longer than this many seconds is announced, with a progress bar (`dp_optimal_policy`)."""
+
+
+def estimated_seconds(instance: Instance, horizon: int, setups: int = 1, **settings) -> tuple[int, float]:
+    """(positions, seconds): the size of the item's DP with `settings` (`solve`'s) at its widest first domain
+    (`domain_span`), and about how long its backward pass takes for `setups` setup costs (SECONDS_PER_CELL)."""
+    plan = _plan(instance, **settings)
+    positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
+    demand_points = -(-plan.dmax // plan.lattice.step) * plan.lattice.classes
+    steps = max(horizon - int(instance.lead[0]), 0)
+    return positions, SECONDS_PER_CELL * setups * plan.grid.points.size * (positions + demand_points) * steps
+
+
 def _prepare(instance: Instance, horizon: int, **settings) -> _Problem:
     validate.integer(horizon, f"{NAME} horizon", 1)
     plan = _plan(instance, **settings)
@@ -589,10 +610,12 @@ def _prepare(instance: Instance, horizon: int, **settings) -> _Problem:
     pmf = demand_law(plan.rates, item_overdispersion(instance), plan.tail, lattice.step)  # [M, J+1]
     sums = demand_sums(plan.grid, pmf, lead + 1)  # H_1..H_{L+1}
     q_top = lattice.step * float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
-    return _Problem(instance, int(horizon), lead, plan.grid, lattice, pmf, sums, x0, plan.low_unit, max(x0, q_top) + lattice.cap)
+    return _Problem(
+        instance, int(horizon), lead, plan.grid, lattice, pmf, sums, x0, plan.low_unit, max(x0, q_top) + min(lattice.cap, q_top)
+    )
 
 
-def _solve(problem: _Problem, setups: np.ndarray, kept: int | None):
+def _solve(problem: _Problem, setups: np.ndarray, kept: int | None, progress: bool = False):
     """The backward pass for every setup cost at once, widening the domain until no optimal target
     touches its top, keeping W_t for the first `kept` decision steps (None: every one). Returns (positions [N],
     V_0 [G, M, N], W [kept, G, M, N], sunk [M], index of x_0)."""
@@ -604,7 +627,9 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None):
         steps = decision_steps if kept is None else min(kept, decision_steps)
         dmax = (p.pmf.shape[1] - 1) * p.lattice.step
         check_size(p.instance, p.grid.points.size, dmax, p.lattice, positions.size, setups.size, steps)
-        result = _backward(positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, decision_steps, steps)
+        result = _backward(
+            positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, decision_steps, steps, progress
+        )
         if not result[2]:
             break
         p.upper += p.lattice.cap  # an optimal target touched the top of the domain: widen it and solve again
@@ -624,7 +649,7 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None):
     return positions, initial_value, action_value, sunk, k0
 
 
-def solve(instance: Instance, horizon: int, setups=None, stages: int | None = None, **settings):
+def solve(instance: Instance, horizon: int, setups=None, stages: int | None = None, progress: bool = False, **settings):
     """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
     from the documented initial state I_0 = lam (L + 1), P_0 = 0, with setup cost K. With `setups`
     (a sequence of setup costs) one backward pass solves the item for all of them at once and a list
@@ -637,7 +662,7 @@ def solve(instance: Instance, horizon: int, setups=None, stages: int | None = No
     start = time.perf_counter()
     problem = _prepare(instance, horizon, **settings)
     costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
-    positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, stages)
+    positions, initial_value, action_value, sunk, k0 = _solve(problem, costs, stages, progress)
     seconds = (time.perf_counter() - start) / costs.size
     solutions = [
         DPSolution(
@@ -689,7 +714,7 @@ def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
     return (1.0 - share) * last[..., : values.shape[-1]] + share * last[..., 1 : values.shape[-1] + 1]
 
 
-def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept):
+def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept, progress=False):
     """The backward recursion on the lattice for every setup cost in `setups` [G] at once (NumPy).
     Returns V_0 [G, M, N], W [kept, G, M, N] (W_t of the first `kept` decision steps), and whether an optimal
     target reached the top of the domain."""
@@ -710,7 +735,8 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
     action_value = np.empty((kept, G, M, N))
     value = np.zeros((G, M, N))
     hit_top = False
-    for t in range(decision_steps - 1, -1, -1):
+    stages = tqdm(range(decision_steps - 1, -1, -1), desc=f"{NAME}: {N:,} positions x {M} factor points", disable=not progress, leave=False)
+    for t in stages:
         mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
         slope = mixed[..., c : c + 1] - mixed[..., :1]  # per lattice step, at the bottom
         padded = np.zeros((G, M, length))
@@ -837,8 +863,17 @@ def _nearest(positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.where(take_lower, upper - 1, upper)
 
 
-def dp_optimal_policy(instance: Instance, horizon: int, device="cpu", **solve_kwargs) -> tuple[DPOptimalPolicy, dict]:
-    """Solve the DP and return (policy, parameters for the summary), like policies.classical.tuned_policy.
+def dp_optimal_policy(
+    instance: Instance, horizon: int, device="cpu", progress: bool = False, **solve_kwargs
+) -> tuple[DPOptimalPolicy, dict]:
+    """Solve the DP and return (policy, parameters for the summary), like policies.classical.tuned_policy. With
+    `progress`, a solve estimated to take more than LONG_SOLVE seconds says so first and shows its backward pass.
     An InputError for n > 1."""
-    solution = solve(instance, horizon, **solve_kwargs)
+    long = False
+    if progress:
+        positions, seconds = estimated_seconds(instance, horizon, **solve_kwargs)
+        long = seconds > LONG_SOLVE
+        if long:
+            tqdm.write(f"{NAME}: a DP of about {positions:,} positions; about {seconds:,.0f} s to solve", file=sys.stderr)
+    solution = solve(instance, horizon, progress=long, **solve_kwargs)
     return DPOptimalPolicy(solution), solution.summary()

@@ -27,7 +27,7 @@ def named_policy(
     if threshold is not None and not is_lookahead(name):
         raise ValueError(f"threshold: the lookahead's c, given for policy {name!r}")
     if name == DP_OPTIMAL:
-        return dp_optimal_policy(instance, horizon, device)
+        return dp_optimal_policy(instance, horizon, device, progress=progress)
     if is_lookahead(name):
         return lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), threshold=threshold, progress=progress)
     return tuned_policy(instance, name, horizon, device=device, progress=progress)

@@ -3,8 +3,9 @@ lag-1 autocorrelation, correlations) against the history's, a drift of an item's
 history (`mean_drift`), a periodic pattern in the items' means over the day of the week, the week or the month of the
 year (`periodic_check`), and the hold-out check (the model fitted on the first 80% of the periods forecasting the last
 20%: `holdout_check`). What the model cannot represent is said in the estimate's notes (envs/moment_estimator.py);
-what it may represent wrongly is flagged here: statistics off, rho at its cap, a drift, a periodic pattern and a
-hold-out coverage below its interval."""
+what it may represent wrongly is flagged here: statistics off, rho at its cap, a drift, a periodic pattern, a
+hold-out coverage below its interval (of the items' cells, and of the total) and a cell that alone drives its item's
+fit (`outlying_cells`)."""
 
 from __future__ import annotations
 
@@ -218,6 +219,31 @@ def demand_cdf(count: np.ndarray, rate: np.ndarray, overdispersion) -> np.ndarra
     return np.where(count >= 0, value, 0.0)
 
 
+OUTLIER_LEVEL = 1e-3
+"""Level of the outlying-cell test: the chance that a history of the fitted model flags any of its cells (Bonferroni
+over the items' cells)."""
+
+
+def outlying_cells(demand: np.ndarray) -> list[tuple[int, int, float]]:
+    """(item, period, p) of each item's most extreme cell whose upper tail p = P(D >= d), under the negative binomial of
+    the mean and variance of the item's other periods (Poisson where they show no overdispersion; the factor's swing is
+    in that variance), is below OUTLIER_LEVEL / (n T): one cell far beyond everything else the item sold, which alone
+    drives its lam, its phi and its default cap (a mistyped 1,000,000 in an item selling 5 a period). An item whose
+    other periods are all 0 has p = 0 for any sale."""
+    periods, n = demand.shape
+    others = periods - 1
+    mean = (demand.sum(axis=0) - demand) / others  # [T, n] each cell's item's mean without it
+    second = ((demand**2).sum(axis=0) - demand**2) / others
+    variance = np.maximum(second - mean**2, 0.0) * others / max(others - 1, 1)
+    sold = mean > 0
+    phi = np.clip(np.divide(variance - mean, mean**2, out=np.zeros_like(mean), where=sold), 0.0, None)
+    tail = np.where(sold, 1.0 - demand_cdf(demand - 1, np.where(sold, mean, 1.0), phi), 0.0)
+    tail = np.where(demand > 0, tail, 1.0)
+    worst = tail.argmin(axis=0)  # [n] each item's most extreme period
+    level = OUTLIER_LEVEL / (periods * n)
+    return [(int(i), int(worst[i]), float(tail[worst[i], i])) for i in range(n) if tail[worst[i], i] < level]
+
+
 QUASI_POINTS = 128
 """Points of the k-dimensional factor forecast (scrambled Sobol, k >= 2) over which the hold-out's total is averaged;
 one factor uses the 20 Gauss-Hermite nodes."""
@@ -278,6 +304,7 @@ def holdout_check(demand: np.ndarray, seed: int = 0, factors: int = 1) -> dict:
         "item_coverage_se": coverage_se(inside),
         "item_coverage_per_item": inside.mean(axis=0),
         "total_coverage": float(total_inside.mean()),
+        "total_coverage_se": coverage_se(total_inside[:, None]),
         "observed_mean": held.mean(axis=0),
         "predicted_mean": predicted_mean.mean(axis=0),
     }

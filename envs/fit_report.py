@@ -17,11 +17,13 @@ from envs.fit_checks import (
     DRIFT_LEVEL,
     HOLDOUT_SHARE,
     INTERVAL,
+    OUTLIER_LEVEL,
     RHO_AT_CAP,
     SEASON_LEVEL,
     mean_drift,
     model_correlation,
     model_statistics,
+    outlying_cells,
 )
 from envs.instance import OVERDISPERSION_MAX
 from envs.moment_estimator import ALTERNATIONS, BETA_MAX, LAGS, RHO_MAX, Estimate, model_loadings
@@ -104,6 +106,11 @@ def report_numbers(
         )
     coverage_low = INTERVAL - CHECK_SE * holdout["item_coverage_se"]
     holdout_below = holdout["item_coverage"] < coverage_low
+    total_coverage_low = INTERVAL - CHECK_SE * holdout["total_coverage_se"]
+    total_holdout_below = holdout["total_coverage"] < total_coverage_low
+    outliers = outlying_cells(history.demand)
+    phi_at_cap = fitted.overdispersion >= OVERDISPERSION_MAX * (1 - 1e-9)
+    beta_at_cap = fitted.beta >= BETA_MAX * (1 - 1e-9)
     cap_below = qbar < fitted.lam  # Instance.caps_below_demand: no policy keeps up with the item's demand
     cap_below_one = qbar < 1.0  # the DP-based policies order on lattices of whole units or tenths: policies.dp_optimal.CapBelowStep
     sd = np.sqrt(np.maximum(obs_var, 1e-300))
@@ -191,13 +198,28 @@ def report_numbers(
                 "effect": season_effect,
             },
             "holdout_below": bool(holdout_below),
+            "total_holdout_below": bool(total_holdout_below),
+            "outlier_level": OUTLIER_LEVEL,
+            "outlying_cells": [
+                {"item": names[i], "period": str(history.periods[t]), "demand": float(history.demand[t, i]), "p": p} for i, t, p in outliers
+            ],
+            "overdispersion_at_cap": [names[i] for i in np.flatnonzero(phi_at_cap)],
+            "beta_at_cap": [names[i] for i in np.flatnonzero(beta_at_cap)],
             "cap_below_demand": [names[i] for i in np.flatnonzero(cap_below)],
             "cap_below_one": [names[i] for i in np.flatnonzero(cap_below_one)],
         },
         "holdout": {
             **{
                 key: holdout[key]
-                for key in ("train_periods", "holdout_periods", "interval", "item_coverage", "item_coverage_se", "total_coverage")
+                for key in (
+                    "train_periods",
+                    "holdout_periods",
+                    "interval",
+                    "item_coverage",
+                    "item_coverage_se",
+                    "total_coverage",
+                    "total_coverage_se",
+                )
             },
             "item_coverage_low": coverage_low,
         },
@@ -240,6 +262,18 @@ def report_numbers(
                 if holdout_below
                 else []
             ),
+            *(
+                [f"hold-out coverage of the total {100 * holdout['total_coverage']:.1f}% below its interval (from {100 * total_coverage_low:.1f}%)"]
+                if total_holdout_below
+                else []
+            ),
+            *(
+                f"item '{names[i]}': period {history.periods[t]} sold {history.demand[t, i]:,.0f}, beyond everything else it sold "
+                f"(p = {p:.2g} under its other periods): this one cell drives its lam, phi and default cap; check the history"
+                for i, t, p in outliers
+            ),
+            *(f"item '{names[i]}': overdispersion phi at its cap {OVERDISPERSION_MAX:g}" for i in np.flatnonzero(phi_at_cap)),
+            *(f"item '{names[i]}': loading |beta| at its cap {BETA_MAX:g}" for i in np.flatnonzero(beta_at_cap)),
             *(
                 f"item '{names[i]}': order cap qbar {qbar[i]:g} below its mean demand lam {fitted.lam[i]:.3g} per period: "
                 "no policy keeps up (the backlog grows without bound); the decomposition bound and lookahead refuse it"

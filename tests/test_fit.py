@@ -635,3 +635,27 @@ def test_a_cap_below_one_unit_is_flagged(tmp_path):
         "item 'item-000': order cap qbar 0.6 below one unit: orders of a fraction of a unit only; dp-optimal, the decomposition "
         "bound and its lookahead order on a lattice and refuse a cap below one step of it"
     ]
+
+
+def test_one_cell_that_drives_an_item_is_flagged_with_the_total_coverage_and_a_parameter_at_its_cap(tmp_path):
+    """Eight items of the one-factor model over 300 periods; one cell of item i3 (selling about 5) typed as 1,000,000,
+    and item i5 all zeros but for one sale of 40: the report flags both cells by item and period (each far beyond its
+    item's other periods), the total's hold-out coverage below its interval (the spike, in the fitted part, lifts i3's
+    lam to thousands), and
+    both items' overdispersion at its cap. The same history without the two edits raises none of these flags (the broken
+    control: a test that flagged any large cell would flag the clean history's heaviest one)."""
+    rng = np.random.default_rng(3)
+    clean = simulate_demand(BASE.lam[:8], BASE.beta[:8], 0.8, 300, rng)
+    spiked = clean.copy()
+    spiked[100, 3] = 1_000_000
+    spiked[:, 5] = 0
+    spiked[40, 5] = 40
+    report = fit_report_of(spiked, tmp_path)
+    cells = {(cell["item"], cell["period"]) for cell in report["checks"]["outlying_cells"]}
+    assert cells == {("i3", "100"), ("i5", "40")}, report["checks"]["outlying_cells"]
+    assert any(flag.startswith("item 'i3': period 100 sold 1,000,000") for flag in report["flags"]), report["flags"]
+    assert report["checks"]["total_holdout_below"] and any("coverage of the total" in flag for flag in report["flags"])
+    assert report["checks"]["overdispersion_at_cap"] == ["i3", "i5"]
+    control = fit_report_of(clean, tmp_path)
+    assert control["checks"]["outlying_cells"] == [] and not control["checks"]["total_holdout_below"], control["flags"]
+    assert control["checks"]["overdispersion_at_cap"] == []

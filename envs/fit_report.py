@@ -264,7 +264,8 @@ def report_numbers(
             ),
             *(
                 [
-                    f"hold-out coverage of the total {100 * holdout['total_coverage']:.1f}% below its interval (from {100 * total_coverage_low:.1f}%)"
+                    f"hold-out coverage of the total {100 * holdout['total_coverage']:.1f}% below its interval "
+                    f"(from {100 * total_coverage_low:.1f}%)"
                 ]
                 if total_holdout_below
                 else []

@@ -225,19 +225,21 @@ over the items' cells)."""
 
 
 def outlying_cells(demand: np.ndarray) -> list[tuple[int, int, float]]:
-    """(item, period, p) of each item's most extreme cell whose upper tail p = P(D >= d), under the negative binomial of
-    the mean and variance of the item's other periods (Poisson where they show no overdispersion; the factor's swing is
-    in that variance), is below OUTLIER_LEVEL / (n T): one cell far beyond everything else the item sold, which alone
-    drives its lam, its phi and its default cap (a mistyped 1,000,000 in an item selling 5 a period). An item whose
-    other periods are all 0 has p = 0 for any sale."""
+    """(item, period, p) of each item's most extreme cell whose upper tail p = P(D >= d) is below OUTLIER_LEVEL / (n T)
+    under the negative binomial of the mean of the item's other periods and the overdispersion of all its periods
+    (Poisson where they show none; the factor's swing is in that variance): one cell far beyond everything else the item
+    sold, which alone drives its lam, its phi and its default cap (a mistyped 1,000,000 in an item selling 5 a period).
+    The cell's own periods' dispersion is the most generous to it, so a heavy tail of the model is not flagged. An item
+    whose other periods are all 0 has p = 0 for any sale."""
     periods, n = demand.shape
-    others = periods - 1
-    mean = (demand.sum(axis=0) - demand) / others  # [T, n] each cell's item's mean without it
-    second = ((demand**2).sum(axis=0) - demand**2) / others
-    variance = np.maximum(second - mean**2, 0.0) * others / max(others - 1, 1)
-    sold = mean > 0
-    phi = np.clip(np.divide(variance - mean, mean**2, out=np.zeros_like(mean), where=sold), 0.0, None)
-    tail = np.where(sold, 1.0 - demand_cdf(demand - 1, np.where(sold, mean, 1.0), phi), 0.0)
+    total = demand.sum(axis=0)
+    mean = (total - demand) / (periods - 1)  # [T, n] each cell's item's mean without it
+    everything = total / periods
+    variance = demand.var(axis=0, ddof=1)
+    sold = everything > 0
+    phi = np.clip(np.divide(variance - everything, everything**2, out=np.zeros(n), where=sold), 0.0, None)  # [n]
+    others = mean > 0
+    tail = np.where(others, 1.0 - demand_cdf(demand - 1, np.where(others, mean, 1.0), phi), 0.0)
     tail = np.where(demand > 0, tail, 1.0)
     worst = tail.argmin(axis=0)  # [n] each item's most extreme period
     level = OUTLIER_LEVEL / (periods * n)

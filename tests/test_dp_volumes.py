@@ -418,3 +418,22 @@ def test_the_one_item_lookahead_is_within_three_per_mille_of_its_exact_lattice_s
     ours, reference = (decisions(policy, one, paths) for policy in policies)
     comparison = paired_comparison(ours.discounted_cost, reference.discounted_cost)
     assert comparison.mean_difference <= 0.003 * reference.mean + 2 * comparison.se, (case, comparison, reference.mean)
+
+
+def test_a_long_solve_says_its_size_and_time_before_it_starts(capsys, monkeypatch):
+    """dp-optimal with progress on an item whose DP is estimated above LONG_SOLVE seconds (the limit lowered to 0 here)
+    writes its positions and estimated seconds before the solve, then a bar over the backward pass; a solve below the
+    limit, or without progress, writes nothing. The estimate grows with the positions and the setups as the backward
+    pass does: doubling the setups doubles it."""
+    one = item(300.0, 2.0, 2)
+    positions, seconds = dp_optimal.estimated_seconds(one, HORIZON, factor_points=9)
+    assert positions > 100 and seconds > 0
+    assert dp_optimal.estimated_seconds(one, HORIZON, 2, factor_points=9)[1] == pytest.approx(2 * seconds)
+    dp_optimal.dp_optimal_policy(one, HORIZON, progress=True, factor_points=9)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(dp_optimal, "LONG_SOLVE", 0.0)
+    dp_optimal.dp_optimal_policy(one, HORIZON, progress=False, factor_points=9)
+    assert capsys.readouterr().err == ""
+    dp_optimal.dp_optimal_policy(one, HORIZON, progress=True, factor_points=9)
+    err = capsys.readouterr().err
+    assert err.startswith(f"dp-optimal: a DP of about {positions:,} positions; about ") and "factor points" in err, err

@@ -1,19 +1,24 @@
-"""GPU readiness in one run: the gpu-marked tests, the simulator's costs on the GPU against the CPU, a few
-updates of the paper preset at n = 1,024 in float32 and bfloat16, and in bfloat16 with activation checkpointing,
-torch.compile and CUDA graphs (UPDATE_SETTINGS; seconds, transitions/s, micro-batch, peak memory within 80 GiB),
-the paper network's decision time at
-batch 1 and 128, and a Ray Train run with use_gpu on one GPU. Prints one JSON line per check; the last line
-says which checks failed. Exit status 0 when every check passed, 1 when one failed, and 0 with a single
-"no CUDA" line on a machine without CUDA (nothing to check there).
+"""GPU readiness in one run that always answers: each check runs in a process of its own under its own time limit,
+in priority order (the paper update at n = 1,024 in bfloat16 first, then the paper network's decision time at batch 1
+and 128, the simulator's throughput, the update in float32, with activation checkpointing, with torch.compile and with
+CUDA graphs (seconds, transitions/s, micro-batch, peak memory within 80 GiB), the gpu-marked tests, the simulator's
+costs on the GPU against the CPU, and a Ray Train run with use_gpu on one GPU), all within --budget seconds (default
+480: 8 minutes). Each check's JSON lines are printed as it finishes; a check past its limit is killed and reported
+as timed out (with what it printed by then), and a check that no longer fits the budget is reported as skipped. The
+last line names the failed, timed-out and skipped checks. Exit status 0 when none failed or timed out, 1 otherwise,
+and 0 with a single "no CUDA" line on a machine without CUDA (nothing to check there).
 
-  python bench/gpu.py                      # on a CUDA machine: every check (a few minutes)
+  python bench/gpu.py                      # on a CUDA machine: every check, within 8 minutes
   python bench/gpu.py --device cpu --n 8 --preset cpu --updates 2    # the same code path on a CPU, small
+  python bench/gpu.py --only update-bf16   # one check, in this process, without a limit
 
 `make gpu-check` runs the first line.
 """
 
 import argparse
+import contextlib
 import gc
+import io
 import json
 import subprocess
 import sys
@@ -35,14 +40,6 @@ DECISION_REPEATS = 20
 PEAK_LIMIT_GIB = 80.0
 """A paper update must fit an 80 GB card (an H100): the update check fails above this peak allocation."""
 ROOT = Path(__file__).resolve().parent.parent
-UPDATE_SETTINGS = (
-    {"precision": "float32"},
-    {"precision": "bfloat16"},
-    {"precision": "bfloat16", "checkpoint_activations": True},
-    {"precision": "bfloat16", "compile": True},
-    {"precision": "bfloat16", "cuda_graphs": True},
-)
-"""The config fields of each `paper_updates` check (over the preset's)."""
 
 
 def emit(record: dict) -> dict:
@@ -258,8 +255,85 @@ def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
     }
 
 
+def simulator_throughput(device: str, n: int) -> list[dict]:
+    """bench/simulator.py's forward and forward + backward item-steps per second at B = 1,024, T = 10, for n = 16, 64 and
+    `n` (its rows, without its NumPy reference loop's share of the figures here)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from simulator import bench
+
+    with contextlib.redirect_stdout(io.StringIO()):  # its own line per n; the records here are the check's
+        rows = [bench(size, device) for size in sorted({16, 64, n})]
+    return [{"figure": "simulator", **row} for row in rows]
+
+
+CHECKS = {
+    "update-bf16": (150, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "bfloat16"})]),
+    "decisions": (60, lambda a: decision_time(a.device, a.n, a.preset)),
+    "simulator": (60, lambda a: simulator_throughput(a.device, a.n)),
+    "update-fp32": (120, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "float32"})]),
+    "update-checkpoint": (
+        90,
+        lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "bfloat16", "checkpoint_activations": True})],
+    ),
+    "update-compile": (150, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "bfloat16", "compile": True})]),
+    "update-cuda-graphs": (
+        120,
+        lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "bfloat16", "cuda_graphs": True})],
+    ),
+    "gpu-tests": (120, lambda a: [gpu_tests(a.device)]),
+    "agreement": (60, lambda a: [cost_agreement(a.device, a.n)]),
+    "ray-train": (120, lambda a: [ray_train(a.device, a.n, a.preset, a.updates)]),
+}
+"""Every check in priority order: its time limit in seconds (a GPU's, start-up included) and what it runs."""
+BUDGET = 480.0
+"""Seconds for every check together (`make gpu-check`): a GPU lease of 15 minutes holds its start-up and this."""
+LEAST_SECONDS = 5.0
+"""A check is started only with at least this many seconds of the budget left."""
+
+
+def run_checks(args) -> dict:
+    """Every check of CHECKS in order, each in a child process (this script with --only) under min(its limit, the
+    budget left); prints each record as its check finishes. Returns the summary record."""
+    start = time.perf_counter()
+    failed, timed_out, skipped = [], [], []
+    passthrough = ["--device", args.device, "--n", str(args.n), "--preset", args.preset, "--updates", str(args.updates)]
+    for name, (limit, _) in CHECKS.items():
+        left = args.budget - (time.perf_counter() - start)
+        if left < LEAST_SECONDS:
+            skipped.append(name)
+            emit({"figure": name, "skipped": f"the budget of {args.budget:g} s is spent ({left:.0f} s left)"})
+            continue
+        limit = min(args.check_limit or limit, left)
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--only", name, *passthrough], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            out, err = child.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+            timed_out.append(name)
+        records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for record in records:
+            emit(record)
+        if name in timed_out:
+            emit({"figure": name, "timed_out": True, "limit_s": round(limit, 1), "passed": False})
+        elif child.returncode != 0 or any(record.get("passed") is False for record in records):
+            failed.append(name)
+            if child.returncode != 0:
+                emit({"figure": name, "passed": False, "exit_status": child.returncode, "error": err.strip()[-500:]})
+    return {
+        "figure": "summary",
+        "device": args.device,
+        "failed": failed,
+        "timed_out": timed_out,
+        "skipped": skipped,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
 def main() -> int:
-    from envs.cli import device, positive_int
+    from envs.cli import device, positive_int, positive_real
     from trainers.registry import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,6 +345,9 @@ def main() -> int:
         "--preset", choices=list(PRESETS), default="paper", help="OR-Transformer preset of the updates and decisions (default paper)"
     )
     parser.add_argument("--updates", type=positive_int, default=3, help="timed updates (default 3); the Ray Train run makes as many")
+    parser.add_argument("--budget", type=positive_real, default=BUDGET, help=f"seconds for every check together (default {BUDGET:g})")
+    parser.add_argument("--check-limit", type=positive_real, help="seconds for each check (default: each check's own, CHECKS)")
+    parser.add_argument("--only", choices=list(CHECKS), help="run this one check here, without a limit")
     args = parser.parse_args()
     if args.device is None and not torch.cuda.is_available():
         emit(
@@ -282,18 +359,14 @@ def main() -> int:
             }
         )
         return 0
-    dev = args.device or "cuda"
-    emit(device_facts(dev))
-    checks = [
-        lambda: [gpu_tests(dev)],
-        lambda: [cost_agreement(dev, args.n)],
-        *(lambda settings=settings: [paper_updates(dev, args.n, args.preset, args.updates, settings)] for settings in UPDATE_SETTINGS),
-        lambda: decision_time(dev, args.n, args.preset),
-        lambda: [ray_train(dev, args.n, args.preset, args.updates)],
-    ]
-    failed = [record["figure"] for check in checks for record in map(emit, check()) if record.get("passed") is False]
-    emit({"figure": "summary", "device": dev, "failed": failed})
-    return 1 if failed else 0
+    args.device = args.device or "cuda"
+    if args.only:
+        for record in CHECKS[args.only][1](args):
+            emit(record)
+        return 0
+    emit(device_facts(args.device))
+    summary = emit(run_checks(args))
+    return 1 if summary["failed"] or summary["timed_out"] else 0
 
 
 if __name__ == "__main__":

@@ -338,9 +338,8 @@ class Lattice:
 
 
 MAX_POSITIONS = 2000
-"""The exact lattice is kept while it has at most this many positions (its domain's width times its positions per unit:
-every item of the paper's family, and the DP's tests); a larger one is replaced by a coarse lattice of step D > 1
-units with at most twice this many (`lattice_step`)."""
+"""The exact lattice is kept while the item's domain spans at most this many units (every item of the paper's family,
+and the DP's tests); a wider one goes on a coarse lattice of step D > 1 units (`lattice_step`)."""
 SPREAD_POSITIONS = 4
 """The spread's limit on a coarse step gives way where it would take more than this many times MAX_POSITIONS positions."""
 RESOLUTION = 20
@@ -399,8 +398,8 @@ def make_lattice(
 ) -> Lattice:
     """The 1/m lattice of the module docstring, or with `integer_cap` the two classes Z and x0 + Z with
     the cap raised to ceil(qbar) (a relaxation: its optimum is at most the item's optimum). With `step` D > 1
-    the coarse lattice x0 + D Z, with the cap rounded to a multiple of D: up with `integer_cap` (a relaxation),
-    down without (a restriction)."""
+    the coarse lattice x0 + D Z with the cap ceil(qbar) (`integer_cap`) or qbar, kept as it is: its window is the whole
+    steps under the cap, and `Lattice.rest` the part beyond them."""
     if step > 1:
         cap = float(whole_cap(qbar, up=True)) if integer_cap else qbar
         return Lattice(np.array([_fraction(x0 / step)]), math.floor(cap / step + 1e-9), cap, False, step)

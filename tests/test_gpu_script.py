@@ -46,25 +46,33 @@ def test_the_agreement_check_sees_a_1e_4_change_of_a_holding_cost(gpu_script):
     assert np.max(np.abs(ours - theirs) / theirs) > gpu_script.AGREEMENT_RTOL
 
 
-def test_one_run_measures_the_updates_with_compile_and_cuda_graphs(gpu_script, monkeypatch, capsys):
-    """`main` makes one paper_updates check per setting, torch.compile and CUDA graphs among them (the other checks
-    stubbed); without CUDA the CUDA graphs check is skipped, not failed, and the summary names no failure."""
-    measured = []
-
-    def paper_updates(device, n, preset, updates, settings):
-        measured.append(settings)
-        if settings.get("cuda_graphs"):
-            return real_paper_updates(device, n, preset, updates, settings)
-        return {"figure": "paper_updates", **settings, "passed": True}
-
-    real_paper_updates = gpu_script.paper_updates
-    monkeypatch.setattr(gpu_script, "paper_updates", paper_updates)
-    for check in ("cost_agreement", "ray_train"):
-        monkeypatch.setattr(gpu_script, check, lambda *args, check=check: {"figure": check, "passed": True})
-    monkeypatch.setattr(gpu_script, "decision_time", lambda *args: [])
-    monkeypatch.setattr(sys, "argv", ["gpu.py", "--device", "cpu", "--n", "2", "--preset", "cpu", "--updates", "1"])
+def test_the_checks_come_in_priority_order_with_compile_and_cuda_graphs_among_them(gpu_script, monkeypatch, capsys):
+    """The paper update in bfloat16 comes first, then decisions and the simulator; compile and CUDA graphs each have a
+    check of their own, and the CUDA graphs check run here without CUDA is skipped, not failed."""
+    names = list(gpu_script.CHECKS)
+    assert names[:3] == ["update-bf16", "decisions", "simulator"] and {"update-compile", "update-cuda-graphs"} <= set(names)
+    monkeypatch.setattr(
+        sys, "argv", ["gpu.py", "--device", "cpu", "--n", "2", "--preset", "cpu", "--updates", "1", "--only", "update-cuda-graphs"]
+    )
     assert gpu_script.main() == 0
-    assert {"precision": "bfloat16", "compile": True} in measured and {"precision": "bfloat16", "cuda_graphs": True} in measured
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [r["skipped"] for r in records if r.get("cuda_graphs")] == ["CUDA graphs need CUDA"]
-    assert records[-1]["failed"] == []
+    assert [r["skipped"] for r in records] == ["CUDA graphs need CUDA"]
+
+
+def test_a_check_past_its_limit_is_killed_and_the_rest_skipped_once_the_budget_is_spent(gpu_script, monkeypatch, capsys):
+    """On the CPU at a tiny size with a 1-second limit per check and a 4-second budget: the first check (a child that
+    imports torch and builds the paper update: seconds) is killed and reported as timed out with its limit, the checks
+    after the budget is spent are reported as skipped by name, the summary names both and the exit status is 1. The
+    broken control is a check without its limit: the run would then wait for every check."""
+    argv = ["gpu.py", "--device", "cpu", "--n", "2", "--preset", "cpu", "--updates", "1", "--check-limit", "1", "--budget", "4"]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(gpu_script, "LEAST_SECONDS", 1.0)
+    assert gpu_script.main() == 1
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    first = next(r for r in records if r.get("figure") == "update-bf16")
+    assert first["timed_out"] and first["limit_s"] == 1.0 and first["passed"] is False
+    summary = records[-1]
+    assert summary["figure"] == "summary" and "update-bf16" in summary["timed_out"]
+    assert summary["skipped"] and summary["skipped"][-1] == "ray-train"
+    assert [r["figure"] for r in records if "skipped" in r and "budget" in r["skipped"]] == summary["skipped"]
+    assert set(summary["timed_out"]) | set(summary["skipped"]) | set(summary["failed"]) <= set(gpu_script.CHECKS)

@@ -459,11 +459,8 @@ def average_gradients(params: list[torch.nn.Parameter], world: int) -> None:
 
 def standardize(advantage: torch.Tensor) -> torch.Tensor:
     """Eq. (standardized_advantage) over all B T_roll pairs (of every rank when data-parallel)."""
-    stats = _global_sum(
-        torch.stack(
-            [advantage.sum(), (advantage**2).sum(), torch.tensor(float(advantage.numel()), device=advantage.device, dtype=advantage.dtype)]
-        )
-    )
+    count = advantage.new_full((), float(advantage.numel()))  # filled on the device: no host-to-device copy, no sync
+    stats = _global_sum(torch.stack([advantage.sum(), (advantage**2).sum(), count]))
     mean = stats[0] / stats[2]
     std = (stats[1] / stats[2] - mean**2).clamp_min(0).sqrt()
     return (advantage - mean) / (std + 1e-8)

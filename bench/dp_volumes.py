@@ -76,7 +76,7 @@ def main() -> None:
             for phi in args.phis:
                 one = retail_item(lam, phi, lead)
                 values, seconds, peak = measured(dp_optimal.expected_costs, one, HORIZON, SETUPS, **settings)
-                certified, certificate_seconds, _ = measured(dp_certificate.certified_costs, one, HORIZON, SETUPS, **settings)
+                certified, certificate_seconds, _ = measured(dp_certificate.certified_costs, one, HORIZON, SETUPS, values, **settings)
                 lattice = dp_optimal.check_item(one, HORIZON, **settings)
                 row = {"lam": lam, "phi": phi, "lead": lead, "step": lattice.step}
                 row |= {"seconds": round(seconds, 3), "peak_mib": round(peak, 1), "certificate_seconds": round(certificate_seconds, 3)}

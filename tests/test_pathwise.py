@@ -17,7 +17,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from trainers import pathwise
-from trainers.memory import GIB, MemoryPlan, StateBytes
+from trainers.memory import GIB, MemoryPlan, StateBytes, balanced, slices
 from trainers.pathwise import (
     PathwiseTrainer,
     TrainConfig,
@@ -356,6 +356,20 @@ def test_the_memory_plan_bounds_every_pass_after_what_the_update_stores():
     assert (fixed.rollouts, fixed.readout_rollouts, fixed.states) == (3, 3, 30)
     starved = MemoryPlan.choose(100 / GIB, "test", state, shard=8, steps=10)  # stores more than the budget: one of each
     assert (starved.rollouts, starved.readout_rollouts, starved.states) == (1, 1, 1)
+
+
+def test_the_micro_batches_of_a_pass_are_equal_where_their_count_divides_the_rollouts():
+    """1,024 rollouts of which at most 260 fit a pass: 4 micro-batches of 256 (the largest that fits would leave a last
+    one of 244, a second shape for a compiled pass); 1,000 at most 260: 4 of 250; 10 at most 4: 3 of at most 4 (4, 4, 2);
+    never more micro-batches than the largest size needs, never one above it. The broken control, the largest size
+    that fits, gives 260, 260, 260, 244."""
+    state = StateBytes(quantity=1, terminal=0, open=1, critic=1)
+    plan = MemoryPlan.choose(260 * 10 / GIB, "test", state, shard=1024, steps=10)
+    assert plan.rollouts == 256 and {c.stop - c.start for c in plan.rollout_chunks()} == {256} and len(plan.rollout_chunks()) == 4
+    for count, largest, size in ((1024, 260, 256), (1000, 260, 250), (10, 4, 4), (7, 7, 7), (7, 1, 1), (1023, 260, 256)):
+        assert balanced(count, largest) == size
+        assert math.ceil(count / balanced(count, largest)) == math.ceil(count / largest)
+    assert [c.stop - c.start for c in slices(1024, 260)] == [260, 260, 260, 244]
 
 
 CHECKPOINTED_BUDGET = 0.1

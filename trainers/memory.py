@@ -95,6 +95,13 @@ def accumulate(loss: torch.Tensor) -> None:
         loss.backward()
 
 
+def balanced(count: int, largest: int) -> int:
+    """The micro-batch size that splits `count` into as few micro-batches as `largest` allows, k = ceil(count / largest),
+    of size ceil(count / k): equal sizes where k divides `count` (1,024 rollouts at most 260 a pass: 4 of 256, not
+    3 of 260 and one of 244), so a compiled pass sees one shape, and never larger than `largest`."""
+    return -(-count // -(-count // largest))
+
+
 def slices(count: int, size: int) -> list[slice]:
     """0 .. count - 1 in consecutive slices of `size` (the last may be shorter)."""
     return [slice(start, min(start + size, count)) for start in range(0, count, size)]
@@ -151,15 +158,16 @@ class MemoryPlan:
 
     @staticmethod
     def choose(budget_gib: float, source: str, state: StateBytes, shard: int, steps: int, micro_batch: int = 0) -> MemoryPlan:
-        """The largest micro-batches of each pass whose activations fit `budget_gib` less what the update stores (at
-        least one rollout or state), or `micro_batch` rollouts in every pass when the config fixes it (> 0)."""
+        """The fewest micro-batches of each pass whose activations fit `budget_gib` less what the update stores (at
+        least one rollout or state), of equal sizes (`balanced`), or `micro_batch` rollouts in every pass when the
+        config fixes it (> 0)."""
         if micro_batch:
             rollouts = min(micro_batch, shard)
             return MemoryPlan(budget_gib, source, state, rollouts, rollouts, rollouts * steps, shard, steps)
         free = budget_gib * GIB - state.kept_until_the_end(shard, steps)
 
         def fitting(count: int, each: int) -> int:
-            return max(1, min(count, math.floor(free / each)))
+            return balanced(count, max(1, min(count, math.floor(free / each))))
 
         per_state = state.quantity + state.open + state.critic + state.recomputed
         return MemoryPlan(

@@ -76,3 +76,29 @@ def test_a_check_past_its_limit_is_killed_and_the_rest_skipped_once_the_budget_i
     assert summary["skipped"] and summary["skipped"][-1] == "ray-train"
     assert [r["figure"] for r in records if "skipped" in r and "budget" in r["skipped"]] == summary["skipped"]
     assert set(summary["timed_out"]) | set(summary["skipped"]) | set(summary["failed"]) <= set(gpu_script.CHECKS)
+
+
+def test_the_probe_runs_at_a_tiny_size_on_the_cpu(monkeypatch, capsys):
+    """bench/gpu_probe.py at n = 8, B = 4 on the CPU: its kernel split's families add up to its total (and a kernel named
+    like a GEMM or a flash-attention kernel goes to its family), every attention record is timed or says why its
+    backend refused, the math kernel is timed at S = n + 1 and n in both precisions, the synchronisations are said to be
+    CUDA's only, and the update's FLOPs are trainers/flops.py's."""
+    spec = importlib.util.spec_from_file_location("gpu_probe", SCRIPT.parent / "gpu_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    assert probe.family("sm90_xmma_gemm_bf16bf16_bf16f32") == "matmul" and probe.family("pytorch_flash::flash_fwd_kernel") == "attention"
+    assert probe.family("vectorized_elementwise_kernel") == "elementwise/norm" and probe.family("cudaMemsetAsync") == "other"
+    monkeypatch.setattr(sys, "argv", ["gpu_probe.py", "--device", "cpu", "--n", "8", "--batch", "4", "--preset", "cpu"])
+    probe.main()
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    split = next(r for r in records if r["figure"] == "kernel_split")
+    assert split["total_seconds"] > 0 and abs(sum(split["seconds"].values()) - split["total_seconds"]) <= 1e-3
+    attention = [r for r in records if r["figure"] == "attention"]
+    assert all(("ms" in r) != ("refused" in r) for r in attention)
+    timed = {(r["tokens"], r["dtype"]) for r in attention if r["backend"] == "math" and "ms" in r}
+    assert timed == {(9, "bfloat16"), (8, "bfloat16"), (9, "float32"), (8, "float32")}
+    assert next(r for r in records if r["figure"] == "syncs")["host_syncs"] is None
+    update = next(r for r in records if r["figure"] == "update")
+    config = probe.trainer_for("cpu", 8, 4, "cpu")[1]
+    flops = probe.NetworkFlops.of(probe.TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), 8)
+    assert update["tflop"] == round(flops.update(4, config.rollout) / 1e12, 4) and update["mfu"] is None

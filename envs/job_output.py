@@ -51,7 +51,9 @@ def out_argument(text: str) -> str:
     """The argparse type of every output flag (--out, --markdown): the text as given, refused when it is empty (it would
     name the current folder) or a URI."""
     if not text.strip():
-        raise argparse.ArgumentTypeError(f"expected a file or folder path, got {text!r} (an empty path would write into the current folder)")
+        raise argparse.ArgumentTypeError(
+            f"expected a file or folder path, got {text!r} (an empty path would write into the current folder)"
+        )
     if (refusal := uri_refusal(text)) is not None:
         raise argparse.ArgumentTypeError(refusal)
     return text

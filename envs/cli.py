@@ -80,11 +80,6 @@ overdispersion = _flag(validate.real, low=0.0, high=OVERDISPERSION_MAX)
 """An overdispersion phi in [0, OVERDISPERSION_MAX] (envs.instance)."""
 
 
-EPISODES_MAX = 1_000_000
-"""The most held-out episodes a script takes: their exogenous paths and per-episode results are held in memory."""
-episodes = _flag(validate.integer, low=1, high=EPISODES_MAX, why="the episodes' exogenous paths and per-episode results are held in memory")
-
-
 def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
     """The flags of the scripts that evaluate a policy or a bound on held-out episodes (evaluate.py, and with
     `solver_pool` milp.py and bound.py, which also take --workers and --address), one help text each: --episodes,
@@ -92,9 +87,7 @@ def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
     from envs.evaluation import EVAL_HORIZON  # imports torch: only once the script parses its flags
     from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED
 
-    parser.add_argument(
-        "--episodes", type=episodes, default=HELDOUT_EPISODES, help=f"episodes, 1 to {EPISODES_MAX:,} (default {HELDOUT_EPISODES})"
-    )
+    parser.add_argument("--episodes", type=positive_int, default=HELDOUT_EPISODES, help=f"episodes (default {HELDOUT_EPISODES})")
     parser.add_argument("--horizon", type=horizon, default=EVAL_HORIZON, help=f"decisions per episode (default {EVAL_HORIZON})")
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     if solver_pool:

@@ -180,8 +180,10 @@ def sample_paths(
     dtype: torch.dtype = torch.float32,
 ) -> ExogenousPaths:
     """Sample episodes (a count E meaning 0..E-1, or explicit indices) of `horizon` steps."""
-    episode_ids = tuple(range(episodes)) if isinstance(episodes, (int, np.integer)) else tuple(int(e) for e in episodes)
     validate.integer(horizon, "horizon", 1)
+    if isinstance(episodes, (int, np.integer)):
+        check_path_size(instance.n, int(episodes), horizon)  # before a tuple of a billion indices is built
+    episode_ids = tuple(range(episodes)) if isinstance(episodes, (int, np.integer)) else tuple(int(e) for e in episodes)
     if not episode_ids or min(episode_ids) < 0:
         raise ValueError(f"episodes: expected a positive count or non-negative indices, got {episodes!r}")
     check_path_size(instance.n, len(episode_ids), horizon)

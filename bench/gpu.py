@@ -32,8 +32,7 @@ import torch
 from envs.dynamics import initial_state, step
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.instance import paper_instance
-from trainers.flops import NetworkFlops, mfu, peak_flops
-from trainers.networks import TransformerShape
+from trainers.flops import update_figures
 
 AGREEMENT_RTOL = 1e-5
 """Largest relative difference of an episode's discounted cost between the device and the CPU (float32 both)."""
@@ -179,18 +178,11 @@ def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict
     if error:
         return {**record, "error": error, "peak_memory_gib": peak, "passed": False}
     within = peak is None or peak <= PEAK_LIMIT_GIB
-    flops = NetworkFlops.of(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), n).update(
-        config.batch, config.rollout
-    )
-    card = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    utilisation = mfu(flops, seconds, peak_flops(card, config.precision))
     return {
         **record,
         "updates": updates,
         "seconds_per_update": round(seconds, 4),
-        "tflop_per_update": round(flops / 1e12, 3),
-        "achieved_tflop_per_s": round(flops / seconds / 1e12, 2),
-        "mfu": None if utilisation is None else round(utilisation, 4),
+        **update_figures(config, n, seconds, device),
         "transitions_per_s": round(config.batch * config.rollout / seconds),
         "peak_memory_gib": peak,
         "peak_limit_gib": PEAK_LIMIT_GIB,

@@ -13,17 +13,21 @@ attention kernel runs.
 """
 
 import argparse
-import json
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from envs.instance import paper_instance
-from trainers.flops import NetworkFlops, mfu, peak_flops
+from trainers.flops import update_figures
 from trainers.networks import TransformerShape
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu import emit, synchronize  # noqa: E402  (bench/gpu.py, beside this script)
 
 FAMILIES = (
     ("attention", ("attention", "flash", "fmha", "sdpa", "softmax")),
@@ -42,19 +46,9 @@ ATTENTION_BACKENDS = {
 }
 
 
-def emit(record: dict) -> dict:
-    print(json.dumps(record), flush=True)
-    return record
-
-
 def family(name: str) -> str:
     lower = name.lower()
     return next((kind for kind, fragments in FAMILIES if any(fragment in lower for fragment in fragments)), "other")
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
 
 
 def trainer_for(device: str, n: int, batch: int, preset: str):
@@ -136,27 +130,13 @@ def syncs_and_retries(trainer, device: str) -> dict:
 
 
 def update_rate(trainer, config, device: str, n: int) -> dict:
-    """One timed update after the profiled ones: seconds, FLOPs, achieved FLOP/s and MFU."""
+    """One timed update after the profiled ones: seconds, FLOPs, achieved FLOP/s and MFU (trainers/flops.py)."""
     synchronize(device)
     start = time.perf_counter()
     trainer.step()
     synchronize(device)
     seconds = time.perf_counter() - start
-    flops = NetworkFlops.of(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), n).update(
-        config.batch, config.rollout
-    )
-    card = torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
-    peak = peak_flops(card, config.precision)
-    utilisation = mfu(flops, seconds, peak)
-    return {
-        "figure": "update",
-        "card": card,
-        "seconds": round(seconds, 4),
-        "tflop": round(flops / 1e12, 4),
-        "achieved_tflop_per_s": round(flops / seconds / 1e12, 3),
-        "peak_tflop_per_s": None if peak is None else peak / 1e12,
-        "mfu": None if utilisation is None else round(utilisation, 4),
-    }
+    return {"figure": "update", "seconds": round(seconds, 4), **update_figures(config, n, seconds, device)}
 
 
 def main() -> None:

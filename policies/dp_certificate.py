@@ -155,8 +155,7 @@ def _certified(instance: Instance, horizon: int, setups, settings: dict) -> np.n
     problem = dp_optimal._prepare(instance, horizon, **settings)
     step, grid = problem.lattice.step, problem.grid
     h, b, gamma, lead, x0 = float(instance.h[0]), float(instance.b[0]), instance.gamma, problem.lead, problem.x0
-    cap = dp_optimal.whole_cap(float(instance.qbar[0]), up=True)
-    window, rest = divmod(cap, step)
+    window, rest, cap = problem.lattice.window, problem.lattice.rest, problem.lattice.cap  # the cap ceil(qbar), kept whole
     rates = demand_rate(float(instance.lam[0]), float(instance.beta[0]), grid.points)
     open_cells = open_cell_masses(rates, dp_optimal.item_overdispersion(instance), step, problem.pmf.shape[1])
     costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))

@@ -518,6 +518,11 @@ class _Plan:
     span: float  # domain_span: an upper bound on the domain's width
     tail: float  # the demand laws' truncation
 
+    @property
+    def widest_positions(self) -> int:
+        """The lattice positions of the domain at its widest first size (`span`)."""
+        return (math.ceil(self.span / self.lattice.step) + 2) * self.lattice.classes
+
 
 def _plan(
     instance: Instance,
@@ -575,7 +580,7 @@ def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | 
     every item with it before Ray starts. Returns the item's lattice."""
     validate.integer(horizon, f"{NAME} horizon", 1)
     plan = _plan(instance, **settings)
-    positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
+    positions = plan.widest_positions
     decision_steps = max(horizon - int(instance.lead[0]), 0)
     steps = decision_steps if stages is None else min(stages, decision_steps)
     check_size(instance, plan.grid.points.size, plan.dmax, plan.lattice, positions, setups, steps)
@@ -593,10 +598,9 @@ def estimated_seconds(instance: Instance, horizon: int, setups: int = 1, **setti
     """(positions, seconds): the size of the item's DP with `settings` (`solve`'s) at its widest first domain
     (`domain_span`), and about how long its backward pass takes for `setups` setup costs (SECONDS_PER_CELL)."""
     plan = _plan(instance, **settings)
-    positions = (math.ceil(plan.span / plan.lattice.step) + 2) * plan.lattice.classes
     demand_points = -(-plan.dmax // plan.lattice.step) * plan.lattice.classes
     steps = max(horizon - int(instance.lead[0]), 0)
-    return positions, SECONDS_PER_CELL * setups * plan.grid.points.size * (positions + demand_points) * steps
+    return plan.widest_positions, SECONDS_PER_CELL * setups * plan.grid.points.size * (plan.widest_positions + demand_points) * steps
 
 
 def _prepare(instance: Instance, horizon: int, **settings) -> _Problem:

@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from envs.instance import paper_instance
+from trainers.flops import NetworkFlops
+from trainers.networks import TransformerShape
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
 
@@ -100,5 +102,5 @@ def test_the_probe_runs_at_a_tiny_size_on_the_cpu(monkeypatch, capsys):
     assert next(r for r in records if r["figure"] == "syncs")["host_syncs"] is None
     update = next(r for r in records if r["figure"] == "update")
     config = probe.trainer_for("cpu", 8, 4, "cpu")[1]
-    flops = probe.NetworkFlops.of(probe.TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), 8)
-    assert update["tflop"] == round(flops.update(4, config.rollout) / 1e12, 4) and update["mfu"] is None
+    flops = NetworkFlops.of(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), 8)
+    assert update["tflop_per_update"] == round(flops.update(4, config.rollout) / 1e12, 4) and update["mfu"] is None

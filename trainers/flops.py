@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES
 from trainers.networks import TransformerShape
 
@@ -75,3 +77,19 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 def mfu(flops_per_update: float, seconds_per_update: float, peak: float | None) -> float | None:
     """Achieved FLOP/s over the peak: the share of the card's arithmetic an update uses (None without a peak)."""
     return None if peak is None else flops_per_update / seconds_per_update / peak
+
+
+def update_figures(config, n: int, seconds: float, device: str) -> dict:
+    """An OR-Transformer `config`'s update at n items that took `seconds` on `device`: its TFLOP, the achieved TFLOP/s
+    and the MFU at the config's precision (None on a CPU or a card not in PEAK_FLOPS), as the benchmarks print them."""
+    flops = NetworkFlops.of(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), n).update(
+        config.batch, config.rollout
+    )
+    card = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
+    utilisation = mfu(flops, seconds, peak_flops(card, config.precision))
+    return {
+        "card": card,
+        "tflop_per_update": round(flops / 1e12, 4),
+        "achieved_tflop_per_s": round(flops / seconds / 1e12, 3),
+        "mfu": None if utilisation is None else round(utilisation, 4),
+    }

@@ -32,7 +32,7 @@ import torch
 from envs.dynamics import initial_state, step
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.instance import paper_instance
-from trainers.flops import update_figures
+from trainers.flops import UpdateArithmetic
 
 AGREEMENT_RTOL = 1e-5
 """Largest relative difference of an episode's discounted cost between the device and the CPU (float32 both)."""
@@ -182,7 +182,7 @@ def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict
         **record,
         "updates": updates,
         "seconds_per_update": round(seconds, 4),
-        **update_figures(config, n, seconds, device),
+        **UpdateArithmetic.of(config, n, device).figures(seconds),
         "transitions_per_s": round(config.batch * config.rollout / seconds),
         "peak_memory_gib": peak,
         "peak_limit_gib": PEAK_LIMIT_GIB,
@@ -259,19 +259,20 @@ def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
 
 def simulator_throughput(device: str, n: int) -> list[dict]:
     """bench/simulator.py's forward and forward + backward item-steps per second at B = 1,024, T = 10, for n = 16, 64 and
-    `n` (its rows, without its NumPy reference loop's share of the figures here)."""
+    `n`, with the compiled step's forward (and on a GPU its CUDA graphs) against the eager one (its rows)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from simulator import bench
 
+    modes = (None, "reduce-overhead") if device.startswith("cuda") else (None,)
     with contextlib.redirect_stdout(io.StringIO()):  # its own line per n; the records here are the check's
-        rows = [bench(size, device) for size in sorted({16, 64, n})]
+        rows = [bench(size, device, modes) for size in sorted({16, 64, n})]
     return [{"figure": "simulator", **row} for row in rows]
 
 
 CHECKS = {
     "update-bf16": (150, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "bfloat16"})]),
     "decisions": (60, lambda a: decision_time(a.device, a.n, a.preset)),
-    "simulator": (60, lambda a: simulator_throughput(a.device, a.n)),
+    "simulator": (90, lambda a: simulator_throughput(a.device, a.n)),
     "update-fp32": (120, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "float32"})]),
     "update-checkpoint": (
         90,

@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from envs.instance import paper_instance
-from trainers.flops import update_figures
+from trainers.flops import UpdateArithmetic
 from trainers.networks import TransformerShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -136,7 +136,7 @@ def update_rate(trainer, config, device: str, n: int) -> dict:
     trainer.step()
     synchronize(device)
     seconds = time.perf_counter() - start
-    return {"figure": "update", "seconds": round(seconds, 4), **update_figures(config, n, seconds, device)}
+    return {"figure": "update", "seconds": round(seconds, 4), **UpdateArithmetic.of(config, n, device).figures(seconds)}
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """Throughput of the batched step (item-steps per second) at B = 1024 over a 10-step rollout,
 forward alone and forward + backward, against a plain per-episode NumPy loop of the same step
-measured in the same run. Prints one JSON line per n and a summary line.
+measured in the same run; with --compile also the compiled step (envs.dynamics.compiled_step) forward, after its
+compile, and on a GPU replayed as CUDA graphs, each against the eager step of the same run. Prints one JSON line
+per n and a summary line.
 
-  python bench/simulator.py [--n 16 64 1024] [--device cpu]
+  python bench/simulator.py [--n 16 64 1024] [--device cpu] [--compile]
 """
 
 import argparse
@@ -12,18 +14,18 @@ import time
 import numpy as np
 import torch
 
-from envs.dynamics import initial_state, step
+from envs.dynamics import compiled_step, initial_state, step
 from envs.exogenous import FactorDemandStream
 from envs.instance import LMAX, paper_instance
 
 B, T = 1024, 10
 
 
-def rollout(tinst, quantity, opens, demand, factor):
+def rollout(tinst, quantity, opens, demand, factor, simulate=step):
     state = initial_state(tinst, factor)
     total = 0.0
     for t in range(T):
-        state, cost = step(tinst, state, opens[t], quantity[t], demand[t], factor)
+        state, cost = simulate(tinst, state, opens[t], quantity[t], demand[t], factor)
         total = total + tinst.gamma**t * cost
     return total.sum()
 
@@ -57,7 +59,26 @@ def numpy_loop(inst, quantity, opens, demand, episodes):
             pipe = np.concatenate([pipe[:, 1:], np.zeros((inst.n, 1))], axis=1) + slot * o[:, None]
 
 
-def bench(n, device):
+def compiled_forward(tinst, args, mode, repeats):
+    """Seconds of a compiled forward rollout (the first call, which compiles, timed apart) and its greatest cost
+    difference from the eager rollout's."""
+    simulate = compiled_step(mode)
+
+    def forward():
+        if mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad():
+            return rollout(tinst, *args, simulate=simulate).clone()
+
+    started = time.perf_counter()
+    compiled = forward()
+    warm_up = time.perf_counter() - started
+    with torch.no_grad():
+        difference = (compiled - rollout(tinst, *args)).abs().item() / max(compiled.abs().item(), 1.0)
+    return time_it(forward, repeats), warm_up, difference
+
+
+def bench(n, device, compile_modes=()):
     inst = paper_instance(n, 0)
     tinst = inst.to_torch(device)
     stream = FactorDemandStream(tinst, B, seed=0)
@@ -91,7 +112,16 @@ def bench(n, device):
         "forward_speedup_vs_loop": loop * item_steps / forward,
         "forward_backward_speedup_vs_loop": loop * item_steps / both,
     }
-    print(json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+    for mode in compile_modes:
+        key = "cuda_graphs" if mode == "reduce-overhead" else "compiled"
+        seconds, warm_up, difference = compiled_forward(tinst, (quantity, opens, demand, factor), mode, repeats)
+        row |= {
+            f"{key}_forward_item_steps_per_s": item_steps / seconds,
+            f"{key}_vs_eager_forward": forward / seconds,
+            f"{key}_warm_up_s": warm_up,
+            f"{key}_relative_cost_difference": difference,
+        }
+    print(json.dumps({k: (round(v, 1) if isinstance(v, float) and "difference" not in k else v) for k, v in row.items()}), flush=True)
     return row
 
 
@@ -99,8 +129,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, nargs="+", default=[16, 64, 1024])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--compile", action="store_true", help="also the compiled step, and on a GPU its CUDA graphs")
     args = parser.parse_args()
-    rows = [bench(n, args.device) for n in args.n]
+    modes = ((None, "reduce-overhead") if args.device.startswith("cuda") else (None,)) if args.compile else ()
+    rows = [bench(n, args.device, modes) for n in args.n]
     goal = next((r for r in rows if r["n"] == 64), None)
     if goal:
         print(json.dumps({"goal": ">= 200x the NumPy loop at n=64 (forward)", "measured": round(goal["forward_speedup_vs_loop"], 1)}))

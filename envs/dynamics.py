@@ -10,6 +10,7 @@ An order placed at t is therefore first available for demand at t + L_i.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -72,3 +73,11 @@ def step(
     shifted = torch.cat([state.pipe[..., 1:], torch.zeros_like(state.pipe[..., :1])], dim=-1)  # P_{l+1}, P_Lmax = 0
     pipe_next = shifted + instance.arrives_in_slot * executed[..., None]  # eq. (in_transit_transition)
     return State(inv_next, pipe_next, factor_next), cost
+
+
+@cache
+def compiled_step(mode: str | None = None, backend: str = "inductor"):
+    """`step` under torch.compile, its 18 kernels fused into a few: the same state, costs and gradients to float
+    rounding. One per (mode, backend), so its callers share the graphs: one per batch shape and per which inputs need
+    a gradient. `mode` "reduce-overhead" also replays each as a CUDA graph (at small n a step is launch-bound)."""
+    return torch.compile(step, mode=mode, backend=backend)

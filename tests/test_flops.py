@@ -64,3 +64,21 @@ def test_the_paper_network_at_n_1024():
 def test_mfu_is_the_achieved_rate_over_the_card_s_peak():
     assert peak_flops("NVIDIA H200", "bfloat16") == 989e12 and peak_flops("cpu", "bfloat16") is None
     assert mfu(332e12, 4.87, 989e12) == pytest.approx(0.0689, rel=1e-3) and mfu(1.0, 1.0, None) is None
+
+
+def test_an_update_reports_its_seconds_and_its_mfu_against_the_card_s_peak(monkeypatch):
+    """A trainer's update metrics carry its seconds and, on a card with a peak, FLOPs per update / seconds / peak with
+    the update's own n, B, T and shape; on a CPU (no peak) no MFU, and an HPO update has none either. The CPU is given
+    a peak of 1 GFLOP/s here; the broken control, the FLOPs of another n, is off."""
+    from trainers import flops
+
+    monkeypatch.setattr(flops, "peak_flops", lambda card, precision: 1e9 if card == "cpu" else None)
+    fields = {**NO_WARM_START, "batch": 4, "rollout": 3, "blocks": 2, "width": 16, "heads": 4, "feed_forward": 32}
+    metrics = PathwiseTrainer(method_config("or-transformer", "cpu", fields), paper_instance(6, 0).to_torch()).step()
+    expected = NetworkFlops.of(SMALL, 6).update(4, 3) / metrics["update_seconds"] / 1e9
+    assert metrics["update_seconds"] > 0 and metrics["mfu"] == pytest.approx(expected, rel=1e-12)
+    assert metrics["mfu"] != pytest.approx(NetworkFlops.of(SMALL, 7).update(4, 3) / metrics["update_seconds"] / 1e9, rel=1e-3)
+    hpo = method_config("hpo", "cpu", {**NO_WARM_START, "batch": 4, "rollout": 3, "hidden": 8})
+    assert "mfu" not in PathwiseTrainer(hpo, paper_instance(6, 0).to_torch()).step()
+    monkeypatch.undo()
+    assert "mfu" not in PathwiseTrainer(method_config("or-transformer", "cpu", fields), paper_instance(6, 0).to_torch()).step()

@@ -79,17 +79,28 @@ def mfu(flops_per_update: float, seconds_per_update: float, peak: float | None) 
     return None if peak is None else flops_per_update / seconds_per_update / peak
 
 
-def update_figures(config, n: int, seconds: float, device: str) -> dict:
-    """An OR-Transformer `config`'s update at n items that took `seconds` on `device`: its TFLOP, the achieved TFLOP/s
-    and the MFU at the config's precision (None on a CPU or a card not in PEAK_FLOPS), as the benchmarks print them."""
-    flops = NetworkFlops.of(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), n).update(
-        config.batch, config.rollout
-    )
-    card = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
-    utilisation = mfu(flops, seconds, peak_flops(card, config.precision))
-    return {
-        "card": card,
-        "tflop_per_update": round(flops / 1e12, 4),
-        "achieved_tflop_per_s": round(flops / seconds / 1e12, 3),
-        "mfu": None if utilisation is None else round(utilisation, 4),
-    }
+@dataclass(frozen=True)
+class UpdateArithmetic:
+    """What one pathwise update of an OR-Transformer config computes on this process (its B / W rollouts), and the
+    card's peak at the config's precision (None on a CPU or a card not in PEAK_FLOPS)."""
+
+    flops: float
+    card: str
+    peak: float | None
+
+    @classmethod
+    def of(cls, config, n: int, device: str | torch.device, world: int = 1) -> UpdateArithmetic:
+        shape = TransformerShape(config.blocks, config.width, config.heads, config.feed_forward)
+        flops = NetworkFlops.of(shape, n).update(config.batch, config.rollout) / world
+        card = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
+        return cls(flops, card, peak_flops(card, config.precision))
+
+    def figures(self, seconds: float) -> dict:
+        """An update that took `seconds`: its TFLOP, the achieved TFLOP/s and the MFU, as the benchmarks print them."""
+        utilisation = mfu(self.flops, seconds, self.peak)
+        return {
+            "card": self.card,
+            "tflop_per_update": round(self.flops / 1e12, 4),
+            "achieved_tflop_per_s": round(self.flops / seconds / 1e12, 3),
+            "mfu": None if utilisation is None else round(utilisation, 4),
+        }

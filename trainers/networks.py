@@ -18,6 +18,11 @@ with n, so a network trained at one n reads a setup cost it never saw at another
 An encoder may recompute its blocks in the backward pass instead of keeping their activations
 (`checkpoint_blocks`, activation checkpointing): the same gradient for about a tenth of the memory
 (the paper's encoder at n = 1,024; trainers.memory measures both).
+
+`compile_blocks` compiles the blocks, not the encoders: one code object whose graphs every block of the three
+encoders shares (the parameters are graph inputs), with the batch dimension dynamic, so the graphs depend only on
+how a block is called (grad mode, all rows or h_0 alone, trainable or frozen parameters), never on the micro-batch,
+on t = 0 against t >= 1 (the embeddings run eagerly) or on the network: 6 in all (docs/methods.md, "Memory").
 """
 
 from __future__ import annotations
@@ -106,6 +111,14 @@ class TokenEncoder(nn.Module):
         self.norm = nn.LayerNorm(shape.width)
         self.checkpoint_blocks = False
         """Recompute each block in the backward pass instead of keeping its activations (module docstring)."""
+        self.compiled_blocks: list[nn.Module] | None = None
+        """The blocks under torch.compile (`compile_blocks`); a plain list, so the state dict names each parameter once."""
+
+    def compile_blocks(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """torch.compile each block for the forward and backward passes of training (module docstring); decisions
+        (inference mode: validation, a DAgger student) run the eager blocks. `mode` "reduce-overhead" also replays
+        the compiled blocks as CUDA graphs."""
+        self.compiled_blocks = [torch.compile(block, mode=mode, backend=backend) for block in self.blocks]
 
     def forward(self, items, glob, item_mask=None, rows: slice = slice(None)):
         if self.setup_per_item:  # K / (c_scale sigma_ref) divided by the real items of each row
@@ -116,7 +129,11 @@ class TokenEncoder(nn.Module):
         if item_mask is not None:  # the global token is always attended to
             keep = torch.cat([torch.ones_like(item_mask[:, :1]), item_mask], dim=1)
         recompute = self.checkpoint_blocks and torch.is_grad_enabled()
-        for index, block in enumerate(self.blocks):
+        blocks = self.blocks
+        if self.compiled_blocks is not None and not torch.is_inference_mode_enabled():
+            blocks = self.compiled_blocks
+            torch._dynamo.maybe_mark_dynamic(x, 0)  # one graph for every micro-batch size
+        for index, block in enumerate(blocks):
             block_rows = rows if index == len(self.blocks) - 1 else slice(None)
             x = checkpoint(block, x, keep, block_rows, use_reentrant=False) if recompute else block(x, keep, block_rows)
         return self.norm(x)
@@ -199,6 +216,11 @@ class ThreeNetworks(nn.Module):
         """V_psi(s), eq. (value_head)."""
         return self.critic_net(items, glob, item_mask)
 
+    def compile_networks(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """torch.compile the three networks, forward and backward; `mode` "reduce-overhead" replays CUDA graphs."""
+        for network in (self.open_net, self.quantity_net, self.critic_net):
+            network.compile(mode=mode, backend=backend)
+
     def forward(self, items, glob, item_mask=None) -> PolicyOutputs:
         return PolicyOutputs(
             self.open_logit(items, glob, item_mask), self.quantity_fraction(items, glob, item_mask), self.value(items, glob, item_mask)
@@ -214,6 +236,12 @@ class ORTransformer(ThreeNetworks):
         self.open_net = GlobalReadout(shape, per_item)
         self.quantity_net = ItemReadout(shape, setup_per_item=per_item)
         self.critic_net = GlobalReadout(shape, per_item)
+
+    def compile_networks(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """torch.compile the blocks of the three encoders (TokenEncoder.compile_blocks); the embeddings, the final
+        norms and the heads run eagerly."""
+        for network in (self.open_net, self.quantity_net, self.critic_net):
+            network.encoder.compile_blocks(mode, backend)
 
 
 class HPOPerceptron(ThreeNetworks):

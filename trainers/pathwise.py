@@ -65,6 +65,7 @@ from policies.classical import policy_from_parameters
 from policies.names import TABLES_PREFIX, is_lookahead
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
+from trainers.flops import UpdateArithmetic, mfu
 from trainers.imitation import (
     TEACHERS,
     Frontier,
@@ -85,6 +86,9 @@ from trainers.validation import Score, Validation, due, validation_record
 
 METHODS = ("or-transformer", "hpo")
 PRECISIONS = ("float32", "bfloat16")
+COMPILE_BACKEND = "inductor"
+"""torch.compile's backend under `compile` or `cuda_graphs` (the tests count graphs with "aot_eager")."""
+
 MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations", "compile", "cuda_graphs")
 """Fields that change how much memory or time an update takes, not its result (to float rounding): a run may resume
 with other values."""
@@ -152,9 +156,10 @@ class TrainConfig(TrainerConfig):
     """OR-Transformer: recompute the quantity encoder's blocks in the backward pass instead of keeping their
     activations (activation checkpointing): larger micro-batches for about a third more quantity-network time."""
     compile: bool = False
-    """torch.compile the three networks (their forward and backward passes; the simulator stays eager)."""
+    """torch.compile the networks' Transformer blocks (an HPO perceptron whole), forward and backward passes
+    (trainers.networks `compile_blocks`); the simulator stays eager."""
     cuda_graphs: bool = False
-    """Replay the compiled networks as CUDA graphs (torch.compile's mode "reduce-overhead"; compiles them whatever
+    """Replay the compiled blocks as CUDA graphs (torch.compile's mode "reduce-overhead"; compiles them whatever
     `compile` says); needs a cuda device."""
     setup_feature: str = "paper"
     """How an OR-Transformer reads the setup cost of the global token: paper (K / (c_scale sigma_ref), eq.
@@ -627,9 +632,10 @@ class PathwiseTrainer:
             self.model.quantity_net.encoder.checkpoint_blocks = True
         self.memory = self._memory_plan()
         """The micro-batches of an update and of an imitation update (trainers.memory)."""
+        self.arithmetic = UpdateArithmetic.of(config, instance.n, instance.device, world) if config.method == "or-transformer" else None
+        """An OR-Transformer update's FLOPs on this rank and the card's peak: each update's MFU (trainers.flops)."""
         if config.compile or config.cuda_graphs:  # after the plan, which measures the eager networks
-            for network in (self.model.open_net, self.model.quantity_net, self.model.critic_net):
-                network.compile(mode="reduce-overhead" if config.cuda_graphs else None)
+            self.model.compile_networks(mode="reduce-overhead" if config.cuda_graphs else None, backend=COMPILE_BACKEND)
         self.validation = validation
         self.anchor: ThreeNetworks | None = None
         """The network the paper phase started from, frozen, while the anchor term lasts (`anchor_losses`)."""
@@ -825,6 +831,7 @@ class PathwiseTrainer:
         actor = self.update >= config.critic_warmup_updates
         anchor = self._anchor()
         streams = (self.stream.generator.get_state(), self.generator.get_state())
+        started = time.perf_counter()
         try:
             draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
             self.optimizer.zero_grad(set_to_none=True)
@@ -846,13 +853,17 @@ class PathwiseTrainer:
         local = torch.stack([result.discounted_cost.mean(), *(value.double() for value in result.losses), result.open_rate])
         mean = _global_sum(local) / world  # every shard holds B / W rollouts: the mean of the means
         figures = torch.cat([mean, _global_sum(restarted.double())[None], torch.stack([norm.double() for norm in norms.values()])])
-        figures = figures.tolist()  # the update's one host synchronisation
+        figures = figures.tolist()  # the update's one host synchronisation: every kernel of the update has run
+        seconds = time.perf_counter() - started
+        utilisation = mfu(self.arithmetic.flops, seconds, self.arithmetic.peak) if self.arithmetic else None
         return {
             "update": self.update,
             **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "anchor_loss", "open_rate"), figures)),
             "restarted": int(figures[len(local)]),
             "learning_rate": learning_rate(config, self.update - 1),
             **{f"grad_norm_{name}": value for name, value in zip(norms, figures[len(local) + 1 :])},
+            "update_seconds": seconds,
+            **({"mfu": utilisation} if utilisation is not None else {}),
         }
 
     def _gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:

@@ -272,7 +272,8 @@ class RunRecorder:
             if not key.startswith("validation_"):
                 self.writer.add_scalar(f"train/{key}", value, update)
         self.bar.update(1)
-        self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}", **self.best)
+        utilisation = {"mfu": f"{metrics['mfu']:.1%}"} if "mfu" in metrics else {}
+        self.bar.set_postfix(cost10=f"{metrics['cost10']:.4g}", **utilisation, **self.best)
 
     def validated(self, score: Score) -> None:
         """TensorBoard's validation/cost and validation/se at `score`'s update, and the progress bar's best."""

@@ -190,38 +190,77 @@ def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict
     }
 
 
-def decision_time(device: str, n: int, preset: str) -> list[dict]:
-    """The greedy decision of an (untrained) OR-Transformer network of `preset`, median of DECISION_REPEATS calls."""
+DECISION_SETTINGS = (("float32", False), ("bfloat16", False), ("bfloat16", True))
+"""(precision, CUDA graphs) of the timed decisions; the graphs on a cuda device only."""
+PAIRED_EPISODES = 64
+"""Held-out episodes (paths of seed 1, 50 steps) of the bfloat16 against float32 greedy evaluation."""
+
+
+def decision_time(device: str, n: int, preset: str, checkpoint: str | None = None) -> list[dict]:
+    """The greedy decision of an (untrained) OR-Transformer network of `preset` at n items, or of the trained network
+    of an OR-Transformer `checkpoint` on its own instance, at batch 1 and 128 in each of
+    DECISION_SETTINGS, median of DECISION_REPEATS calls after a first (capturing) one; then the paired difference of
+    its bfloat16 greedy evaluation from its float32 one on PAIRED_EPISODES held-out episodes (mean and s.e. of the
+    per-episode differences) and the share of steps that open otherwise (an episode's states differ after its first)."""
+    from envs.evaluation import evaluate, standard_error
     from trainers.pathwise import build_network
     from trainers.policy import LearnedPolicy
-    from trainers.registry import method_config
+    from trainers.registry import load_policy, method_config
 
     torch.manual_seed(0)
-    tinst = paper_instance(n, 0).to_torch(device)
-    policy = LearnedPolicy(build_network(method_config("or-transformer", preset), n).to(device), "greedy")
+    if checkpoint:
+        policy, saved = load_policy(checkpoint, device=device)
+        model, instance, network = policy.model, saved["instance"], f"{saved['config'].method} checkpoint {checkpoint}"
+        n = instance.n
+    else:
+        instance, network = paper_instance(n, 0), f"or-transformer/{preset} (untrained, seed 0)"
+        model = build_network(method_config("or-transformer", preset), n).to(device)
+    tinst = instance.to_torch(device)
     records = []
-    for batch in (1, 128):
-        state = initial_state(tinst, FactorDemandStream(tinst, batch, 0).initial_factor())
-        policy.decide(state, tinst)
-        seconds = []
-        for _ in range(DECISION_REPEATS):
-            synchronize(device)
-            start = time.perf_counter()
+    for precision, graphs in DECISION_SETTINGS:
+        if graphs and not device.startswith("cuda"):
+            continue
+        policy = LearnedPolicy(model, "greedy", precision=precision, cuda_graphs=graphs)
+        for batch in (1, 128):
+            state = initial_state(tinst, FactorDemandStream(tinst, batch, 0).initial_factor())
             policy.decide(state, tinst)
-            synchronize(device)
-            seconds.append(time.perf_counter() - start)
-        ms = np.asarray(seconds) * 1e3
-        records.append(
-            {
-                "figure": "decision_ms",
-                "network": f"or-transformer/{preset}",
-                "n": n,
-                "batch": batch,
-                "device": device,
-                "ms": round(float(np.median(ms)), 3),
-                "p90_ms": round(float(np.percentile(ms, 90)), 3),
-            }
-        )
+            seconds = []
+            for _ in range(DECISION_REPEATS):
+                synchronize(device)
+                start = time.perf_counter()
+                policy.decide(state, tinst)
+                synchronize(device)
+                seconds.append(time.perf_counter() - start)
+            ms = np.asarray(seconds) * 1e3
+            records.append(
+                {
+                    "figure": "decision_ms",
+                    "network": network,
+                    "n": n,
+                    "batch": batch,
+                    "precision": precision,
+                    "cuda_graphs": graphs,
+                    "device": device,
+                    "ms": round(float(np.median(ms)), 3),
+                    "p90_ms": round(float(np.percentile(ms, 90)), 3),
+                }
+            )
+    paths = sample_paths(instance, 1, PAIRED_EPISODES, 50, device=device)
+    single, half = (evaluate(LearnedPolicy(model, "greedy", precision=p), tinst, paths, trace=True) for p in ("float32", "bfloat16"))
+    difference = half.discounted_cost - single.discounted_cost
+    flipped = float((half.trace.open != single.trace.open).mean())
+    records.append(
+        {
+            "figure": "bfloat16_decisions",
+            "network": network,
+            "n": n,
+            "episodes": PAIRED_EPISODES,
+            "float32_mean": round(float(single.discounted_cost.mean()), 2),
+            "paired_difference_mean": round(float(difference.mean()), 3),
+            "paired_difference_se": round(standard_error(difference), 3),
+            "steps_opening_otherwise": round(flipped, 5),
+        }
+    )
     return records
 
 
@@ -271,7 +310,7 @@ def simulator_throughput(device: str, n: int) -> list[dict]:
 
 CHECKS = {
     "update-bf16": (150, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "bfloat16"})]),
-    "decisions": (60, lambda a: decision_time(a.device, a.n, a.preset)),
+    "decisions": (60, lambda a: decision_time(a.device, a.n, a.preset, a.checkpoint)),
     "simulator": (90, lambda a: simulator_throughput(a.device, a.n)),
     "update-fp32": (120, lambda a: [paper_updates(a.device, a.n, a.preset, a.updates, {"precision": "float32"})]),
     "update-checkpoint": (
@@ -300,6 +339,7 @@ def run_checks(args) -> dict:
     start = time.perf_counter()
     failed, timed_out, skipped = [], [], []
     passthrough = ["--device", args.device, "--n", str(args.n), "--preset", args.preset, "--updates", str(args.updates)]
+    passthrough += ["--checkpoint", args.checkpoint] if args.checkpoint else []
     for name, (limit, _) in CHECKS.items():
         left = args.budget - (time.perf_counter() - start)
         if left < LEAST_SECONDS:
@@ -348,10 +388,13 @@ def main() -> int:
         "--preset", choices=list(PRESETS), default="paper", help="OR-Transformer preset of the updates and decisions (default paper)"
     )
     parser.add_argument("--updates", type=positive_int, default=3, help="timed updates (default 3); the Ray Train run makes as many")
+    parser.add_argument("--checkpoint", help="a trained checkpoint whose network the decisions check times and compares in bfloat16")
     parser.add_argument("--budget", type=positive_real, default=BUDGET, help=f"seconds for every check together (default {BUDGET:g})")
     parser.add_argument("--check-limit", type=positive_real, help="seconds for each check (default: each check's own, CHECKS)")
     parser.add_argument("--only", choices=list(CHECKS), help="run this one check here, without a limit")
     args = parser.parse_args()
+    if args.checkpoint and not Path(args.checkpoint).is_file():
+        parser.error(f"argument --checkpoint: no such file '{args.checkpoint}'")
     if args.device is None and not torch.cuda.is_available():
         emit(
             {

@@ -147,3 +147,27 @@ def test_evaluation_costs_equal_the_full_path():
     opened = fast.trace.open.astype(bool)
     np.testing.assert_allclose(fast.trace.quantity[opened], full.trace.quantity[opened], rtol=1e-6, atol=0)
     assert not fast.trace.quantity[~opened].any()
+
+
+def test_a_bfloat16_decision_keeps_the_float32_openings_clear_of_its_rounding_and_q_within_it():
+    """The paper network (seed 0) at n = 8 on 64 states, half of them opening: in bfloat16 the open logit is within
+    5% of float32's largest |logit| (bfloat16 keeps 8 bits of mantissa; about 4% is measured here), the greedy Y is
+    float32's wherever |logit| exceeds that, and Q is within 1% of qbar (0.3% measured); and bfloat16 was applied (the
+    logits differ beyond float32 rounding). A precision outside the two, and CUDA graphs on a CPU, are refused."""
+    torch.manual_seed(0)
+    tinst = paper_instance(N, 0).to_torch()
+    model = build_network(method_config("or-transformer", "paper"), N)
+    state = random_state(N, batch=64, seed=2)
+    half_opening(model, tinst, state)
+    single, half = (LearnedPolicy(model, "greedy", precision=p).decide(state, tinst) for p in ("float32", "bfloat16"))
+    logit, rounded = torch.logit(single.probability.double()), torch.logit(half.probability.double())
+    tolerance = 0.05 * logit.abs().max()
+    assert 1e-5 < (rounded - logit).abs().max() <= tolerance
+    sure = logit.abs() > tolerance
+    assert 0 < single.open[sure].mean() < 1
+    torch.testing.assert_close(half.open[sure], single.open[sure])
+    assert ((half.quantity - single.quantity) / tinst.qbar).abs().max() <= 0.01
+    with pytest.raises(ValueError, match=r"precision: expected one of \['float32', 'bfloat16'\], got 'float16'"):
+        LearnedPolicy(model, precision="float16")
+    with pytest.raises(ValueError, match="cuda_graphs: CUDA graphs need the network on a cuda device, it is on 'cpu'"):
+        LearnedPolicy(model, cuda_graphs=True)

@@ -38,9 +38,9 @@ from torch.utils.checkpoint import checkpoint
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES
 
 
-def autocast(precision: str, device: torch.device):
+def autocast(precision: str, device: torch.device, cache_enabled: bool = True):
     """The networks' arithmetic: bfloat16 autocast under `precision` "bfloat16", else float32 (autocast off)."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16", cache_enabled=cache_enabled)
 
 
 class PolicyOutputs(NamedTuple):

@@ -1,6 +1,7 @@
 """How a pathwise update runs, not what it computes: TF32 set for the update and restored after it, no host
 synchronisation per micro-batch, torch.compile with the eager update's results, and the settings' refusals."""
 
+import re
 from collections import Counter
 from contextlib import contextmanager
 
@@ -153,6 +154,27 @@ def test_a_compiled_update_makes_the_documented_six_graphs_then_none_and_equals_
     assert static[0] > 6 and static[1] == 0
 
 
+def test_the_attention_kernel_is_the_config_s_and_leaves_the_update_as_it_was():
+    """`attention: math` holds the update's attention to the math kernel, whose batched products FlopCounterMode counts
+    (the CPU's fused kernel it does not count: the control, `auto`, counts fewer FLOPs), and two float64 updates
+    leave the parameters and metrics of `auto`'s to float64 rounding; the memory plan measures the kernel's own
+    activations (math keeps the S x S attention weights for its backward pass: more per state)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = {**RUN, "warmup": 1, "learning_rate": 1e-3}
+    counted = {}
+    for kernel in ("math", "auto"):
+        trainer = PathwiseTrainer(TrainConfig(**config, attention=kernel), paper_instance(4, 0).to_torch(dtype=torch.float64))
+        with FlopCounterMode(display=False) as counter:
+            trainer.step()
+        counted[kernel] = counter.get_total_flops(), trainer.memory.state.quantity
+    assert counted["math"][0] > counted["auto"][0] and counted["math"][1] > counted["auto"][1]
+    (math, math_metrics), (auto, auto_metrics) = (two_updates({**config, "attention": kernel}) for kernel in ("math", "auto"))
+    torch.testing.assert_close(math, auto, rtol=1e-9, atol=1e-12)
+    for got, want in zip(math_metrics, auto_metrics):
+        assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
 @pytest.mark.slow
 def test_compiled_networks_give_the_eager_update():
     """With `compile` (CPU inductor, float64) two updates in micro-batches of 2 rollouts leave the parameters and
@@ -176,8 +198,19 @@ def test_compiled_networks_give_the_eager_update():
         ("tf32", "yes", "config field 'tf32': expected true, false or null (null: true with precision bfloat16), got a string \"yes\""),
         ("compile", 1, "config field 'compile': expected true or false, got 1"),
         ("cuda_graphs", True, "config field 'cuda_graphs': CUDA graphs need device cuda or cuda:K, this run's device is 'cpu'"),
+        (
+            "attention",
+            "fast",
+            "config field 'attention': expected one of ['auto', 'flash', 'cudnn', 'efficient', 'math'], got a string \"fast\"",
+        ),
+        (
+            "attention",
+            "efficient",
+            "config field 'attention': the efficient kernel needs device cuda or cuda:K, this run's device is 'cpu' "
+            "(auto, flash or math there)",
+        ),
     ],
 )
 def test_the_settings_refuse_what_they_cannot_take(field, value, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         TrainConfig(**{field: value})

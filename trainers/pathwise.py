@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from envs import validate
@@ -89,7 +90,17 @@ PRECISIONS = ("float32", "bfloat16")
 COMPILE_BACKEND = "inductor"
 """torch.compile's backend under `compile` or `cuda_graphs` (the tests count graphs with "aot_eager")."""
 
-MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations", "compile", "cuda_graphs")
+ATTENTION_KERNELS = {
+    "auto": None,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+"""The exact attention kernels an update may be held to (`attention`); "auto" leaves the choice to torch."""
+CUDA_ONLY_KERNELS = ("cudnn", "efficient")
+
+MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations", "compile", "cuda_graphs", "attention")
 """Fields that change how much memory or time an update takes, not its result (to float rounding): a run may resume
 with other values."""
 TEACHER_WAIT = timedelta(hours=24)
@@ -155,6 +166,10 @@ class TrainConfig(TrainerConfig):
     checkpoint_activations: bool = False
     """OR-Transformer: recompute the quantity encoder's blocks in the backward pass instead of keeping their
     activations (activation checkpointing): larger micro-batches for about a third more quantity-network time."""
+    attention: str = "auto"
+    """The attention kernel of the updates (ATTENTION_KERNELS): auto (torch's choice), flash, cudnn, efficient
+    (memory-efficient) or math; cudnn and efficient on a cuda device only. All compute the same attention, to float
+    rounding; which is fastest at the run's shapes is what bench/gpu_probe.py measures."""
     compile: bool = False
     """torch.compile the networks' Transformer blocks (an HPO perceptron whole), forward and backward passes
     (trainers.networks `compile_blocks`); the simulator stays eager."""
@@ -222,6 +237,12 @@ class TrainConfig(TrainerConfig):
         self.require_int("micro_batch", 0)
         for name in ("checkpoint_activations", "compile", "cuda_graphs"):
             self.require_bool(name)
+        self.require_choice("attention", tuple(ATTENTION_KERNELS))
+        if self.attention in CUDA_ONLY_KERNELS and not self.device.startswith("cuda"):
+            raise ConfigError(
+                f"config field 'attention': the {self.attention} kernel needs device cuda or cuda:K, this run's device is "
+                f"'{self.device}' (auto, flash or math there)"
+            )
         if self.checkpoint_activations and self.method == "hpo":
             raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
         if self.cuda_graphs and not self.device.startswith("cuda"):
@@ -286,6 +307,12 @@ def matmul_tf32(on: bool):
         matmul.allow_tf32 = before[0]
         if before[1] is not None:
             matmul.fp32_precision = before[1]
+
+
+def attention_kernel(name: str):
+    """Inside the block the networks' attention runs on the kernel `name` (ATTENTION_KERNELS; "auto": torch's choice)."""
+    kernel = ATTENTION_KERNELS[name]
+    return sdpa_kernel(kernel) if kernel is not None else nullcontext()
 
 
 def tokens(instance: TensorInstance, state: State):
@@ -685,15 +712,17 @@ class PathwiseTrainer:
             with autocast(config.precision, instance.device):
                 return saved_bytes(lambda: forward(items, glob), model.parameters())
 
-        one, two = one_row_rollout(1), one_row_rollout(2)
-        recomputed = 0
-        if config.checkpoint_activations:
-            model.quantity_net.encoder.checkpoint_blocks = False
-            recomputed = network(model.quantity_fraction) // config.blocks
-            model.quantity_net.encoder.checkpoint_blocks = True
+        with attention_kernel(config.attention):  # what a kernel keeps for its backward pass differs (math: S x S)
+            one, two = one_row_rollout(1), one_row_rollout(2)
+            recomputed = 0
+            if config.checkpoint_activations:
+                model.quantity_net.encoder.checkpoint_blocks = False
+                recomputed = network(model.quantity_fraction) // config.blocks
+                model.quantity_net.encoder.checkpoint_blocks = True
+            anchored = network(model.quantity_fraction) if config.anchor_weight else 0
+            per_state = [two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed]
         stored = sum(x.nbytes for x in (items, glob, *one_row_draws(1))) + 2 * state.inv.element_size()  # and C~_t, Y_t
-        anchored = network(model.quantity_fraction) if config.anchor_weight else 0
-        per_state = StateBytes(two - one, 2 * one - two, network(model.open_logit), network(model.value), recomputed, stored, anchored)
+        per_state = StateBytes(*per_state, stored, anchored)
         if config.memory_budget:
             budget, source = config.memory_budget, "config field 'memory_budget'"
         else:
@@ -881,12 +910,15 @@ class PathwiseTrainer:
         optimizer.step()
         return norms
 
+    @contextmanager
     def _update_settings(self):
-        """The settings an update's networks run under: TF32 as the config says (`matmul_tf32`), and with CUDA graphs a
-        new step of the compiled graphs' replays (the previous update's outputs may be overwritten)."""
+        """The settings an update's networks run under: TF32 as the config says (`matmul_tf32`), the config's attention
+        kernel, and with CUDA graphs a new step of the compiled graphs' replays (the previous update's outputs may be
+        overwritten)."""
         if self.config.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return matmul_tf32(self.config.uses_tf32)
+        with matmul_tf32(self.config.uses_tf32), attention_kernel(self.config.attention):
+            yield
 
     def diverged(self, metrics: dict[str, float]) -> str | None:
         return divergence_reason(metrics, self.instance.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)

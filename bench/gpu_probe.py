@@ -19,12 +19,13 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from envs.instance import paper_instance
 from trainers.flops import UpdateArithmetic
 from trainers.networks import TransformerShape
+from trainers.pathwise import ATTENTION_KERNELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import emit, synchronize  # noqa: E402  (bench/gpu.py, beside this script)
@@ -38,12 +39,7 @@ FAMILIES = (
     ),
 )
 """A kernel's family: the first whose name fragments its name holds (lower case), else "other"."""
-ATTENTION_BACKENDS = {
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "math": SDPBackend.MATH,
-}
+ATTENTION_BACKENDS = {name: kernel for name, kernel in ATTENTION_KERNELS.items() if kernel is not None}
 
 
 def family(name: str) -> str:
@@ -165,8 +161,22 @@ def main() -> None:
     emit(syncs_and_retries(trainer, args.device))
     emit(update_rate(trainer, config, args.device, args.n))
     shape = TransformerShape(config.blocks, config.width, config.heads, config.feed_forward)
-    for record in attention_timings(args.device, args.n, min(config.batch, 64), shape):
+    timings = attention_timings(args.device, args.n, min(config.batch, 64), shape)
+    for record in timings:
         emit(record)
+    for dtype in ("bfloat16", "float32"):
+        timed = [r for r in timings if r["dtype"] == dtype and r["tokens"] == args.n + 1 and "ms" in r]
+        if timed:
+            fastest = min(timed, key=lambda r: r["ms"])
+            emit(
+                {
+                    "figure": "fastest_attention",
+                    "dtype": dtype,
+                    "tokens": args.n + 1,
+                    "ms": fastest["ms"],
+                    "config": {"attention": fastest["backend"]},
+                }
+            )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 from envs.instance import paper_instance
 from trainers.flops import NetworkFlops
 from trainers.networks import TransformerShape
+from trainers.pathwise import TrainConfig
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
 
@@ -83,7 +84,8 @@ def test_a_check_past_its_limit_is_killed_and_the_rest_skipped_once_the_budget_i
 def test_the_probe_runs_at_a_tiny_size_on_the_cpu(monkeypatch, capsys):
     """bench/gpu_probe.py at n = 8, B = 4 on the CPU: its kernel split's families add up to its total (and a kernel named
     like a GEMM or a flash-attention kernel goes to its family), every attention record is timed or says why its
-    backend refused, the math kernel is timed at S = n + 1 and n in both precisions, the synchronisations are said to be
+    backend refused, the math kernel is timed at S = n + 1 and n in both precisions, the quickest kernel at S = n + 1 of
+    each precision is named as the config value that selects it, the synchronisations are said to be
     CUDA's only, and the update's FLOPs are trainers/flops.py's."""
     spec = importlib.util.spec_from_file_location("gpu_probe", SCRIPT.parent / "gpu_probe.py")
     probe = importlib.util.module_from_spec(spec)
@@ -99,6 +101,10 @@ def test_the_probe_runs_at_a_tiny_size_on_the_cpu(monkeypatch, capsys):
     assert all(("ms" in r) != ("refused" in r) for r in attention)
     timed = {(r["tokens"], r["dtype"]) for r in attention if r["backend"] == "math" and "ms" in r}
     assert timed == {(9, "bfloat16"), (8, "bfloat16"), (9, "float32"), (8, "float32")}
+    for fastest in (r for r in records if r["figure"] == "fastest_attention"):  # the config value of the quickest at S = n + 1
+        quickest = min((r for r in attention if r["dtype"] == fastest["dtype"] and r["tokens"] == 9 and "ms" in r), key=lambda r: r["ms"])
+        assert fastest["config"] == {"attention": quickest["backend"]} and TrainConfig(**fastest["config"]).attention == quickest["backend"]
+    assert {r["dtype"] for r in records if r["figure"] == "fastest_attention"} == {"bfloat16", "float32"}
     assert next(r for r in records if r["figure"] == "syncs")["host_syncs"] is None
     update = next(r for r in records if r["figure"] == "update")
     config = probe.trainer_for("cpu", 8, 4, "cpu")[1]

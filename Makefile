@@ -74,7 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/decomposition.py
 	$(BIN)/python bench/lookahead.py
 	$(BIN)/python bench/warm_start.py
-	$(BIN)/python bench/validation.py
+	$(BIN)/python bench/model_selection.py
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/fit.py
 

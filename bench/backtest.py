@@ -4,13 +4,13 @@
 The history is episode 0 of seed 1 of the instance over --periods periods (envs.exogenous.sample_paths: a history of
 the model). The instances (--models): "paper", the paper instance (n, seed 0), and "k3-nb", the same items with 3
 signed factor loadings (drawn N(0, I), scaled to the paper's |beta_i|) and negative-binomial demand of
-overdispersion 0.2, whose filter is the Gaussian one (policies.factor_filter.GaussianFilter). The policies are made
+overdispersion 0.2, whose filter is the Gaussian one (demand.factor_filter.GaussianFilter). The policies are made
 first and timed apart ("after tuning"): classical-best tuned on --tuning-episodes training paths of --window steps
 (policies.classical.tuned_policy; the evaluator tunes on 64), and the decomposition lookahead's stationary tables,
 of which --items sampled items are built (policies.decomposition.item_table at their first-guess share) and
 repeated to n items, as bench/lookahead.py does: a decision's work depends on the items' lattice sizes, not on their
 values; c = 1. Then timed, wall-clock and CPU: the causal factor filter over the whole history
-(policies.factor_filter.causal_factor) and each policy's replay on the history's windows (envs.backtest.replay);
+(demand.factor_filter.causal_factor) and each policy's replay on the history's windows (envs.history_replay.replay);
 `backtest_seconds` is the filter plus both replays, the figure against the goal. Reference in the same run: each
 policy's evaluation (envs.evaluation.evaluate) on simulated paths of the same shape (as many episodes as windows,
 --window steps), and the ratio replay / evaluation; each policy runs one window untimed first (warm-up).
@@ -26,14 +26,14 @@ import time
 
 import torch
 
-from envs.backtest import replay, window_count
+from demand.factor_filter import causal_factor
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
+from envs.history_replay import replay, window_count
 from envs.instance import Instance, paper_instance, with_factors
 from policies import lookahead
 from policies.classical import tuned_policy
 from policies.decomposition import DecompositionOptions, guess_shares, item_table
-from policies.factor_filter import causal_factor
 
 
 def timed(work, *args, **kwargs):

@@ -1,5 +1,5 @@
 """Fit time and memory of platform/fit.py's pipeline at scale, with k = 4 factors beside the one-factor fit, measured in
-the same run: two histories of N items x D daily periods written as CSV by envs.demand_simulation.simulate_history, each fitted end
+the same run: two histories of N items x D daily periods written as CSV by demand.simulation.simulate_history, each fitted end
 to end (reading and checking the file, the choice of k among 1..4, the estimate, the bootstrap, the smoothed factors,
 the fit checks and the hold-out check):
 
@@ -31,8 +31,8 @@ import pyarrow.csv
 from revisions import records_at
 from scipy.linalg import subspace_angles
 
-from envs.demand_simulation import simulate_history
-from envs.fit import fit_history
+from demand.fitting import fit_history
+from demand.simulation import simulate_history
 from envs.instance import Instance, paper_instance
 
 FACTORS = 4

@@ -266,7 +266,7 @@ def decision_time(device: str, n: int, preset: str, checkpoint: str | None = Non
 
 def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
     """A Ray Train run of one worker (use_gpu on CUDA) on an embedded Ray, in a temporary run folder."""
-    from solver_workers.ray_session import init_ray, stop_ray
+    from ray_access.session import init_ray, stop_ray
     from trainers.pathwise import NO_WARM_START
     from trainers.ray_train import train_data_parallel
     from trainers.registry import method_config
@@ -376,7 +376,7 @@ def run_checks(args) -> dict:
 
 
 def main() -> int:
-    from envs.cli import device, positive_int, positive_real
+    from plumbing.script_cli import device, positive_int, positive_real
     from trainers.registry import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -136,8 +136,8 @@ def update_rate(trainer, config, device: str, n: int) -> dict:
 
 
 def main() -> None:
-    from envs.cli import device as device_flag
-    from envs.cli import positive_int
+    from plumbing.script_cli import device as device_flag
+    from plumbing.script_cli import positive_int
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", type=device_flag, default="cuda" if torch.cuda.is_available() else "cpu")

@@ -12,7 +12,7 @@ import time
 import torch
 
 from envs.instance import paper_instance
-from solver_workers.ray_session import init_ray
+from ray_access.session import init_ray
 from trainers.pathwise import PathwiseTrainer
 from trainers.registry import method_config
 from trainers.rllib_ppo import build_algorithm

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import torch
 
 from envs.instance import paper_instance
-from solver_workers.ray_session import init_ray
+from ray_access.session import init_ray
 from trainers.pathwise import PathwiseTrainer, train
 from trainers.ray_train import train_data_parallel
 from trainers.registry import method_config

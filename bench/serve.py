@@ -50,9 +50,9 @@ from starlette.responses import Response
 
 from envs.instance import LMAX, paper_instance
 from policies.names import CHECKPOINT_PREFIX
+from ray_access.session import init_ray, stop_ray
 from serving.app import ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ServiceConfig, application
 from serving.decisions import read_states
-from solver_workers.ray_session import init_ray, stop_ray
 from trainers.checkpoint import save_checkpoint
 from trainers.registry import family, method_config
 

@@ -1,2 +1,4 @@
-"""The stochastic JRP as pure tensor code: instances, exogenous paths, dynamics, features, evaluation.
-Nothing here imports Ray, RLlib or solvers; the policies that are not learned are in policies/."""
+"""The stochastic JRP as pure tensor code: the instance, exogenous paths, dynamics, features, evaluation (also on a
+user's history, history_replay.py), the results format and the gymnasium view of the environment. It imports only
+plumbing's errors, checks and files: no Ray, no training, no solvers, no demand statistics (demand/), no command
+line (tests/test_layers.py)."""

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from envs import validate
-from envs.errors import InputError
 from envs.instance import Instance, InstanceError, TensorInstance, exposure, factor_shape
+from plumbing import validate
+from plumbing.errors import InputError
 
 HELDOUT_SEED = 20_260_128
 """Seed of the held-out evaluation set (128 episodes). No training or tuning code may use it."""
@@ -34,7 +34,7 @@ HELDOUT_EPISODES = 128
 TUNING_SEED = 7
 """Seed of the training paths that classical policies are tuned on (disjoint from HELDOUT_SEED)."""
 VALIDATION_SEED = 90_210
-"""Seed of the validation paths on which a training run scores its networks and keeps the best (trainers.validation);
+"""Seed of the validation paths on which a training run scores its networks and keeps the best (trainers.model_selection);
 disjoint from HELDOUT_SEED and TUNING_SEED."""
 
 _PATH_STREAM = 0x45584F  # tag mixed into every episode key, so other NumPy streams never coincide

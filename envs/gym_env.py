@@ -20,11 +20,11 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
-from envs import validate
 from envs.dynamics import State, initial_state, step
 from envs.exogenous import draw_demand, factor_step, item_rates
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, check_one_factor, flat_features
 from envs.instance import Instance
+from plumbing import validate
 
 
 def jrp_spaces(n: int) -> tuple[spaces.Box, spaces.Tuple]:

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs import validate
-from envs.errors import InputError
-from envs.files import input_file, read_text
+from plumbing import validate
+from plumbing.errors import InputError
+from plumbing.files import atomic_write_text, input_file, read_text
 
 LMAX = 4
 """Maximum admissible lead time L_max; the item token has L_max - 1 = 3 in-transit slots."""
@@ -473,33 +473,6 @@ def _first_text(values: list) -> str:
 def exact_keys(keys, expected: set, where: str) -> None:
     """Refuse, naming `where`, a mapping (instance, item table, decide.py's state) whose keys are not exactly `expected`."""
     validate.keys(keys, where, expected, expected, error=InstanceError)
-
-
-TEMPORARY = re.compile(r"\.(.+)\.tmp\d*")
-"""The name `atomic_write` gives the temporary file of NAME: .NAME.tmpPID."""
-
-
-def written_by_atomic_write(name: str) -> str | None:
-    """The file whose atomic write (killed before its rename) left the temporary file `name`, else None."""
-    match = TEMPORARY.fullmatch(name)
-    return match.group(1) if match else None
-
-
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call `write(tmp)` on a temporary file beside `path`, then rename it over `path`, so no reader
-    ever sees half a file (every results, instance and checkpoint file is written this way)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def _paper_grids() -> list[np.ndarray]:

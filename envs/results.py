@@ -30,10 +30,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from envs import validate
-from envs.errors import InputError
 from envs.evaluation import Evaluation
-from envs.instance import Instance, atomic_write, atomic_write_text, written_by_atomic_write
+from envs.instance import Instance
+from plumbing import validate
+from plumbing.errors import InputError
+from plumbing.files import atomic_write, atomic_write_text, written_by_atomic_write
 
 _PACKAGES = ("torch", "numpy", "pyarrow", "ray", "highspy", "gurobipy", "gymnasium")
 

@@ -15,7 +15,7 @@ one; a history whose period length differs from the one the instance was fitted 
 window is one episode through the simulator's dynamics with the instance's costs (h, b, K, lead times, gamma
 discounting), from the simulator's initial state (I_0 = mu_i = lam_i (L_i + 1), nothing in transit), scored by its
 discounted cost. The factor in the policy's state is E[F_t | demand before t] under the instance's demand model
-(a causal filter, policies/factor_filter.py: exact on a grid for one factor, a Gaussian approximation for k >= 2),
+(a causal filter, demand/factor_filter.py: exact on a grid for one factor, a Gaussian approximation for k >= 2),
 never the smoothed path of the fit report, which sees the future. A checkpoint's network takes one factor only: on
 an instance with k >= 2 it is refused in one line before anything is tuned or replayed.
 
@@ -33,17 +33,18 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.backtest import check_window, paired_comparisons, replay, window_count, window_se
-from envs.cli import device, positive_int, run_cli, script_parser
-from envs.errors import InputError
+from demand.factor_filter import causal_factor, describe_filter
+from demand.sales_history import History, history_matrix
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import check_cost_range
-from envs.instance import Instance, atomic_write_text
-from envs.job_output import out_argument, resolve_out
+from envs.history_replay import check_window, paired_comparisons, replay, window_count, window_se
+from envs.instance import Instance
 from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
-from envs.sales_history import History, history_matrix
+from plumbing.errors import InputError
+from plumbing.files import atomic_write_text
+from plumbing.output_folders import out_argument, resolve_out
+from plumbing.script_cli import device, positive_int, run_cli, script_parser
 from policies.classical import POLICY_NAMES
-from policies.factor_filter import causal_factor, describe_filter
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, named_label, policy_name, policy_path
@@ -188,7 +189,7 @@ def main() -> None:
         "window_starts": starts,
         "step": history.step,
         "initial_state": INITIAL_STATE,
-        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (policies/factor_filter.py: {describe_filter(instance)})",
+        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (demand/factor_filter.py: {describe_filter(instance)})",
     }
     config = {**vars(args), "lookahead_form": form if any(is_lookahead(name) for name in args.policy) else None, "n": instance.n}
     costs, rows = {}, []

@@ -28,18 +28,18 @@ what --out holds, removing every file of it. Ctrl-C or SIGTERM keeps the journal
 
 import argparse
 
-from envs.cli import held_out_flags, positive_int, positive_real, run_cli, script_parser, time_limit
-from envs.errors import InputError
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
-from envs.job_output import resolve_out
+from plumbing.errors import InputError
+from plumbing.output_folders import resolve_out
+from plumbing.script_cli import held_out_flags, positive_int, positive_real, run_cli, script_parser, time_limit
 from policies import lookahead
 from policies.decomposition import DecompositionOptions, certificate_note, check_items
 from policies.dp_optimal import LONG_SOLVE
+from ray_access.session import init_ray, stop_ray
 from solver_workers.backends import SOLVERS, SolverOptions
 from solver_workers.bound import solved_note
-from solver_workers.ray_session import init_ray, stop_ray
-from solver_workers.runs import SolverRun, bound_journal, decomposition_journal, run_bound, run_decomposition_bound
+from solver_workers.solver_run import SolverRun, bound_journal, decomposition_journal, run_bound, run_decomposition_bound
 
 KINDS = ("perfect-information", "decomposition")
 DEFAULTS = DecompositionOptions()

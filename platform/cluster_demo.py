@@ -24,11 +24,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from envs.cli import Interrupted, free_port, positive_int, run_cli, script_parser
-from envs.errors import InputError
-from envs.job_output import out_argument, resolve_out
+from plumbing.errors import InputError, Interrupted
+from plumbing.output_folders import out_argument, resolve_out
+from plumbing.script_cli import positive_int, run_cli, script_parser
+from ray_access.session import free_port
 from sweeps.results_dir import open_results
-from sweeps.run import RESUME_COMMAND, read_spec
+from sweeps.runner import RESUME_COMMAND, read_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_MIB = 140
@@ -88,7 +89,7 @@ def start_cluster(workers: int, cpus: int, log=print):
     os.environ.update(cluster_environment())  # before Ray is imported: it reads the mode once
     from ray.cluster_utils import Cluster
 
-    from solver_workers.ray_private import node_ip_address
+    from ray_access.private import node_ip_address
 
     # Ray's own clients inside the cluster (Ray Train's placement-group cleaner asks the state API whether its
     # controller still lives) find their cluster through RAY_ADDRESS, else the most recent Ray on the machine,

@@ -12,7 +12,7 @@ unit per period, lead in periods, qbar in units per order (the fitted lam is uni
 flagged). docs/formats.md has the formats.
 
 --factors k forces the number of common factors; by default k is chosen among 1..--max-factors (default 4) by the
-hold-out (envs.factor_choice.choose_factors: the error of the last 20% of the periods' lagged correlations as the model fitted
+hold-out (demand.factor_choice.choose_factors: the error of the last 20% of the periods' lagged correlations as the model fitted
 on the first 80% predicts them). The report shows each k's criterion.
 
 Writes OUT (a .json file; an ordinary instance file: rho and every item's lam_i and loadings (beta_i at one factor,
@@ -27,13 +27,14 @@ starts.
 import json
 from pathlib import Path
 
-from envs.cli import factors, replicates, run_cli, script_parser, seed
-from envs.factor_choice import MAX_FACTORS
-from envs.fit import fit_history
-from envs.fit_bootstrap import REPLICATES
-from envs.fit_report import report_figure, report_markdown
-from envs.instance import atomic_write, atomic_write_text, check_constant
-from envs.job_output import out_argument, resolve_out
+from demand.bootstrap import REPLICATES
+from demand.factor_choice import MAX_FACTORS
+from demand.fit_report import report_figure, report_markdown
+from demand.fitting import fit_history
+from envs.instance import check_constant
+from plumbing.files import atomic_write, atomic_write_text
+from plumbing.output_folders import out_argument, resolve_out
+from plumbing.script_cli import factors, replicates, run_cli, script_parser, seed
 
 
 def report_paths(out: Path) -> dict[str, Path]:

@@ -19,15 +19,15 @@ the journal.
 
 import json
 
-from envs.cli import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, script_parser, seed, time_limit
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
-from envs.job_output import resolve_out
+from plumbing.output_folders import resolve_out
+from plumbing.script_cli import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, script_parser, seed, time_limit
+from ray_access.session import init_ray, stop_ray
 from solver_workers.backends import SOLVERS, SolverOptions, licence_note
 from solver_workers.model import check_size, stock_columns
-from solver_workers.ray_session import init_ray, stop_ray
 from solver_workers.rolling import RollingOptions
-from solver_workers.runs import SolverRun, milp_journal, run_milp
+from solver_workers.solver_run import SolverRun, milp_journal, run_milp
 
 
 def main() -> None:

@@ -19,9 +19,9 @@ import os
 import socket
 import time
 
-from envs.cli import non_negative_real, port, positive_int, run_cli, script_parser
-from envs.errors import InputError
-from envs.files import input_file
+from plumbing.errors import InputError
+from plumbing.files import input_file
+from plumbing.script_cli import non_negative_real, port, positive_int, run_cli, script_parser
 from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
 from trainers.checkpoint import checkpoint_file
 from trainers.policy import MODES
@@ -74,8 +74,8 @@ def main() -> None:
     if embedded:
         check_free(args.host, args.port)
 
+    from ray_access.session import init_ray, stop_ray
     from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application  # imports Ray Serve
-    from solver_workers.ray_session import init_ray, stop_ray
 
     config = ServiceConfig(
         policy=policy,

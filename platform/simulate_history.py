@@ -14,10 +14,11 @@ unless --overwrite is given; the instance file is never written over.
 
 from pathlib import Path
 
-from envs.cli import horizon, run_cli, script_parser, seed
-from envs.demand_simulation import simulate_history
-from envs.instance import Instance, atomic_write, table_format
-from envs.job_output import out_argument, resolve_out
+from demand.simulation import simulate_history
+from envs.instance import Instance, table_format
+from plumbing.files import atomic_write
+from plumbing.output_folders import out_argument, resolve_out
+from plumbing.script_cli import horizon, run_cli, script_parser, seed
 
 
 def write_table(table, path: Path) -> None:

@@ -20,13 +20,13 @@ import os
 import shlex
 from pathlib import Path
 
-from envs.cli import Interrupted, run_cli, script_parser
-from envs.errors import InputError
-from envs.job_output import out_argument, resolve_out
-from solver_workers.ray_session import init_ray, stop_ray
+from plumbing.errors import InputError, Interrupted
+from plumbing.output_folders import out_argument, resolve_out
+from plumbing.script_cli import run_cli, script_parser
+from ray_access.session import init_ray, stop_ray
 from sweeps.console import SweepLog, dashboard_login
 from sweeps.results_dir import FINISHED
-from sweeps.run import RESUME_COMMAND, cluster_nodes, dry_run, read_spec, run_sweep
+from sweeps.runner import RESUME_COMMAND, cluster_nodes, dry_run, read_spec, run_sweep
 
 
 def main() -> None:

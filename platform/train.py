@@ -6,7 +6,7 @@ that the sweep's trials make too).
   python platform/train.py --method transformer-ppo --instance inst.json --preset cpu --seed 0 --out runs/tppo16
 
 Writes to --out: checkpoint.pt, best.pt (OR-Transformer and HPO: the network the validation kept,
-trainers.validation), curve.parquet, tensorboard/, training.json, and the held-out evaluation of the best network
+trainers.model_selection), curve.parquet, tensorboard/, training.json, and the held-out evaluation of the best network
 (else the last) as the greedy (Y = 1{p > 0.5}) and sampled (Y ~ Bernoulli(p)) policies in greedy/ and
 sampled/, in the format of platform/evaluate.py (for PPO: greedy = Beta mean and p > 0.5; sampled =
 draws from the module's distribution). A diverged run is recorded as status 'diverged'.
@@ -21,7 +21,7 @@ PPOTrainConfig over the preset (trainers/registry.py PRESETS), each checked for 
 3e-4 and 0x10 included: docs/formats.md, "Field rules").
 """
 
-from envs.cli import interrupt_start_up
+from plumbing.script_cli import interrupt_start_up
 
 interrupt_start_up()  # the imports below take seconds: an interruption there ends the script at once, with its message
 
@@ -30,23 +30,24 @@ import shlex
 import sys
 from pathlib import Path
 
-from envs.cli import Interrupted, device, horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES
-from envs.files import read_file
 from envs.instance import Instance
-from envs.job_output import out_argument, resolve_out
+from plumbing.errors import Interrupted
+from plumbing.files import read_file
+from plumbing.output_folders import out_argument, resolve_out
+from plumbing.script_cli import device, horizon, positive_int, run_cli, script_parser, seed
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.experiment import run_experiment
 from trainers.pathwise import NO_WARM_START
 from trainers.policy import MODES
 from trainers.registry import METHODS, PRESETS
-from trainers.run import check_run_dir
+from trainers.run_folder import check_run_dir
 
 
 def read_config(path) -> dict:
-    """Config fields from a YAML file (envs.validate.load_yaml); an empty dict without a file or for an empty one."""
+    """Config fields from a YAML file (plumbing.validate.load_yaml); an empty dict without a file or for an empty one."""
     if path is None:
         return {}
     data = read_file(path, "config file")

@@ -1,7 +1,7 @@
 """The decomposition lower bound: the joint setup cost K split into per-item shares k_i >= 0 with
 sum_i k_i <= K, each item solved exactly by the n = 1 dynamic program (policies/dp_optimal.py); and the decomposition
 lookahead's per-item tables (policies/lookahead.py) made from it. Pure numerics, no Ray: the solver pool
-(solver_workers/pool.py, runs.py) only spreads these items' tasks over its workers.
+(solver_workers/pool.py, solver_run.py) only spreads these items' tasks over its workers.
 
 Why it is a bound. For every action K 1{some item orders} >= sum_i k_i 1{item i orders}, so the
 relaxed problem costs no more than the JRP for every policy. Given the factor path the items' demands
@@ -57,11 +57,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from envs import validate
-from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import TUNING_SEED, ExogenousPaths, sample_paths
 from envs.instance import ITEM_COLUMNS, Instance, exposure
+from plumbing import validate
+from plumbing.errors import InputError
 from policies import dp_certificate, dp_optimal, lookahead
 from policies.classical import TUNING_EPISODES
 

@@ -104,11 +104,11 @@ from scipy.fft import irfft, next_fast_len, rfft
 from scipy.signal import fftconvolve
 from tqdm import tqdm
 
-from envs import validate
 from envs.dynamics import State
-from envs.errors import InputError
 from envs.exogenous import demand_rate, innovation_scale
 from envs.instance import Instance, TensorInstance
+from plumbing import validate
+from plumbing.errors import InputError
 
 NAME = "dp-optimal"
 DEFAULT_FACTOR_POINTS = 121

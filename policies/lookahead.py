@@ -54,8 +54,9 @@ import numpy as np
 import torch
 
 from envs.dynamics import State
-from envs.errors import InputError
-from envs.instance import Instance, TensorInstance, atomic_write, atomic_write_text
+from envs.instance import Instance, TensorInstance
+from plumbing.errors import InputError
+from plumbing.files import atomic_write, atomic_write_text
 
 NAME = "decomposition-lookahead"
 FORMS = ("finite", "stationary")

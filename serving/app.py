@@ -31,10 +31,10 @@ from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from envs import validate
 from envs.dynamics import State
-from envs.errors import InputError
 from envs.instance import Instance
+from plumbing import validate
+from plumbing.errors import InputError
 from policies.names import ALLOWED, is_policy_name
 from serving.decisions import Decider, PolicyError, load_decider, read_states
 from trainers.policy import MODES
@@ -116,7 +116,7 @@ class ServiceConfig:
 
 
 class MalformedBody(InputError):
-    """A request body that is not JSON as the project's files must be (envs.validate.load_json)."""
+    """A request body that is not JSON as the project's files must be (plumbing.validate.load_json)."""
 
 
 class HTTPError(Exception):

@@ -32,12 +32,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from envs import validate
 from envs.dynamics import State
-from envs.errors import InputError
 from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
+from plumbing import validate
+from plumbing.errors import InputError
 from policies.names import policy_path
 from trainers.checkpoint import checkpoint_file
 from trainers.resolver import resolve
@@ -64,7 +64,7 @@ def finite_array(rows: list[list]) -> np.ndarray | None:
 
 def numbers(value, length: int, where: str, what: str) -> np.ndarray:
     """`value` as a list of `length` finite numbers (float64 [length]). A list of finite JSON numbers is taken at once
-    (finite_array); anything else goes number by number through envs.validate, which names the culprit."""
+    (finite_array); anything else goes number by number through plumbing.validate, which names the culprit."""
     if not isinstance(value, list) or len(value) != length:
         raise InputError(f"{where}: expected {length} {what}, got {validate.describe(value)}")
     array = finite_array([value])

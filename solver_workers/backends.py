@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs import validate
+from plumbing import validate
 from solver_workers.model import MilpModel
 
 SOLVERS = ("highs", "gurobi")

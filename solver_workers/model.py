@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from envs.errors import InputError
 from envs.exogenous import draw_demand, factor_step, item_rates
 from envs.instance import LMAX, Instance, factor_shape
+from plumbing.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -46,19 +46,19 @@ import ray
 import torch
 from tqdm.auto import tqdm
 
-from envs import validate
 from envs.dynamics import State, initial_state, step
-from envs.errors import InputError
 from envs.exogenous import ExogenousPaths
-from envs.files import read_text
-from envs.instance import Instance, atomic_write_text
+from envs.instance import Instance
 from envs.results import append_json_line, json_line
-from envs.validate import differences
+from plumbing import validate
+from plumbing.errors import InputError
+from plumbing.files import atomic_write_text, read_text
+from plumbing.validate import differences
 from policies import dp_optimal, lookahead
 from policies.decomposition import DecompositionOptions, item_figures, item_values, search_split
+from ray_access.session import this_node
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
-from solver_workers.ray_session import this_node
 from solver_workers.rolling import RollingOptions, decide
 
 ACTOR_RESTARTS = 3

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from envs import validate
 from envs.dynamics import State
 from envs.instance import Instance, TensorInstance
+from plumbing import validate
 from solver_workers.backends import SolverOptions, solve
 from solver_workers.model import build_model, sample_scenarios
 

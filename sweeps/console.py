@@ -19,7 +19,7 @@ from typing import TextIO
 import ray
 from ray import tune
 
-from solver_workers.ray_private import filter_autoscaler_events, route_worker_output
+from ray_access.private import filter_autoscaler_events, route_worker_output
 
 LOG_NAME = "sweep.log"
 """Ray's output of every run of the sweep, appended (the results directory's log file)."""
@@ -79,7 +79,7 @@ class SweepLog:
             self.file = None
 
     def discard(self, made: bool) -> None:
-        """`close`, then remove the log and the dashboard's token of a sweep refused before it began (sweeps.run.run_sweep's
+        """`close`, then remove the log and the dashboard's token of a sweep refused before it began (sweeps.runner.run_sweep's
         checks after connecting), and the results directory when this run `made` it and nothing else is in it."""
         self.close()
         for path in (self.path, self.path.parent / TOKEN_NAME):
@@ -105,7 +105,7 @@ class SweepLog:
     def route_worker_output(self) -> None:
         """The driver relays every worker's stdout and stderr (log_to_driver) through Ray's stream dispatcher, whose
         handler "ray_print_logs" prints them, and the raylet's messages to the job bypass it: send both to
-        write_worker_output (solver_workers.ray_private.route_worker_output)."""
+        write_worker_output (ray_access.private.route_worker_output)."""
         self.restore_worker_output = route_worker_output(self.write_worker_output)
 
     def write_worker_output(self, batch: dict, ignore_prefix: bool = False) -> None:
@@ -199,7 +199,7 @@ TOKEN_NAME = "dashboard-token"
 
 
 def dashboard_login(out: Path) -> str:
-    """How to log in to the dashboard of the embedded Ray (token authentication, solver_workers.ray_session)."""
+    """How to log in to the dashboard of the embedded Ray (token authentication, ray_access.session)."""
     if os.environ.get("RAY_AUTH_MODE") == "disabled":
         return "no login: token authentication is off"
     if os.environ.get("RAY_AUTH_TOKEN_PATH") and not os.environ.get("RAY_AUTH_TOKEN"):

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from envs.instance import atomic_write, atomic_write_text
+from plumbing.files import atomic_write, atomic_write_text
 from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results

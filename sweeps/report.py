@@ -56,10 +56,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
 from envs.results import read_evaluation
+from plumbing.errors import InputError
 from policies.decomposition import NAME as DECOMPOSITION
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial

@@ -1,10 +1,10 @@
-"""A sweep's results directory: its layout and schema, the writer (sweeps/run.py) and the reader
+"""A sweep's results directory: its layout and schema, the writer (sweeps/runner.py) and the reader
 (sweeps/report.py), in one place.
 
   sweep.json          the sweep file, package versions, git commit, hardware, start and end time, the
                       instance hash of every size
   instances/n<N>.json the paper instance of every size
-  trials/<method>-n<N>-s<seed>/   a run folder (trainers/run.py) with greedy/ and sampled/ evaluations
+  trials/<method>-n<N>-s<seed>/   a run folder (trainers/run_folder.py) with greedy/ and sampled/ evaluations
   baselines/n<N>/<name>/          an evaluation folder (classical-best, dp-optimal, bound, MILPs)
   attempts/<method>-n<N>-s<seed>.jsonl   every attempt of the trial (retries and resumed runs): a start line
                       written by the attempt's process when it begins, with its node, and an end line when it
@@ -36,10 +36,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envs.errors import InputError
-from envs.instance import Instance, atomic_write_text, paper_instance
+from envs.instance import Instance, paper_instance
 from envs.results import append_json_line, json_line, read_evaluation, read_record, write_parquet
-from envs.validate import differences
+from plumbing.errors import InputError
+from plumbing.files import atomic_write_text
+from plumbing.validate import differences
 from sweeps.spec import SweepSpec, Trial
 from trainers.checkpoint import LAST, checkpoint_file
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from envs import validate
-from envs.errors import InputError
 from envs.exogenous import check_path_size
 from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
+from plumbing import validate
+from plumbing.errors import InputError
 from policies.decomposition import DecompositionOptions
 from solver_workers.backends import SOLVERS
 from solver_workers.model import check_size

@@ -48,14 +48,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT_IMPORTS = [
     "torch",
     "pyarrow.parquet",
-    "envs.cli",
+    "plumbing.script_cli",
     "envs.evaluation",
     "envs.results",
     "trainers.registry",
     "trainers.experiment",
     "trainers.rllib_ppo",
-    "solver_workers.runs",
-    "sweeps.run",
+    "solver_workers.solver_run",
+    "sweeps.runner",
     "serving.decisions",
 ]
 """What the scripts import, loaded once by the fork server that run_script's processes come from (a new interpreter
@@ -131,7 +131,7 @@ def ray_session():
     that uses Ray in the test process asks for it (tests without it must not start Ray: `no_stray_ray`)."""
     import ray
 
-    from solver_workers.ray_session import start_local_ray
+    from ray_access.session import start_local_ray
 
     start_local_ray(2, log_to_driver=False)
     yield ray

@@ -12,21 +12,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def package_imports(package: str) -> dict[str, set[str]]:
-    """For every module of the package folder `package`, the package's modules it imports anywhere (at its top or
-    inside a function)."""
+def module_imports(package: str, root: Path = ROOT) -> dict[str, set[str]]:
+    """For every module of the package folder `package` under `root`, every name it imports anywhere (at its top or
+    inside a function): `import a.b` gives a.b, `from a.b import c` gives a.b and a.b.c (c may be a module)."""
     graph = {}
-    for path in sorted((ROOT / package).glob("*.py")):
+    for path in sorted((root / package).glob("*.py")):
         imported = set()
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == package:
-                imported |= {f"{package}.{alias.name}" for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(f"{package}."):
-                imported.add(node.module)
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):
-                imported |= {alias.name for alias in node.names if alias.name.startswith(f"{package}.")}
+                imported |= {alias.name for alias in node.names}
         graph[f"{package}.{path.stem}"] = imported
     return graph
+
+
+def package_imports(package: str) -> dict[str, set[str]]:
+    """For every module of the package folder `package`, the package's modules it imports anywhere."""
+    modules = {f"{package}.{path.stem}" for path in (ROOT / package).glob("*.py")}
+    return {module: imported & modules for module, imported in module_imports(package).items()}
 
 
 def import_circle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -1,4 +1,4 @@
-"""The backtest (platform/backtest.py, envs/backtest.py) and its causal factor filter (policies/factor_filter.py):
+"""The backtest (platform/backtest.py, envs/history_replay.py) and its causal factor filter (demand/factor_filter.py):
 costs worked out by hand, the replay against the evaluator on the same paths, the filter against a slow reference
 (the grid filter, Poisson and negative binomial) and against exact filters (the Gaussian filter against the grid at
 k = 1 and a brute-force 2-D grid at k = 2), its causality (the smoother and a filter that peeks as broken controls),
@@ -14,17 +14,17 @@ import torch
 from conftest import INSTANCE, run_script, single_item
 from scipy import stats
 
-from envs.backtest import check_window, paired_comparisons, replay, window_paths
-from envs.demand_simulation import simulate_history
-from envs.errors import InputError
+from demand.factor_filter import GaussianFilter, GridFilter, causal_factor
+from demand.factor_smoother import smooth_factor
+from demand.sales_history import history_matrix
+from demand.simulation import simulate_history
 from envs.evaluation import evaluate
 from envs.exogenous import ExogenousPaths, sample_paths
-from envs.factor_smoother import smooth_factor
+from envs.history_replay import check_window, paired_comparisons, replay, window_paths
 from envs.instance import Instance, paper_instance, with_factors
-from envs.sales_history import history_matrix
+from plumbing.errors import InputError
 from policies.classical import make_policy, zero_policy
 from policies.dp_optimal import tauchen_grid
-from policies.factor_filter import GaussianFilter, GridFilter, causal_factor
 
 
 def factor_instance(n: int, seed: int, factors: int, overdispersion: float) -> Instance:
@@ -96,7 +96,7 @@ def test_one_window_has_no_standard_error_and_two_have_one():
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     """A 3-item paper instance, episode 0 of seed 11 over 160 periods (its true factor and demand), and the same demand
-    written as a history file by envs.demand_simulation.simulate_history."""
+    written as a history file by demand.simulation.simulate_history."""
     folder = tmp_path_factory.mktemp("simulated")
     instance = paper_instance(3, 2)
     paths = sample_paths(instance, 11, 1, 160)
@@ -112,7 +112,7 @@ def aware_rule(instance):
 
 
 def test_replay_with_the_true_factor_equals_the_evaluator_on_the_same_paths(simulated):
-    """The history file read back (envs.sales_history.history_matrix) and replayed with the true factor costs what
+    """The history file read back (demand.sales_history.history_matrix) and replayed with the true factor costs what
     envs.evaluation.evaluate gives on the sampler's own paths: one window of 150 periods is episode 0 of
     sample_paths(seed 11, 150 steps); windows of 50 are its slices, cut here by hand."""
     instance, paths, folder = simulated
@@ -263,7 +263,7 @@ def test_the_richer_filters_are_causal_and_a_peeking_one_is_not(factors, overdis
 
 def test_the_filter_is_causal_and_the_smoother_is_not():
     """Changing D_t for t >= s leaves the filter's F_hat_0..F_hat_s unchanged (F_hat_t uses D_0..D_t-1) and moves
-    F_hat_s+1; the smoother of the fit report (envs.factor_smoother.smooth_factor), the broken control, moves before s."""
+    F_hat_s+1; the smoother of the fit report (demand.factor_smoother.smooth_factor), the broken control, moves before s."""
     instance = paper_instance(4, 1)
     demand = sample_paths(instance, 5, 1, 120).demand[0].double().numpy()
     before = causal_factor(instance, demand)
@@ -486,7 +486,7 @@ def test_a_checkpoint_is_backtested_like_a_named_policy(trained, tmp_path):
 @pytest.fixture(scope="module")
 def three_factor_history(tmp_path_factory):
     """A k = 3 negative-binomial instance of 4 items with signed loadings and 120 periods of its history
-    (envs.demand_simulation.simulate_history), written as files."""
+    (demand.simulation.simulate_history), written as files."""
     folder = tmp_path_factory.mktemp("three_factors")
     instance = factor_instance(4, 5, 3, 0.4)
     history, _ = simulate_history(instance, 7, 120)

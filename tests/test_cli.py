@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
-from helpers import import_circle, package_imports
 
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance, paper_instance
@@ -17,13 +16,6 @@ from policies.names import CHECKPOINT_PREFIX, NAMED_POLICIES, TABLES_PREFIX
 
 def script(name, *args, check=True):
     return run_script(name, *args, check=check)
-
-
-def test_the_envs_modules_import_each_other_without_a_circle():
-    graph = package_imports("envs")
-    assert "envs.evaluation" in graph["envs.cli"]  # the graph sees lazy imports
-    assert import_circle(graph) is None, " -> ".join(import_circle(graph))
-    assert graph["envs.files"] == {"envs.errors", "envs.validate"}  # below the scripts' boundary and the instance
 
 
 def test_evaluate_help_names_every_policy():
@@ -193,8 +185,8 @@ def test_the_last_line_starts_its_own_line_after_a_progress_bar(kind, capsys, mo
     `error:` or `interrupted:` line on a new line, so `grep '^error:'` finds it; after whole lines, no blank line."""
     import sys
 
-    from envs.cli import LineTracking, run_cli
-    from envs.errors import InputError
+    from plumbing.errors import InputError
+    from plumbing.script_cli import LineTracking, run_cli
 
     def failing(prefix):
         def main():

@@ -20,8 +20,8 @@ import yaml
 from cluster_host import below
 from conftest import ROOT
 
-from envs.errors import InputError
 from envs.results import write_parquet
+from plumbing.errors import InputError
 from sweeps.results_dir import (
     ATTEMPTS_SCHEMA,
     LOST,
@@ -33,7 +33,7 @@ from sweeps.results_dir import (
     write_record,
     write_tables,
 )
-from sweeps.run import placement_problem, trial_resources
+from sweeps.runner import placement_problem, trial_resources
 from sweeps.spec import SweepSpec, Trial
 
 HEAD = {"CPU": 0.0, "GPU": 0.0}

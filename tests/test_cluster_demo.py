@@ -12,9 +12,8 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT
 
-from envs.cli import Interrupted
-from envs.errors import InputError
-from sweeps.run import RESUME_COMMAND
+from plumbing.errors import InputError, Interrupted
+from sweeps.runner import RESUME_COMMAND
 
 CONFIG = str(ROOT / "tune_configs" / "cluster-demo.yaml")
 

@@ -197,7 +197,7 @@ SWEEP = {  # a Ray Train method and an RLlib one, and a HiGHS MILP: each of Ray'
 CHATTER = ["Running HiGHS", "RayTrainWorker", "TrainController", "Started a local Ray instance"]
 """Lines of Ray and its workers seen on the console before (a HiGHS banner, Ray Train's actors, ray.init's own)."""
 SILENCED = ["Token authentication is enabled"]
-"""Lines of Ray that a successful run does not show at all (solver_workers.ray_session.start_local_ray)."""
+"""Lines of Ray that a successful run does not show at all (ray_access.session.start_local_ray)."""
 
 
 def console_lines(output: str) -> int:

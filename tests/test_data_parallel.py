@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from envs.errors import InputError
 from envs.instance import paper_instance
+from plumbing.errors import InputError
 from trainers.checkpoint import read_checkpoint, save_checkpoint
 from trainers.pathwise import PathwiseTrainer, TrainConfig, standardize
 

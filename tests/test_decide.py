@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from conftest import INSTANCE, METHODS, clear_of_one_half, run_script
 
 from envs.dynamics import State
-from envs.errors import InputError
 from envs.features import flat_features, global_token, item_tokens
 from envs.instance import Instance
+from plumbing.errors import InputError
 from policies.classical import make_policy
 from serving.decisions import Decider, read_states
 from trainers.registry import load_policy

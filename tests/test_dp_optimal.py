@@ -15,10 +15,10 @@ import torch
 from scipy import stats
 
 from envs.dynamics import State, initial_state
-from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance, with_factors
+from plumbing.errors import InputError
 from policies import dp_optimal
 from policies.decomposition import DecompositionOptions, check_items, item_instance, item_values
 from policies.dp_optimal import DPOptimalPolicy, solve

@@ -15,10 +15,10 @@ import torch
 from scipy import stats
 
 from envs.dynamics import State
-from envs.errors import InputError
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance
+from plumbing.errors import InputError
 from policies import decomposition, dp_certificate, dp_optimal, lookahead
 from policies.decomposition import DecompositionOptions, check_items, combine, item_figures, item_tables
 

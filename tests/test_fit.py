@@ -1,6 +1,6 @@
-"""Fitting the demand model to a history (envs/fit.py, platform/fit.py, platform/simulate_history.py).
+"""Fitting the demand model to a history (demand/fitting.py, platform/fit.py, platform/simulate_history.py).
 
-Every history here is drawn by the project's own model (envs.exogenous.sample_paths or envs.demand_simulation.simulate_demand,
+Every history here is drawn by the project's own model (envs.exogenous.sample_paths or demand.simulation.simulate_demand,
 which uses the same factor_step and demand_rate) from a known instance, so the fit can be judged against the truth."""
 
 import json
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from conftest import run_script
 
-from envs.demand_simulation import simulate_demand, simulate_history
-from envs.errors import InputError
+from demand.bootstrap import bootstrap, interval
+from demand.factor_smoother import smooth_factor
+from demand.fit_checks import INTERVAL, holdout_check, model_statistics
+from demand.fitting import fit_history
+from demand.moment_estimator import BETA_MAX, LAGS, RHO_MAX, estimate, fit_moments, lagged_covariances
+from demand.sales_history import history_matrix
+from demand.simulation import simulate_demand, simulate_history
 from envs.exogenous import demand_rate, factor_step, sample_paths
-from envs.factor_smoother import smooth_factor
-from envs.fit import fit_history
-from envs.fit_bootstrap import bootstrap, interval
-from envs.fit_checks import INTERVAL, holdout_check, model_statistics
 from envs.instance import Instance, paper_instance
-from envs.moment_estimator import BETA_MAX, LAGS, RHO_MAX, estimate, fit_moments, lagged_covariances
-from envs.sales_history import history_matrix
+from plumbing.errors import InputError
 
 BASE = paper_instance(16, 0)
 RECOVERABLE = Instance(
@@ -67,7 +67,7 @@ def test_the_rank_one_fit_is_exact_on_model_moments():
     missing log, a wrong Poisson correction) or a profile over rho that stops at the wrong point."""
     lam, beta, rho = RECOVERABLE.lam[:5], np.array([0.1, 0.3, 0.5, 0.7, 0.2]), 0.7
     cov = np.stack([np.outer(lam, lam) * np.expm1(np.outer(beta, beta) * rho**k) + (k == 0) * np.diag(lam) for k in range(5)])
-    from envs.moment_estimator import estimate
+    from demand.moment_estimator import estimate
 
     fitted = estimate(lam, cov)
     np.testing.assert_allclose(fitted.beta, beta, atol=1e-6)
@@ -126,16 +126,16 @@ def test_an_unconverged_fit_returns_a_consistent_pair_and_says_so(monkeypatch, t
     scaled for that rho is the truth; the fit says it did not converge (it had no step left to check), and the
     report's notes say so. Catches beta scaled for the rho of the step before (too small by sqrt(sum_k rho^2k)) and a
     silent stop."""
-    import envs.moment_estimator
+    import demand.moment_estimator
 
     lam, beta, rho = RECOVERABLE.lam[:5], np.array([0.1, 0.3, 0.5, 0.7, 0.2]), 0.7
-    monkeypatch.setattr(envs.moment_estimator, "ALTERNATIONS", 1)
+    monkeypatch.setattr(demand.moment_estimator, "ALTERNATIONS", 1)
     fitted = estimate(lam, population_moments(lam, beta, rho))
     assert abs(fitted.rho - rho) < 1e-5 and not fitted.converged
     np.testing.assert_allclose(fitted.beta, beta, atol=1e-5)
     report = fit_report_of(simulate_demand(BASE.lam[:4], BASE.beta[:4], 0.8, 300, np.random.default_rng(0)), tmp_path)
     assert any("did not converge" in note for note in report["notes"])
-    monkeypatch.setattr(envs.moment_estimator, "ALTERNATIONS", 50)
+    monkeypatch.setattr(demand.moment_estimator, "ALTERNATIONS", 50)
     assert estimate(lam, population_moments(lam, beta, rho)).converged
 
 
@@ -166,7 +166,7 @@ def test_the_report_says_that_the_items_lam_errors_are_shared(tmp_path):
     within 0.05, and within 15% (3 relative errors of a standard deviation from 200 draws); the total's interval is
     its estimate +- 1.96 s.e., and the Markdown says that lam's errors are shared. Catches per-item intervals read as
     independent trials (one history held lam for 0 of 10 items, all off together by 15%) with nothing said."""
-    from envs.fit_report import report_markdown
+    from demand.fit_report import report_markdown
 
     instance = paper_instance(8, 5)
     _, report = fit_history(*write_files(tmp_path, instance, 3, 365), replicates=200)
@@ -203,7 +203,7 @@ def test_a_cap_below_the_demand_is_flagged(tmp_path):
     """A cost table whose qbar for item-000 (0.5) is below its demand (lam 4): the report flags that item, by name and
     in its checks, and not item-001 (qbar 8 against lam 2); the Markdown counts it. Catches a fit that writes an
     instance whose bound and lookahead then fail on that item with nothing said at fit time."""
-    from envs.fit_report import report_markdown
+    from demand.fit_report import report_markdown
 
     caps = dict(qbar=[0.5, 8.0], K=10.0, gamma=0.95, rho=0.5)
     instance = Instance(h=[1.0, 2.0], b=[9.0, 9.0], lam=[4.0, 2.0], beta=[0.3, 0.3], lead=[2, 1], **caps)
@@ -222,7 +222,7 @@ def test_an_overdispersed_item_of_its_own_gets_its_phi_and_a_bar_in_its_name_is_
     its loadings are small (the variance is its own, not the factor's), and its name keeps the Markdown table's
     columns (the '|' escaped). Catches excess variance put into the loadings (the lag-0 diagonal in their fit)."""
 
-    from envs.fit_report import report_markdown
+    from demand.fit_report import report_markdown
 
     rng = np.random.default_rng(0)
     shared = simulate_demand(BASE.lam[:4], np.full(4, 0.5), 0.8, 500, rng)
@@ -530,7 +530,7 @@ def test_the_hold_out_chooses_three_factors_on_a_three_factor_history():
     """Histories of three_factor_instance (n = 32, 1,000 periods, 3 seeds): the hold-out error is smallest, up to the
     choice's tolerance, at k = 3, and k = 1 and 2 are clearly worse (by more than 10%; measured 17% at least). Catches a criterion that
     rewards every extra factor (in-sample) or none."""
-    from envs.factor_choice import choose_factors
+    from demand.factor_choice import choose_factors
 
     truth = three_factor_instance()
     for seed in range(3):
@@ -544,7 +544,7 @@ def test_model_statistics_of_several_factors_match_a_long_simulation():
     """The model's variance, lag-1 autocorrelation and correlation matrix with k = 2 signed loadings and
     overdispersion against the sample statistics of 200,000 periods drawn by simulate_demand. Catches phi or the
     signs left out of a closed form."""
-    from envs.fit_checks import model_correlation
+    from demand.fit_checks import model_correlation
 
     lam, loadings, phi, rho = np.array([3.0, 6.0, 4.0]), np.array([[0.3, 0.2], [-0.4, 0.3], [0.1, -0.5]]), np.array([0.0, 0.3, 0.6]), 0.8
     demand = simulate_demand(lam, loadings, rho, 200_000, np.random.default_rng(0), phi)
@@ -607,7 +607,7 @@ def test_the_default_cap_is_whole_units_covering_the_lead_time_demand():
     gets the quantile, a heavy-tailed item (phi 2) more than 4 lam, a paper-like item its 4 lam rounded up."""
     from scipy import stats
 
-    from envs.sales_history import default_caps
+    from demand.sales_history import default_caps
 
     def quantile(lam, phi, lead):
         support = np.arange(20000)
@@ -666,7 +666,7 @@ def test_the_model_s_own_heavy_tails_are_not_outlying_cells():
     take: no cell is flagged (the test's level is 0.001 per history). The broken control, each cell judged by the
     dispersion of the item's other periods alone, flags cells in several of them: a heavy tail's largest cell is most of
     its variance."""
-    from envs.fit_checks import OUTLIER_LEVEL, demand_cdf, outlying_cells
+    from demand.fit_checks import OUTLIER_LEVEL, demand_cdf, outlying_cells
 
     lam = np.exp(np.linspace(0.0, math.log(500.0), 40))
     histories = [simulate_demand(lam, np.full(40, 0.6), 0.8, 121, np.random.default_rng(s), np.full(40, 10.0)) for s in range(50)]

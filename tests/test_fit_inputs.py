@@ -1,6 +1,6 @@
 """What platform/fit.py and platform/simulate_history.py take in and give out: every input checked before the
 estimation (flags, every cell of the history), the history's integer counts and calendar months, and a history drawn
-from a fitted instance that reads back with the instance's item names and step (envs/fit.py, envs/instance.py)."""
+from a fitted instance that reads back with the instance's item names and step (demand/fitting.py, envs/instance.py)."""
 
 import json
 import runpy
@@ -13,15 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, run_script
 
-import envs.fit
-from envs.demand_simulation import simulate_history
-from envs.errors import InputError
-from envs.fit import fit_history
+import demand.fitting
+from demand.fitting import fit_history
+from demand.sales_history import history_matrix
+from demand.simulation import simulate_history
 from envs.instance import FIELD_RANGES, Instance, paper_instance
-from envs.sales_history import history_matrix
+from plumbing.errors import InputError
 
 ESTIMATION = ("choose_factors", "lagged_covariances", "estimate", "bootstrap", "smooth_factor", "holdout_check")
-"""The steps of the estimation in envs.fit, in the order fit_history runs them."""
+"""The steps of the estimation in demand.fitting, in the order fit_history runs them."""
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def no_estimation(monkeypatch):
         raise AssertionError("the estimation ran before the input was refused")
 
     for name in ESTIMATION:
-        monkeypatch.setattr(envs.fit, name, ran)
+        monkeypatch.setattr(demand.fitting, name, ran)
 
 
 def write_history(folder, cells: dict | None = None, periods: int = 60) -> tuple:
@@ -78,7 +78,7 @@ def test_a_history_at_the_demand_bound_fits_into_an_instance_within_its_ranges(t
 
 
 def fit_script(monkeypatch, capsys, *args) -> tuple[int, str]:
-    """platform/fit.py with `args`, in this process (so that a monkeypatched envs.fit holds): (exit status, error output)."""
+    """platform/fit.py with `args`, in this process (so that a monkeypatched demand.fitting holds): (exit status, error output)."""
     monkeypatch.setattr(sys, "argv", ["fit.py", *map(str, args)])
     monkeypatch.setattr(sys, "stderr", sys.stderr)  # run_cli wraps it; restored afterwards
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -224,7 +224,7 @@ def test_a_history_drawn_from_a_fitted_instance_has_its_item_names_and_step(tmp_
     ids=["weekly", "monthly-on-the-15th", "every-second-period", "no-step-daily"],
 )
 def test_a_simulated_history_reads_back_at_the_instances_step(step, start, periods, tmp_path):
-    """envs.demand_simulation.simulate_history of a paper instance whose source records `step`: the history read back has that step
+    """demand.simulation.simulate_history of a paper instance whose source records `step`: the history read back has that step
     and the periods written out here from --start (weeks from 2024-01-01 by default, the 15th of each month, every
     second integer from 5); an instance without a step draws days. Catches daily dates for a weekly or monthly
     instance, which backtest.py refuses against it."""

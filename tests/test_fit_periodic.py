@@ -1,4 +1,4 @@
-"""The fit's check for a periodic pattern in the items' means (envs/fit_checks.py `periodic_check`, docs/fitting.md "The fit
+"""The fit's check for a periodic pattern in the items' means (demand/fit_checks.py `periodic_check`, docs/fitting.md "The fit
 report"): the day of the week of a daily history, the week of the year of a weekly one of 3 years or more, the month of
 the year of a monthly one.
 
@@ -15,10 +15,10 @@ import pytest
 from conftest import run_script
 from scipy.stats import chi2
 
-from envs.demand_simulation import simulate_demand
+from demand.fit_checks import season_statistic
+from demand.fitting import fit_history
+from demand.simulation import simulate_demand
 from envs.exogenous import demand_rate, sample_paths
-from envs.fit import fit_history
-from envs.fit_checks import season_statistic
 from envs.instance import Instance, paper_instance
 
 DAILY = paper_instance(8, 5)

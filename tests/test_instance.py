@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from envs.dynamics import initial_state, step
-from envs.errors import InputError
 from envs.instance import PAPER_MAX_N, Instance, InstanceError, paper_instance
-from envs.validate import HORIZON_MAX
+from plumbing.errors import InputError
+from plumbing.validate import HORIZON_MAX
 
 GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1, 4], qbar=[12.0, 16.0], K=20.0, gamma=0.95, rho=0.8)
 

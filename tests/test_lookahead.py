@@ -17,10 +17,10 @@ from scipy import stats
 from test_decomposition import TINY, joint_optimum, serial_values, three_factor_items, two_items
 
 from envs.dynamics import State
-from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import LMAX, Instance
+from plumbing.errors import InputError
 from policies import dp_optimal, lookahead
 from policies.classical import tuned_policy
 from policies.decomposition import DecompositionOptions, combine, item_figures, item_tables, search_split
@@ -485,7 +485,7 @@ def test_bound_run_keeps_the_tables_reuses_them_and_refuses_others(tmp_path, ray
     process at the same split), a re-run with the same identity writes none again (a missing item file is
     written again), and tables are refused for another instance, another horizon (finite form) or another grid.
     Catches tables from a wrong share or grid, re-runs that recompute, and loads that accept foreign tables."""
-    from solver_workers.runs import SolverRun, decomposition_journal, run_decomposition_bound
+    from solver_workers.solver_run import SolverRun, decomposition_journal, run_decomposition_bound
 
     inst = Instance(h=[1.0, 0.7], b=[9.0, 6.0], lam=[2.0, 3.0], beta=[0.3, 0.5], lead=[1, 2], qbar=[8.0, 12.0], K=6.0, gamma=0.95, rho=0.8)
     options = DecompositionOptions(factor_points=7, coarse_points=4)

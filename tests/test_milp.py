@@ -14,7 +14,7 @@ from scipy.optimize import linprog
 
 from envs.dynamics import State, step
 from envs.instance import LMAX, Instance
-from envs.validate import SEED_MAX
+from plumbing.validate import SEED_MAX
 from solver_workers.backends import SolverOptions, solve
 from solver_workers.model import build_model, sample_scenarios
 

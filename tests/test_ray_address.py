@@ -13,7 +13,7 @@ from conftest import ROOT
 
 OTHER = """
 import sys
-from solver_workers.ray_session import start_local_ray
+from ray_access.session import start_local_ray
 start_local_ray(1, log_to_driver=False)
 print("ready", flush=True)
 sys.stdin.read()
@@ -21,7 +21,7 @@ sys.stdin.read()
 
 PROBE = """
 import json, os, ray
-from solver_workers.ray_session import start_local_ray
+from ray_access.session import start_local_ray
 
 start_local_ray(1, log_to_driver=False)
 

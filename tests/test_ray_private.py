@@ -1,4 +1,4 @@
-"""One test per assumption that solver_workers/ray_private.py makes about Ray's private APIs: after a Ray upgrade, a
+"""One test per assumption that ray_access/private.py makes about Ray's private APIs: after a Ray upgrade, a
 failure here names the assumption that no longer holds (the code that relies on it is in that module alone)."""
 
 import inspect
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from ray._private import ray_constants
 
-from solver_workers import ray_private
+from ray_access import private as ray_private
 
 
 def test_cluster_mode_is_a_module_flag_that_cluster_mode_off_clears_and_restores():
@@ -45,7 +45,7 @@ def test_node_ip_address_is_an_ip_address():
 
 
 def test_the_actor_table_holds_an_actor_with_its_class_address_node_and_owner(ray_session):
-    """state.actors by job and by actor id, with the keys sweeps.run.train_nodes reads (ActorClassName, Address.NodeID,
+    """state.actors by job and by actor id, with the keys sweeps.runner.train_nodes reads (ActorClassName, Address.NodeID,
     OwnerAddress)."""
 
     @ray_session.remote(num_cpus=0)

@@ -17,11 +17,11 @@ import pytest
 from conftest import ROOT
 from helpers import is_loopback, machine_addresses, poll_listeners, reachable
 
-from solver_workers.ray_session import SESSION_RECORD, end_dead_sessions, process_start, session_processes
+from ray_access.session import SESSION_RECORD, end_dead_sessions, process_start, session_processes
 
 EMBEDDED = """
 import os, sys, ray
-from solver_workers.ray_session import init_ray
+from ray_access.session import init_ray
 
 init_ray(1)
 
@@ -42,7 +42,7 @@ ray.shutdown()
 
 CONNECT = """
 import json, os, sys, ray
-from solver_workers.ray_session import init_ray
+from ray_access.session import init_ray
 
 for address, ray_address in json.loads(sys.argv[1]):
     os.environ.pop("RAY_ADDRESS", None)
@@ -143,14 +143,14 @@ def test_an_address_where_nothing_listens_is_refused_without_starting_ray(refusa
     address = refusals["nothing listens"]["RAY_ADDRESS" if via_env else "flag"]
     result = refusals[("", address) if via_env else (address, "")]
     where = f"RAY_ADDRESS={address}" if via_env else f"--address {address}"
-    assert re.fullmatch(rf"envs\.errors\.InputError: {re.escape(where)}: no Ray cluster answers there \(.+\)", result["error"]), result
+    assert re.fullmatch(rf"plumbing\.errors\.InputError: {re.escape(where)}: no Ray cluster answers there \(.+\)", result["error"]), result
     assert not result["started"]
 
 
 @pytest.mark.parametrize("address, message", NO_GCS_ADDRESS)
 def test_an_address_that_is_no_gcs_address_is_refused(refusals, address, message):
     result = refusals[(address, "")]
-    assert result["error"].startswith(f"envs.errors.InputError: --address {address}: {message}"), result
+    assert result["error"].startswith(f"plumbing.errors.InputError: --address {address}: {message}"), result
     assert not result["started"]
 
 
@@ -195,7 +195,7 @@ def test_the_processes_of_a_dead_embedded_session_are_ended_and_no_others(tmp_pa
 
 KILLED = """
 import os, sys, time, ray
-from solver_workers.ray_session import init_ray
+from ray_access.session import init_ray
 
 init_ray(1)
 
@@ -211,7 +211,7 @@ time.sleep(600)
 
 RESTART = """
 import ray
-from solver_workers.ray_session import init_ray
+from ray_access.session import init_ray
 
 init_ray(1)
 ray.shutdown()
@@ -287,7 +287,7 @@ def test_embedded_ray_gives_serve_proxies_time_to_become_ready(ray_session):
     """The embedded Ray's workers (where Serve's controller runs) see the proxy readiness timeout of start_local_ray, not
     Ray's 5 s: catches a default set too late (after ray.init) or in the driver only, under which Serve killed a proxy
     that a busy machine had not started within 5 s and serve.run failed."""
-    from solver_workers.ray_session import PROXY_READY_TIMEOUT_S, PROXY_READY_VARIABLE
+    from ray_access.session import PROXY_READY_TIMEOUT_S, PROXY_READY_VARIABLE
 
     @ray_session.remote
     def seen() -> str | None:

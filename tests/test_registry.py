@@ -15,11 +15,11 @@ import pytest
 from conftest import EPISODES, HORIZON, INSTANCE, METHODS, ROOT, TINY, run_script, tiny
 from helpers import import_circle, package_imports
 
-from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import read_evaluation
+from plumbing.errors import InputError
 from trainers import pathwise, registry
 from trainers.checkpoint import CheckpointError, checkpoint_file
 from trainers.config import ConfigError, TrainerConfig
@@ -120,7 +120,7 @@ def test_experiment_arguments_are_checked_before_anything_is_written(tmp_path):
 def test_the_trainers_import_each_other_without_a_circle():
     graph = package_imports("trainers")
     assert (
-        "trainers.rllib_ppo" in graph["trainers.registry"] and "trainers.run" in graph["trainers.rllib_ppo"]
+        "trainers.rllib_ppo" in graph["trainers.registry"] and "trainers.run_folder" in graph["trainers.rllib_ppo"]
     )  # the graph sees lazy imports
     assert import_circle(graph) is None, " -> ".join(import_circle(graph))
     assert graph["trainers.checkpoint"] == set()  # the file format knows no method
@@ -294,7 +294,7 @@ def test_workers_scale_an_rllib_method_with_env_runners_and_learners(monkeypatch
 
     seen = []
     monkeypatch.setattr(rllib_ppo, "train_ppo", lambda config, *args: seen.append(config) or {"status": "completed"})
-    monkeypatch.setattr("solver_workers.ray_session.init_ray", lambda workers, address=None: None)
+    monkeypatch.setattr("ray_access.session.init_ray", lambda workers, address=None: None)
     config = registry.method_config("ppo", "cpu", TINY)
     registry.train(config, INSTANCE, tmp_path, workers=2)
     registry.train(config, INSTANCE, tmp_path, workers=1, use_gpu=True)

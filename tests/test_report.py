@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, TINY, run_script
 
-from envs.errors import InputError
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import manifest, write_evaluation, write_parquet
+from plumbing.errors import InputError
 from policies.classical import make_policy, zero_policy
-from solver_workers.runs import DECISION_COLUMNS, decision_summary
+from solver_workers.solver_run import DECISION_COLUMNS, decision_summary
 from sweeps import render as rn
 from sweeps import report as rp
 from sweeps.results_dir import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA, read_results, write_tables
@@ -82,7 +82,7 @@ def evaluation(mean: float, offsets: np.ndarray, horizon: int = HORIZON) -> Eval
 
 
 def write_results(root) -> None:
-    """The synthetic results directory, in sweeps/run.py's layout."""
+    """The synthetic results directory, in sweeps/runner.py's layout."""
     insts = {n: paper_instance(n, 0) for n in SWEEP["sizes"]}
     rows, curves = [], []
     for (method, n, seed), (status, mean, reason) in TRIALS.items():
@@ -133,7 +133,7 @@ def write_results(root) -> None:
                     for t in range(horizon)
                 ]
                 tables = {"decisions.parquet": pa.Table.from_pylist(decisions).select([*DECISION_COLUMNS, "quantity"])}
-                extra = decision_summary(decisions)  # as solver_workers.runs.run_milp writes it
+                extra = decision_summary(decisions)  # as solver_workers.solver_run.run_milp writes it
             elif name == "bound":
                 policy, extra = "perfect-information-bound", {"kind": "lower-bound"}
             elif name == "classical-best":
@@ -537,7 +537,7 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     The fake method trains like OR-Transformer (its family's config accepts the name); sweeps.spec reads
     the registry's names when it is imported, so they are re-read here as a new import would."""
     from sweeps import spec as spec_module
-    from sweeps.run import dry_run, training_hours
+    from sweeps.runner import dry_run, training_hours
     from sweeps.spec import SweepSpec
     from trainers import pathwise, registry
 

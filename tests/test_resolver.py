@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from conftest import INSTANCE
 
-from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
+from plumbing.errors import InputError
 from policies.classical import zero_policy
 from policies.names import ALLOWED, TABLES_PREFIX, is_policy_name, named_label, policy_path
 from serving.decisions import load_decider

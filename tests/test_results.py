@@ -9,10 +9,10 @@ import pytest
 from conftest import run_script
 
 import envs.results as results
-from envs.errors import InputError
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
+from plumbing.errors import InputError
 
 INSTANCE = paper_instance(2, 0)
 

@@ -20,7 +20,7 @@ from envs.exogenous import sample_paths
 from envs.features import flat_features
 from envs.gym_env import JRPVectorEnv
 from envs.instance import Instance, paper_instance
-from envs.validate import load_yaml
+from plumbing.validate import load_yaml
 from trainers.config import ConfigError
 from trainers.registry import load_checkpoint, load_policy, method_config
 from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, train_ppo

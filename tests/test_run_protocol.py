@@ -1,4 +1,4 @@
-"""The run protocol of trainers.run for any method: a method made of plain counters (no trainer) goes through
+"""The run protocol of trainers.run_folder for any method: a method made of plain counters (no trainer) goes through
 `train_run`, and what the protocol promises (the curve on disk before each checkpoint, the recorders' one
 interface) holds without any of the pathwise trainer's code."""
 
@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from envs.instance import paper_instance
 from trainers.config import TrainerConfig
-from trainers.run import MethodRun, PeerRecorder, Recorder, RunRecorder, train_run
+from trainers.run_folder import MethodRun, PeerRecorder, Recorder, RunRecorder, train_run
 
 
 @dataclass(frozen=True)

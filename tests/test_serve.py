@@ -26,8 +26,8 @@ import yaml
 from conftest import INSTANCE, METHODS, ROOT, clear_of_one_half, run_script, single_item
 from helpers import Gate
 
-from envs.errors import InputError
 from envs.instance import Instance
+from plumbing.errors import InputError
 from policies.classical import make_policy
 from policies.names import CHECKPOINT_PREFIX
 from serving.decisions import Decider, PolicyError, load_decider, read_states

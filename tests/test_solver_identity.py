@@ -13,9 +13,9 @@ import pytest
 from conftest import ROOT, run_script
 from helpers import HANG_SECONDS, Gate
 
-from envs.errors import InputError
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
+from plumbing.errors import InputError
 from solver_workers.backends import SolverOptions
 from solver_workers.pool import Journal, Pool, bound_identity, decision_key, episode_key, rolling_identity, run_bounds, run_rolling
 from solver_workers.rolling import RollingOptions

@@ -10,10 +10,10 @@ import torch
 from helpers import Gate
 
 from envs.dynamics import initial_state, step
-from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
+from plumbing.errors import InputError
 from policies.classical import make_policy, zero_policy
 from policies.decomposition import DecompositionOptions
 from solver_workers.backends import SolverOptions

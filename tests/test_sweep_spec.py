@@ -8,11 +8,11 @@ import pytest
 import yaml
 from conftest import ROOT, run_script
 
-from envs.errors import InputError
-from envs.files import read_file
+from plumbing.errors import InputError
+from plumbing.files import read_file
 from policies.decomposition import DecompositionOptions
 from sweeps.results_dir import open_results
-from sweeps.run import dry_run, read_spec
+from sweeps.runner import dry_run, read_spec
 from sweeps.spec import SweepError, SweepSpec
 from trainers.registry import method_config
 

@@ -20,10 +20,10 @@ import yaml
 from conftest import ROOT, TINY, run_script
 from helpers import Gate
 
-from envs.cli import _terminate
-from envs.errors import InputError
 from envs.instance import paper_instance
-from envs.validate import load_yaml
+from plumbing.errors import InputError
+from plumbing.script_cli import _terminate
+from plumbing.validate import load_yaml
 from trainers import pathwise
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseTrainer, TrainConfig, train
@@ -140,7 +140,7 @@ def test_resume_of_a_run_that_ended_trains_nothing(tmp_path):
 
 @pytest.fixture
 def sigterm_is_ctrl_c():
-    """SIGTERM raises KeyboardInterrupt, as in the scripts (envs.cli.run_cli)."""
+    """SIGTERM raises KeyboardInterrupt, as in the scripts (plumbing.script_cli.run_cli)."""
     previous = signal.signal(signal.SIGTERM, _terminate)
     yield
     signal.signal(signal.SIGTERM, previous)

@@ -1,4 +1,4 @@
-"""envs/validate.py: the one set of field checks and the project's YAML loader."""
+"""plumbing/validate.py: the one set of field checks and the project's YAML loader."""
 
 import argparse
 import math
@@ -6,9 +6,9 @@ import math
 import pytest
 import yaml
 
-from envs import validate
-from envs.cli import mip_gap, positive_int, seed
-from envs.errors import InputError
+from plumbing import validate
+from plumbing.errors import InputError
+from plumbing.script_cli import mip_gap, positive_int, seed
 
 
 def test_integers_are_integers_and_the_message_names_field_range_and_value():

@@ -1,4 +1,4 @@
-"""Validation while training and the best network (trainers.validation, trainers.run), and rollouts that run away
+"""Validation while training and the best network (trainers.model_selection, trainers.run_folder), and rollouts that run away
 (trainers.pathwise.restart_runaways)."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from test_train_safety import interrupt_at
 from envs.dynamics import State, initial_state
 from envs.exogenous import HELDOUT_SEED, TUNING_SEED, FactorDemandStream, sample_paths
 from envs.instance import paper_instance
-from trainers import validation as validation_module
+from trainers import model_selection as validation_module
 from trainers.checkpoint import checkpoint_file, read_checkpoint
+from trainers.model_selection import Validation, due
 from trainers.pathwise import PathwiseTrainer, TrainConfig, restart_runaways, train
 from trainers.resolver import resolve
 from trainers.streams import PAPER_STREAM, stream_seed
-from trainers.validation import Validation, due
 
 # ---- the validation set -----------------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ SMALL = dict(TINY, updates=6, validate_every=2, checkpoint_every=2, imitation_up
 
 
 class ScriptedScores:
-    """Stands in for trainers.validation.evaluate: the validation costs come from `costs` in call order (a number: that
+    """Stands in for trainers.model_selection.evaluate: the validation costs come from `costs` in call order (a number: that
     cost on each of 4 paths, reported with s.e. 0.5; or the per-path costs), and the weights of each scored network are
     kept (copies)."""
 

@@ -32,7 +32,7 @@ from trainers.config import ConfigError
 from trainers.imitation import Frontier, StudentMix, TeacherRollouts, cost_to_go_steps, imitation_losses
 from trainers.pathwise import PathwiseTrainer, TrainConfig, train
 from trainers.policy import LearnedPolicy
-from trainers.run import run_files
+from trainers.run_folder import run_files
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

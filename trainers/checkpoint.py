@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from envs.errors import InputError
-from envs.instance import Instance, atomic_write
+from envs.instance import Instance
+from plumbing.errors import InputError
+from plumbing.files import atomic_write
 
 FORMAT = "or-transformer-platform/checkpoint"
 VERSION = 1
@@ -29,7 +30,7 @@ class CheckpointError(InputError):
 
 
 LAST, BEST = "checkpoint.pt", "best.pt"
-"""A run folder's checkpoint of its last update, and the network its validation kept (trainers.validation)."""
+"""A run folder's checkpoint of its last update, and the network its validation kept (trainers.model_selection)."""
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:
@@ -64,7 +65,7 @@ def save_checkpoint(
 ) -> None:
     """Write atomically (temporary file, then rename). `status` is the run's (running, completed, diverged,
     interrupted, failed) at the checkpoint's update; `reason` says why it diverged or failed; `attempts` the update each training
-    attempt of the run started from (trainers.run), [0] when not given."""
+    attempt of the run started from (trainers.run_folder), [0] when not given."""
     payload = {
         "format": FORMAT,
         "version": VERSION,

@@ -1,5 +1,5 @@
 """What every training run's typed config shares: dict round trips with unknown keys refused, a check
-of every field's type and range with one clear error (`ConfigError`, by the validators of envs.validate:
+of every field's type and range with one clear error (`ConfigError`, by the validators of plumbing.validate:
 a real field also takes YAML's string "3e-4"), and the divergence rule."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from envs import validate
-from envs.errors import InputError
+from plumbing import validate
+from plumbing.errors import InputError
 
 
 class ConfigError(InputError):
@@ -95,7 +95,7 @@ class TrainerConfig(RunConfig):
     divergence_cost: float = 1e3
     """A run diverges when its mean normalised step cost exceeds this (> 0) or a loss is not finite."""
     seed: int = 0
-    """In [0, 2^31 - 1] (envs.validate.SEED_MAX)."""
+    """In [0, 2^31 - 1] (plumbing.validate.SEED_MAX)."""
     device: str = "cpu"
     """cpu, cuda or cuda:K (whether it exists here is checked where the run starts, not in the config)."""
 

@@ -2,9 +2,9 @@
 (Y = 1{p > 0.5}; PPO: Beta mean) and the sampled one (Y ~ Bernoulli(p); PPO: draws from the module's
 distribution). platform/train.py, the sweep's Tune trials and the tests all run it.
 
-The run folder holds the run's files (trainers.run) and greedy/ and sampled/ in the evaluation format
+The run folder holds the run's files (trainers.run_folder) and greedy/ and sampled/ in the evaluation format
 (envs.results.write_evaluation, whole or not read), of the run's best network where it validates (best.pt,
-trainers.validation), else of its last. The evaluation runs after every call that ends with a
+trainers.model_selection), else of its last. The evaluation runs after every call that ends with a
 finished training, so `mode="resume"` of a run that has ended trains nothing and evaluates it again
 (the same numbers): a call killed during its evaluation is finished by a resume.
 """
@@ -22,7 +22,7 @@ from trainers import registry
 from trainers.checkpoint import checkpoint_file, network_of
 from trainers.config import ConfigError
 from trainers.policy import MODES
-from trainers.run import check_run_dir
+from trainers.run_folder import check_run_dir
 
 ARGUMENT_FIELDS = ("method", "seed", "device")
 """Config fields that are arguments of run_experiment, never overrides."""
@@ -48,7 +48,7 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train `method` on `instance` in the run folder `out_dir` with the config `preset` + `overrides` (config
     fields) + `seed` and `device`, then evaluate it on `episodes` held-out episodes of `horizon` steps.
-    `mode`: new, resume or overwrite (trainers.run); `workers`, `use_gpu`, `on_update`, `resources_per_worker`: registry.train.
+    `mode`: new, resume or overwrite (trainers.run_folder); `workers`, `use_gpu`, `on_update`, `resources_per_worker`: registry.train.
     The config, the instance's cost range over `horizon` and the run folder are checked before anything is written.
     Returns {training: training.json's content, greedy: summary, sampled: summary} (the summaries as in
     OUT/greedy/summary.json, OUT/sampled/...)."""

@@ -34,7 +34,7 @@ way every `checkpoint_every` imitation updates (`state_dict`'s `imitation`), and
 
 Also not the paper's: after each update a rollout whose stock or backorders left |I_i| <= restart_periods lam_i +
 qbar_i starts again from the initial state (`restart_runaways`), and the process that writes the run folder scores
-the greedy policy on the validation set and keeps the best network (trainers.validation; `PathwiseRun.validate`).
+the greedy policy on the validation set and keeps the best network (trainers.model_selection; `PathwiseRun.validate`).
 """
 
 from __future__ import annotations
@@ -55,13 +55,13 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from envs import validate
 from envs.dynamics import State, initial_state, step
-from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
+from plumbing import validate
+from plumbing.errors import InputError
 from policies.classical import policy_from_parameters
 from policies.names import TABLES_PREFIX, is_lookahead
 from trainers.checkpoint import CheckpointError, read_checkpoint
@@ -79,11 +79,11 @@ from trainers.imitation import (
     teacher_policy,
 )
 from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
+from trainers.model_selection import Score, Validation, due, validation_record
 from trainers.networks import SETUP_FEATURES, HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
 from trainers.policy import LearnedPolicy
-from trainers.run import MethodRun, train_run
+from trainers.run_folder import MethodRun, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
-from trainers.validation import Score, Validation, due, validation_record
 
 METHODS = ("or-transformer", "hpo")
 PRECISIONS = ("float32", "bfloat16")
@@ -182,14 +182,14 @@ class TrainConfig(TrainerConfig):
     trained at; trainers.networks). An hpo network takes paper."""
     validate_every: int = 100
     """Updates between two scores of the greedy policy on the validation set (>= 0; 0: never), which is also scored at
-    update 0 and at the last update; the kept network is saved as best.pt (trainers.validation)."""
+    update 0 and at the last update; the kept network is saved as best.pt (trainers.model_selection)."""
     validation_episodes: int = 64
     """Paths of the validation set (>= 1)."""
     validation_horizon: int = EVAL_HORIZON
     """Steps of each validation path (>= 1); the held-out evaluation's by default."""
     validation_margin: float = 2.0
     """A scored network replaces the kept one when its paired mean difference on the validation paths is below this
-    many standard errors of it (>= 0; 0: the lowest score is kept; trainers.validation.beats)."""
+    many standard errors of it (>= 0; 0: the lowest score is kept; trainers.model_selection.beats)."""
     critic_warmup_updates: int = 0
     """The first updates that fit the critic alone (>= 0): the open and quantity networks are not stepped, and the
     learning-rate schedule (`learning_rate`) starts after them."""
@@ -629,7 +629,7 @@ class PathwiseTrainer:
     def __init__(self, config: TrainConfig, instance: TensorInstance, fresh: bool = True, validation: Validation | None = None):
         """`fresh`: a run's start, from config.initial_weights when it names a checkpoint; False when a checkpoint of
         this run replaces the weights at once (load_state_dict), so a resumed fine-tune needs no initial_weights file.
-        `validation`: the run's validation set and best network (trainers.validation; on the process that writes the
+        `validation`: the run's validation set and best network (trainers.model_selection; on the process that writes the
         run folder), kept in the checkpoint state."""
         self.config = config
         self.instance = instance
@@ -867,7 +867,7 @@ class PathwiseTrainer:
             chunks = (self.memory.rollout_chunks(), self.memory.readout_chunks())
             with self._update_settings():
                 result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, *chunks, actor=actor, anchor=anchor)
-        except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run saves it there)
+        except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run_folder saves it there)
             self.stream.generator.set_state(streams[0])
             self.generator.set_state(streams[1])
             self.optimizer.zero_grad(set_to_none=True)

@@ -5,7 +5,7 @@ its index only (trainers.pathwise), so W workers give the curve of one process.
 
   train_data_parallel(method_config("or-transformer", "cpu"), paper_instance(16, 0), "runs/ort-n16", workers=2)
 
-The run folder is trainers.run's (modes new / resume / overwrite; checkpoint.pt, curve.parquet, tensorboard/,
+The run folder is trainers.run_folder's (modes new / resume / overwrite; checkpoint.pt, curve.parquet, tensorboard/,
 training.json), written by rank 0 alone, with every update. The metrics go to `ray.train.report` (and on to
 Tune inside a Tune trial, by TuneReportCallback): with a Train checkpoint (checkpoint.pt and the curve) every
 checkpoint_every updates and at the end, and in between those of the latest update every REPORT_SECONDS. Ray
@@ -36,17 +36,17 @@ from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 
-from envs.errors import InputError
 from envs.instance import Instance
-from solver_workers.ray_private import in_tune_session
-from solver_workers.ray_session import init_ray
+from plumbing.errors import InputError
+from ray_access.private import in_tune_session
+from ray_access.session import init_ray
 from trainers.checkpoint import BEST, LAST
 from trainers.config import ConfigError
 from trainers.pathwise import PathwiseRun, TrainConfig, rank_and_world
-from trainers.run import continue_run, open_run, run_start
+from trainers.run_folder import continue_run, open_run, run_start
 
 STORAGE = "ray_train"
-"""Ray Train's storage inside the run folder (one of trainers.run.RUN_FILES)."""
+"""Ray Train's storage inside the run folder (one of trainers.run_folder.RUN_FILES)."""
 REPORT_SECONDS = 2.0
 """Least time between two reports without a checkpoint. Ray Train's controller takes one report per worker each
 time it polls them (every 2 s: RAY_TRAIN_HEALTH_CHECK_INTERVAL_S) and ray.train.report waits until it has taken
@@ -65,7 +65,7 @@ def train_data_parallel(
     progress: bool = True,
     max_failures: int = 0,
 ) -> dict[str, Any]:
-    """Train a pathwise run in `out_dir` on `workers` Ray Train workers (`mode` and the run folder: trainers.run);
+    """Train a pathwise run in `out_dir` on `workers` Ray Train workers (`mode` and the run folder: trainers.run_folder);
     returns training.json's content. With `use_gpu` (config device cuda) each worker takes a GPU;
     `resources_per_worker` as in ScalingConfig (e.g. {"CPU": 2}, or {"GPU": 0.25} to share a GPU); a worker
     group that fails is started again up to `max_failures` times, from the last checkpoint."""
@@ -138,7 +138,7 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
 
 
 class WorkerRun(PathwiseRun):
-    """A Ray Train worker's part of the run (trainers.run.MethodRun): its shard on its device; rank 0 writes the
+    """A Ray Train worker's part of the run (trainers.run_folder.MethodRun): its shard on its device; rank 0 writes the
     run folder, and every save goes to ray.train.report with a Train checkpoint (checkpoint.pt, best.pt and the curve)."""
 
     def __init__(self, config: TrainConfig, instance: Instance):
@@ -156,7 +156,8 @@ class WorkerRun(PathwiseRun):
         super().build(out, checkpoint)
 
     def save(self, write) -> None:
-        """checkpoint.pt (and best.pt), then a Train checkpoint of them and of the curve (written before: trainers.run.continue_run)."""
+        """checkpoint.pt (and best.pt), then a Train checkpoint of them and of the curve (written before:
+        trainers.run_folder.continue_run)."""
         write(self.trainer.state_dict())  # on every rank: it gathers the whole batch's rollout state
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None

@@ -4,7 +4,7 @@ here; nothing else branches on a method's name.
 
 This module imports no RLlib: the RLlib family (trainers.rllib_ppo) is imported when one of its methods
 is used. Layers, each importing only those below it (tests/test_registry.py checks there is no circle):
-trainers.checkpoint (the file format) <- trainers.run (run folders and a run's life, for every method) <-
+trainers.checkpoint (the file format) <- trainers.run_folder (run folders and a run's life, for every method) <-
 trainers.pathwise (the pathwise update, over trainers.streams, and its training in this process), trainers.rllib_ppo,
 trainers.ray_train <- this registry <- trainers.experiment, the scripts and the sweep.
 
@@ -201,7 +201,7 @@ def train(
     on_update: OnUpdate = None,
     resources_per_worker: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Train `config`'s method in the run folder `out_dir` (modes and files: trainers.run); returns training.json's
+    """Train `config`'s method in the run folder `out_dir` (modes and files: trainers.run_folder); returns training.json's
     content. `workers` None trains in this process (on config.device); k trains on k Ray processes, a GPU
     each with `use_gpu` (pathwise: Ray Train workers; RLlib: env runners and learners). `on_update(update,
     metrics)` is called after each update made in this process (not by Ray Train workers: they report to

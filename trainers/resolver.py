@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envs.errors import InputError
 from envs.evaluation import EVAL_HORIZON, Policy
 from envs.instance import Instance
+from plumbing.errors import InputError
 from policies.lookahead import FORMS
 from policies.names import ALLOWED, is_checkpoint, is_policy_name, named_label, policy_path
 from trainers.checkpoint import network_of

@@ -39,13 +39,13 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
-from solver_workers.ray_private import logging_to
-from solver_workers.ray_session import init_ray
+from ray_access.private import logging_to
+from ray_access.session import init_ray
 from trainers.checkpoint import CheckpointError
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 from trainers.policy import Decision
-from trainers.run import MethodRun, train_run
+from trainers.run_folder import MethodRun, train_run
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
 ENV_ID = "jrp-vector"
@@ -349,7 +349,7 @@ def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
 
 
 class PPORun(MethodRun):
-    """A PPO run's parts (trainers.run.MethodRun): the RLlib algorithm, saved as rllib/algorithm-<k> beside
+    """A PPO run's parts (trainers.run_folder.MethodRun): the RLlib algorithm, saved as rllib/algorithm-<k> beside
     checkpoint.pt (`train_ppo`), with a checkpoint every updates / 5 updates."""
 
     def __init__(self, config: PPOTrainConfig, instance: Instance):
@@ -417,7 +417,7 @@ def train_ppo(
     progress: bool = True,
     on_update: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run) plus rllib/algorithm-<k>, RLlib's
+    """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run_folder) plus rllib/algorithm-<k>, RLlib's
     own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
     names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run
     stopped at any point resumes from a matching pair."""

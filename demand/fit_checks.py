@@ -2,7 +2,7 @@
 lag-1 autocorrelation, correlations) against the history's, a drift of an item's mean between the halves of the
 history (`mean_drift`), a periodic pattern in the items' means over the day of the week, the week or the month of the
 year (`periodic_check`), and the hold-out check (the model fitted on the first 80% of the periods forecasting the last
-20%: `holdout_check`). What the model cannot represent is said in the estimate's notes (envs/moment_estimator.py);
+20%: `holdout_check`). What the model cannot represent is said in the estimate's notes (demand/moment_estimator.py);
 what it may represent wrongly is flagged here: statistics off, rho at its cap, a drift, a periodic pattern, a
 hold-out coverage below its interval (of the items' cells, and of the total) and a cell that alone drives its item's
 fit (`outlying_cells`)."""
@@ -15,10 +15,10 @@ import numpy as np
 from scipy.special import betainc, pdtr
 from scipy.stats import chi2, norm, qmc
 
-from envs.demand_simulation import as_loadings, rates
-from envs.factor_smoother import smooth_factor
-from envs.fit_bootstrap import mean_off_diagonal
-from envs.moment_estimator import Estimate, fit_moments, model_loadings
+from demand.bootstrap import mean_off_diagonal
+from demand.factor_smoother import smooth_factor
+from demand.moment_estimator import Estimate, fit_moments, model_loadings
+from demand.simulation import as_loadings, rates
 
 HOLDOUT_SHARE = 0.2
 

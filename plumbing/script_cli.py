@@ -2,28 +2,23 @@
 held-out evaluation, and `run_cli`, which reports bad input (`InputError`, a bad flag included) as one line
 `error: ...` with exit status 2, on a line of its own after a progress bar's output, and an interruption as one line
 with exit status 130. Any other exception is a bug and keeps its traceback. Input files are read, and
-output folders checked, by envs.files."""
+output folders checked, by plumbing.files."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 
-from envs import validate
-from envs.errors import InputError
 from envs.instance import FACTORS_MAX, OVERDISPERSION_MAX
-from envs.job_output import out_argument
-from envs.validate import DECIMAL_INTEGER, NUMBER_LITERAL
+from plumbing import validate
+from plumbing.errors import InputError, Interrupted
+from plumbing.output_folders import out_argument
+from plumbing.validate import DECIMAL_INTEGER, NUMBER_LITERAL
 
 INTERRUPTED_EXIT = 130
-
-
-class Interrupted(Exception):
-    """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""
 
 
 class ScriptParser(argparse.ArgumentParser):
@@ -40,7 +35,7 @@ def script_parser(description: str) -> ScriptParser:
 
 
 def _flag(check: Callable, **bounds) -> Callable[[str], object]:
-    """An argparse type: the flag's text checked by the validator `check` (envs.validate), as a number
+    """An argparse type: the flag's text checked by the validator `check` (plumbing.validate), as a number
     when it is written as one; argparse prefixes the message with the flag's name."""
 
     def parse(text: str):
@@ -69,7 +64,7 @@ positive_real = _flag(validate.real, low=0.0, low_open=True)
 non_negative_real = _flag(validate.real, low=0.0)
 port = _flag(validate.integer, low=1, high=65535)
 seed = _flag(validate.seed)
-"""A random seed in [0, 2^31 - 1] (envs.validate.SEED_MAX)."""
+"""A random seed in [0, 2^31 - 1] (plumbing.validate.SEED_MAX)."""
 horizon = _flag(validate.horizon)
 time_limit = _flag(validate.time_limit)
 mip_gap = _flag(validate.mip_gap)
@@ -117,14 +112,6 @@ def device(text: str) -> str:
                 f"'{text}': this machine has {torch.cuda.device_count()} CUDA devices (0..{torch.cuda.device_count() - 1})"
             )
     return text
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now, for a server that a script starts next and must know the port of in
-    advance (a Ray head's GCS, whose address the processes it starts inherit)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _terminate(signum, frame):

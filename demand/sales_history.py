@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import nbinom, poisson
 
-from envs import validate
 from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys, number_column, read_table, table_format
+from plumbing import validate
 
 MIN_PERIODS = 50
 """Fewest periods a history may have: with T periods a lag-1 autocorrelation has standard error about 1/sqrt(T),
@@ -224,7 +224,7 @@ def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callabl
 
 def check_fit_length(history: History, path) -> None:
     """The fit's rule on a history's length: at least MIN_PERIODS periods (a lag-1 autocorrelation from T periods has
-    standard error about 1/sqrt(T)); a backtest, which fits nothing, has its own rule (envs.backtest.window_count)."""
+    standard error about 1/sqrt(T)); a backtest, which fits nothing, has its own rule (envs.history_replay.window_count)."""
     periods = len(history.periods)
     if periods < MIN_PERIODS:
         raise InstanceError(

@@ -10,8 +10,8 @@ such a window is refused (`check_window`); so is a history shorter than one wind
 there is no spread to estimate a standard error from: it is None (null in backtest.json), never 0 (`window_se`).
 
 The policy never sees the future: the factor in its state at period t is given by the caller, the causal estimate
-E[F_t | D_0..D_{t-1}] of policies.factor_filter.causal_factor under the demand model that the instance states
-(platform/backtest.py), never the smoothed path of envs.factor_smoother.smooth_factor, which conditions on the whole history.
+E[F_t | D_0..D_{t-1}] of demand.factor_filter.causal_factor under the demand model that the instance states
+(platform/backtest.py), never the smoothed path of demand.factor_smoother.smooth_factor, which conditions on the whole history.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from envs.errors import InputError
 from envs.evaluation import SE_MIN_VALUES, Evaluation, Policy, evaluate, paired_comparison
 from envs.exogenous import ExogenousPaths
 from envs.instance import TensorInstance
+from plumbing.errors import InputError
 
 
 def window_count(periods: int, window: int, what: str = "the history") -> int:

@@ -9,9 +9,8 @@ import math
 import numpy as np
 from scipy.stats import norm
 
-from envs.demand_simulation import rates
-from envs.fit_bootstrap import CONFIDENCE, Bootstrap, interval, mean_off_diagonal, observed_statistics
-from envs.fit_checks import (
+from demand.bootstrap import CONFIDENCE, Bootstrap, interval, mean_off_diagonal, observed_statistics
+from demand.fit_checks import (
     CHECK_SE,
     DISPERSION_LEVEL,
     DRIFT_LEVEL,
@@ -25,9 +24,10 @@ from envs.fit_checks import (
     model_statistics,
     outlying_cells,
 )
+from demand.moment_estimator import ALTERNATIONS, BETA_MAX, LAGS, RHO_MAX, Estimate, model_loadings
+from demand.sales_history import History
+from demand.simulation import rates
 from envs.instance import OVERDISPERSION_MAX
-from envs.moment_estimator import ALTERNATIONS, BETA_MAX, LAGS, RHO_MAX, Estimate, model_loadings
-from envs.sales_history import History
 
 
 def loading_groups(loadings: np.ndarray) -> np.ndarray:
@@ -149,7 +149,7 @@ def report_numbers(
     return {
         "source": source,
         "estimator": f"moments over all pairs and lags 0..{LAGS} (the lag-0 diagonal left out), "
-        "weighted least squares of rank k (envs/moment_estimator.py)",
+        "weighted least squares of rank k (demand/moment_estimator.py)",
         "confidence": CONFIDENCE,
         "bootstrap": {"kind": "parametric", "replicates": int(boot.rho.size)},
         "factors": {

@@ -22,8 +22,8 @@ import os
 import re
 from pathlib import Path
 
-from envs.errors import InputError
-from envs.files import output_dir
+from plumbing.errors import InputError
+from plumbing.files import output_dir
 
 # Set by Ray's job supervisor for the driver of a submitted job, and for nothing else (Ray 2.60:
 # ray/dashboard/modules/job/job_supervisor.py, _get_driver_env_vars; RAY_JOB_ID is removed from the driver's
@@ -101,7 +101,7 @@ folder may hold an item table items.parquet, a cost table costs.parquet or a fol
 def run_record(folder: Path) -> tuple[str, str] | None:
     """(kind, record file) of the run whose folder `folder` is, shown by a record (RUN_RECORDS) that
     envs.results.RUNS names, or None."""
-    from envs.results import RUNS  # torch and scipy: loaded when an output is checked, not when envs.cli is imported
+    from envs.results import RUNS  # torch and scipy: loaded when an output is checked, not when plumbing.script_cli is imported
 
     records = [(kind, entry) for kind, entries in RUNS.items() for entry in entries if Path(entry).suffix in RUN_RECORDS]
     return next(((kind, entry) for kind, entry in records if (folder / entry).is_file()), None)
@@ -126,7 +126,7 @@ def resolve_out(
     URI; under `ray job submit` absolute and outside the job's copy of its working directory; not inside one of the
     `folders` the script reads, not one of its `inputs` nor, for a directory, holding one (`apart_from_inputs`); not
     inside another run's folder (`outside_runs`); a file not a directory, named with `suffix` when given, and not an
-    existing file unless `overwrite`; then writable (envs.files.output_dir, of the file's folder with is_file). Creates
+    existing file unless `overwrite`; then writable (plumbing.files.output_dir, of the file's folder with is_file). Creates
     nothing."""
     text = str(path)
     if (refusal := uri_refusal(text)) is not None:

@@ -1,4 +1,4 @@
-"""The demand model's estimator (envs/fit.py runs it on a history; docs/fitting.md, "The estimator").
+"""The demand model's estimator (demand/fitting.py runs it on a history; docs/fitting.md, "The estimator").
 
 Model (docs/model.md, "Several factors and overdispersion"): F_t in R^k, each coordinate the AR(1) of eq.
 (factor_process) with one rho, F_0 ~ N(0, I); item i's rate lam_i exp(beta_i . F_t - |beta_i|^2 / 2) with a signed

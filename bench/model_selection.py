@@ -1,10 +1,10 @@
-"""What validation costs a training run (trainers.validation): for each n, the `cpu` preset's OR-Transformer (paper
+"""What validation costs a training run (trainers.model_selection): for each n, the `cpu` preset's OR-Transformer (paper
 instance, seed 0, one torch thread, no warm start) makes --updates updates, timed, and its network is scored once on
 the default validation set (64 paths x 50 steps), timed. The share is one validation's seconds over those of
 validate_every (the default, 100) updates and the validation: the part of a run's time that validation takes (the
 goal: at most 10% at n <= 64). One JSON line per n, with the machine's load.
 
-  python bench/validation.py [--sizes 16 64] [--updates 5]
+  python bench/model_selection.py [--sizes 16 64] [--updates 5]
 """
 
 import argparse
@@ -16,8 +16,8 @@ import torch
 
 from envs.instance import paper_instance
 from trainers import registry
+from trainers.model_selection import Validation
 from trainers.pathwise import NO_WARM_START, PathwiseTrainer, TrainConfig
-from trainers.validation import Validation
 
 
 def main() -> None:

@@ -10,8 +10,8 @@ import numpy as np
 from scipy.stats import norm
 from tqdm.auto import tqdm
 
-from envs.demand_simulation import simulate_demand
-from envs.moment_estimator import Estimate, estimate, lagged_covariances, model_loadings
+from demand.moment_estimator import Estimate, estimate, lagged_covariances, model_loadings
+from demand.simulation import simulate_demand
 
 CONFIDENCE = 0.95
 """Level of the parameter intervals (estimate +- 1.96 bootstrap standard errors, within the parameter's range)."""

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from envs.errors import InputError
+from plumbing.errors import InputError
 
 NESTED_TOO_DEEPLY = "nests lists or objects too deeply to be read (Python's parsers stop at about 1000 levels)"
 """Why a JSON or YAML file that exhausts the parser's recursion is refused (every reader of such files says this)."""

@@ -4,8 +4,9 @@ result, Ctrl-C / SIGTERM as a saved interruption, and a progress bar.
 
 Files in the run directory:
   checkpoint.pt   latest checkpoint (trainers.checkpoint)
-  best.pt         the network the validation keeps (trainers.validation: the first scored, replaced by one that beats it), in the checkpoint
-                  format with that update's weights alone; written with each checkpoint, of a method that validates
+  best.pt         the network the validation keeps (trainers.model_selection: the first scored, replaced by one that
+                  beats it), in the checkpoint format with that update's weights alone; written with each checkpoint,
+                  of a method that validates
   curve.parquet   method, n, seed, update, cost10, wall_seconds, validation_cost (null where not validated),
                   restarted (rollouts restarted in the update; null for a method without restarts): updates 1..k
                   of the checkpoint's update k (rewritten atomically before each checkpoint)
@@ -69,13 +70,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from envs.errors import InputError
-from envs.instance import Instance, atomic_write_text, written_by_atomic_write
+from envs.instance import Instance
 from envs.results import RUNS, TRAINING, check_run_folder, clear_run, manifest, write_parquet
-from envs.validate import differences
+from plumbing.errors import InputError
+from plumbing.files import atomic_write_text, written_by_atomic_write
+from plumbing.validate import differences
 from trainers.checkpoint import BEST, LAST, CheckpointError, read_checkpoint, save_checkpoint
 from trainers.config import TrainerConfig
-from trainers.validation import Score, best_network_state, validation_record
+from trainers.model_selection import Score, best_network_state, validation_record
 
 MODES = ("new", "resume", "overwrite")
 RUN_FILES = RUNS[TRAINING]
@@ -119,7 +121,7 @@ def check_resumable(ckpt: dict[str, Any], config: TrainerConfig, instance: Insta
     """Only `updates` and the memory fields (TrainerConfig.memory_fields) may change between a checkpoint (its
     config as stored) and the run that resumes it, `updates` not below the checkpoint's update. A field the stored
     config lacks (added to the config after the checkpoint was written) counts as its default, the value that run
-    had. A refusal names the fields that differ with both values (envs.validate.differences, as the solver journals;
+    had. A refusal names the fields that differ with both values (plumbing.validate.differences, as the solver journals;
     of another method: the method alone, the other fields being another config's)."""
     defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
     free = {"updates": 0} | dict.fromkeys(config.memory_fields())
@@ -513,14 +515,14 @@ class MethodRun(ABC):
         return None
 
     def validate(self, last: int) -> Score | None:
-        """Score the network of the current update on the validation set (trainers.validation) where it is due
+        """Score the network of the current update on the validation set (trainers.model_selection) where it is due
         (`due`, with `last` the run's last update) and not scored yet, keeping the best network; on the lead process
         only. None where nothing was scored (always, for a method that does not validate)."""
         return None
 
     @property
     def validation_record(self) -> dict[str, Any] | None:
-        """training.json's `validation` (trainers.validation.Validation.record); None for a method that does not validate."""
+        """training.json's `validation` (trainers.model_selection.Validation.record); None for a method that does not validate."""
         return None
 
     @abstractmethod

@@ -5,3 +5,7 @@ any other exception is a bug and keeps its traceback."""
 
 class InputError(ValueError):
     """Bad input: the message names the field or path and what is allowed."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.demand_simulation import as_loadings, rates
+from demand.simulation import as_loadings, rates
 from envs.exogenous import FACTOR_BOUND, innovation_scale
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.fit_checks import HOLDOUT_SHARE
-from envs.moment_estimator import LAGS, estimate, lagged_covariances, normalised_moments
+from demand.fit_checks import HOLDOUT_SHARE
+from demand.moment_estimator import LAGS, estimate, lagged_covariances, normalised_moments
 
 MAX_FACTORS = 4
 """Default largest number of factors k the hold-out chooses among (platform/fit.py --max-factors)."""

@@ -1,10 +1,10 @@
 """The factor known only from the past: E[F_t | D_0..D_{t-1}], the factor that a policy sees when it decides on
-actual demand, where the factor itself is never observed (platform/backtest.py, envs/backtest.py).
+actual demand, where the factor itself is never observed (platform/backtest.py, envs/history_replay.py).
 
 `causal_factor` filters under the demand model that the instance states (docs/model.md, "Several factors and
 overdispersion"): one factor, whatever its loadings' signs and the demand law, by `GridFilter`, the exact Bayes filter
 on a grid; k >= 2 factors, where a grid would need 401^k points, by `GaussianFilter`, a Laplace approximation. Both
-are causal: the estimate at t uses D_0..D_{t-1} only, unlike envs.factor_smoother.smooth_factor (the posterior mode given the
+are causal: the estimate at t uses D_0..D_{t-1} only, unlike demand.factor_smoother.smooth_factor (the posterior mode given the
 whole history, for the fit report), which sees the future.
 """
 

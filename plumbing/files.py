@@ -1,14 +1,16 @@
 """A user's input files read, and output folders checked, with one clear error: a missing, unreadable, non-UTF-8 or
 malformed file is one InputError naming what the file is ("instance file", "state file") and its path. Below
-envs.cli (the scripts' boundary), envs.instance and envs.job_output, so that none of them imports another in a circle."""
+plumbing.script_cli (the scripts' boundary), envs.instance and plumbing.output_folders, so that none of them imports another in a circle."""
 
 from __future__ import annotations
 
+import os
+import re
 import tempfile
 from pathlib import Path
 
-from envs import validate
-from envs.errors import InputError
+from plumbing import validate
+from plumbing.errors import InputError
 
 
 def input_file(path, what: str) -> Path:
@@ -36,7 +38,7 @@ def read_text(path, what: str) -> str:
 
 
 def read_file(path, what: str):
-    """Parse a JSON (.json, envs.validate.load_json) or YAML (other suffixes, envs.validate.load_yaml) input file; a
+    """Parse a JSON (.json, plumbing.validate.load_json) or YAML (other suffixes, plumbing.validate.load_yaml) input file; a
     missing, unreadable or malformed file is one InputError naming `what` ("state file", "config file") and the path."""
     text = read_text(path, what)
     if Path(path).suffix.lower() != ".json":
@@ -61,3 +63,30 @@ def output_dir(path, what: str = "--out") -> Path:
     except OSError as exc:
         raise InputError(f"{what} '{path}': cannot write in '{ancestor}' ({exc.strerror})") from None
     return path
+
+
+TEMPORARY = re.compile(r"\.(.+)\.tmp\d*")
+"""The name `atomic_write` gives the temporary file of NAME: .NAME.tmpPID."""
+
+
+def written_by_atomic_write(name: str) -> str | None:
+    """The file whose atomic write (killed before its rename) left the temporary file `name`, else None."""
+    match = TEMPORARY.fullmatch(name)
+    return match.group(1) if match else None
+
+
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Call `write(tmp)` on a temporary file beside `path`, then rename it over `path`, so no reader
+    ever sees half a file (every results, instance and checkpoint file is written this way)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))

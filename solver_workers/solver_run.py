@@ -1,7 +1,7 @@
 """A whole solver run into a results folder, for platform/milp.py, platform/bound.py and the sweep's
 baselines: the journal with the run's identity (checked before anything starts), the Ray solver pool,
 and the evaluation format (envs.results) with the solver's own table. The caller connects to Ray
-(solver_workers.ray_session.init_ray) between opening the journal and running."""
+(ray_access.session.init_ray) between opening the journal and running."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from envs.cli import Interrupted
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import ExogenousPaths, sample_paths
 from envs.instance import Instance
 from envs.results import check_run_folder, clear_run, write_evaluation
+from plumbing.errors import Interrupted
 from policies import lookahead
 from policies.decomposition import NAME as DECOMPOSITION
 from policies.decomposition import TABLE_DTYPE, DecompositionOptions, combine
@@ -71,7 +71,7 @@ class SolverRun:
 
     @classmethod
     def from_args(cls, out: Path, args) -> SolverRun:
-        """The run of a script's parsed flags (envs.cli.held_out_flags with the solver pool, and --trace), all recorded."""
+        """The run of a script's parsed flags (plumbing.script_cli.held_out_flags with the solver pool, and --trace), all recorded."""
         return cls(out, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
 
     def paths(self, instance: Instance) -> ExogenousPaths:
@@ -135,7 +135,7 @@ def decision_summary(records: list[dict]) -> dict:
 
 def run_milp(run: SolverRun, instance: Instance, journal: Journal, options: RollingOptions) -> dict[str, Any]:
     """The rolling-horizon MILP controller on the run's held-out paths; returns summary.json's content.
-    Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
+    Ctrl-C keeps the journal and ends in plumbing.script_cli.Interrupted."""
     paths = run.paths(instance)
     try:
         open_order, quantity = run_rolling(instance, paths, options, Pool(run.workers), journal)
@@ -163,7 +163,7 @@ def run_milp(run: SolverRun, instance: Instance, journal: Journal, options: Roll
 
 def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: SolverOptions) -> dict[str, Any]:
     """The perfect-information bound of every episode; returns summary.json's content (policy
-    'perfect-information-bound', kind 'lower-bound'). Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
+    'perfect-information-bound', kind 'lower-bound'). Ctrl-C keeps the journal and ends in plumbing.script_cli.Interrupted."""
     paths = run.paths(instance)
     try:
         records = run_bounds(instance, paths, options, Pool(run.workers), journal)
@@ -206,7 +206,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
     'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
     DP figures), with split.parquet: every item's share, values and order counts, and the lookahead
     tables (policies/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
-    content. Ctrl-C keeps the journal and ends in envs.cli.Interrupted."""
+    content. Ctrl-C keeps the journal and ends in plumbing.script_cli.Interrupted."""
     out = Path(run.out)
     paths = run.paths(instance)
     try:

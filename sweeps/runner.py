@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from envs.errors import InputError
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
-from envs.files import read_text
 from envs.instance import Instance
 from envs.results import manifest, write_evaluation
-from envs.validate import load_yaml
+from plumbing.errors import InputError
+from plumbing.files import read_text
+from plumbing.validate import load_yaml
 from sweeps.results_dir import (
     FINISHED,
     baseline_done,
@@ -64,7 +64,7 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from policies.lookahead import NAME as LOOKAHEAD
     from policies.names import TABLES_PREFIX
     from solver_workers.backends import SolverOptions
-    from solver_workers.runs import (
+    from solver_workers.solver_run import (
         SolverRun,
         bound_journal,
         decomposition_journal,
@@ -132,7 +132,7 @@ def run_trial(config: dict, trials: dict[str, dict], out: str) -> None:
     with its node in the results directory (sweeps.results_dir.start_attempt) before anything else."""
     from ray import tune
 
-    from solver_workers.ray_session import this_node
+    from ray_access.session import this_node
     from trainers.experiment import run_experiment
 
     torch.set_num_threads(1)
@@ -195,7 +195,7 @@ def train_nodes() -> list[dict[str, str]]:
     own record of its workers is internal to it). Ray keeps dead actors in the table with their node."""
     import ray
 
-    from solver_workers.ray_private import actor_table
+    from ray_access.private import actor_table
 
     table = actor_table(job_id=ray.get_runtime_context().get_job_id()).values()
     me = actor_table(actor_id=ray.get_runtime_context().get_actor_id())["Address"]
@@ -286,7 +286,7 @@ def run_sweep(
     spec: SweepSpec, data: dict, out: Path, resume: bool = False, log=print, connect=lambda: None, verbose: bool = False
 ) -> list[dict[str, Any]] | None:
     """Run (or continue) the sweep in `out`; returns the trial rows, or None when a resumed sweep had nothing left.
-    `connect()` reaches Ray (solver_workers.ray_session.init_ray) once there is work to do; `verbose` keeps Tune's
+    `connect()` reaches Ray (ray_access.session.init_ray) once there is work to do; `verbose` keeps Tune's
     own progress reports (sweeps.console)."""
     out = out.resolve()  # trials run in other working directories
     record = open_results(out, data, resume)

@@ -7,7 +7,7 @@ mean discounted cost on `validation_episodes` paths of `validation_horizon` step
 envs.exogenous.VALIDATION_SEED, a seed of their own (never the held-out set, the classical rules' tuning paths or
 a training stream), the same for every run on the instance, so that seeds and settings are compared on the same
 paths. The network kept beside the last (in the trainer's checkpoint state and as the run folder's best.pt,
-trainers.run, which `checkpoint:RUN` evaluates) is the first scored one until a later network beats it on the same
+trainers.run_folder, which `checkpoint:RUN` evaluates) is the first scored one until a later network beats it on the same
 paths: its per-episode costs minus the kept network's have a mean below -`validation_margin` standard errors of that
 mean (`beats`). With margin 0 that is the lowest score (the earlier one on a tie); with a margin a network whose lead is
 within the validation's noise does not replace the warm start it came from: at n = 16 the paper phase's networks

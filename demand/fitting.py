@@ -2,24 +2,24 @@
 checks every input, chooses the number of factors, estimates the model, bootstraps its standard errors, smooths the
 factor path, runs the checks and gives the instance and the numbers of its report.
 
-The parts: reading the history and the cost table (envs/sales_history.py), the moment estimator
-(envs/moment_estimator.py), the choice of k (envs/factor_choice.py), the standard errors (envs/fit_bootstrap.py), the
-factor path (envs/factor_smoother.py), the checks (envs/fit_checks.py), the report and its figure
-(envs/fit_report.py), and histories drawn from the model (envs/demand_simulation.py)."""
+The parts: reading the history and the cost table (demand/sales_history.py), the moment estimator
+(demand/moment_estimator.py), the choice of k (demand/factor_choice.py), the standard errors (demand/bootstrap.py), the
+factor path (demand/factor_smoother.py), the checks (demand/fit_checks.py), the report and its figure
+(demand/fit_report.py), and histories drawn from the model (demand/simulation.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 from scipy.stats import norm
 
-from envs.factor_choice import MAX_FACTORS, choose_factors
-from envs.factor_smoother import smooth_factor
-from envs.fit_bootstrap import REPLICATES, bootstrap
-from envs.fit_checks import DISPERSION_LEVEL, holdout_check, periodic_check
-from envs.fit_report import report_numbers
+from demand.bootstrap import REPLICATES, bootstrap
+from demand.factor_choice import MAX_FACTORS, choose_factors
+from demand.factor_smoother import smooth_factor
+from demand.fit_checks import DISPERSION_LEVEL, holdout_check, periodic_check
+from demand.fit_report import report_numbers
+from demand.moment_estimator import RHO_MAX, Estimate, estimate, lagged_covariances, model_loadings, varimax
+from demand.sales_history import History, check_fit_length, default_caps, file_sha256, history_matrix, match_items, read_costs
 from envs.instance import check_constant, check_factors_for_items
-from envs.moment_estimator import RHO_MAX, Estimate, estimate, lagged_covariances, model_loadings, varimax
-from envs.sales_history import History, check_fit_length, default_caps, file_sha256, history_matrix, match_items, read_costs
 
 
 def fit_history(

@@ -17,9 +17,8 @@ from typing import Any
 
 import ray
 
-from envs.cli import free_port
-from envs.errors import InputError
-from solver_workers.ray_private import GCS_PORT_VARIABLE, cluster_mode_off, gcs_address, local_node, starting_node, token_notice_logger
+from plumbing.errors import InputError
+from ray_access.private import GCS_PORT_VARIABLE, cluster_mode_off, gcs_address, local_node, starting_node, token_notice_logger
 
 PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this; Ray itself retries for minutes
 
@@ -27,7 +26,7 @@ PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this;
 @contextmanager
 def keep_sigterm_handler():
     """ray.init installs its own SIGTERM handler, which ends the process without the script's chance to save
-    its work (envs.cli.run_cli turns SIGTERM into KeyboardInterrupt): put the script's handler back."""
+    its work (plumbing.script_cli.run_cli turns SIGTERM into KeyboardInterrupt): put the script's handler back."""
     main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:
@@ -39,7 +38,15 @@ def keep_sigterm_handler():
 
 TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
 """How ray.init begins the warning it logs on every start of a local Ray without RAY_AUTH_MODE ("... Set
-RAY_AUTH_MODE=disabled to opt out", from the logger solver_workers.ray_private.token_notice_logger)."""
+RAY_AUTH_MODE=disabled to opt out", from the logger ray_access.private.token_notice_logger)."""
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for a server that a script starts next and must know the port of in
+    advance (a Ray head's GCS, whose address the processes it starts inherit)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def without_token_notice(record: logging.LogRecord) -> bool:
@@ -83,7 +90,7 @@ def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | 
 
     Ray 2.60 binds its gRPC servers (GCS, raylet, object manager, workers) to loopback only when the node IP is
     loopback, and ray.init turns a loopback node IP into the machine's address unless Ray's cluster mode is off
-    (solver_workers.ray_private.cluster_mode_off); Ray passes the node IP to every process it starts. Ray writes a
+    (ray_access.private.cluster_mode_off); Ray passes the node IP to every process it starts. Ray writes a
     new token to ~/.ray/auth_token unless one is configured, so give it a token for this process in RAY_AUTH_TOKEN,
     which its processes inherit.
 

@@ -8,10 +8,10 @@ import re
 
 import numpy as np
 
-from envs import validate
+from demand.sales_history import ISO_DATE
 from envs.exogenous import demand_rate, draw_demand, factor_path
 from envs.instance import InstanceError, exposure, loading_norms, unit_directions
-from envs.sales_history import ISO_DATE
+from plumbing import validate
 
 
 def rates(lam: np.ndarray, beta: np.ndarray, factor: np.ndarray) -> np.ndarray:

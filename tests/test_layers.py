@@ -1,0 +1,85 @@
+"""The layers of docs/README.md's layout, read from the source (every import, at a module's top or inside a function):
+envs/ is the environment alone, no library module imports the scripts' command-line helpers, Ray is reached from the
+layers that run on it, its private modules through ray_access/private.py alone, and no module imports itself back."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import ROOT, import_circle, module_imports
+
+LIBRARY = ("plumbing", "envs", "demand", "policies", "ray_access", "trainers", "solver_workers", "sweeps", "serving")
+"""The packages, bottom first; platform/ (the scripts) and bench/ sit above them."""
+COMMAND_LINE = ("plumbing.script_cli", "plumbing.output_folders")
+"""The scripts' shared parser and their --out checks: for platform/ and bench/ alone."""
+ENVIRONMENT_MAY_IMPORT = ("envs", "plumbing.errors", "plumbing.validate", "plumbing.files")
+"""The project's modules envs/ may import."""
+WITHOUT_RAY = ("plumbing", "envs", "demand", "policies")
+
+
+def project_modules(imported: set[str]) -> set[str]:
+    """The project's modules among `imported` (a bare package name, as in `from plumbing import validate`, is left to
+    the module it names)."""
+    return {name for name in imported if "." in name and name.split(".")[0] in LIBRARY}
+
+
+def outside(imported: set[str], allowed: tuple[str, ...]) -> set[str]:
+    """The project's modules among `imported` that are none of `allowed` nor inside one of them."""
+    return {name for name in project_modules(imported) if not any(name == a or name.startswith(f"{a}.") for a in allowed)}
+
+
+def test_envs_is_the_environment_alone():
+    """Every module of envs/ imports only envs/ and plumbing's errors, checks and files: not the demand model, the
+    policies, the trainers, the command line, nor Ray, RLlib or a solver."""
+    for module, imported in module_imports("envs").items():
+        assert outside(imported, ENVIRONMENT_MAY_IMPORT) == set(), module
+        assert not {name.split(".")[0] for name in imported} & {"ray", "gurobipy", "highspy"}, module
+
+
+def test_no_library_module_imports_the_command_line_helpers():
+    for package in LIBRARY:
+        for module, imported in module_imports(package).items():
+            if module not in COMMAND_LINE:
+                assert not {name for name in imported if name.startswith(COMMAND_LINE)}, module
+
+
+def test_ray_is_reached_from_the_layers_that_run_on_it_and_its_private_modules_through_one_door():
+    for package in LIBRARY:
+        for module, imported in module_imports(package).items():
+            roots = {name.split(".")[0] for name in imported}
+            if package in WITHOUT_RAY:
+                assert not roots & {"ray", "ray_access"}, module
+            if module != "ray_access.private":
+                assert not {name for name in imported if name.startswith(("ray._private", "ray._raylet"))}, module
+
+
+def test_the_library_s_modules_import_each_other_without_a_circle():
+    graph = {}
+    for package in LIBRARY:
+        modules = {f"{package}.{path.stem}" for path in (ROOT / package).glob("*.py")}
+        assert modules, package
+        graph |= module_imports(package)
+    everything = set(graph)
+    graph = {module: imported & everything for module, imported in graph.items()}
+    assert "envs.evaluation" in graph["plumbing.script_cli"]  # the graph sees lazy imports
+    assert import_circle(graph) is None, " -> ".join(import_circle(graph))
+
+
+@pytest.mark.parametrize(
+    ("source", "rule"),
+    [
+        ("from demand.fitting import fit_instance\n", "environment"),
+        ("def f():\n    import ray\n", "environment"),
+        ("from plumbing.script_cli import script_parser\n", "command line"),
+    ],
+)
+def test_the_rules_see_a_forbidden_import_the_controls(tmp_path, source, rule):
+    """A module of a made-up envs/ that imports the demand model, Ray (inside a function) or the scripts' parser
+    breaks the rule that the tests above check."""
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "bad.py").write_text(source)
+    imported = module_imports("envs", tmp_path)["envs.bad"]
+    broken = {
+        "environment": bool(outside(imported, ENVIRONMENT_MAY_IMPORT)) or "ray" in {name.split(".")[0] for name in imported},
+        "command line": any(name.startswith(COMMAND_LINE) for name in imported),
+    }
+    assert broken[rule]

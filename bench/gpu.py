@@ -145,7 +145,8 @@ def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict
     """`updates` timed updates of OR-Transformer's `preset` (after one untimed, which compiles with `compile` or
     `cuda_graphs`) with the config fields `settings`, without the warm start, with the default memory budget; passes
     when every loss is finite and the peak stays within PEAK_LIMIT_GIB. CUDA graphs are skipped without CUDA."""
-    from trainers.pathwise import NO_WARM_START, PathwiseTrainer
+    from trainers.pathwise import PathwiseTrainer
+    from trainers.pathwise_config import NO_WARM_START
     from trainers.registry import method_config
 
     record = {"figure": "paper_updates", "preset": preset, **settings, "device": device, "n": n}
@@ -203,7 +204,7 @@ def decision_time(device: str, n: int, preset: str, checkpoint: str | None = Non
     its bfloat16 greedy evaluation from its float32 one on PAIRED_EPISODES held-out episodes (mean and s.e. of the
     per-episode differences) and the share of steps that open otherwise (an episode's states differ after its first)."""
     from envs.evaluation import evaluate, standard_error
-    from trainers.pathwise import build_network
+    from trainers.pathwise_config import build_network
     from trainers.policy import LearnedPolicy
     from trainers.registry import load_policy, method_config
 
@@ -267,7 +268,7 @@ def decision_time(device: str, n: int, preset: str, checkpoint: str | None = Non
 def ray_train(device: str, n: int, preset: str, updates: int) -> dict:
     """A Ray Train run of one worker (use_gpu on CUDA) on an embedded Ray, in a temporary run folder."""
     from ray_access.session import init_ray, stop_ray
-    from trainers.pathwise import NO_WARM_START
+    from trainers.pathwise_config import NO_WARM_START
     from trainers.ray_train import train_data_parallel
     from trainers.registry import method_config
 
@@ -376,7 +377,7 @@ def run_checks(args) -> dict:
 
 
 def main() -> int:
-    from plumbing.script_cli import device, positive_int, positive_real
+    from cli.scripts import device, positive_int, positive_real
     from trainers.registry import PRESETS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

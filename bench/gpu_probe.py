@@ -25,7 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 from envs.instance import paper_instance
 from trainers.flops import UpdateArithmetic
 from trainers.networks import TransformerShape
-from trainers.pathwise import ATTENTION_KERNELS
+from trainers.pathwise_config import ATTENTION_KERNELS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import emit, synchronize  # noqa: E402  (bench/gpu.py, beside this script)
@@ -48,7 +48,8 @@ def family(name: str) -> str:
 
 
 def trainer_for(device: str, n: int, batch: int, preset: str):
-    from trainers.pathwise import NO_WARM_START, PathwiseTrainer
+    from trainers.pathwise import PathwiseTrainer
+    from trainers.pathwise_config import NO_WARM_START
     from trainers.registry import method_config
 
     config = method_config("or-transformer", preset, {"device": device, "precision": "bfloat16", "batch": batch, **NO_WARM_START})
@@ -136,8 +137,8 @@ def update_rate(trainer, config, device: str, n: int) -> dict:
 
 
 def main() -> None:
-    from plumbing.script_cli import device as device_flag
-    from plumbing.script_cli import positive_int
+    from cli.scripts import device as device_flag
+    from cli.scripts import positive_int
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", type=device_flag, default="cuda" if torch.cuda.is_available() else "cpu")

@@ -17,7 +17,8 @@ import torch
 from envs.instance import paper_instance
 from trainers import registry
 from trainers.model_selection import Validation
-from trainers.pathwise import NO_WARM_START, PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import NO_WARM_START, TrainConfig
 
 
 def main() -> None:

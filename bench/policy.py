@@ -34,7 +34,8 @@ from envs.exogenous import HELDOUT_SEED, FactorDemandStream, sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
 from policies.classical import make_policy
-from trainers.pathwise import NO_WARM_START, PathwiseTrainer, build_network
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import NO_WARM_START, build_network
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config
 

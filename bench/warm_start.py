@@ -16,12 +16,13 @@ import time
 
 import torch
 
-import trainers.pathwise as pathwise
+import trainers.warm_start as warm_start_module
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from trainers.imitation import TEACHERS, teacher_policy
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import TrainConfig
 from trainers.policy import LearnedPolicy
 
 NETWORK = dict(batch=16, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, hidden=32, warmup=2, updates=1)
@@ -44,13 +45,13 @@ def main() -> None:
     tensors = instance.to_torch()
     paths = sample_paths(instance, PATHS_SEED, 64, EVAL_HORIZON)
     teacher, parameters = teacher_policy(instance, args.teacher)
-    pathwise.teacher_policy = lambda *a, **k: (copy.deepcopy(teacher), parameters)  # build the teacher once
+    warm_start_module.teacher_policy = lambda *a, **k: (copy.deepcopy(teacher), parameters)  # build the teacher once
     teacher_cost = evaluate(copy.deepcopy(teacher), tensors, paths).discounted_cost
     for plain, dagger in args.schedules:
         config = TrainConfig(**NETWORK, imitation_updates=plain, imitation_dagger_updates=dagger, imitation_teacher=args.teacher)
         trainer = PathwiseTrainer(config, tensors)
         started = time.perf_counter()
-        trainer.warm_start(instance)
+        warm_start_module.warm_start(trainer, instance)
         seconds = time.perf_counter() - started
         excess = evaluate(LearnedPolicy(trainer.model, "greedy"), tensors, paths).discounted_cost - teacher_cost
         mean = float(teacher_cost.mean())

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import device, positive_int, run_cli, script_parser
 from demand.factor_filter import causal_factor, describe_filter
 from demand.sales_history import History, history_matrix
 from envs.evaluation import EVAL_HORIZON
@@ -42,8 +44,6 @@ from envs.instance import Instance
 from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import device, positive_int, run_cli, script_parser
 from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD

@@ -28,11 +28,11 @@ what --out holds, removing every file of it. Ctrl-C or SIGTERM keeps the journal
 
 import argparse
 
+from cli.output_folders import resolve_out
+from cli.scripts import held_out_flags, positive_int, positive_real, run_cli, script_parser, time_limit
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from plumbing.errors import InputError
-from plumbing.output_folders import resolve_out
-from plumbing.script_cli import held_out_flags, positive_int, positive_real, run_cli, script_parser, time_limit
 from policies import lookahead
 from policies.decomposition import DecompositionOptions, certificate_note, check_items
 from policies.dp_optimal import LONG_SOLVE

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import positive_int, run_cli, script_parser
 from plumbing.errors import InputError, Interrupted
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import positive_int, run_cli, script_parser
 from ray_access.session import free_port
 from sweeps.results_dir import open_results
 from sweeps.runner import RESUME_COMMAND, read_spec

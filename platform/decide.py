@@ -27,10 +27,10 @@ import json
 import sys
 import time
 
+from cli.scripts import device, run_cli, script_parser
 from envs.instance import Instance
 from plumbing.errors import InputError
 from plumbing.files import input_file, read_file
-from plumbing.script_cli import device, run_cli, script_parser
 from policies.names import CHECKPOINT_PREFIX, policy_name
 from serving.decisions import load_decider, read_states
 from trainers.checkpoint import checkpoint_file

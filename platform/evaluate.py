@@ -18,12 +18,12 @@ checkpoint:PATH) or inside another run's folder (a bound's equal-shares/, a back
 
 import textwrap
 
+from cli.output_folders import resolve_out
+from cli.scripts import device, held_out_flags, run_cli, script_parser
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
 from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
-from plumbing.output_folders import resolve_out
-from plumbing.script_cli import device, held_out_flags, run_cli, script_parser
 from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD

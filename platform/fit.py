@@ -27,14 +27,14 @@ starts.
 import json
 from pathlib import Path
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import factors, replicates, run_cli, script_parser, seed
 from demand.bootstrap import REPLICATES
 from demand.factor_choice import MAX_FACTORS
 from demand.fit_report import report_figure, report_markdown
 from demand.fitting import fit_history
 from envs.instance import check_constant
 from plumbing.files import atomic_write, atomic_write_text
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import factors, replicates, run_cli, script_parser, seed
 
 
 def report_paths(out: Path) -> dict[str, Path]:

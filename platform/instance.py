@@ -8,9 +8,9 @@ python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --o
 --rho go with --items. An existing --out is refused unless --overwrite is given; the item table is never written over.
 """
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import factors, overdispersion, positive_int, run_cli, script_parser, seed
 from envs.instance import Instance, check_constant, check_factors_for_items, paper_instance, with_factors
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import factors, overdispersion, positive_int, run_cli, script_parser, seed
 
 
 def main() -> None:

@@ -13,12 +13,12 @@ import os
 import ray
 import torch
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import horizon, positive_int, run_cli, script_parser, seed
 from policies.classical import POLICY_NAMES, VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
 from ray_access.session import init_ray
 

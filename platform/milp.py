@@ -19,10 +19,10 @@ the journal.
 
 import json
 
+from cli.output_folders import resolve_out
+from cli.scripts import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, script_parser, seed, time_limit
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
-from plumbing.output_folders import resolve_out
-from plumbing.script_cli import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, script_parser, seed, time_limit
 from ray_access.session import init_ray, stop_ray
 from solver_workers.backends import SOLVERS, SolverOptions, licence_note
 from solver_workers.model import check_size, stock_columns

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import device, run_cli, script_parser
 from envs.evaluation import SE_MIN_VALUES, paired_comparison, standard_error
 from envs.results import BACKTEST_KIND, read_evaluation
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import device, run_cli, script_parser
 from policies.decomposition import NAME as DECOMPOSITION
 from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
 

@@ -19,9 +19,9 @@ import os
 import socket
 import time
 
+from cli.scripts import non_negative_real, port, positive_int, run_cli, script_parser
 from plumbing.errors import InputError
 from plumbing.files import input_file
-from plumbing.script_cli import non_negative_real, port, positive_int, run_cli, script_parser
 from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
 from trainers.checkpoint import checkpoint_file
 from trainers.policy import MODES

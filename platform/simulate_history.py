@@ -14,11 +14,11 @@ unless --overwrite is given; the instance file is never written over.
 
 from pathlib import Path
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import horizon, run_cli, script_parser, seed
 from demand.simulation import simulate_history
 from envs.instance import Instance, table_format
 from plumbing.files import atomic_write
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import horizon, run_cli, script_parser, seed
 
 
 def write_table(table, path: Path) -> None:

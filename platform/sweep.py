@@ -20,9 +20,9 @@ import os
 import shlex
 from pathlib import Path
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import run_cli, script_parser
 from plumbing.errors import InputError, Interrupted
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import run_cli, script_parser
 from ray_access.session import init_ray, stop_ray
 from sweeps.console import SweepLog, dashboard_login
 from sweeps.results_dir import FINISHED

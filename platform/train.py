@@ -21,7 +21,7 @@ PPOTrainConfig over the preset (trainers/registry.py PRESETS), each checked for 
 3e-4 and 0x10 included: docs/formats.md, "Field rules").
 """
 
-from plumbing.script_cli import interrupt_start_up
+from cli.scripts import interrupt_start_up
 
 interrupt_start_up()  # the imports below take seconds: an interruption there ends the script at once, with its message
 
@@ -30,17 +30,17 @@ import shlex
 import sys
 from pathlib import Path
 
+from cli.output_folders import out_argument, resolve_out
+from cli.scripts import device, horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import HELDOUT_EPISODES
 from envs.instance import Instance
 from plumbing.errors import Interrupted
 from plumbing.files import read_file
-from plumbing.output_folders import out_argument, resolve_out
-from plumbing.script_cli import device, horizon, positive_int, run_cli, script_parser, seed
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.experiment import run_experiment
-from trainers.pathwise import NO_WARM_START
+from trainers.pathwise_config import NO_WARM_START
 from trainers.policy import MODES
 from trainers.registry import METHODS, PRESETS
 from trainers.run_folder import check_run_dir

@@ -1,6 +1,6 @@
 """A user's input files read, and output folders checked, with one clear error: a missing, unreadable, non-UTF-8 or
 malformed file is one InputError naming what the file is ("instance file", "state file") and its path. Below
-plumbing.script_cli (the scripts' boundary), envs.instance and plumbing.output_folders, so that none of them imports another in a circle."""
+cli.scripts (the scripts' boundary), envs.instance and cli.output_folders, so that none of them imports another in a circle."""
 
 from __future__ import annotations
 

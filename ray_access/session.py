@@ -26,7 +26,7 @@ PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this;
 @contextmanager
 def keep_sigterm_handler():
     """ray.init installs its own SIGTERM handler, which ends the process without the script's chance to save
-    its work (plumbing.script_cli.run_cli turns SIGTERM into KeyboardInterrupt): put the script's handler back."""
+    its work (cli.scripts.run_cli turns SIGTERM into KeyboardInterrupt): put the script's handler back."""
     main_thread = threading.current_thread() is threading.main_thread()
     handler = signal.getsignal(signal.SIGTERM) if main_thread else None
     try:

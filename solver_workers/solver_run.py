@@ -71,7 +71,7 @@ class SolverRun:
 
     @classmethod
     def from_args(cls, out: Path, args) -> SolverRun:
-        """The run of a script's parsed flags (plumbing.script_cli.held_out_flags with the solver pool, and --trace), all recorded."""
+        """The run of a script's parsed flags (cli.scripts.held_out_flags with the solver pool, and --trace), all recorded."""
         return cls(out, args.seed, args.episodes, args.horizon, args.workers, args.trace, vars(args))
 
     def paths(self, instance: Instance) -> ExogenousPaths:
@@ -135,7 +135,7 @@ def decision_summary(records: list[dict]) -> dict:
 
 def run_milp(run: SolverRun, instance: Instance, journal: Journal, options: RollingOptions) -> dict[str, Any]:
     """The rolling-horizon MILP controller on the run's held-out paths; returns summary.json's content.
-    Ctrl-C keeps the journal and ends in plumbing.script_cli.Interrupted."""
+    Ctrl-C keeps the journal and ends in cli.scripts.Interrupted."""
     paths = run.paths(instance)
     try:
         open_order, quantity = run_rolling(instance, paths, options, Pool(run.workers), journal)
@@ -163,7 +163,7 @@ def run_milp(run: SolverRun, instance: Instance, journal: Journal, options: Roll
 
 def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: SolverOptions) -> dict[str, Any]:
     """The perfect-information bound of every episode; returns summary.json's content (policy
-    'perfect-information-bound', kind 'lower-bound'). Ctrl-C keeps the journal and ends in plumbing.script_cli.Interrupted."""
+    'perfect-information-bound', kind 'lower-bound'). Ctrl-C keeps the journal and ends in cli.scripts.Interrupted."""
     paths = run.paths(instance)
     try:
         records = run_bounds(instance, paths, options, Pool(run.workers), journal)
@@ -206,7 +206,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
     'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
     DP figures), with split.parquet: every item's share, values and order counts, and the lookahead
     tables (policies/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
-    content. Ctrl-C keeps the journal and ends in plumbing.script_cli.Interrupted."""
+    content. Ctrl-C keeps the journal and ends in cli.scripts.Interrupted."""
     out = Path(run.out)
     paths = run.paths(instance)
     try:

@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT_IMPORTS = [
     "torch",
     "pyarrow.parquet",
-    "plumbing.script_cli",
+    "cli.scripts",
     "envs.evaluation",
     "envs.results",
     "trainers.registry",

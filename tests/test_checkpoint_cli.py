@@ -11,7 +11,8 @@ from conftest import ROOT, TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.checkpoint import CheckpointError, save_checkpoint
-from trainers.pathwise import NO_WARM_START, PathwiseTrainer, TrainConfig, train
+from trainers.pathwise import PathwiseTrainer, train
+from trainers.pathwise_config import NO_WARM_START, TrainConfig
 from trainers.registry import load_checkpoint, load_policy
 
 RUN = {**TINY, "warmup": 2, "checkpoint_every": 2}

@@ -185,8 +185,8 @@ def test_the_last_line_starts_its_own_line_after_a_progress_bar(kind, capsys, mo
     `error:` or `interrupted:` line on a new line, so `grep '^error:'` finds it; after whole lines, no blank line."""
     import sys
 
+    from cli.scripts import LineTracking, run_cli
     from plumbing.errors import InputError
-    from plumbing.script_cli import LineTracking, run_cli
 
     def failing(prefix):
         def main():

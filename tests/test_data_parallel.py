@@ -13,7 +13,8 @@ import torch.multiprocessing as mp
 from envs.instance import paper_instance
 from plumbing.errors import InputError
 from trainers.checkpoint import read_checkpoint, save_checkpoint
-from trainers.pathwise import PathwiseTrainer, TrainConfig, standardize
+from trainers.pathwise import PathwiseTrainer, standardize
+from trainers.pathwise_config import TrainConfig
 
 CONFIG = TrainConfig(batch=8, rollout=5, blocks=1, width=16, heads=2, feed_forward=32, warmup=2, updates=20, learning_rate=1e-3)
 INSTANCE = paper_instance(3, 0)

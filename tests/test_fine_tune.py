@@ -9,7 +9,8 @@ from conftest import TINY, run_script
 
 from envs.instance import paper_instance
 from trainers.config import ConfigError
-from trainers.pathwise import NO_WARM_START, PathwiseTrainer
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import NO_WARM_START
 from trainers.registry import load_checkpoint, method_config, train
 
 NETWORK = {**TINY, "updates": 2}

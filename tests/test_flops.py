@@ -12,7 +12,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from envs.instance import paper_instance
 from trainers.flops import NetworkFlops, encoder_flops, mfu, peak_flops
 from trainers.networks import ORTransformer, TransformerShape
-from trainers.pathwise import NO_WARM_START, PathwiseTrainer
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import NO_WARM_START
 from trainers.registry import method_config
 
 SMALL = TransformerShape(blocks=2, width=16, heads=4, feed_forward=32)

@@ -12,7 +12,8 @@ from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
 from policies.classical import make_policy
 from trainers import pathwise
-from trainers.pathwise import PathwiseTrainer, TrainConfig, build_network
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import TrainConfig, build_network
 from trainers.policy import LearnedPolicy
 
 pytestmark = pytest.mark.gpu

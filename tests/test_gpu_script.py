@@ -14,7 +14,7 @@ import torch
 from envs.instance import paper_instance
 from trainers.flops import NetworkFlops
 from trainers.networks import TransformerShape
-from trainers.pathwise import TrainConfig
+from trainers.pathwise_config import TrainConfig
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
 

@@ -1,4 +1,4 @@
-"""The flags that evaluate.py, milp.py and bound.py share are one flag group (plumbing.script_cli.held_out_flags)."""
+"""The flags that evaluate.py, milp.py and bound.py share are one flag group (cli.scripts.held_out_flags)."""
 
 import re
 

@@ -1,4 +1,4 @@
-"""A job's outputs land where the user said (plumbing/output_folders.py, docs/cluster.md).
+"""A job's outputs land where the user said (cli/output_folders.py, docs/cluster.md).
 
 The fast tests give a process the environment Ray's job supervisor gives a job's driver; the slow test starts
 a real `ray start --head` cluster of its own (free ports, its own temp dir and HOME, token auth set explicitly),
@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, single_item
 
+from cli.output_folders import JOB_CONFIG_ENV, resolve_out
 from envs.instance import paper_instance
 from envs.results import read_evaluation
 from plumbing.errors import InputError
-from plumbing.output_folders import JOB_CONFIG_ENV, resolve_out
 
 # What Ray 2.60's job supervisor put in a driver's environment, measured with `ray job submit --working-dir .`
 JOB_CONFIG = {

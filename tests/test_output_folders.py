@@ -1,4 +1,4 @@
-"""No output lands inside what its run reads or inside another run's folder (plumbing.output_folders.resolve_out,
+"""No output lands inside what its run reads or inside another run's folder (cli.output_folders.resolve_out,
 docs/runs-and-results.md#errors): the cases of the issue through the real scripts on a real decomposition bound and a
 real backtest, each refused in one line with every file of both folders unchanged (hashed before and after), and
 the check itself on folders made by hand: every kind of run by its record file, and a user's tables and subfolders that
@@ -10,9 +10,9 @@ import pyarrow.csv
 import pytest
 from conftest import INSTANCE, digests, run_script
 
+from cli.output_folders import resolve_out
 from demand.simulation import simulate_history
 from plumbing.errors import InputError
-from plumbing.output_folders import resolve_out
 
 HORIZON = 10
 """The bound's horizon, also the evaluations' (decomposition-lookahead:DIR needs its bound's)."""

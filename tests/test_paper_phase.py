@@ -10,18 +10,8 @@ from test_train_safety import interrupt_at
 from envs.instance import paper_instance
 from trainers.checkpoint import read_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import (
-    Anchor,
-    PathwiseTrainer,
-    TrainConfig,
-    anchor_losses,
-    anchor_weight,
-    hybrid_losses,
-    learning_rate,
-    rollout,
-    tokens,
-    train,
-)
+from trainers.pathwise import Anchor, PathwiseTrainer, anchor_losses, hybrid_losses, rollout, tokens, train
+from trainers.pathwise_config import TrainConfig, anchor_weight, learning_rate
 
 RUN = {**TINY, "batch": 8, "rollout": 4, "warmup": 2, "updates": 8, "imitation_updates": 0, "validate_every": 0}
 INSTANCE = paper_instance(3, 0)

@@ -18,18 +18,8 @@ from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from trainers import pathwise
 from trainers.memory import GIB, MemoryPlan, StateBytes, balanced, slices
-from trainers.pathwise import (
-    PathwiseTrainer,
-    TrainConfig,
-    draw_rollouts,
-    entropy_weight,
-    gae,
-    hybrid_losses,
-    learning_rate,
-    rollout,
-    standardize,
-    tokens,
-)
+from trainers.pathwise import PathwiseTrainer, draw_rollouts, gae, hybrid_losses, rollout, standardize, tokens
+from trainers.pathwise_config import TrainConfig, entropy_weight, learning_rate
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config
 

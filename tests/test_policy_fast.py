@@ -10,7 +10,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
-from trainers.pathwise import build_network
+from trainers.pathwise_config import build_network
 from trainers.policy import LearnedPolicy
 from trainers.registry import method_config
 

@@ -15,7 +15,8 @@ from envs.instance import paper_instance
 from trainers import ray_train
 from trainers.checkpoint import read_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig, train
+from trainers.pathwise import PathwiseTrainer, train
+from trainers.pathwise_config import TrainConfig
 
 CONFIG = TrainConfig(
     batch=8,

@@ -20,11 +20,11 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from envs.results import read_evaluation
 from plumbing.errors import InputError
-from trainers import pathwise, registry
+from trainers import pathwise, pathwise_config, registry
 from trainers.checkpoint import CheckpointError, checkpoint_file
 from trainers.config import ConfigError, TrainerConfig
 from trainers.experiment import run_experiment
-from trainers.pathwise import TrainConfig
+from trainers.pathwise_config import TrainConfig
 
 # ---- the registry ---------------------------------------------------------------------------------
 
@@ -80,10 +80,10 @@ def test_every_method_has_its_config_class():
         assert registry.config_from_dict(config.to_dict()) == config
     assert isinstance(registry.method_config("hpo"), TrainConfig)
     assert type(registry.method_config("ppo")).__name__ == "PPOTrainConfig"
-    from trainers import pathwise, rllib_ppo
+    from trainers import rllib_ppo
 
     families = {family: {m.name for m in registry.METHODS.values() if m.family == family} for family in ("pathwise", "rllib")}
-    assert families == {"pathwise": set(pathwise.METHODS), "rllib": set(rllib_ppo.NETWORKS)}  # what each config class accepts
+    assert families == {"pathwise": set(pathwise_config.METHODS), "rllib": set(rllib_ppo.NETWORKS)}  # what each config class accepts
 
 
 @pytest.mark.parametrize(
@@ -142,7 +142,7 @@ def test_the_registry_imports_no_rllib():
 def rebuilt_policy(method: str, weights, config, mode: str):
     """The trained policy put together by hand from the checkpoint's weights, without the registry."""
     if method in ("or-transformer", "hpo"):
-        from trainers.pathwise import build_network
+        from trainers.pathwise_config import build_network
         from trainers.policy import LearnedPolicy
 
         model, policy_class = build_network(config, INSTANCE.n), LearnedPolicy
@@ -178,7 +178,7 @@ def test_run_experiment_trains_and_evaluates_every_method(trained, method):
             HELDOUT_SEED,
         )
         assert summary["instance_hash"] == INSTANCE.content_hash() and summary["training"]["updates_done"] == 2
-        assert summary["parameters"]["network"] == ("best" if method in pathwise.METHODS else "last")
+        assert summary["parameters"]["network"] == ("best" if method in pathwise_config.METHODS else "last")
         by_hand = evaluate(rebuilt_policy(method, evaluated["trainer"]["model"], ckpt["config"], mode), INSTANCE.to_torch(), paths)
         assert summary["mean"] == pytest.approx(by_hand.mean, rel=1e-9)
 

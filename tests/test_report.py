@@ -26,7 +26,7 @@ from sweeps import render as rn
 from sweeps import report as rp
 from sweeps.results_dir import BASELINES_SCHEMA, CURVES_SCHEMA, TRIALS_SCHEMA, read_results, write_tables
 from trainers.checkpoint import save_checkpoint
-from trainers.pathwise import build_network
+from trainers.pathwise_config import build_network
 from trainers.registry import method_config
 
 EPISODES, HORIZON = 8, 10
@@ -539,12 +539,12 @@ def test_a_fifth_method_in_the_registry_reaches_the_report_and_the_dry_run(tmp_p
     from sweeps import spec as spec_module
     from sweeps.runner import dry_run, training_hours
     from sweeps.spec import SweepSpec
-    from trainers import pathwise, registry
+    from trainers import pathwise_config, registry
 
     monkeypatch.setitem(
         registry.METHODS, "fake", registry.Method("fake", "pathwise", fixed_size=False, label="Fake-Former", throughput=1000.0)
     )
-    monkeypatch.setattr(pathwise, "METHODS", (*pathwise.METHODS, "fake"))
+    monkeypatch.setattr(pathwise_config, "METHODS", (*pathwise_config.METHODS, "fake"))
     monkeypatch.setattr(spec_module, "METHOD_NAMES", tuple(registry.METHODS))
     # the dry run: 1000 updates x 64 rollouts x 10 steps at 1000 transitions/s is 640 s at n = 1, and twice that at n = 32
     # (the throughput taken as inversely proportional to n above 16): 1920 s = 0.533 learner-hours

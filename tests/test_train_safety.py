@@ -20,13 +20,14 @@ import yaml
 from conftest import ROOT, TINY, run_script
 from helpers import Gate
 
+from cli.scripts import _terminate
 from envs.instance import paper_instance
 from plumbing.errors import InputError
-from plumbing.script_cli import _terminate
 from plumbing.validate import load_yaml
 from trainers import pathwise
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig, train
+from trainers.pathwise import PathwiseTrainer, train
+from trainers.pathwise_config import TrainConfig
 from trainers.registry import load_checkpoint, method_config
 
 RUN = {**TINY, "method": "hpo", "warmup": 2, "checkpoint_every": 2}
@@ -140,7 +141,7 @@ def test_resume_of_a_run_that_ended_trains_nothing(tmp_path):
 
 @pytest.fixture
 def sigterm_is_ctrl_c():
-    """SIGTERM raises KeyboardInterrupt, as in the scripts (plumbing.script_cli.run_cli)."""
+    """SIGTERM raises KeyboardInterrupt, as in the scripts (cli.scripts.run_cli)."""
     previous = signal.signal(signal.SIGTERM, _terminate)
     yield
     signal.signal(signal.SIGTERM, previous)

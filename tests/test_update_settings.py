@@ -12,7 +12,8 @@ from conftest import TINY
 from envs.instance import paper_instance
 from trainers import pathwise
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseTrainer, TrainConfig
+from trainers.pathwise import PathwiseTrainer
+from trainers.pathwise_config import TrainConfig
 
 RUN = {**TINY, "batch": 4, "rollout": 3}
 CONVERSIONS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")

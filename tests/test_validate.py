@@ -6,9 +6,9 @@ import math
 import pytest
 import yaml
 
+from cli.scripts import mip_gap, positive_int, seed
 from plumbing import validate
 from plumbing.errors import InputError
-from plumbing.script_cli import mip_gap, positive_int, seed
 
 
 def test_integers_are_integers_and_the_message_names_field_range_and_value():

@@ -19,7 +19,8 @@ from envs.instance import paper_instance
 from trainers import model_selection as validation_module
 from trainers.checkpoint import checkpoint_file, read_checkpoint
 from trainers.model_selection import Validation, due
-from trainers.pathwise import PathwiseTrainer, TrainConfig, restart_runaways, train
+from trainers.pathwise import PathwiseTrainer, restart_runaways, train
+from trainers.pathwise_config import TrainConfig
 from trainers.resolver import resolve
 from trainers.streams import PAPER_STREAM, stream_seed
 

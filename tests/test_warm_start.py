@@ -20,7 +20,8 @@ from conftest import TINY
 
 import trainers.imitation as imitation
 import trainers.named_policies as named_policies
-import trainers.pathwise as pathwise
+import trainers.pathwise as pathwise_module
+import trainers.warm_start as warm_start_module
 from envs.dynamics import initial_state, step
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import FactorDemandStream, sample_paths
@@ -30,9 +31,11 @@ from policies.lookahead import NAME as LOOKAHEAD
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
 from trainers.imitation import Frontier, StudentMix, TeacherRollouts, cost_to_go_steps, imitation_losses
-from trainers.pathwise import PathwiseTrainer, TrainConfig, train
+from trainers.pathwise import PathwiseTrainer, train
+from trainers.pathwise_config import TrainConfig
 from trainers.policy import LearnedPolicy
 from trainers.run_folder import run_files
+from trainers.warm_start import warm_start
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -263,7 +266,7 @@ def warm_trainer():
     """A tiny network warm-started by 200 imitation updates on the paper instance n = 4, seed 0."""
     trainer = PathwiseTrainer(TrainConfig(**RUN, updates=3, imitation_updates=200), N4.to_torch())
     untrained = PathwiseTrainer(TrainConfig(**RUN, updates=3), N4.to_torch())  # the same initial weights (seed 0)
-    trainer.warm_start(N4)
+    warm_start(trainer, N4)
     return trainer, untrained
 
 
@@ -357,10 +360,10 @@ def test_a_student_of_the_decomposition_lookahead_costs_within_the_margin_of_it(
     within STUDENT_MARGIN of it, the broken controls not. Catches a lookahead teacher whose proposals or
     opening the warm start does not learn (for example Q = 0 where it does not open)."""
     teacher, parameters = imitation.teacher_policy(N4, LOOKAHEAD)
-    monkeypatch.setattr(pathwise, "teacher_policy", lambda *args, **kwargs: (copy.deepcopy(teacher), parameters))
+    monkeypatch.setattr(warm_start_module, "teacher_policy", lambda *args, **kwargs: (copy.deepcopy(teacher), parameters))
     config = TrainConfig(**RUN, updates=3, imitation_updates=200, imitation_teacher=LOOKAHEAD)
     trainer, untrained = PathwiseTrainer(config, N4.to_torch()), PathwiseTrainer(config, N4.to_torch())
-    trainer.warm_start(N4)
+    warm_start(trainer, N4)
     assert trainer.warm_start_record["teacher_parameters"]["form"] == "stationary"
     assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
@@ -375,13 +378,13 @@ def test_record_and_the_first_update_after_it(warm_trainer):
     with pytest.raises(RuntimeError, match="imitation_updates"):
         PathwiseTrainer(trainer.config, N4.to_torch()).step()
     with pytest.raises(RuntimeError, match="no warm start is due"):
-        trainer.warm_start(N4)  # not twice
+        warm_start(trainer, N4)  # not twice
 
 
 def test_warm_start_is_deterministic_from_the_seed():
     config = TrainConfig(**RUN, updates=1, imitation_updates=3)
     a, b = (PathwiseTrainer(config, N4.to_torch()) for _ in range(2))
-    a.warm_start(N4), b.warm_start(N4)
+    warm_start(a, N4), warm_start(b, N4)
     for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()):
         assert torch.equal(x, y)
 
@@ -406,10 +409,10 @@ def test_resume_after_the_warm_start_does_not_repeat_it(tmp_path, monkeypatch):
     assert (ckpt["status"], ckpt["trainer"]["update"]) == ("running", 0)
     assert ckpt["trainer"]["warm_start"]["open_loss"] == straight["warm_start"]["open_loss"]
 
-    def no_second_warm_start(self, source):
+    def no_second_warm_start(trainer, source, *args):
         raise AssertionError("the warm start ran again")
 
-    monkeypatch.setattr(PathwiseTrainer, "warm_start", no_second_warm_start)
+    monkeypatch.setattr(pathwise_module, "warm_start", no_second_warm_start)
     resumed = train(config, inst, tmp_path / "b", mode="resume", progress=False)
     for x, y in zip(model_weights(tmp_path / "a" / "checkpoint.pt").values(), model_weights(tmp_path / "b" / "checkpoint.pt").values()):
         assert torch.equal(x, y)
@@ -422,13 +425,15 @@ def test_resume_after_the_warm_start_does_not_repeat_it(tmp_path, monkeypatch):
 def clock_teacher(monkeypatch, rebuilt_from: list) -> None:
     """The run's teacher is EveryThird (its opening follows its clock): built by the teacher's resolution and
     rebuilt from its parameters on a resume, each rebuild noted in `rebuilt_from`."""
-    monkeypatch.setattr(pathwise, "teacher_policy", lambda *args, **kwargs: (EveryThird(), {"family": "every third"}))
-    monkeypatch.setattr(pathwise, "policy_from_parameters", lambda instance, parameters: rebuilt_from.append(parameters) or EveryThird())
+    monkeypatch.setattr(warm_start_module, "teacher_policy", lambda *args, **kwargs: (EveryThird(), {"family": "every third"}))
+    monkeypatch.setattr(
+        warm_start_module, "policy_from_parameters", lambda instance, parameters: rebuilt_from.append(parameters) or EveryThird()
+    )
 
 
 def in_imitation_update(monkeypatch, update: int, action) -> None:
     """Call `action()` at the start of imitation update `update` (1-based), before its losses."""
-    losses, calls = pathwise.imitation_losses, []
+    losses, calls = warm_start_module.imitation_losses, []
 
     def counted(*args, **kwargs):
         calls.append(1)
@@ -436,7 +441,7 @@ def in_imitation_update(monkeypatch, update: int, action) -> None:
             action()
         return losses(*args, **kwargs)
 
-    monkeypatch.setattr(pathwise, "imitation_losses", counted)
+    monkeypatch.setattr(warm_start_module, "imitation_losses", counted)
 
 
 def interrupt() -> None:
@@ -478,7 +483,7 @@ def test_a_warm_start_stopped_midway_resumes_to_the_uninterrupted_result(tmp_pat
         raise AssertionError("the resume built the teacher anew")
 
     if teacher == "clock":
-        monkeypatch.setattr(pathwise, "teacher_policy", no_teacher_built)
+        monkeypatch.setattr(warm_start_module, "teacher_policy", no_teacher_built)
     else:
         monkeypatch.setattr(named_policies, "tuned_policy", no_teacher_built)
     resumed = train(config, inst, tmp_path / "run", mode="resume", progress=False)
@@ -537,7 +542,7 @@ def test_an_interruption_during_the_warm_start_leaves_no_run(tmp_path, monkeypat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pathwise, "imitation_losses", interrupted)
+    monkeypatch.setattr(warm_start_module, "imitation_losses", interrupted)
     with pytest.raises(KeyboardInterrupt):
         train(
             TrainConfig(**RUN, updates=2, imitation_updates=3, imitation_teacher="base-stock"),
@@ -576,7 +581,7 @@ def test_without_imitation_updates_training_is_as_before(tmp_path):
     assert [zero.step()["cost10"] for _ in range(3)] == curve_absent
     warm_config = TrainConfig(**RUN, updates=3, imitation_updates=3, imitation_teacher="base-stock")
     reverted, warm = PathwiseTrainer(warm_config, inst), PathwiseTrainer(warm_config, inst)
-    reverted.warm_start(source), warm.warm_start(source)
+    warm_start(reverted, source), warm_start(warm, source)
     reverted.model.load_state_dict(initial)
     assert [reverted.step()["cost10"] for _ in range(3)] == curve_absent
     assert [warm.step()["cost10"] for _ in range(3)] != curve_absent
@@ -631,7 +636,7 @@ WORLD_INSTANCE = paper_instance(3, 0)
 
 
 def warm_weights(trainer):
-    trainer.warm_start(WORLD_INSTANCE)
+    warm_start(trainer, WORLD_INSTANCE)
     return torch.cat([p.detach().flatten() for p in trainer.model.parameters()]), trainer.warm_start_record["open_loss"]
 
 

@@ -110,7 +110,7 @@ class Validation:
 
 
 SETTINGS = ("validate_every", "validation_episodes", "validation_horizon", "validation_margin")
-"""The config fields of validation (trainers.pathwise.TrainConfig)."""
+"""The config fields of validation (trainers.pathwise_config.TrainConfig)."""
 
 
 def validation_record(config, state: dict[str, Any]) -> dict[str, Any]:

@@ -23,14 +23,8 @@ exogenous steps and open-decision uniforms from the common streams and keeps its
 and a checkpoint holds the whole batch's rollout state. So 1 and W workers give the same curve (to float reduction), and a
 checkpoint resumes on any W that divides B.
 
-Optional warm start (not the paper's; `imitation_updates` or `imitation_dagger_updates` > 0): before update 1,
-`warm_start` makes that many supervised updates imitating a teacher policy (trainers.imitation), first on the
-teacher's own states, then (DAgger) on states the student visits, with its own Adam at a constant
-`imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as without
-it. It keeps the world-size invariance: every rank acts with the same teacher (rank 0 tunes a classical one,
-the others make it from its parameters), simulates its rows of the teacher's rollouts from a common stream,
-and the gradients are averaged; at its end every rank takes rank 0's weights. A run saves the warm start under
-way every `checkpoint_every` imitation updates (`state_dict`'s `imitation`), and resumes it from there.
+The run's config and schedules are trainers/pathwise_config.py, the collectives trainers/collectives.py, and the
+optional warm start by imitation (not the paper's) trainers/warm_start.py.
 
 Also not the paper's: after each update a rollout whose stock or backorders left |I_i| <= restart_periods lam_i +
 qbar_i starts again from the initial state (`restart_runaways`), and the process that writes the run folder scores
@@ -39,258 +33,46 @@ the greedy policy on the validation set and keeps the best network (trainers.mod
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.func import functional_call
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from tqdm.auto import tqdm
+from torch.nn.attention import sdpa_kernel
 
 from envs.dynamics import State, initial_state, step
-from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
-from plumbing import validate
 from plumbing.errors import InputError
-from policies.classical import policy_from_parameters
-from policies.names import TABLES_PREFIX, is_lookahead
-from trainers.checkpoint import CheckpointError, read_checkpoint
-from trainers.config import ConfigError, TrainerConfig, divergence_reason
+from trainers.collectives import all_gather_rows, average_gradients, global_sum, rank_and_world, shard_rows
+from trainers.config import ConfigError, divergence_reason
 from trainers.flops import UpdateArithmetic, mfu
 from trainers.imitation import (
-    TEACHERS,
-    Frontier,
-    StudentMix,
-    TeacherRollouts,
     actor_imitation,
-    imitation_losses,
-    is_teacher,
-    replay_clock,
-    teacher_policy,
 )
 from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
 from trainers.model_selection import Score, Validation, due, validation_record
-from trainers.networks import SETUP_FEATURES, HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape, autocast
-from trainers.policy import LearnedPolicy
+from trainers.networks import ThreeNetworks, autocast
+from trainers.pathwise_config import (
+    ATTENTION_KERNELS,
+    TrainConfig,
+    anchor_weight,
+    build_network,
+    entropy_weight,
+    learning_rate,
+    load_initial_weights,
+)
 from trainers.run_folder import MethodRun, train_run
-from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, TEACHER_STREAM, exogenous_step, stream_seed
+from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, exogenous_step, stream_seed
+from trainers.warm_start import warm_start
 
-METHODS = ("or-transformer", "hpo")
-PRECISIONS = ("float32", "bfloat16")
 COMPILE_BACKEND = "inductor"
 """torch.compile's backend under `compile` or `cuda_graphs` (the tests count graphs with "aot_eager")."""
-
-ATTENTION_KERNELS = {
-    "auto": None,
-    "flash": SDPBackend.FLASH_ATTENTION,
-    "cudnn": SDPBackend.CUDNN_ATTENTION,
-    "efficient": SDPBackend.EFFICIENT_ATTENTION,
-    "math": SDPBackend.MATH,
-}
-"""The exact attention kernels an update may be held to (`attention`); "auto" leaves the choice to torch."""
-CUDA_ONLY_KERNELS = ("cudnn", "efficient")
-
-MEMORY_FIELDS = ("memory_budget", "micro_batch", "checkpoint_activations", "compile", "cuda_graphs", "attention")
-"""Fields that change how much memory or time an update takes, not its result (to float rounding): a run may resume
-with other values."""
-TEACHER_WAIT = timedelta(hours=24)
-"""How long the other ranks wait for rank 0's teacher (tuning classical-best or building the lookahead's tables
-at n = 1,024 takes far longer than a process group's default timeout)."""
-
-
-NO_WARM_START = {"imitation_updates": 0, "imitation_dagger_updates": 0}
-"""The overrides of a pathwise run without a warm start, whatever its preset's (plain and DAgger updates alike)."""
-
-
-@dataclass(frozen=True)
-class TrainConfig(TrainerConfig):
-    """One pathwise run (OR-Transformer or HPO): the shared fields and the hybrid losses' settings."""
-
-    method: str = "or-transformer"
-    """or-transformer (three Transformer encoders) or hpo (three perceptrons on the flat input)."""
-    pathwise_weight: float = 1.0
-    """alpha_PW, >= 0."""
-    critic_weight: float = 0.13
-    """alpha_V, >= 0."""
-    entropy_start: float = 0.01
-    """alpha_H at the first update (>= 0), annealed linearly to entropy_end (>= 0) at the last."""
-    entropy_end: float = 0.001
-    final_learning_rate: float = 3e-5
-    """The learning rate is warmed linearly over `warmup` (>= 0) updates to learning_rate, then cosine-decayed to this (> 0)."""
-    warmup: int = 40
-    adam_eps: float = 1e-5
-    """Adam's epsilon, > 0."""
-    checkpoint_every: int = 500
-    """Updates between checkpoints (>= 0; 0: only at the end), and imitation updates between a warm start's checkpoints.
-    Gradients are clipped for each network separately."""
-    imitation_updates: int = 0
-    """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
-    imitation_teacher: str = "classical-best"
-    """The policy imitated (trainers.imitation.TEACHERS, or decomposition-lookahead:DIR: the tables that a
-    decomposition bound run wrote in DIR, loaded instead of computed), built on the training instance as for
-    evaluation."""
-    imitation_learning_rate: float = 1e-3
-    """The warm start's constant Adam learning rate, > 0."""
-    imitation_dagger_updates: int = 0
-    """DAgger updates after the `imitation_updates` (>= 0; 0: none): the rollouts go on with the student acting
-    (greedy) in each row and step with probability `imitation_student_share`, else the teacher, and the teacher
-    labels every visited state (trainers.imitation)."""
-    imitation_student_share: float = 1.0
-    """In a DAgger update, the probability that the student's decision is the one executed, in [0, 1]."""
-    initial_weights: str = ""
-    """A checkpoint whose network weights the run starts from (a fine-tune; "" = a fresh network), or a run folder (its
-    best.pt, else its checkpoint.pt): the same method and network shape; an OR-Transformer's may come from any n, an
-    HPO network only from the same n."""
-    precision: str = "float32"
-    """The networks' arithmetic: float32, or bfloat16 (autocast; the simulator and the costs stay float32)."""
-    tf32: bool | None = None
-    """Whether the float32 matrix products of the updates on a GPU use TF32 (true, false), or null: with precision
-    bfloat16 only. Set during each update (and imitation update) and restored after it (`matmul_tf32`)."""
-    memory_budget: float = 0.0
-    """GiB that what an update stores and its activations may take (> 0), or 0: two fifths of a GPU's free memory, on
-    the CPU a quarter of the available RAM and at most 0.5 GiB (trainers.memory). Each pass of the update goes through
-    its rollouts in the largest micro-batches that fit: the same gradient, to float rounding in float32 (bfloat16:
-    docs/methods.md, "Memory")."""
-    micro_batch: int = 0
-    """Rollouts per micro-batch of every pass (>= 1), or 0: chosen from memory_budget."""
-    checkpoint_activations: bool = False
-    """OR-Transformer: recompute the quantity encoder's blocks in the backward pass instead of keeping their
-    activations (activation checkpointing): larger micro-batches for about a third more quantity-network time."""
-    attention: str = "auto"
-    """The attention kernel of the updates (ATTENTION_KERNELS): auto (torch's choice), flash, cudnn, efficient
-    (memory-efficient) or math; cudnn and efficient on a cuda device only. All compute the same attention, to float
-    rounding; which is fastest at the run's shapes is what bench/gpu_probe.py measures."""
-    compile: bool = False
-    """torch.compile the networks' Transformer blocks (an HPO perceptron whole), forward and backward passes
-    (trainers.networks `compile_blocks`); the simulator stays eager."""
-    cuda_graphs: bool = False
-    """Replay the compiled blocks as CUDA graphs (torch.compile's mode "reduce-overhead"; compiles them whatever
-    `compile` says); needs a cuda device."""
-    setup_feature: str = "paper"
-    """How an OR-Transformer reads the setup cost of the global token: paper (K / (c_scale sigma_ref), eq.
-    global_features) or per-item (K / (n c_scale sigma_ref), for a network that acts at other sizes than it was
-    trained at; trainers.networks). An hpo network takes paper."""
-    validate_every: int = 100
-    """Updates between two scores of the greedy policy on the validation set (>= 0; 0: never), which is also scored at
-    update 0 and at the last update; the kept network is saved as best.pt (trainers.model_selection)."""
-    validation_episodes: int = 64
-    """Paths of the validation set (>= 1)."""
-    validation_horizon: int = EVAL_HORIZON
-    """Steps of each validation path (>= 1); the held-out evaluation's by default."""
-    validation_margin: float = 2.0
-    """A scored network replaces the kept one when its paired mean difference on the validation paths is below this
-    many standard errors of it (>= 0; 0: the lowest score is kept; trainers.model_selection.beats)."""
-    critic_warmup_updates: int = 0
-    """The first updates that fit the critic alone (>= 0): the open and quantity networks are not stepped, and the
-    learning-rate schedule (`learning_rate`) starts after them."""
-    anchor_weight: float = 0.0
-    """Weight (>= 0) of the anchor term at the actor's first update: the open network's cross-entropy and the quantity
-    network's squared error to the network the paper phase started from (`anchor_losses`), decaying linearly to 0 over
-    `anchor_updates` (>= 1 when the weight is > 0) of the actor's updates."""
-    anchor_updates: int = 0
-    restart_periods: float = 20.0
-    """A rollout in which some item's stock or backorders exceed this many periods of its mean demand plus one order
-    cap starts again from the initial state (`restart_runaways`; > 0), or 0: never (the paper's rollouts run on)."""
-
-    @classmethod
-    def memory_fields(cls) -> tuple[str, ...]:
-        return MEMORY_FIELDS
-
-    @property
-    def uses_tf32(self) -> bool:
-        """The `tf32` setting, its default resolved."""
-        return self.precision == "bfloat16" if self.tf32 is None else self.tf32
-
-    def __post_init__(self):
-        self.require_choice("method", METHODS)
-        self.check_shared_fields()
-        for name in ("pathwise_weight", "critic_weight", "entropy_start", "entropy_end"):
-            self.require_real(name, 0)
-        for name in ("final_learning_rate", "adam_eps"):
-            self.require_real(name, 0, low_open=True)
-        self.require_int("warmup", 0)
-        self.require_int("checkpoint_every", 0)
-        self.require_int("imitation_updates", 0)
-        if not is_teacher(self.imitation_teacher):
-            allowed = f"one of {list(TEACHERS)} or {TABLES_PREFIX}DIR"
-            raise validate.refuse("config field 'imitation_teacher'", allowed, validate.describe(self.imitation_teacher), error=ConfigError)
-        self.require_real("imitation_learning_rate", 0, low_open=True)
-        self.require_int("imitation_dagger_updates", 0)
-        self.require_real("imitation_student_share", 0, 1)
-        if not isinstance(self.initial_weights, str):
-            raise ConfigError(f"config field 'initial_weights': expected a checkpoint path or '', got {self.initial_weights!r}")
-        self.require_choice("precision", PRECISIONS)
-        if self.tf32 is not None and not isinstance(self.tf32, bool):
-            allowed = "true, false or null (null: true with precision bfloat16)"
-            raise validate.refuse("config field 'tf32'", allowed, validate.describe(self.tf32), error=ConfigError)
-        self.require_real("memory_budget", 0)
-        self.require_int("micro_batch", 0)
-        for name in ("checkpoint_activations", "compile", "cuda_graphs"):
-            self.require_bool(name)
-        self.require_choice("attention", tuple(ATTENTION_KERNELS))
-        if self.attention in CUDA_ONLY_KERNELS and not self.device.startswith("cuda"):
-            raise ConfigError(
-                f"config field 'attention': the {self.attention} kernel needs device cuda or cuda:K, this run's device is "
-                f"'{self.device}' (auto, flash or math there)"
-            )
-        if self.checkpoint_activations and self.method == "hpo":
-            raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
-        if self.cuda_graphs and not self.device.startswith("cuda"):
-            raise ConfigError(f"config field 'cuda_graphs': CUDA graphs need device cuda or cuda:K, this run's device is '{self.device}'")
-        self.require_choice("setup_feature", SETUP_FEATURES)
-        if self.method == "hpo" and self.setup_feature != "paper":
-            raise ConfigError("config field 'setup_feature': an hpo network has a fixed n, so it takes 'paper'")
-        self.require_int("validate_every", 0)
-        self.require_int("validation_episodes", 1)
-        self.require_int("validation_horizon", 1, validate.HORIZON_MAX, validate.HORIZON_WHY)
-        self.require_real("restart_periods", 0)
-        self.require_real("validation_margin", 0)
-        self.require_int("critic_warmup_updates", 0, self.updates - 1, "the actor's updates follow it, within 'updates'")
-        self.require_real("anchor_weight", 0)
-        self.require_int("anchor_updates", 0)
-        if self.anchor_weight and not self.anchor_updates:
-            raise ConfigError(
-                "config field 'anchor_updates': an integer >= 1 when anchor_weight is > 0 (the updates it decays over), got 0"
-            )
-
-
-def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
-    if config.method == "hpo":
-        return HPOPerceptron(n, config.hidden)
-    return ORTransformer(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), config.setup_feature)
-
-
-NETWORK_FIELDS = {"or-transformer": ("blocks", "width", "heads", "feed_forward", "setup_feature"), "hpo": ("hidden",)}
-
-
-def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
-    """Load the network weights of the checkpoint `config.initial_weights` into `model` (a fine-tune's start)."""
-    path = config.initial_weights
-    try:
-        ckpt = read_checkpoint(path, next(model.parameters()).device)
-    except CheckpointError as exc:
-        raise ConfigError(f"config field 'initial_weights': {exc}") from None
-    source = {**{f: getattr(TrainConfig, f) for f in NETWORK_FIELDS[config.method]}, **ckpt["config"]}  # older files lack newer fields
-    differ = [f for f in ("method", *NETWORK_FIELDS[config.method]) if source.get(f) != getattr(config, f)]
-    if differ:
-        found = ", ".join(f"{f} {source.get(f)!r} (this run: {getattr(config, f)!r})" for f in differ)
-        raise ConfigError(f"config field 'initial_weights': checkpoint '{path}' holds another network: {found}")
-    try:
-        model.load_state_dict(ckpt["trainer"]["model"])
-    except RuntimeError as exc:
-        raise ConfigError(
-            f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({str(exc).splitlines()[0]})"
-        ) from None
 
 
 @contextmanager
@@ -317,35 +99,6 @@ def attention_kernel(name: str):
 
 def tokens(instance: TensorInstance, state: State):
     return item_tokens(instance, state), global_token(instance, state)
-
-
-def learning_rate(config: TrainConfig, update: int) -> float:
-    """The peak rate during the critic's warm-up (the first `critic_warmup_updates`, the critic alone); from the
-    actor's first update a linear warm-up over `warmup` updates to the peak, then cosine decay to the final rate at
-    the last update (update is 0-based)."""
-    if update < config.critic_warmup_updates:
-        return config.learning_rate
-    update -= config.critic_warmup_updates
-    if update < config.warmup:
-        return config.learning_rate * (update + 1) / config.warmup
-    span = max(config.updates - config.critic_warmup_updates - config.warmup, 1)
-    progress = min((update - config.warmup) / span, 1.0)
-    return config.final_learning_rate + 0.5 * (config.learning_rate - config.final_learning_rate) * (1 + math.cos(math.pi * progress))
-
-
-def anchor_weight(config: TrainConfig, update: int) -> float:
-    """The anchor term's weight at `update` (0-based): none during the critic's warm-up, then anchor_weight at the
-    actor's first update, decaying linearly to 0 over anchor_updates."""
-    actor_update = update - config.critic_warmup_updates
-    if not config.anchor_weight or actor_update < 0:
-        return 0.0
-    return config.anchor_weight * max(0.0, 1.0 - actor_update / config.anchor_updates)
-
-
-def entropy_weight(config: TrainConfig, update: int) -> float:
-    """alpha_H annealed linearly from entropy_start to entropy_end over the run."""
-    fraction = update / max(config.updates - 1, 1)
-    return config.entropy_start + (config.entropy_end - config.entropy_start) * fraction
 
 
 class RolloutDraws(NamedTuple):
@@ -447,52 +200,10 @@ def restart_runaways(state: State, instance: TensorInstance, periods: float) -> 
     return State(inv, pipe, state.factor), away.sum()
 
 
-def _distributed() -> bool:
-    """A process group of several ranks (Ray Train also makes one of a single worker: no collectives then)."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def rank_and_world() -> tuple[int, int]:
-    """(rank, world size) of this data-parallel worker; (0, 1) in a single process."""
-    return (dist.get_rank(), dist.get_world_size()) if _distributed() else (0, 1)
-
-
-def shard_rows(shard: int) -> slice:
-    """The rows of the whole batch that this rank simulates, `shard` of them: rank k holds k shard .. (k+1) shard - 1."""
-    rank, _ = rank_and_world()
-    return slice(rank * shard, (rank + 1) * shard)
-
-
-def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """The rows of every rank in rank order (the whole batch): x itself in a single process."""
-    if not _distributed():
-        return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def _global_sum(x: torch.Tensor) -> torch.Tensor:
-    if _distributed():
-        x = x.clone()
-        dist.all_reduce(x)
-    return x
-
-
-def average_gradients(params: list[torch.nn.Parameter], world: int) -> None:
-    """Replace every gradient by its mean over the ranks, in one all-reduce of the flattened gradients."""
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat)
-    flat /= world
-    for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(mean.view_as(g))
-
-
 def standardize(advantage: torch.Tensor) -> torch.Tensor:
     """Eq. (standardized_advantage) over all B T_roll pairs (of every rank when data-parallel)."""
     count = advantage.new_full((), float(advantage.numel()))  # filled on the device: no host-to-device copy, no sync
-    stats = _global_sum(torch.stack([advantage.sum(), (advantage**2).sum(), count]))
+    stats = global_sum(torch.stack([advantage.sum(), (advantage**2).sum(), count]))
     mean = stats[0] / stats[2]
     std = (stats[1] / stats[2] - mean**2).clamp_min(0).sqrt()
     return (advantage - mean) / (std + 1e-8)
@@ -732,120 +443,6 @@ class PathwiseTrainer:
     def warm_start_due(self) -> bool:
         return self.config.imitation_updates + self.config.imitation_dagger_updates > 0 and self.warm_start_record is None
 
-    def warm_start(
-        self, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
-    ) -> dict[str, Any] | None:
-        """The warm start (module docstring) on `source`, the instance this trainer's tensors come from (the
-        teacher is built on it), from its start or from the imitation update that a checkpoint holds
-        (`load_state_dict`); every rank calls it (collectives); `progress`: the teacher's tuning and the updates as
-        progress bars. `after_update(done)` is called after each imitation update but the last, where `state_dict`
-        holds the warm start at that update; when it returns True the warm start stops there and returns None.
-        Else returns and keeps its record: the teacher and its parameters, the last update's losses and greedy
-        agreement (before that update's step), seconds (of every attempt)."""
-        config, instance = self.config, self.instance
-        if not self.warm_start_due():
-            raise RuntimeError(
-                f"no warm start is due: config fields 'imitation_updates' {config.imitation_updates} and "
-                f"'imitation_dagger_updates' {config.imitation_dagger_updates}, done: {self.warm_start_record is not None}"
-            )
-        resumed = self.imitation() if self.imitation else None
-        started = time.perf_counter()
-        teacher, parameters = self._teacher(source, resumed["teacher_parameters"] if resumed else None, progress)
-        tuning_seconds = time.perf_counter() - started + (resumed["tuning_seconds"] if resumed else 0.0)
-        earlier_seconds = resumed["seconds"] if resumed else 0.0
-        stream = FactorDemandStream(instance, config.batch, seed=stream_seed(config.seed, TEACHER_STREAM))
-        optimizer = torch.optim.Adam(self.model.parameters(), lr=config.imitation_learning_rate, eps=config.adam_eps)
-        if resumed:
-            rollout_state, done = resumed["rollout_state"], int(resumed["updates_done"])
-            factor = rollout_state["factor"].to(instance.device)
-            state = State(*(rollout_state[f][self.rows].to(instance.device) for f in ("inv", "pipe")), factor[self.rows])
-            start = Frontier(state, factor, resumed["rng"])
-            replay_clock(teacher, done * config.rollout, state, instance)
-            optimizer.load_state_dict(resumed["optimizer"])
-        else:
-            factor, done = stream.initial_factor(), 0
-            start = Frontier(initial_state(instance, factor[self.rows]), factor, stream.generator.get_state())
-        rollouts = TeacherRollouts(teacher, instance, stream, start, self.rows)
-        _, world = rank_and_world()
-        mix = StudentMix(LearnedPolicy(self.model, "greedy"), config.imitation_student_share, stream.generator, self.rows)
-        self.model.train()  # LearnedPolicy set eval mode (no dropout anywhere: the same network either way)
-        plain, total = config.imitation_updates, config.imitation_updates + config.imitation_dagger_updates
-        bar = tqdm(total=total, initial=done, desc=f"warm start: imitate {config.imitation_teacher}", disable=not progress)
-        with bar:
-            for update in range(done, total):
-                optimizer.zero_grad(set_to_none=True)
-                with self._update_settings():
-                    batch = rollouts.next_update(config.rollout, mix=None if update < plain else mix)
-                    chunks = self.memory.state_chunks(batch.open_order.shape[0])
-                    loss = imitation_losses(self.model, batch, chunks, config.precision, backward=True)
-                self._gradient_step(optimizer)
-                bar.update(1)
-                if update + 1 < total and after_update is not None:
-
-                    def progress_state(done: int = update + 1) -> dict[str, Any]:
-                        frontier = rollouts.frontier()
-                        return {
-                            "updates_done": done,
-                            "optimizer": optimizer.state_dict(),
-                            "rollout_state": {
-                                "inv": all_gather_rows(frontier.state.inv),
-                                "pipe": all_gather_rows(frontier.state.pipe),
-                                "factor": frontier.factor,
-                            },
-                            "rng": frontier.rng,
-                            "teacher_parameters": parameters,
-                            "tuning_seconds": tuning_seconds,
-                            "seconds": earlier_seconds + time.perf_counter() - started,
-                        }
-
-                    self.imitation = progress_state
-                    if after_update(update + 1):
-                        return None
-        self.imitation = None
-        if world > 1:
-            for tensor in self.model.state_dict().values():
-                dist.broadcast(tensor, src=0)
-        final = (_global_sum(torch.stack([value.detach().double() for value in loss[1:]])) / world).tolist()
-        self.warm_start_record = {
-            "updates": config.imitation_updates,
-            "dagger_updates": config.imitation_dagger_updates,
-            "student_share": config.imitation_student_share,
-            "teacher": config.imitation_teacher,
-            "teacher_parameters": parameters,
-            **dict(zip(("open_loss", "quantity_loss", "critic_loss", "open_agreement"), final)),
-            "tuning_seconds": tuning_seconds,
-            "seconds": earlier_seconds + time.perf_counter() - started,
-        }
-        return self.warm_start_record
-
-    def _teacher(self, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
-        """The teacher on `source`, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
-        group of their own). A classical family: the other ranks make the rule from its
-        parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint
-        holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
-        its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
-        from DIR again, or computes them again when the teacher has no DIR."""
-        device, name = self.instance.device, self.config.imitation_teacher
-        lookahead = is_lookahead(name)
-        if parameters is not None and not lookahead:
-            return policy_from_parameters(source.to_torch(device), parameters), parameters
-        rank, world = rank_and_world()
-        waiting = dist.new_group(backend="gloo", timeout=TEACHER_WAIT) if world > 1 else None  # made before rank 0 builds
-        threshold = parameters["threshold"] if parameters is not None else None
-        built = teacher_policy(source, name, device=device, progress=progress, threshold=threshold) if rank == 0 else None
-        if built is not None and parameters is not None:
-            built = (built[0], parameters)  # the record keeps the first build's tuning
-        if world == 1:
-            return built
-        shared = [(built if lookahead else built[1]) if rank == 0 else None]  # a lookahead's tables travel without device copies
-        dist.broadcast_object_list(shared, src=0, group=waiting)
-        dist.destroy_process_group(waiting)
-        if rank == 0:
-            return built
-        if lookahead:
-            return shared[0]
-        return policy_from_parameters(source.to_torch(device), shared[0]), shared[0]
-
     def step(self) -> dict[str, float]:
         """One update; returns its metrics, averaged over the ranks (cost10 is the rollouts' mean discounted cost
         sum_{t<T} gamma^t C_t)."""
@@ -865,14 +462,14 @@ class PathwiseTrainer:
             draws = draw_rollouts(self.stream, all_gather_rows(self.state.factor), self.generator, config.rollout, self.rows)
             self.optimizer.zero_grad(set_to_none=True)
             chunks = (self.memory.rollout_chunks(), self.memory.readout_chunks())
-            with self._update_settings():
+            with self.update_settings():
                 result = hybrid_losses(self.model, instance, self.state, draws, config, alpha_entropy, *chunks, actor=actor, anchor=anchor)
         except Exception:  # e.g. out of memory: the trainer stays at its last update (trainers.run_folder saves it there)
             self.stream.generator.set_state(streams[0])
             self.generator.set_state(streams[1])
             self.optimizer.zero_grad(set_to_none=True)
             raise
-        norms = self._gradient_step(self.optimizer)
+        norms = self.gradient_step(self.optimizer)
         _, world = rank_and_world()
         self.state = result.final_state  # truncated backpropagation through time: detached
         restarted = torch.zeros((), device=instance.device)
@@ -880,8 +477,8 @@ class PathwiseTrainer:
             self.state, restarted = restart_runaways(self.state, instance, config.restart_periods)
         self.update += 1
         local = torch.stack([result.discounted_cost.mean(), *(value.double() for value in result.losses), result.open_rate])
-        mean = _global_sum(local) / world  # every shard holds B / W rollouts: the mean of the means
-        figures = torch.cat([mean, _global_sum(restarted.double())[None], torch.stack([norm.double() for norm in norms.values()])])
+        mean = global_sum(local) / world  # every shard holds B / W rollouts: the mean of the means
+        figures = torch.cat([mean, global_sum(restarted.double())[None], torch.stack([norm.double() for norm in norms.values()])])
         figures = figures.tolist()  # the update's one host synchronisation: every kernel of the update has run
         seconds = time.perf_counter() - started
         utilisation = mfu(self.arithmetic.flops, seconds, self.arithmetic.peak) if self.arithmetic else None
@@ -895,7 +492,7 @@ class PathwiseTrainer:
             **({"mfu": utilisation} if utilisation is not None else {}),
         }
 
-    def _gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    def gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
         """Average the accumulated gradients over the ranks, clip each network's gradient norm to grad_clip and
         step `optimizer`; returns each network's norm before clipping ([] tensors: no host synchronisation)."""
         _, world = rank_and_world()
@@ -911,7 +508,7 @@ class PathwiseTrainer:
         return norms
 
     @contextmanager
-    def _update_settings(self):
+    def update_settings(self):
         """The settings an update's networks run under: TF32 as the config says (`matmul_tf32`), the config's attention
         kernel, and with CUDA graphs a new step of the compiled graphs' replays (the previous update's outputs may be
         overwritten)."""
@@ -1002,7 +599,7 @@ class PathwiseRun(MethodRun):
     def warm_start(self, progress: bool = False, after_update: Callable[[int], bool] | None = None) -> bool:
         if not self.trainer.warm_start_due():
             return False
-        return self.trainer.warm_start(self.instance, progress, after_update) is not None
+        return warm_start(self.trainer, self.instance, progress, after_update) is not None
 
     def describe(self) -> str:
         return self.trainer.memory.describe()

@@ -41,8 +41,10 @@ from plumbing.errors import InputError
 from ray_access.private import in_tune_session
 from ray_access.session import init_ray
 from trainers.checkpoint import BEST, LAST
+from trainers.collectives import rank_and_world
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseRun, TrainConfig, rank_and_world
+from trainers.pathwise import PathwiseRun
+from trainers.pathwise_config import TrainConfig
 from trainers.run_folder import continue_run, open_run, run_start
 
 STORAGE = "ray_train"

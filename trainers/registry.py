@@ -27,7 +27,7 @@ from envs.instance import Instance
 from trainers import pathwise
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
-from trainers.pathwise import TrainConfig, build_network
+from trainers.pathwise_config import TrainConfig, build_network
 from trainers.policy import LearnedPolicy
 
 OnUpdate = Callable[[int, dict[str, float]], None] | None

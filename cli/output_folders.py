@@ -101,7 +101,7 @@ folder may hold an item table items.parquet, a cost table costs.parquet or a fol
 def run_record(folder: Path) -> tuple[str, str] | None:
     """(kind, record file) of the run whose folder `folder` is, shown by a record (RUN_RECORDS) that
     envs.results.RUNS names, or None."""
-    from envs.results import RUNS  # torch and scipy: loaded when an output is checked, not when plumbing.script_cli is imported
+    from envs.results import RUNS  # torch and scipy: loaded when an output is checked, not when cli.scripts is imported
 
     records = [(kind, entry) for kind, entries in RUNS.items() for entry in entries if Path(entry).suffix in RUN_RECORDS]
     return next(((kind, entry) for kind, entry in records if (folder / entry).is_file()), None)

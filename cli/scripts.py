@@ -12,10 +12,10 @@ import signal
 import sys
 from collections.abc import Callable
 
+from cli.output_folders import out_argument
 from envs.instance import FACTORS_MAX, OVERDISPERSION_MAX
 from plumbing import validate
 from plumbing.errors import InputError, Interrupted
-from plumbing.output_folders import out_argument
 from plumbing.validate import DECIMAL_INTEGER, NUMBER_LITERAL
 
 INTERRUPTED_EXIT = 130

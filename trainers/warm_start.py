@@ -1,0 +1,156 @@
+"""The optional warm start of a pathwise run (not the paper's; `imitation_updates` or `imitation_dagger_updates` > 0):
+before update 1, `warm_start` makes that many supervised updates imitating a teacher policy (trainers.imitation),
+first on the teacher's own states, then (DAgger) on states the student visits, with its own Adam at a constant
+`imitation_learning_rate`; the paper's optimiser, learning-rate schedule and streams then start as without
+it. It keeps the world-size invariance: every rank acts with the same teacher (rank 0 tunes a classical one,
+the others make it from its parameters), simulates its rows of the teacher's rollouts from a common stream,
+and the gradients are averaged; at its end every rank takes rank 0's weights. A run saves the warm start under
+way every `checkpoint_every` imitation updates (the trainer's `state_dict`, `imitation`), and resumes it from there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from envs.dynamics import State, initial_state
+from envs.evaluation import Policy
+from envs.exogenous import FactorDemandStream
+from envs.instance import Instance
+from policies.classical import policy_from_parameters
+from policies.names import is_lookahead
+from trainers.collectives import all_gather_rows, global_sum, rank_and_world
+from trainers.imitation import Frontier, StudentMix, TeacherRollouts, imitation_losses, replay_clock, teacher_policy
+from trainers.policy import LearnedPolicy
+from trainers.streams import TEACHER_STREAM, stream_seed
+
+if TYPE_CHECKING:
+    from trainers.pathwise import PathwiseTrainer
+
+TEACHER_WAIT = timedelta(hours=24)
+"""How long the other ranks wait for rank 0's teacher (tuning classical-best or building the lookahead's tables
+at n = 1,024 takes far longer than a process group's default timeout)."""
+
+
+def warm_start(
+    trainer: PathwiseTrainer, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
+) -> dict[str, Any] | None:
+    """The warm start (module docstring) on `source`, the instance this trainer's tensors come from (the
+    teacher is built on it), from its start or from the imitation update that a checkpoint holds
+    (`load_state_dict`); every rank calls it (collectives); `progress`: the teacher's tuning and the updates as
+    progress bars. `after_update(done)` is called after each imitation update but the last, where `state_dict`
+    holds the warm start at that update; when it returns True the warm start stops there and returns None.
+    Else returns and keeps its record: the teacher and its parameters, the last update's losses and greedy
+    agreement (before that update's step), seconds (of every attempt)."""
+    config, instance = trainer.config, trainer.instance
+    if not trainer.warm_start_due():
+        raise RuntimeError(
+            f"no warm start is due: config fields 'imitation_updates' {config.imitation_updates} and "
+            f"'imitation_dagger_updates' {config.imitation_dagger_updates}, done: {trainer.warm_start_record is not None}"
+        )
+    resumed = trainer.imitation() if trainer.imitation else None
+    started = time.perf_counter()
+    teacher, parameters = build_teacher(trainer, source, resumed["teacher_parameters"] if resumed else None, progress)
+    tuning_seconds = time.perf_counter() - started + (resumed["tuning_seconds"] if resumed else 0.0)
+    earlier_seconds = resumed["seconds"] if resumed else 0.0
+    stream = FactorDemandStream(instance, config.batch, seed=stream_seed(config.seed, TEACHER_STREAM))
+    optimizer = torch.optim.Adam(trainer.model.parameters(), lr=config.imitation_learning_rate, eps=config.adam_eps)
+    if resumed:
+        rollout_state, done = resumed["rollout_state"], int(resumed["updates_done"])
+        factor = rollout_state["factor"].to(instance.device)
+        state = State(*(rollout_state[f][trainer.rows].to(instance.device) for f in ("inv", "pipe")), factor[trainer.rows])
+        start = Frontier(state, factor, resumed["rng"])
+        replay_clock(teacher, done * config.rollout, state, instance)
+        optimizer.load_state_dict(resumed["optimizer"])
+    else:
+        factor, done = stream.initial_factor(), 0
+        start = Frontier(initial_state(instance, factor[trainer.rows]), factor, stream.generator.get_state())
+    rollouts = TeacherRollouts(teacher, instance, stream, start, trainer.rows)
+    _, world = rank_and_world()
+    mix = StudentMix(LearnedPolicy(trainer.model, "greedy"), config.imitation_student_share, stream.generator, trainer.rows)
+    trainer.model.train()  # LearnedPolicy set eval mode (no dropout anywhere: the same network either way)
+    plain, total = config.imitation_updates, config.imitation_updates + config.imitation_dagger_updates
+    bar = tqdm(total=total, initial=done, desc=f"warm start: imitate {config.imitation_teacher}", disable=not progress)
+    with bar:
+        for update in range(done, total):
+            optimizer.zero_grad(set_to_none=True)
+            with trainer.update_settings():
+                batch = rollouts.next_update(config.rollout, mix=None if update < plain else mix)
+                chunks = trainer.memory.state_chunks(batch.open_order.shape[0])
+                loss = imitation_losses(trainer.model, batch, chunks, config.precision, backward=True)
+            trainer.gradient_step(optimizer)
+            bar.update(1)
+            if update + 1 < total and after_update is not None:
+
+                def progress_state(done: int = update + 1) -> dict[str, Any]:
+                    frontier = rollouts.frontier()
+                    return {
+                        "updates_done": done,
+                        "optimizer": optimizer.state_dict(),
+                        "rollout_state": {
+                            "inv": all_gather_rows(frontier.state.inv),
+                            "pipe": all_gather_rows(frontier.state.pipe),
+                            "factor": frontier.factor,
+                        },
+                        "rng": frontier.rng,
+                        "teacher_parameters": parameters,
+                        "tuning_seconds": tuning_seconds,
+                        "seconds": earlier_seconds + time.perf_counter() - started,
+                    }
+
+                trainer.imitation = progress_state
+                if after_update(update + 1):
+                    return None
+    trainer.imitation = None
+    if world > 1:
+        for tensor in trainer.model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    final = (global_sum(torch.stack([value.detach().double() for value in loss[1:]])) / world).tolist()
+    trainer.warm_start_record = {
+        "updates": config.imitation_updates,
+        "dagger_updates": config.imitation_dagger_updates,
+        "student_share": config.imitation_student_share,
+        "teacher": config.imitation_teacher,
+        "teacher_parameters": parameters,
+        **dict(zip(("open_loss", "quantity_loss", "critic_loss", "open_agreement"), final)),
+        "tuning_seconds": tuning_seconds,
+        "seconds": earlier_seconds + time.perf_counter() - started,
+    }
+    return trainer.warm_start_record
+
+
+def build_teacher(
+    trainer: PathwiseTrainer, source: Instance, parameters: dict[str, Any] | None, progress: bool
+) -> tuple[Policy, dict[str, Any]]:
+    """The teacher on `source`, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
+    group of their own). A classical family: the other ranks make the rule from its
+    parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint
+    holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
+    its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
+    from DIR again, or computes them again when the teacher has no DIR."""
+    device, name = trainer.instance.device, trainer.config.imitation_teacher
+    lookahead = is_lookahead(name)
+    if parameters is not None and not lookahead:
+        return policy_from_parameters(source.to_torch(device), parameters), parameters
+    rank, world = rank_and_world()
+    waiting = dist.new_group(backend="gloo", timeout=TEACHER_WAIT) if world > 1 else None  # made before rank 0 builds
+    threshold = parameters["threshold"] if parameters is not None else None
+    built = teacher_policy(source, name, device=device, progress=progress, threshold=threshold) if rank == 0 else None
+    if built is not None and parameters is not None:
+        built = (built[0], parameters)  # the record keeps the first build's tuning
+    if world == 1:
+        return built
+    shared = [(built if lookahead else built[1]) if rank == 0 else None]  # a lookahead's tables travel without device copies
+    dist.broadcast_object_list(shared, src=0, group=waiting)
+    dist.destroy_process_group(waiting)
+    if rank == 0:
+        return built
+    if lookahead:
+        return shared[0]
+    return policy_from_parameters(source.to_torch(device), shared[0]), shared[0]

@@ -32,6 +32,7 @@ import torch
 from envs.dynamics import initial_state, step
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.instance import paper_instance
+from plumbing.errors import first_line
 from trainers.flops import UpdateArithmetic
 
 AGREEMENT_RTOL = 1e-5
@@ -172,7 +173,7 @@ def paper_updates(device: str, n: int, preset: str, updates: int, settings: dict
         synchronize(device)
         seconds = (time.perf_counter() - start) / updates
     except Exception as e:  # out of memory, or a compiler's error: reported, and the later checks still run
-        error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+        error = f"{type(e).__name__}: {first_line(e) if str(e).strip() else ''}"
     trainer = None
     peak = peak_memory_gib(device)
     free_device_memory(device)

@@ -30,6 +30,8 @@ from trainers.pathwise_config import ATTENTION_KERNELS
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import emit, synchronize  # noqa: E402  (bench/gpu.py, beside this script)
 
+from plumbing.errors import first_line
+
 FAMILIES = (
     ("attention", ("attention", "flash", "fmha", "sdpa", "softmax")),
     ("matmul", ("gemm", "matmul", "addmm", "aten::mm", "aten::bmm", "cutlass", "sm90_", "sm80_", "cublas")),
@@ -97,7 +99,7 @@ def attention_timings(device: str, n: int, batch: int, shape: TransformerShape, 
                             synchronize(device)
                             times.append(time.perf_counter() - start)
                 except RuntimeError as e:
-                    records.append({**record, "refused": (str(e).strip().splitlines() or [""])[0][:200]})
+                    records.append({**record, "refused": (first_line(e) if str(e).strip() else "")[:200]})
                     continue
                 records.append({**record, "ms": round(1e3 * sorted(times[1:])[len(times[1:]) // 2], 3)})
     return records

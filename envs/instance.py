@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from plumbing import validate
-from plumbing.errors import InputError
+from plumbing.errors import InputError, first_line
 from plumbing.files import atomic_write_text, input_file, read_text
 
 LMAX = 4
@@ -440,8 +440,7 @@ def read_table(path: str | os.PathLike, what: str, header: str, column_types: di
         else:
             table = pyarrow.parquet.read_table(path, use_threads=False)
     except pa.ArrowException as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise InstanceError(f"{what} '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line})") from None
+        raise InstanceError(f"{what} '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line(exc)})") from None
     return path, table
 
 

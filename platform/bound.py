@@ -102,25 +102,35 @@ def main() -> None:
                 f"{options.factor_points} factor points; each item takes a solve per split round and a few for its figures and tables",
                 flush=True,
             )
-        journal = decomposition_journal(run, instance, options, args.overwrite)
-        init_ray(args.workers, args.address)
-        s = run_decomposition_bound(run, instance, journal, options)
-        stop_ray()
-        print(
-            f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
-            f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
-            f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes; "
-            f"{certificate_note(s['search'])}"
+        journal, compute, result_line = (
+            decomposition_journal(run, instance, options, args.overwrite),
+            run_decomposition_bound,
+            decomposition_line,
         )
-        return
-    options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
-    journal = bound_journal(run, instance, options, args.overwrite)
+    else:
+        options = SolverOptions(args.solver, args.time_limit, 0.0, args.threads)
+        journal, compute, result_line = bound_journal(run, instance, options, args.overwrite), run_bound, perfect_information_line
     init_ray(args.workers, args.address)
-    summary = run_bound(run, instance, journal, options)
+    summary = compute(run, instance, journal, options)
     stop_ray()
-    print(
-        f"perfect-information bound: mean {summary['mean']:.2f} ± {summary['se']:.2f} over {summary['episodes']} episodes "
-        f"({solved_note(summary['episodes_solved_to_optimality'], summary['episodes'])})"
+    print(result_line(summary))
+
+
+def decomposition_line(s: dict) -> str:
+    """What a decomposition bound's summary says, on one line."""
+    return (
+        f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
+        f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
+        f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes; "
+        f"{certificate_note(s['search'])}"
+    )
+
+
+def perfect_information_line(s: dict) -> str:
+    """What a perfect-information bound's summary says, on one line."""
+    return (
+        f"perfect-information bound: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes "
+        f"({solved_note(s['episodes_solved_to_optimality'], s['episodes'])})"
     )
 
 

@@ -9,3 +9,10 @@ class InputError(ValueError):
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM reached a script; the message says what was kept and how to go on."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (what a one-line error quotes of a library's), or its type's name when
+    the message is empty."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

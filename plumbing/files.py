@@ -1,16 +1,20 @@
 """A user's input files read, and output folders checked, with one clear error: a missing, unreadable, non-UTF-8 or
-malformed file is one InputError naming what the file is ("instance file", "state file") and its path. Below
-cli.scripts (the scripts' boundary), envs.instance and cli.output_folders, so that none of them imports another in a circle."""
+malformed file (Parquet included, `read_parquet`) is one InputError naming what the file is ("instance file", "state
+file") and its path; and every file the platform writes written atomically (`atomic_write`)."""
 
 from __future__ import annotations
 
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from plumbing import validate
-from plumbing.errors import InputError
+from plumbing.errors import InputError, first_line
 
 
 def input_file(path, what: str) -> Path:
@@ -90,3 +94,12 @@ def atomic_write(path: str | os.PathLike, write) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+def read_parquet(path: str | os.PathLike, unreadable: Callable[[str], Exception], **options) -> pa.Table:
+    """pyarrow's table of the Parquet file `path` (`options` as pyarrow.parquet.read_table takes them); a file Arrow
+    cannot read raises `unreadable(the first line of Arrow's error)` instead, one line naming the file."""
+    try:
+        return pq.read_table(path, **options)
+    except (pa.ArrowException, OSError) as exc:
+        raise unreadable(first_line(exc)) from None

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from plumbing.errors import InputError
+from plumbing.errors import InputError, first_line
 
 NESTED_TOO_DEEPLY = "nests lists or objects too deeply to be read (Python's parsers stop at about 1000 levels)"
 """Why a JSON or YAML file that exhausts the parser's recursion is refused (every reader of such files says this)."""
@@ -273,8 +273,7 @@ def load_yaml(text: str, what: str, path) -> Any:
     except YamlFieldError as exc:
         raise InputError(f"{what} '{path}': {exc}") from None
     except yaml.YAMLError as exc:
-        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"{what} '{path}' is not valid YAML: {first_line}") from None
+        raise InputError(f"{what} '{path}' is not valid YAML: {first_line(exc)}") from None
     except RecursionError:
         raise InputError(f"{what} '{path}' {NESTED_TOO_DEEPLY}") from None
 
@@ -303,6 +302,6 @@ def load_json(text: str, what: str, path, error: type[Exception] = InputError) -
     except JsonKeyError as exc:
         raise error(f"{what} '{path}': {exc}") from None
     except json.JSONDecodeError as exc:
-        raise error(f"{what} '{path}' is not valid JSON: {str(exc).splitlines()[0]}") from None
+        raise error(f"{what} '{path}' is not valid JSON: {first_line(exc)}") from None
     except RecursionError:
         raise error(f"{what} '{path}' {NESTED_TOO_DEEPLY}") from None

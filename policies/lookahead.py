@@ -55,7 +55,7 @@ import torch
 
 from envs.dynamics import State
 from envs.instance import Instance, TensorInstance
-from plumbing.errors import InputError
+from plumbing.errors import InputError, first_line
 from plumbing.files import atomic_write, atomic_write_text
 
 NAME = "decomposition-lookahead"
@@ -76,12 +76,6 @@ STAGE_TOLERANCE = 256.0
 units (1/EXCESS_CAP of the item's largest excess), plus 2^-11 of the entry (float16's rounding), at every entry."""
 FLOAT16_ROUNDING = 2.0**-11
 REBUILD = "run the decomposition bound again (platform/bound.py --kind decomposition --out DIR) and use its folder"
-
-
-def _reason(exc: Exception) -> str:
-    """The first line of an exception's message, or its type's name."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def stationary_horizon(gamma: float) -> int:
@@ -231,7 +225,9 @@ class ItemTable:
         except FileNotFoundError:
             raise InputError(f"{NAME} tables: item file '{path}' does not exist; {REBUILD}") from None
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise InputError(f"{NAME} tables: item file '{path}' is truncated or not a tables file ({_reason(exc)}); {REBUILD}") from None
+            raise InputError(
+                f"{NAME} tables: item file '{path}' is truncated or not a tables file ({first_line(exc)}); {REBUILD}"
+            ) from None
 
 
 class DeviceTables(NamedTuple):

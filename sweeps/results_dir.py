@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from envs.instance import Instance, paper_instance
 from envs.results import append_json_line, json_line, read_evaluation, read_record, write_parquet
 from plumbing.errors import InputError
-from plumbing.files import atomic_write_text
+from plumbing.files import atomic_write_text, read_parquet
 from plumbing.validate import differences
 from sweeps.spec import SweepSpec, Trial
 from trainers.checkpoint import LAST, checkpoint_file
@@ -394,12 +394,7 @@ def _read_table(root: Path, name: str, schema: pa.Schema, version: int = SCHEMA_
             f"results directory '{root}' has no {name}: the sweep has not finished a run yet (platform/sweep.py writes "
             "its tables at the end of every run; continue it with --resume)"
         )
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(
-            f"'{path}' is not a readable Parquet file ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        ) from None
+    table = read_parquet(path, lambda reason: InputError(f"'{path}' is not a readable Parquet file ({reason})"))
     missing = [c for c in schema.names if c not in table.column_names]
     if version == 1 and schema is TRIALS_SCHEMA:
         for column in [c for c in missing if c in ADDED_IN_2]:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from envs.instance import Instance
-from plumbing.errors import InputError
+from plumbing.errors import InputError, first_line
 from plumbing.files import atomic_write
 
 FORMAT = "or-transformer-platform/checkpoint"
@@ -125,8 +125,7 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
         named = re.search(r"GLOBAL (\S+)", str(exc))
         raise not_unpickled(path, f"the Python object {named.group(1)}" if named else "data other than tensors and plain values") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform ({first_line})") from None
+        raise CheckpointError(f"checkpoint '{path}' is truncated or not a checkpoint of this platform ({first_line(exc)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint '{path}': not a checkpoint of this platform (field 'format' should be '{FORMAT}')")
     if payload.get("version") != VERSION:

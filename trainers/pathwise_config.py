@@ -11,6 +11,7 @@ from torch.nn.attention import SDPBackend
 
 from envs.evaluation import EVAL_HORIZON
 from plumbing import validate
+from plumbing.errors import first_line
 from policies.names import TABLES_PREFIX
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig
@@ -221,9 +222,7 @@ def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:
     try:
         model.load_state_dict(ckpt["trainer"]["model"])
     except RuntimeError as exc:
-        raise ConfigError(
-            f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({str(exc).splitlines()[0]})"
-        ) from None
+        raise ConfigError(f"config field 'initial_weights': checkpoint '{path}' does not fit this network ({first_line(exc)})") from None
 
 
 def learning_rate(config: TrainConfig, update: int) -> float:

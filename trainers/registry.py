@@ -24,6 +24,7 @@ import torch
 
 from envs.features import check_one_factor
 from envs.instance import Instance
+from plumbing.errors import first_line
 from trainers import pathwise
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
@@ -243,5 +244,5 @@ def load_policy(
     try:
         model.load_state_dict(ckpt["trainer"]["model"])
     except RuntimeError as exc:
-        raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({str(exc).splitlines()[0]})") from None
+        raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({first_line(exc)})") from None
     return implementation.policy_class(model, mode, config.seed), ckpt

@@ -67,13 +67,12 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from envs.instance import Instance
 from envs.results import RUNS, TRAINING, check_run_folder, clear_run, manifest, write_parquet
-from plumbing.errors import InputError
-from plumbing.files import atomic_write_text, written_by_atomic_write
+from plumbing.errors import InputError, first_line
+from plumbing.files import atomic_write_text, read_parquet, written_by_atomic_write
 from plumbing.validate import differences
 from trainers.checkpoint import BEST, LAST, CheckpointError, read_checkpoint, save_checkpoint
 from trainers.config import TrainerConfig
@@ -149,12 +148,7 @@ def read_curve(path: Path, done: int) -> list[dict[str, Any]]:
     )
     if not path.is_file():
         raise InputError(f"curve '{path}' is missing: {cannot}")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(
-            f"curve '{path}' is not readable ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}): {cannot}"
-        ) from None
+    table = read_parquet(path, lambda reason: InputError(f"curve '{path}' is not readable ({reason}): {cannot}"))
     if set(table.column_names) not in (set(CURVE_COLUMNS), set(CURVE_COLUMNS[:6])):  # the second: a run made before validation
         raise InputError(f"curve '{path}': expected the columns {list(CURVE_COLUMNS)}, got {table.column_names}: {cannot}")
     rows = [dict.fromkeys(CURVE_COLUMNS) | r for r in table.to_pylist() if r["update"] is not None and r["update"] <= done]
@@ -352,7 +346,7 @@ class PeerRecorder:
 
 def failure_reason(what: str, error: Exception) -> str:
     """A failed run's reason, one line: what failed, the exception's type and its message's first line."""
-    message = (str(error).strip().splitlines() or [""])[0]
+    message = first_line(error) if str(error).strip() else ""
     return f"{what} failed: {type(error).__name__}: {message}"
 
 

@@ -17,6 +17,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
 from trainers import pathwise
+from trainers.config import ConfigError
 from trainers.memory import GIB, MemoryPlan, StateBytes, balanced, slices
 from trainers.pathwise import PathwiseTrainer, draw_rollouts, gae, hybrid_losses, rollout, standardize, tokens
 from trainers.pathwise_config import TrainConfig, entropy_weight, learning_rate
@@ -337,15 +338,21 @@ def test_the_memory_plan_bounds_every_pass_after_what_the_update_stores():
     """Hand-worked plan: 8 rollouts of 10 steps, a budget of 1,000 bytes of which the update stores 8 x 10 x 2 = 160;
     the 840 left hold 840 // (10 x 8 + 5 + 2) = 9 -> all 8 rollouts in the rollout pass, 840 // (10 x 40) = 2 in the
     critic and open passes (the critic keeps more per state than the open network), 840 // (8 + 30 + 40 + 2) = 10
-    states in imitation. A fixed micro-batch of 3 takes 3 rollouts in every pass and 30 states."""
+    states in imitation. A fixed micro-batch of 3 takes 3 rollouts in every pass and 30 states. The least budget is
+    what the update stores and the largest micro-batch of one (a rollout's critic pass, 400): 560 is taken, 559 and a
+    config's 1e-9 GiB refused."""
     state = StateBytes(quantity=8, terminal=5, open=30, critic=40, recomputed=2, stored=2)
     plan = MemoryPlan.choose(1000 / GIB, "test", state, shard=8, steps=10)
     assert (plan.rollouts, plan.readout_rollouts, plan.states) == (8, 2, 10)
     assert plan.readout_chunks() == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)] and plan.rollout_chunks() == [slice(0, 8)]
     fixed = MemoryPlan.choose(1000 / GIB, "test", state, shard=8, steps=10, micro_batch=3)
     assert (fixed.rollouts, fixed.readout_rollouts, fixed.states) == (3, 3, 30)
-    starved = MemoryPlan.choose(100 / GIB, "test", state, shard=8, steps=10)  # stores more than the budget: one of each
-    assert (starved.rollouts, starved.readout_rollouts, starved.states) == (1, 1, 1)
+    least = MemoryPlan.choose(560 / GIB, "test", state, shard=8, steps=10)  # 160 stored + one rollout's readout, 10 x 40
+    assert (least.rollouts, least.readout_rollouts, least.states) == (4, 1, 5)  # 400 // 87 = 4, 400 // 400, 400 // 80
+    with pytest.raises(ConfigError, match=r"^test: 5.21e-07 GiB is below what an update needs at the least, 5.22e-07 GiB "):
+        MemoryPlan.choose(559 / GIB, "test", state, shard=8, steps=10)
+    with pytest.raises(ConfigError, match=r"config field 'memory_budget': 1e-09 GiB is below what an update needs at the least"):
+        PathwiseTrainer(TrainConfig(**TINY, memory_budget=1e-9), paper_instance(4, 0).to_torch())
 
 
 def test_the_micro_batches_of_a_pass_are_equal_where_their_count_divides_the_rollouts():

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainers.config import ConfigError
+
 GIB = 2**30
 CPU_BUDGET_MAX = 0.5
 """GiB: the most the default budget takes on a CPU."""
@@ -158,13 +160,21 @@ class MemoryPlan:
 
     @staticmethod
     def choose(budget_gib: float, source: str, state: StateBytes, shard: int, steps: int, micro_batch: int = 0) -> MemoryPlan:
-        """The fewest micro-batches of each pass whose activations fit `budget_gib` less what the update stores (at
-        least one rollout or state), of equal sizes (`balanced`), or `micro_batch` rollouts in every pass when the
-        config fixes it (> 0)."""
+        """The fewest micro-batches of each pass whose activations fit `budget_gib` less what the update stores, of
+        equal sizes (`balanced`), or `micro_batch` rollouts in every pass when the config fixes it (> 0). A budget
+        below what the update stores and one micro-batch of one rollout (or state) is a ConfigError naming `source`."""
         if micro_batch:
             rollouts = min(micro_batch, shard)
             return MemoryPlan(budget_gib, source, state, rollouts, rollouts, rollouts * steps, shard, steps)
-        free = budget_gib * GIB - state.kept_until_the_end(shard, steps)
+        kept = state.kept_until_the_end(shard, steps)
+        smallest = max(state.rollout(steps), state.readout(steps), state.quantity + state.open + state.critic + state.recomputed)
+        if budget_gib * GIB < kept + smallest:
+            raise ConfigError(
+                f"{source}: {budget_gib:.3g} GiB is below what an update needs at the least, {(kept + smallest) / GIB:.3g} GiB "
+                f"(what it stores of its {shard} x {steps} states until its end, {kept / GIB:.3g} GiB, and the activations of "
+                f"a micro-batch of one rollout, {smallest / GIB:.3g} GiB): give at least that, or fewer rollouts ('batch')"
+            )
+        free = budget_gib * GIB - kept
 
         def fitting(count: int, each: int) -> int:
             return balanced(count, max(1, min(count, math.floor(free / each))))

@@ -64,8 +64,8 @@ def main() -> None:
         clear_run(args.out)
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)
     print(
-        f"{label}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over {summary['episodes']} episodes "
-        f"of {summary['horizon']} steps -> {args.out}"
+        f"{label}{resolved.network_note()}: mean {summary['mean']:.2f} ± {summary['se']:.2f} (s.e.) over "
+        f"{summary['episodes']} episodes of {summary['horizon']} steps -> {args.out}"
     )
 
 

@@ -21,7 +21,7 @@ from envs.instance import paper_instance
 from envs.results import read_evaluation
 from plumbing.errors import InputError
 from trainers import pathwise, pathwise_config, registry
-from trainers.checkpoint import CheckpointError, checkpoint_file
+from trainers.checkpoint import CheckpointError, checkpoint_file, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig
 from trainers.experiment import run_experiment
 from trainers.pathwise_config import TrainConfig
@@ -231,6 +231,14 @@ def test_evaluate_script_on_every_methods_checkpoint(trained, tmp_path):
         summary = read_evaluation(tmp_path / f"{method}-{mode}")["summary"]
         assert summary["policy"] == f"{method}-{mode}" and summary["parameters"]["method"] == method
         assert summary["mean"] == pytest.approx(trained[method].result[mode]["mean"], rel=1e-9)  # the same held-out episodes
+        kept = read_checkpoint(checkpoint_file(trained[method].folder))["trainer"]
+        network = (
+            f"the best network, of update {kept['update']}, validation {kept['validation']['cost']:.2f} ± {kept['validation']['se']:.2f}"
+            if method in pathwise_config.METHODS
+            else f"the network of update {kept['update']}"
+        )
+        line = f"{method}-{mode} ({checkpoint_file(trained[method].folder)}: {network}): mean "
+        assert any(printed.startswith(line) for printed in result.stdout.splitlines()), result.stdout
 
 
 def test_resume_of_an_ended_experiment_trains_nothing_and_evaluates_again(trained, tmp_path):

@@ -68,3 +68,21 @@ def test_the_name_grammar():
     assert is_policy_name("checkpoint:run/checkpoint.pt") and not is_policy_name("checkpoint:") and not is_policy_name(3)
     assert policy_path(f"{TABLES_PREFIX}runs/dec") == "runs/dec" and policy_path("zero") is None
     assert named_label(f"{TABLES_PREFIX}runs/dec", "stationary") == "decomposition-lookahead-stationary"
+
+
+def test_a_learned_policy_says_which_network_it_is():
+    """The result line's note: best.pt's network with its update and validation score; a run's last network with its
+    update, and the training status where it did not complete (a run interrupted before any update: update 0); nothing
+    for a named policy."""
+    from trainers.resolver import ResolvedPolicy
+
+    def note(parameters, learned=True, file="runs/a/checkpoint.pt"):
+        return ResolvedPolicy(None, "hpo-greedy", parameters, INSTANCE, "greedy", learned, file if learned else None).network_note()
+
+    best = {"network": "best", "update": 120, "validation_cost": 5406.781, "validation_se": 12.345, "training_status": "completed"}
+    assert note(best, file="runs/a/best.pt") == " (runs/a/best.pt: the best network, of update 120, validation 5406.78 ± 12.35)"
+    assert note({"network": "last", "update": 0, "training_status": "interrupted"}) == (
+        " (runs/a/checkpoint.pt: the network of update 0, training interrupted)"
+    )
+    assert note({"network": "last", "update": 2, "training_status": "completed"}) == " (runs/a/checkpoint.pt: the network of update 2)"
+    assert note({}, learned=False) == ""

@@ -16,7 +16,7 @@ from envs.instance import Instance
 from plumbing.errors import InputError
 from policies.lookahead import FORMS
 from policies.names import ALLOWED, is_checkpoint, is_policy_name, named_label, policy_path
-from trainers.checkpoint import network_of
+from trainers.checkpoint import checkpoint_file, network_of
 from trainers.named_policies import named_policy
 from trainers.policy import MODES
 from trainers.registry import load_policy
@@ -40,6 +40,21 @@ class ResolvedPolicy:
     mode: str
     """greedy or sampled for a learned policy; `deterministic` for a named one."""
     learned: bool
+    checkpoint_file: str | None = None
+    """The checkpoint file a learned policy was read from (a run folder's best.pt or checkpoint.pt)."""
+
+    def network_note(self) -> str:
+        """Which network a learned policy is, for a script's result line: the file read and its network, best (with its
+        validation score) or last (with the run's status where it did not complete); "" for a named policy."""
+        if not self.learned:
+            return ""
+        p = self.parameters
+        if p["network"] == "best":
+            which = f"the best network, of update {p['update']}, validation {p['validation_cost']:.2f} ± {p['validation_se']:.2f}"
+        else:
+            status = "" if p["training_status"] == "completed" else f", training {p['training_status']}"
+            which = f"the network of update {p['update']}{status}"
+        return f" ({self.checkpoint_file}: {which})"
 
 
 def resolve(
@@ -66,7 +81,7 @@ def resolve(
         policy, ckpt = load_policy(path, mode, device, instance)
         method = ckpt["config"].method
         parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"], **network_of(ckpt["trainer"])}
-        return ResolvedPolicy(policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True)
+        return ResolvedPolicy(policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True, str(checkpoint_file(path)))
     if mode != "greedy":
         raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{name}' is deterministic")
     if instance is None:

@@ -155,6 +155,11 @@ def _report(kind: str, message: str = "") -> None:
     print(f"{start}{kind}: {message}" if message else f"{start}{kind}", file=stream)
 
 
+def count(number: int, noun: str) -> str:
+    """`number` `noun`s for a script's line: "1 window", "3 windows"."""
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def run_cli(main: Callable[[], int | None]) -> None:
     """Run a script's main. SIGTERM is treated like Ctrl-C, so a script can save its work either way."""
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from cli.output_folders import out_argument, resolve_out
-from cli.scripts import device, positive_int, run_cli, script_parser
+from cli.scripts import count, device, positive_int, run_cli, script_parser
 from demand.factor_filter import causal_factor, describe_filter
 from demand.sales_history import History, history_matrix
 from envs.evaluation import EVAL_HORIZON
@@ -92,10 +92,6 @@ def check_step(history: History, instance: Instance, history_path: str, instance
             f"of {fitted} (source.step), so its demand rates are per {fitted}: backtest a history of periods of {fitted}, or "
             "fit an instance on this history's periods"
         )
-
-
-def count(number: int, noun: str) -> str:
-    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def folder_name(label: str, taken: set[str]) -> str:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from cli.output_folders import out_argument, resolve_out
-from cli.scripts import device, run_cli, script_parser
+from cli.scripts import count, device, run_cli, script_parser
 from envs.evaluation import SE_MIN_VALUES, paired_comparison, standard_error
 from envs.results import BACKTEST_KIND, read_evaluation
 from plumbing.errors import InputError
@@ -153,9 +153,10 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
     gap_header = " paired difference to the relaxed policies (95% CI, % of their mean) |" if decomposition else " gap to bound |"
     s = reference["summary"]
     episodes = (
-        f"backtest on {backtest_of(s)}: {len(reference['episodes'])} windows x {s['horizon']} periods of the history (not the held-out set)"
+        f"backtest on {backtest_of(s)}: {count(len(reference['episodes']), 'window')} x {s['horizon']} periods of the history "
+        "(not the held-out set)"
         if backtest_of(s) is not None
-        else f"{len(reference['episodes'])} episodes x {s['horizon']} steps, seed {s['seed']}"
+        else f"{count(len(reference['episodes']), 'episode')} x {s['horizon']} steps, seed {s['seed']}"
     )
     lines = [
         f"{episodes}; reference: {reference['name']}",

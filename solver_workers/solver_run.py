@@ -155,10 +155,15 @@ def run_milp(run: SolverRun, instance: Instance, journal: Journal, options: Roll
         )
     except KeyboardInterrupt:
         done = sum((e, t) in journal for e in paths.episodes for t in range(run.horizon))
-        raise Interrupted(
-            f"no results written; journal '{journal.path}' keeps {done} of {run.episodes * run.horizon} decisions; "
-            "re-run the same command to resume"
-        ) from None
+        raise interrupted(journal, done, f"{done} of {run.episodes * run.horizon} decisions") from None
+
+
+def interrupted(journal: Journal, done: int, kept: str) -> Interrupted:
+    """The one line of a solver run stopped by Ctrl-C or SIGTERM: what its journal keeps (`kept`, `done` of them), or,
+    before its first record, that nothing was kept."""
+    if done == 0 or not journal.path.is_file():
+        return Interrupted("no results written and nothing recorded yet; re-run the same command to start it again")
+    return Interrupted(f"no results written; journal '{journal.path}' keeps {kept}; re-run the same command to resume")
 
 
 def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: SolverOptions) -> dict[str, Any]:
@@ -191,9 +196,7 @@ def run_bound(run: SolverRun, instance: Instance, journal: Journal, options: Sol
         )
     except KeyboardInterrupt:
         done = sum(e in journal for e in paths.episodes)
-        raise Interrupted(
-            f"no results written; journal '{journal.path}' keeps {done} of {run.episodes} episodes; re-run the same command to resume"
-        ) from None
+        raise interrupted(journal, done, f"{done} of {run.episodes} episodes") from None
 
 
 EQUAL_SHARES_FIGURES = ("value", "certified", "extrapolated", "conservative")
@@ -212,10 +215,8 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
     try:
         records, split = run_decomposition(instance, paths, options, Pool(run.workers), journal, out / lookahead.TABLES_DIR)
     except KeyboardInterrupt:
-        raise Interrupted(
-            f"no results written; journal '{journal.path}' keeps {len(journal.records)} records (split-search values and items' figures); "
-            "re-run the same command to resume"
-        ) from None
+        done = len(journal.records)
+        raise interrupted(journal, done, f"{done} records (split-search values and items' figures)") from None
     lookahead.write_manifest(
         out / lookahead.TABLES_DIR,
         instance,

@@ -237,3 +237,9 @@ def test_evaluate_dp_optimal_on_one_item_matches_its_own_value(tmp_path):
     summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
     assert summary["policy"] == "dp-optimal" and summary["horizon"] == 20
     assert abs(summary["mean"] - summary["parameters"]["expected_cost"]) < 3 * summary["se"] + 1.0
+
+
+def test_a_count_is_plural_unless_one():
+    from cli.scripts import count
+
+    assert (count(1, "window"), count(0, "window"), count(3, "episode")) == ("1 window", "0 windows", "3 episodes")

@@ -228,3 +228,19 @@ def test_interrupted_milp_keeps_the_journal_and_resumes(tmp_path, signum, ray_se
         main_of("milp.py", *args)
         assert lines(journal)[: len(kept)] == kept and len(lines(journal)) == 1 + 2
         assert json.loads((tmp_path / "out" / "summary.json").read_text())["decisions"]["count"] == 2
+
+
+def test_an_interruption_before_the_first_record_says_nothing_was_kept(tmp_path):
+    """A run stopped before its journal's first record (its folder not even made) says that nothing was recorded, not
+    that a journal in a missing folder keeps 0 records; with a record it names the journal and what it keeps."""
+    from solver_workers.solver_run import interrupted
+
+    journal = Journal(tmp_path / "never-made" / "bounds.jsonl", lambda record: record["episode"], {"seed": 0})
+    assert str(interrupted(journal, 0, "0 of 4 episodes")) == (
+        "no results written and nothing recorded yet; re-run the same command to start it again"
+    )
+    journal.path.parent.mkdir()
+    journal.path.write_text("{}\n")
+    assert str(interrupted(journal, 1, "1 of 4 episodes")) == (
+        f"no results written; journal '{journal.path}' keeps 1 of 4 episodes; re-run the same command to resume"
+    )

@@ -92,24 +92,11 @@ def apart_from_inputs(out: Path, inputs: dict[str, object], folders: dict[str, o
             )
 
 
-RUN_RECORDS = (".json", ".jsonl", ".pt")
-"""The suffixes of the entries of envs.results.RUNS that show a run above an output: its records (summary.json,
-backtest.json, a solver's journal, training.json, a checkpoint). Its Parquet tables and subfolders do not: a user's
-folder may hold an item table items.parquet, a cost table costs.parquet or a folder named greedy/ or lookahead/."""
-
-
-def run_record(folder: Path) -> tuple[str, str] | None:
-    """(kind, record file) of the run whose folder `folder` is, shown by a record (RUN_RECORDS) that
-    envs.results.RUNS names, or None."""
-    from envs.results import RUNS  # torch and scipy: loaded when an output is checked, not when cli.scripts is imported
-
-    records = [(kind, entry) for kind, entries in RUNS.items() for entry in entries if Path(entry).suffix in RUN_RECORDS]
-    return next(((kind, entry) for kind, entry in records if (folder / entry).is_file()), None)
-
-
 def outside_runs(out: Path, what: str) -> None:
-    """Refuse an output that lies inside another run's folder (a folder above it that `run_record` recognises): that
+    """Refuse an output that lies inside another run's folder (a folder above it that envs.results.run_record recognises): that
     run's record would go on vouching for files that are no longer its own, or stand beside foreign ones."""
+    from envs.results import run_record  # torch and scipy: loaded when an output is checked, not when cli.scripts is imported
+
     for folder in out.resolve().parents:
         if (held := run_record(folder)) is not None:
             kind, entry = held

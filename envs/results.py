@@ -85,6 +85,7 @@ EVALUATION = "an evaluation"
 TRAINING = "a training run"
 BACKTEST = "a backtest"
 BACKTEST_FILE = "backtest.json"
+BACKTEST_FORMAT = "or-transformer-platform/backtest"
 BACKTEST_KIND = "backtest"
 """summary.json's `kind` in each policy's evaluation folder of a backtest (platform/backtest.py): its episodes are
 windows of a history, not simulated paths."""
@@ -108,11 +109,58 @@ def held_run(folder: str | os.PathLike) -> tuple[str, str] | None:
     return next(((kind, entry) for kind, entries in RUNS.items() for entry in entries if entry in names), None)
 
 
+RUN_RECORDS = (".json", ".jsonl", ".pt")
+"""The suffixes of the entries of RUNS that show a run above an output: its records (summary.json,
+backtest.json, a solver's journal, training.json, a checkpoint). Its Parquet tables and subfolders do not: a user's
+folder may hold an item table items.parquet, a cost table costs.parquet or a folder named greedy/ or lookahead/."""
+
+
+def run_record(folder: Path) -> tuple[str, str] | None:
+    """(kind, record file) of the run whose folder `folder` is, shown by a record (RUN_RECORDS) that
+    RUNS names, or None."""
+    records = [(kind, entry) for kind, entries in RUNS.items() for entry in entries if Path(entry).suffix in RUN_RECORDS]
+    return next(((kind, entry) for kind, entry in records if (folder / entry).is_file()), None)
+
+
+RECORD_FORMATS = {SUMMARY: FORMAT, BACKTEST_FILE: BACKTEST_FORMAT}
+"""The records a run is recognised by whose content says so: a file of that name without its format is someone else's."""
+
+
+def foreign_record(folder: Path) -> str | None:
+    """The name of a file in `folder` named as a run's record (RECORD_FORMATS) that is not one (not a JSON object with
+    the record's 'format'), or None."""
+    for name, fmt in RECORD_FORMATS.items():
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return name
+        if not isinstance(record, dict) or record.get("format") != fmt:
+            return name
+    return None
+
+
 def check_run_folder(out: str | os.PathLike, kind: str, *, overwrite: bool, resumable: bool) -> None:
     """Refuse, before any work, an `out` that holds a run of another kind than `kind` (RUNS), or of this kind when a
     run of it does not resume (`resumable` False), unless `overwrite`: a folder holds one run, and one kind's files
     beside another's would be read as either."""
+    out = Path(out)
+    if (name := foreign_record(out)) is not None:
+        raise InputError(
+            f"--out '{out}' holds a {name} that is not a record of this platform (not JSON with its field 'format' "
+            f"'{RECORD_FORMATS[name]}'): a run never replaces or deletes a file it did not write, even with --overwrite; "
+            "move the file away or give another --out"
+        )
     held = held_run(out)
+    if held is None and out.is_dir():
+        for child in sorted(p for p in out.iterdir() if p.is_dir()):
+            if (inner := run_record(child)) is not None:
+                raise InputError(
+                    f"--out '{out}' holds {inner[0]} in '{child}' ({inner[1]}): a run's folder holds that run alone, and "
+                    f"'{child}' would then lie inside it, never to be written again; give the run a folder of its own"
+                )
     if held is None or overwrite or (held[0] == kind and resumable):
         return
     what, entry = held

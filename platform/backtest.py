@@ -41,7 +41,7 @@ from envs.evaluation import EVAL_HORIZON
 from envs.exogenous import check_cost_range
 from envs.history_replay import check_window, paired_comparisons, replay, window_count, window_se
 from envs.instance import Instance
-from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
+from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_FORMAT, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
 from policies.classical import POLICY_NAMES
@@ -51,7 +51,6 @@ from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, named_lab
 from trainers.policy import MODES
 from trainers.resolver import resolve
 
-FORMAT = "or-transformer-platform/backtest"
 VERSION = 1
 INITIAL_STATE = "the simulator's initial state: I_0 = mu_i = lam_i (L_i + 1), nothing in transit, the filtered factor"
 
@@ -207,7 +206,7 @@ def main() -> None:
         )
         print(f"{row['a']} - {row['b']}: {row['mean_difference']:+.2f} {spread} over the same {count(row['windows'], 'window')}")
     record = {
-        "format": FORMAT,
+        "format": BACKTEST_FORMAT,
         "version": VERSION,
         **{key: extra[key] for key in ("history", "history_sha256", "in_sample", "periods", "periods_replayed", "window", "step")},
         "windows": windows,

@@ -136,3 +136,39 @@ def test_an_output_inside_a_folder_the_run_reads_is_refused(tmp_path):
         resolve_out(tables / "x" / "y", inputs={"--instance": tmp_path / "inst.json"}, folders={"--policy": tables})
     assert resolve_out(tmp_path / "x", folders={"--policy": tables}) == tmp_path / "x"
     assert resolve_out(tables / "inst.json", is_file=True, inputs={"--items": tables}) == tables / "inst.json"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_named_as_a_runs_record_that_is_not_one_is_neither_read_as_a_run_nor_deleted(tmp_path, overwrite):
+    """An --out holding the user's own summary.json (plain text) is refused, with --overwrite too, naming the file, and
+    the file is left as it was; the control, a summary.json of this platform's format, is a run that --overwrite
+    replaces."""
+    INSTANCE.save(tmp_path / "instance.json")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "summary.json").write_text("my notes, not JSON\n")
+    flags = ["--instance", tmp_path / "instance.json", "--policy", "zero", "--episodes", 2, "--horizon", 3]
+    result = run_script("evaluate.py", *flags, "--out", tmp_path / "mine", *(["--overwrite"] if overwrite else []))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: --out '{tmp_path / 'mine'}' holds a summary.json that is not a record of this platform (not JSON with its "
+        "field 'format' 'or-transformer-platform/evaluation'): a run never replaces or deletes a file it did not write, even "
+        "with --overwrite; move the file away or give another --out"
+    )
+    assert (tmp_path / "mine" / "summary.json").read_text() == "my notes, not JSON\n"
+    run_script("evaluate.py", *flags, "--out", tmp_path / "ours", check=True)
+    run_script("evaluate.py", *flags, "--out", tmp_path / "ours", "--overwrite", check=True)
+
+
+def test_an_output_folder_that_holds_a_run_in_a_folder_of_its_own_is_refused(tmp_path):
+    """--out runs/ where runs/ev0 holds an evaluation: refused, naming the run inside, since runs/ev0 would lie inside
+    the new run's folder and could not be written again; runs/ev1 beside it passes."""
+    INSTANCE.save(tmp_path / "instance.json")
+    flags = ["--instance", tmp_path / "instance.json", "--policy", "zero", "--episodes", 2, "--horizon", 3]
+    run_script("evaluate.py", *flags, "--out", tmp_path / "runs" / "ev0", check=True)
+    result = run_script("evaluate.py", *flags, "--out", tmp_path / "runs")
+    assert result.returncode == 2 and result.stderr.strip() == (
+        f"error: --out '{tmp_path / 'runs'}' holds an evaluation in '{tmp_path / 'runs' / 'ev0'}' (summary.json): a run's folder "
+        f"holds that run alone, and '{tmp_path / 'runs' / 'ev0'}' would then lie inside it, never to be written again; give the run "
+        "a folder of its own"
+    )
+    run_script("evaluate.py", *flags, "--out", tmp_path / "runs" / "ev1", check=True)

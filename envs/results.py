@@ -145,7 +145,9 @@ def foreign_record(folder: Path) -> str | None:
 def check_run_folder(out: str | os.PathLike, kind: str, *, overwrite: bool, resumable: bool) -> None:
     """Refuse, before any work, an `out` that holds a run of another kind than `kind` (RUNS), or of this kind when a
     run of it does not resume (`resumable` False), unless `overwrite`: a folder holds one run, and one kind's files
-    beside another's would be read as either."""
+    beside another's would be read as either. Refused whatever `overwrite` says: a file named as a run's record that is
+    not one (`foreign_record`: the user's, never deleted), and, but for a backtest, a folder that holds no run itself
+    but one in a folder of it (that run would lie inside this one's)."""
     out = Path(out)
     if (name := foreign_record(out)) is not None:
         raise InputError(
@@ -154,7 +156,7 @@ def check_run_folder(out: str | os.PathLike, kind: str, *, overwrite: bool, resu
             "move the file away or give another --out"
         )
     held = held_run(out)
-    if held is None and out.is_dir():
+    if held is None and kind != BACKTEST and out.is_dir():  # a backtest's folder holds its policies' evaluations
         for child in sorted(p for p in out.iterdir() if p.is_dir()):
             if (inner := run_record(child)) is not None:
                 raise InputError(

@@ -47,7 +47,7 @@ from plumbing.files import atomic_write_text
 from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
-from policies.names import TABLES_PREFIX, is_checkpoint, is_lookahead, named_label, policy_name, policy_path
+from policies.names import TABLES_PREFIX, named_label, policy_spec
 from trainers.policy import MODES
 from trainers.resolver import resolve
 
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--history", required=True, help="CSV or Parquet demand history: item, period, demand (as fit.py reads it)")
     parser.add_argument("--instance", required=True, help="instance JSON file (e.g. the one fit.py wrote from a history)")
     parser.add_argument(
-        "--policy", required=True, action="append", type=policy_name, metavar="POLICY", help="policy name (see above); repeat for several"
+        "--policy", required=True, action="append", type=policy_spec, metavar="POLICY", help="policy name (see above); repeat for several"
     )
     parser.add_argument("--window", type=positive_int, default=EVAL_HORIZON, help=f"periods per window (episode) (default {EVAL_HORIZON})")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
@@ -129,13 +129,13 @@ def main() -> None:
     if len(set(args.policy)) < len(args.policy):
         repeated = next(name for name in args.policy if args.policy.count(name) > 1)
         parser.error(f"--policy {repeated}: given twice; name each policy once")
-    if args.lookahead_form is not None and not any(is_lookahead(name) for name in args.policy):
+    if args.lookahead_form is not None and not any(spec.lookahead for spec in args.policy):
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, and no --policy names one")
-    if args.mode != "greedy" and not any(is_checkpoint(name) for name in args.policy):
+    if args.mode != "greedy" and not any(spec.learned for spec in args.policy):
         parser.error(f"--mode {args.mode}: applies to checkpoint:PATH only, and no --policy names one")
-    policy_paths = {f"--policy {name}": policy_path(name) for name in args.policy}
+    policy_paths = {f"--policy {spec}": spec.path for spec in args.policy}
     # the tables folders a lookahead reads (a checkpoint's folder is a run's: refused as one)
-    tables = {f"--policy {name}": policy_paths[f"--policy {name}"] for name in args.policy if is_lookahead(name)}
+    tables = {f"--policy {spec}": spec.path for spec in args.policy if spec.lookahead}
     out = resolve_out(args.out, inputs={"--history": args.history, "--instance": args.instance} | policy_paths, folders=tables)
     check_run_folder(out, BACKTEST, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
@@ -149,7 +149,7 @@ def main() -> None:
     resolved = {  # checkpoints first: they load in seconds, and their labels name their folders
         k: resolve(name, instance, args.window, args.mode, form, args.device, progress=True)
         for k, name in enumerate(args.policy)
-        if is_checkpoint(name)
+        if name.learned
     }
     folders = {}
     for k, name in enumerate(args.policy):
@@ -186,14 +186,15 @@ def main() -> None:
         "initial_state": INITIAL_STATE,
         "factor": f"causal filter E[F_t | D_0..D_(t-1)] (demand/factor_filter.py: {describe_filter(instance)})",
     }
-    config = {**vars(args), "lookahead_form": form if any(is_lookahead(name) for name in args.policy) else None, "n": instance.n}
+    lookahead = any(spec.lookahead for spec in args.policy)
+    config = {**vars(args), "policy": [spec.name for spec in args.policy], "lookahead_form": form if lookahead else None, "n": instance.n}
     costs, rows = {}, []
     for k in range(len(args.policy)):
         label = f"{BACKTEST_KIND}:{resolved[k].label}"
         summary = write_evaluation(out / folders[k], label, results[k], 0, config, resolved[k].parameters, extra, instance=instance)
         costs[folders[k]] = results[k].discounted_cost
         se = window_se(summary["se"], windows)
-        rows.append({"policy": args.policy[k], "folder": folders[k], "mean": summary["mean"], "se": se})
+        rows.append({"policy": args.policy[k].name, "folder": folders[k], "mean": summary["mean"], "se": se})
         spread = f"± {se:.2f} (s.e.)" if se is not None else "(no s.e.: one window)"
         where = f"over {count(windows, 'window')} of {args.window} periods -> {out / folders[k]}"
         print(f"{summary['policy']}: mean {summary['mean']:.2f} {spread} {where}")

@@ -31,7 +31,7 @@ from cli.scripts import device, run_cli, script_parser
 from envs.instance import Instance
 from plumbing.errors import InputError
 from plumbing.files import input_file, read_file
-from policies.names import CHECKPOINT_PREFIX, policy_name
+from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
 from serving.decisions import load_decider, read_states
 from trainers.checkpoint import checkpoint_file
 from trainers.policy import MODES
@@ -43,7 +43,7 @@ def main() -> None:
     source.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
     source.add_argument(
         "--policy",
-        type=policy_name,
+        type=policy_spec,
         metavar="POLICY",
         help="a named policy (as evaluate.py's; decomposition-lookahead answers with its stationary tables), on --instance",
     )
@@ -58,7 +58,7 @@ def main() -> None:
         raise InputError(f"--policy {args.policy}: needs --instance (a named policy is tuned or solved for an instance)")
     input_file(args.state, "state file")
     instance = Instance.load(args.instance) if args.instance else None
-    policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint is not None else args.policy
+    policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint) if args.checkpoint is not None else args.policy
     data = read_file(args.state, "state file")
     where = f"state file '{args.state}'"
     if args.policy is not None:  # checked before the policy is tuned or solved

@@ -27,7 +27,7 @@ from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluati
 from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
-from policies.names import TABLES_PREFIX, is_lookahead, policy_name, policy_path
+from policies.names import TABLES_PREFIX, policy_spec
 from trainers.policy import MODES
 from trainers.resolver import resolve
 
@@ -36,7 +36,7 @@ def main() -> None:
     rules = textwrap.fill(", ".join(POLICY_NAMES), 100, initial_indent=" " * 18, break_on_hyphens=False).strip()
     parser = script_parser(__doc__.format(rules=rules))
     parser.add_argument("--instance", required=True, help="instance JSON file")
-    parser.add_argument("--policy", required=True, type=policy_name, metavar="POLICY", help="policy name (see above)")
+    parser.add_argument("--policy", required=True, type=policy_spec, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
     parser.add_argument(
         "--lookahead-form",
@@ -47,10 +47,10 @@ def main() -> None:
     parser.add_argument("--trace", action="store_true", help="also write steps.parquet and items.parquet")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
-    if args.lookahead_form is not None and not is_lookahead(args.policy):
+    if args.lookahead_form is not None and not args.policy.lookahead:
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, not to --policy {args.policy}")
-    read = {"--policy": policy_path(args.policy)}
-    tables = read if is_lookahead(args.policy) else {}  # a checkpoint's folder is a run's
+    read = {"--policy": args.policy.path}
+    tables = read if args.policy.lookahead else {}  # a checkpoint's folder is a run's
     resolve_out(args.out, inputs={"--instance": args.instance} | read, folders=tables)
     check_run_folder(args.out, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = Instance.load(args.instance)
@@ -59,7 +59,7 @@ def main() -> None:
     resolved = resolve(args.policy, instance, args.horizon, args.mode, form, args.device, progress=True)
     label, parameters = resolved.label, resolved.parameters
     result = evaluate(resolved.policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
-    config = {**vars(args), "lookahead_form": form if is_lookahead(args.policy) else None, "n": instance.n}
+    config = {**vars(args), "policy": args.policy.name, "lookahead_form": form if args.policy.lookahead else None, "n": instance.n}
     if args.overwrite:
         clear_run(args.out)
     summary = write_evaluation(args.out, label, result, args.seed, config, parameters, instance=instance)

@@ -22,7 +22,7 @@ import time
 from cli.scripts import non_negative_real, port, positive_int, run_cli, script_parser
 from plumbing.errors import InputError
 from plumbing.files import input_file
-from policies.names import CHECKPOINT_PREFIX, is_checkpoint, policy_name, policy_path
+from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
 from trainers.checkpoint import checkpoint_file
 from trainers.policy import MODES
 
@@ -42,7 +42,7 @@ def main() -> None:
     parser = script_parser(__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
-    which.add_argument("--policy", type=policy_name, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
+    which.add_argument("--policy", type=policy_spec, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
     parser.add_argument("--instance", help="instance JSON: required with --policy NAME; with a checkpoint, another instance than its own")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="a learned policy's opening (default greedy)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
@@ -62,9 +62,9 @@ def main() -> None:
     parser.add_argument("--access-log", action="store_true", help="a log line per request in the replica's log (default off)")
     parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
     args = parser.parse_args()
-    policy = CHECKPOINT_PREFIX + args.checkpoint if args.checkpoint else args.policy
-    if is_checkpoint(policy):
-        input_file(checkpoint_file(policy_path(policy)), "checkpoint")
+    policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint, "--checkpoint") if args.checkpoint else args.policy
+    if policy.learned:
+        input_file(checkpoint_file(policy.path), "checkpoint")
     elif not args.instance:
         raise InputError(f"--policy {policy}: needs --instance (the instance to tune or solve it on)")
     if args.instance:
@@ -88,7 +88,7 @@ def main() -> None:
         max_body_bytes=args.max_body_bytes,
         access_log=args.access_log,
     )
-    print(f"loading {policy}" + ("" if is_checkpoint(policy) else " (tuned or solved on the instance first)"), flush=True)
+    print(f"loading {policy}" + ("" if policy.learned else " (tuned or solved on the instance first)"), flush=True)
     decider = config.decider(progress=True)
     deploying = False
     try:

@@ -1,5 +1,6 @@
-"""The grammar of policy names, shared by every entry point (evaluate.py, decide.py, serve.py, sweeps, the
-warm start's teacher); trainers/resolver.py turns a name into a policy.
+"""The grammar of policy names and the one parser of them: a name is parsed where it enters (a flag, a config or
+sweep file, the decision service's config, a Python call) into a typed `PolicySpec`, and past that point code passes
+the spec; trainers/resolver.py turns a spec into a policy.
 
 * a classical family or classical-best (policies.classical.POLICY_NAMES), tuned on training paths;
 * dp-optimal: the exact n = 1 optimum (policies.dp_optimal);
@@ -13,7 +14,9 @@ warm start's teacher); trainers/resolver.py turns a name into a policy.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
+from plumbing.errors import InputError
 from policies.classical import POLICY_NAMES
 from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.lookahead import FORMS
@@ -27,38 +30,58 @@ ALLOWED = f"one of {list(NAMED_POLICIES)}, {CHECKPOINT_PREFIX}PATH or {TABLES_PR
 """The allowed values, as an error message says them."""
 
 
-def is_policy_name(text) -> bool:
-    """Whether `text` names a policy: a named policy (NAMED_POLICIES), checkpoint:PATH or decomposition-lookahead:DIR."""
-    return isinstance(text, str) and (text in NAMED_POLICIES or any(text.startswith(p) and len(text) > len(p) for p in PREFIXES))
+KINDS = ("rule", "dp", "lookahead", "checkpoint")
+"""A tuned classical rule or classical-best, the n = 1 DP optimum, the decomposition lookahead, a learned policy."""
 
 
-def policy_name(text: str) -> str:
-    """An argparse type: a policy name (`is_policy_name`)."""
-    if is_policy_name(text):
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy name parsed (`parse_policy`): its `kind` (KINDS) and, for checkpoint:PATH and
+    decomposition-lookahead:DIR, the `path` it reads; `name` is the text as given, which results and messages show."""
+
+    name: str
+    kind: str
+    path: str | None = None
+
+    @property
+    def learned(self) -> bool:
+        return self.kind == "checkpoint"
+
+    @property
+    def lookahead(self) -> bool:
+        return self.kind == "lookahead"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def parse_policy(text, where: str = "policy", shown=repr) -> PolicySpec:
+    """`text` as a PolicySpec, where a name enters (a flag, a config or sweep file, a service's config, a Python call;
+    a spec passes as it is); anything else is an InputError `<where>: expected <ALLOWED>, got <shown(text)>`."""
+    if isinstance(text, PolicySpec):
         return text
-    raise argparse.ArgumentTypeError(f"expected {ALLOWED}, got '{text}'")
+    if isinstance(text, str):
+        for prefix, kind in ((CHECKPOINT_PREFIX, "checkpoint"), (TABLES_PREFIX, "lookahead")):
+            if text.startswith(prefix) and len(text) > len(prefix):
+                return PolicySpec(text, kind, text[len(prefix) :])
+        named = {LOOKAHEAD: "lookahead", DP_OPTIMAL: "dp"} | dict.fromkeys(POLICY_NAMES, "rule")
+        if text in named:
+            return PolicySpec(text, named[text])
+    raise InputError(f"{where}: expected {ALLOWED}, got {shown(text)}")
 
 
-def policy_path(name: str) -> str | None:
-    """The file or folder that a policy name reads (checkpoint:PATH, decomposition-lookahead:DIR), else None."""
-    prefix = next((p for p in PREFIXES if name.startswith(p)), None)
-    return name[len(prefix) :] if prefix else None
+def policy_spec(text: str) -> PolicySpec:
+    """An argparse type: `text` parsed (`parse_policy`), or argparse's one-line error."""
+    try:
+        return parse_policy(text)
+    except InputError:
+        raise argparse.ArgumentTypeError(f"expected {ALLOWED}, got '{text}'") from None
 
 
-def is_checkpoint(name: str) -> bool:
-    """Whether `name` is checkpoint:PATH (a learned policy)."""
-    return name.startswith(CHECKPOINT_PREFIX)
-
-
-def is_lookahead(name: str) -> bool:
-    """Whether `name` is the decomposition lookahead, with or without a tables folder."""
-    return name == LOOKAHEAD or name.startswith(TABLES_PREFIX)
-
-
-def named_label(name: str, form: str = FORMS[0]) -> str:
+def named_label(spec: PolicySpec, form: str = FORMS[0]) -> str:
     """The method name under which a named policy's evaluation is written: the name, without a tables folder;
     the lookahead's stationary form gets its own (decomposition-lookahead-stationary), so that both forms can
     stand in one report."""
-    if is_lookahead(name):
+    if spec.lookahead:
         return LOOKAHEAD if form == FORMS[0] else f"{LOOKAHEAD}-{form}"
-    return name
+    return spec.name

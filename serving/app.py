@@ -35,7 +35,7 @@ from envs.dynamics import State
 from envs.instance import Instance
 from plumbing import validate
 from plumbing.errors import InputError
-from policies.names import ALLOWED, is_policy_name
+from policies.names import PolicySpec, parse_policy
 from serving.decisions import Decider, PolicyError, load_decider, read_states
 from trainers.policy import MODES
 
@@ -64,8 +64,9 @@ logger = logging.getLogger("ray.serve")
 class ServiceConfig:
     """The service's settings: platform/serve.py's flags, or a Serve config file's application args."""
 
-    policy: str
-    """A policy name (policies/names.py): checkpoint:PATH (a checkpoint of any learned method) or a named policy."""
+    policy: PolicySpec
+    """The policy (policies/names.py; a name given is parsed): checkpoint:PATH (a checkpoint of any learned method) or a
+    named policy."""
     instance: str = ""
     """Instance JSON: required for a named policy; for a checkpoint, an instance other than its own (OR-Transformer)."""
     mode: str = "greedy"
@@ -85,6 +86,9 @@ class ServiceConfig:
     access_log: bool = False
     """Serve's line per request in the replica's log (errors are logged either way); off, as it costs CPU per request."""
 
+    def __post_init__(self):
+        object.__setattr__(self, "policy", parse_policy(self.policy))  # a Python call's name; a spec passes as it is
+
     @classmethod
     def from_dict(cls, data: Any, where: str = "service args") -> ServiceConfig:
         """Checked field by field; unknown keys are refused, naming the allowed ones."""
@@ -92,9 +96,7 @@ class ServiceConfig:
             raise InputError(f"{where}: expected a mapping of {[f.name for f in fields(cls)]}, got {validate.describe(data)}")
         validate.keys(data, where, [f.name for f in fields(cls)], ["policy"])
         values = {**asdict(cls(policy="zero")), **data}
-        policy = values["policy"]
-        if not is_policy_name(policy):
-            raise InputError(f"{where} field 'policy': expected {ALLOWED}, got {validate.describe(policy)}")
+        policy = parse_policy(values["policy"], f"{where} field 'policy'", validate.describe)
         if not isinstance(values["instance"], str):
             raise InputError(f"{where} field 'instance': expected a path, got {validate.describe(values['instance'])}")
         return cls(

@@ -38,8 +38,7 @@ from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
 from plumbing import validate
 from plumbing.errors import InputError
-from policies.names import policy_path
-from trainers.checkpoint import checkpoint_file
+from policies.names import PolicySpec, parse_policy
 from trainers.resolver import resolve
 
 KEYS = ("factor", "in_transit", "inventory")
@@ -264,19 +263,22 @@ class Decider:
             return error
 
 
-def load_decider(policy: str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False) -> Decider:
+def load_decider(
+    policy: PolicySpec | str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False
+) -> Decider:
     """The Decider of `policy` (trainers.resolver): checkpoint:PATH on its own instance unless `instance` is given,
     or a named policy on `instance`, tuned or solved now (the decomposition lookahead in its stationary form: a
     state carries no period)."""
+    policy = parse_policy(policy)  # a Python call's name; a spec passes as it is
     resolved = resolve(policy, instance, mode=mode, form="stationary", device=device, progress=progress)
     instance = resolved.instance
     if resolved.learned:
-        path = checkpoint_file(policy_path(policy))  # a run folder: its best.pt
+        path = resolved.checkpoint_file  # a run folder: its best.pt
         status = resolved.parameters["training_status"]
         label = f"checkpoint '{path}' (training status '{status}')"
         info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(path), "training_status": status}
     else:
         label = f"policy '{policy}'"
-        info = {"method": policy, "checkpoint_sha256": None, "parameters": resolved.parameters}
+        info = {"method": policy.name, "checkpoint_sha256": None, "parameters": resolved.parameters}
     info = {**info, "mode": resolved.mode, "n": instance.n, "instance_hash": instance.content_hash()}
     return Decider(resolved.policy, instance, resolved.learned, resolved.mode, label, info, device)

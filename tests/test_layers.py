@@ -4,6 +4,8 @@ layers that run on it, its private modules through ray_access/private.py alone, 
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 from helpers import ROOT, import_circle, module_imports
 
@@ -88,3 +90,35 @@ def test_the_rules_see_a_forbidden_import_the_controls(tmp_path, source, rule):
         "command line": any(name.split(".")[0] in COMMAND_LINE for name in imported),
     }
     assert broken[rule]
+
+
+PARSER = "policies/names.py"
+NAME_PREDICATES = ("is_lookahead", "is_checkpoint", "is_policy_name", "policy_path", "policy_name")
+"""What parsed a policy's name again wherever it went; a name is parsed once, by policies.names.parse_policy."""
+
+
+def name_parsing(source: str) -> list[str]:
+    """The places in `source` that parse a policy name outside the parser: a call of a name predicate, or a test of a
+    prefix (`x.startswith(CHECKPOINT_PREFIX)`, `x.startswith("checkpoint:")`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if called in NAME_PREDICATES:
+                found.append(f"line {node.lineno}: {called}()")
+            if called == "startswith" and node.args:
+                argument = node.args[0]
+                text = ast.unparse(argument)
+                if text in ("CHECKPOINT_PREFIX", "TABLES_PREFIX") or text.strip("'\"") in ("checkpoint:", "decomposition-lookahead:"):
+                    found.append(f"line {node.lineno}: startswith({text})")
+    return found
+
+
+def test_a_policy_name_is_parsed_by_the_parser_alone():
+    """No module of the library, the scripts or the benchmarks parses a policy name but policies/names.py: each takes
+    a PolicySpec. The controls: made-up code that tests a prefix, or calls a predicate of old, is seen."""
+    sources = [path for folder in (*LIBRARY, "cli", "platform", "bench") for path in sorted((ROOT / folder).glob("*.py"))]
+    parsing = {str(path.relative_to(ROOT)): name_parsing(path.read_text()) for path in sources}
+    del parsing[PARSER]
+    assert {path: found for path, found in parsing.items() if found} == {}
+    assert name_parsing("if name.startswith(CHECKPOINT_PREFIX):\n    pass\n") and name_parsing("is_lookahead(name)\n")

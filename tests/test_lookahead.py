@@ -525,12 +525,12 @@ def test_each_form_is_evaluated_under_its_own_name():
     """evaluate.py writes the finite form as decomposition-lookahead and the stationary one under its own name,
     whether the tables are computed now or read from a bound run's folder; other names stay as given. Catches a
     report whose two lookahead rows carry one name (they could not be told apart, nor compared by name)."""
-    from policies.names import TABLES_PREFIX, named_label
+    from policies.names import TABLES_PREFIX, named_label, parse_policy
 
     for name in (lookahead.NAME, f"{TABLES_PREFIX}runs/dec16"):
-        assert named_label(name, "finite") == lookahead.NAME
-        assert named_label(name, "stationary") == f"{lookahead.NAME}-stationary"
-    assert named_label("classical-best", "stationary") == "classical-best"
+        assert named_label(parse_policy(name), "finite") == lookahead.NAME
+        assert named_label(parse_policy(name), "stationary") == f"{lookahead.NAME}-stationary"
+    assert named_label(parse_policy("classical-best"), "stationary") == "classical-best"
 
 
 # ---- several factors and overdispersion -----------------------------------------------------------------

@@ -1,6 +1,8 @@
 """The one resolver of every policy name (trainers/resolver.py): each prefix resolved once, the same labels and
 parameters for every caller, and names or options that do not apply refused."""
 
+import re
+
 import numpy as np
 import pytest
 from conftest import INSTANCE
@@ -9,7 +11,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from plumbing.errors import InputError
 from policies.classical import zero_policy
-from policies.names import ALLOWED, TABLES_PREFIX, is_policy_name, named_label, policy_path
+from policies.names import ALLOWED, TABLES_PREFIX, PolicySpec, named_label, parse_policy
 from serving.decisions import load_decider
 from trainers.resolver import DETERMINISTIC, resolve
 
@@ -64,10 +66,22 @@ def test_names_and_options_that_do_not_apply_are_refused(name, options, message)
 
 
 def test_the_name_grammar():
-    """Prefixes need a path; the tables folder is read from the name, and both lookahead forms keep their labels."""
-    assert is_policy_name("checkpoint:run/checkpoint.pt") and not is_policy_name("checkpoint:") and not is_policy_name(3)
-    assert policy_path(f"{TABLES_PREFIX}runs/dec") == "runs/dec" and policy_path("zero") is None
-    assert named_label(f"{TABLES_PREFIX}runs/dec", "stationary") == "decomposition-lookahead-stationary"
+    """A name parses into its kind and the path it reads; prefixes need a path; a spec passes as it is; a bad name is
+    one error naming where it entered and the allowed values; both lookahead forms keep their labels."""
+    assert parse_policy("checkpoint:run/checkpoint.pt") == PolicySpec("checkpoint:run/checkpoint.pt", "checkpoint", "run/checkpoint.pt")
+    assert parse_policy(f"{TABLES_PREFIX}runs/dec") == PolicySpec(f"{TABLES_PREFIX}runs/dec", "lookahead", "runs/dec")
+    assert [parse_policy(name).kind for name in ("zero", "classical-best", "dp-optimal", "decomposition-lookahead")] == [
+        "rule",
+        "rule",
+        "dp",
+        "lookahead",
+    ]
+    spec = parse_policy("zero")
+    assert parse_policy(spec) is spec and str(spec) == "zero" and spec.path is None and not spec.learned
+    for bad in ("checkpoint:", f"{TABLES_PREFIX}", "zeroes", 3):
+        with pytest.raises(InputError, match=re.escape(f"sweep field 'policy': expected {ALLOWED}, got {bad!r}")):
+            parse_policy(bad, "sweep field 'policy'")
+    assert named_label(parse_policy(f"{TABLES_PREFIX}runs/dec"), "stationary") == "decomposition-lookahead-stationary"
 
 
 def test_a_learned_policy_says_which_network_it_is():

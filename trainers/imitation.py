@@ -45,8 +45,9 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
+from plumbing.errors import InputError
 from policies.dp_optimal import NAME as DP_OPTIMAL
-from policies.names import NAMED_POLICIES, TABLES_PREFIX, is_policy_name
+from policies.names import NAMED_POLICIES, PolicySpec, parse_policy
 from trainers.memory import accumulate
 from trainers.named_policies import named_policy
 from trainers.networks import ThreeNetworks, autocast
@@ -59,7 +60,13 @@ end at a horizon, the teacher's rollouts do not)."""
 
 def is_teacher(name) -> bool:
     """Whether `name` names a teacher: one of TEACHERS, or decomposition-lookahead:DIR (a bound run's tables)."""
-    return name in TEACHERS or (is_policy_name(name) and name.startswith(TABLES_PREFIX))
+    if name in TEACHERS:
+        return True
+    try:
+        spec = parse_policy(name)
+    except InputError:
+        return False
+    return spec.lookahead and spec.path is not None
 
 
 TAIL = 0.01
@@ -67,13 +74,14 @@ TAIL = 0.01
 
 
 def teacher_policy(
-    source: Instance, name: str, device="cpu", progress: bool = False, threshold: float | None = None
+    source: Instance, name: PolicySpec | str, device="cpu", progress: bool = False, threshold: float | None = None
 ) -> tuple[Policy, dict]:
-    """(policy, parameters for the record) of the teacher `name` (`is_teacher`) on `source`, as evaluate.py builds
+    """(policy, parameters for the record) of the teacher `name` (`is_teacher`; a spec, or a name parsed here) on
+    `source`, as evaluate.py builds
     it (trainers.named_policies): a classical family tuned on the training paths for the evaluation
     horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
     periods than any finite table has; its threshold `threshold`, or tuned on the training paths when None)."""
-    return named_policy(source, name, EVAL_HORIZON, device, form="stationary", progress=progress, threshold=threshold)
+    return named_policy(source, parse_policy(name), EVAL_HORIZON, device, form="stationary", progress=progress, threshold=threshold)
 
 
 @dataclass

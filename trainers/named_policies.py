@@ -13,21 +13,26 @@ from envs.evaluation import Policy
 from envs.instance import Instance
 from policies.classical import tuned_policy
 from policies.decomposition import lookahead_policy
-from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.dp_optimal import dp_optimal_policy
 from policies.lookahead import FORMS
-from policies.names import is_lookahead, policy_path
+from policies.names import PolicySpec
 
 
 def named_policy(
-    instance: Instance, name: str, horizon: int, device="cpu", form: str = FORMS[0], progress: bool = False, threshold: float | None = None
+    instance: Instance,
+    spec: PolicySpec,
+    horizon: int,
+    device="cpu",
+    form: str = FORMS[0],
+    progress: bool = False,
+    threshold: float | None = None,
 ) -> tuple[Policy, dict[str, Any]]:
-    """(policy, parameters for a summary) of the named policy `name` on `instance`; `form` and `threshold` are the
+    """(policy, parameters for a summary) of the named policy `spec` on `instance`; `form` and `threshold` are the
     lookahead's: finite-horizon tables for `horizon` steps or the stationary ones, and its c (None: tuned)."""
-    if threshold is not None and not is_lookahead(name):
-        raise ValueError(f"threshold: the lookahead's c, given for policy {name!r}")
-    if name == DP_OPTIMAL:
+    if threshold is not None and not spec.lookahead:
+        raise ValueError(f"threshold: the lookahead's c, given for policy {spec.name!r}")
+    if spec.kind == "dp":
         return dp_optimal_policy(instance, horizon, device, progress=progress)
-    if is_lookahead(name):
-        return lookahead_policy(instance, horizon, device, form=form, bound=policy_path(name), threshold=threshold, progress=progress)
-    return tuned_policy(instance, name, horizon, device=device, progress=progress)
+    if spec.lookahead:
+        return lookahead_policy(instance, horizon, device, form=form, bound=spec.path, threshold=threshold, progress=progress)
+    return tuned_policy(instance, spec.name, horizon, device=device, progress=progress)

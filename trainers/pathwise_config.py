@@ -12,7 +12,7 @@ from torch.nn.attention import SDPBackend
 from envs.evaluation import EVAL_HORIZON
 from plumbing import validate
 from plumbing.errors import first_line
-from policies.names import TABLES_PREFIX
+from policies.names import TABLES_PREFIX, PolicySpec, parse_policy
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig
 from trainers.imitation import TEACHERS, is_teacher
@@ -144,6 +144,11 @@ class TrainConfig(TrainerConfig):
     def uses_tf32(self) -> bool:
         """The `tf32` setting, its default resolved."""
         return self.precision == "bfloat16" if self.tf32 is None else self.tf32
+
+    @property
+    def teacher(self) -> PolicySpec:
+        """`imitation_teacher` parsed (checked in __post_init__: one of TEACHERS or decomposition-lookahead:DIR)."""
+        return parse_policy(self.imitation_teacher, "config field 'imitation_teacher'")
 
     def __post_init__(self):
         self.require_choice("method", METHODS)

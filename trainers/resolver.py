@@ -15,7 +15,7 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.instance import Instance
 from plumbing.errors import InputError
 from policies.lookahead import FORMS
-from policies.names import ALLOWED, is_checkpoint, is_policy_name, named_label, policy_path
+from policies.names import PolicySpec, named_label, parse_policy
 from trainers.checkpoint import checkpoint_file, network_of
 from trainers.named_policies import named_policy
 from trainers.policy import MODES
@@ -58,7 +58,7 @@ class ResolvedPolicy:
 
 
 def resolve(
-    name: str,
+    name: PolicySpec | str,
     instance: Instance | None = None,
     horizon: int = EVAL_HORIZON,
     mode: str = "greedy",
@@ -66,25 +66,24 @@ def resolve(
     device="cpu",
     progress: bool = False,
 ) -> ResolvedPolicy:
-    """The policy that `name` names, on `instance` (needed by every named policy; a checkpoint acts on its own
-    instance unless one is given). `mode` applies to checkpoints (a named policy refuses `sampled`), `form` to the
-    lookahead; `horizon` is the evaluation's, for which classical families and the lookahead's threshold are tuned
-    and the DP solved."""
-    if not is_policy_name(name):
-        raise InputError(f"policy: expected {ALLOWED}, got {name!r}")
+    """The policy that `name` (a spec, or a name parsed here: a Python call's) names, on `instance` (needed by every
+    named policy; a checkpoint acts on its own instance unless one is given). `mode` applies to checkpoints (a named
+    policy refuses `sampled`), `form` to the lookahead; `horizon` is the evaluation's, for which classical families and
+    the lookahead's threshold are tuned and the DP solved."""
+    spec = parse_policy(name)  # a Python call's name; a spec passes as it is
     if mode not in MODES:
         raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")
     if form not in FORMS:
         raise InputError(f"lookahead form: expected one of {list(FORMS)}, got {form!r}")
-    if is_checkpoint(name):
-        path = policy_path(name)
+    if spec.learned:
+        path = spec.path
         policy, ckpt = load_policy(path, mode, device, instance)
         method = ckpt["config"].method
         parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"], **network_of(ckpt["trainer"])}
         return ResolvedPolicy(policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True, str(checkpoint_file(path)))
     if mode != "greedy":
-        raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{name}' is deterministic")
+        raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{spec}' is deterministic")
     if instance is None:
-        raise InputError(f"policy '{name}': needs an instance (--instance)")
-    policy, parameters = named_policy(instance, name, horizon, device, form, progress)
-    return ResolvedPolicy(policy, named_label(name, form), parameters, instance, DETERMINISTIC, False)
+        raise InputError(f"policy '{spec}': needs an instance (--instance)")
+    policy, parameters = named_policy(instance, spec, horizon, device, form, progress)
+    return ResolvedPolicy(policy, named_label(spec, form), parameters, instance, DETERMINISTIC, False)

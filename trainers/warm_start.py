@@ -24,7 +24,6 @@ from envs.evaluation import Policy
 from envs.exogenous import FactorDemandStream
 from envs.instance import Instance
 from policies.classical import policy_from_parameters
-from policies.names import is_lookahead
 from trainers.collectives import all_gather_rows, global_sum, rank_and_world
 from trainers.imitation import Frontier, StudentMix, TeacherRollouts, imitation_losses, replay_clock, teacher_policy
 from trainers.policy import LearnedPolicy
@@ -134,8 +133,8 @@ def build_teacher(
     holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
     its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
     from DIR again, or computes them again when the teacher has no DIR."""
-    device, name = trainer.instance.device, trainer.config.imitation_teacher
-    lookahead = is_lookahead(name)
+    device, name = trainer.instance.device, trainer.config.teacher
+    lookahead = name.lookahead
     if parameters is not None and not lookahead:
         return policy_from_parameters(source.to_torch(device), parameters), parameters
     rank, world = rank_and_world()

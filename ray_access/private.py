@@ -79,6 +79,26 @@ def gcs_address(address: str) -> str:
     return services.canonicalize_bootstrap_address(address)
 
 
+def gcs_silence(address: str, seconds: float) -> str | None:
+    """Why no Ray GCS answers a gRPC call at `address` (HOST:PORT) within `seconds` (the status, e.g. a TCP port where
+    another server answers), or None when one does: its GetClusterId reply, or a refusal only a GCS gives
+    (authentication). With TLS (RAY_USE_TLS) nothing is asked here: ray.init's own handshake decides."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return None
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=seconds)
+        except grpc.RpcError as error:
+            if error.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None
+            return f"{error.code().name.lower()}: {(error.details() or '').strip() or 'no reply'}"
+    return None
+
+
 def node_ip_address() -> str:
     """This machine's address as Ray's nodes advertise it (services.get_node_ip_address)."""
     return services.get_node_ip_address()

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from plumbing.errors import InputError
-from ray_access.private import GCS_PORT_VARIABLE, cluster_mode_off, gcs_address, local_node, starting_node, token_notice_logger
+from ray_access.private import GCS_PORT_VARIABLE, cluster_mode_off, gcs_address, gcs_silence, local_node, starting_node, token_notice_logger
 
 PROBE_SECONDS = 3.0  # a live cluster accepts a TCP connection well within this; Ray itself retries for minutes
 
@@ -279,7 +279,8 @@ def stop_ray() -> None:
 
 
 def probe_address(address: str, where: str) -> None:
-    """Refuse a malformed address, or one where nothing accepts a TCP connection within PROBE_SECONDS.
+    """Refuse a malformed address, one where nothing accepts a TCP connection within PROBE_SECONDS, or one where
+    something else than a Ray GCS answers (ray.init would retry it for 20 s, a warning a second).
 
     Probes the GCS address that ray.init will dial: Ray's own resolution, which finds the cluster for `auto`
     and replaces a loopback host by this machine's address. The error names the address as given (and, for
@@ -302,3 +303,5 @@ def probe_address(address: str, where: str) -> None:
         raise InputError(f"{where}: no Ray cluster answers there ({found}no answer within {PROBE_SECONDS:g} s)") from e
     except OSError as e:
         raise InputError(f"{where}: no Ray cluster answers there ({found}{e.strerror or e})") from e
+    if (silence := gcs_silence(target, PROBE_SECONDS)) is not None:  # a port where another server answers
+        raise InputError(f"{where}: no Ray cluster answers there ({found}not a Ray GCS: {silence})")

@@ -4,12 +4,15 @@ failure here names the assumption that no longer holds (the code that relies on 
 import inspect
 import ipaddress
 import os
+import re
 from pathlib import Path
 
 import pytest
 from ray._private import ray_constants
 
+from plumbing.errors import InputError
 from ray_access import private as ray_private
+from ray_access.session import probe_address
 
 
 def test_cluster_mode_is_a_module_flag_that_cluster_mode_off_clears_and_restores():
@@ -150,3 +153,32 @@ def test_the_gcs_port_of_a_head_started_by_ray_init_comes_from_its_environment_v
 
     assert ray_private.GCS_PORT_VARIABLE == "RAY_GCS_SERVER_PORT"
     assert "GCS_PORT_ENVIRONMENT_VARIABLE" in inspect.getsource(node)
+
+
+def test_a_gcs_answers_the_cluster_id_call_and_another_server_does_not(ray_session):
+    """gcs_silence: None at the session's GCS (NodeInfoGcsService.GetClusterId answers, or refuses authentication);
+    at a port where a plain TCP server accepts and closes, the gRPC status, within the time it is given."""
+    import socket
+    import threading
+    import time
+
+    assert ray_private.gcs_silence(ray_session.get_runtime_context().gcs_address, 3.0) is None
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+
+        def hang_up():
+            for _ in range(8):
+                try:
+                    server.accept()[0].close()
+                except OSError:
+                    return
+
+        threading.Thread(target=hang_up, daemon=True).start()
+        started = time.monotonic()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        silence = ray_private.gcs_silence(address, 2.0)
+        assert silence is not None and silence.split(":")[0] in ("unavailable", "deadline_exceeded", "unimplemented", "internal")
+        assert time.monotonic() - started < 10
+        with pytest.raises(InputError, match=re.escape(f"--address {address}: no Ray cluster answers there (not a Ray GCS: ")):
+            probe_address(address, f"--address {address}")  # before ray.init, which would retry for 20 s

@@ -83,9 +83,16 @@ def history_demand(history: History, instance: Instance, history_path: str, inst
 def check_step(history: History, instance: Instance, history_path: str, instance_path: str) -> None:
     """Refuse a history whose period length (History.step) is not the one the instance was fitted on (source.step,
     written by platform/fit.py): the instance's rates lam_i are demand per period of that length. An instance that
-    records no step is not checked."""
+    records no step (one not fitted by fit.py) cannot be checked: that is said in one line, with the period length
+    the history's periods are taken for."""
     fitted = (instance.source or {}).get("step")
-    if fitted is not None and fitted != history.step:
+    if fitted is None:
+        print(
+            f"note: the instance '{instance_path}' records no period length (source.step: it was not fitted by fit.py), so "
+            f"its demand rates are taken as per period of the history '{history_path}', {history.step}",
+            flush=True,
+        )
+    elif fitted != history.step:
         raise InputError(
             f"history '{history_path}' has periods of {history.step}, while the instance '{instance_path}' was fitted on periods "
             f"of {fitted} (source.step), so its demand rates are per {fitted}: backtest a history of periods of {fitted}, or "

@@ -391,10 +391,15 @@ def test_a_backtest_of_one_window_writes_no_standard_error(simulated, tmp_path):
     assert row["mean_difference"] == pytest.approx(cost["zero"][0] - cost["base-stock"][0], rel=1e-12)
     assert (row["se"], row["ci_low"], row["ci_high"], row["windows"]) == (None, None, None, 1)
     assert "±" not in result.stdout and result.stdout.count("(no s.e.: one window)") == 2
+    assert result.stdout.startswith(  # a paper instance records no period length: which the backtest takes is said
+        f"note: the instance '{folder / 'instance.json'}' records no period length (source.step: it was not fitted by "
+        f"fit.py), so its demand rates are taken as per period of the history '{folder / 'history.csv'}', 1 day\n"
+    ), result.stdout
     assert "(no s.e. or CI: one window) over the same 1 window" in result.stdout
     report = run_script("report.py", out / "base-stock", out / "zero", "--reference", out / "zero", check=True).stdout
     rows = [line for line in report.splitlines() if line.startswith("| backtest:")]
     assert len(rows) == 2 and all("| none (one episode) |" in line for line in rows), report
+    assert "1 window x 160 periods of the history" in report, report
     difference = cost["base-stock"][0] - cost["zero"][0]
     assert f"| {difference:+.2f} (no CI: one episode) |" in report, report
 

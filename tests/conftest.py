@@ -16,6 +16,12 @@ import torch
 
 from envs.instance import Instance, paper_instance
 
+if "ATEN_CPU_CAPABILITY" in os.environ and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    # Inductor's caches of compiled kernels are not keyed by the ATen capability: code compiled for this CPU's vector
+    # instructions would be reused under ATEN_CPU_CAPABILITY=default, whose headers lack them (a C++ compile error)
+    capability = os.environ["ATEN_CPU_CAPABILITY"]
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tempfile.gettempdir()) / f"torchinductor-{os.getuid()}-{capability}")
+
 
 def pytest_addoption(parser):
     parser.addoption(

@@ -12,23 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def runtime_nodes(tree: ast.AST):
-    """Every node of `tree` but those under an `if TYPE_CHECKING:` (imports for type annotations alone)."""
-    for child in ast.iter_child_nodes(tree):
-        if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
-            continue
-        yield child
-        yield from runtime_nodes(child)
-
-
 def module_imports(package: str, root: Path = ROOT) -> dict[str, set[str]]:
-    """For every module of the package folder `package` under `root`, every name it imports when it runs (at its top or
-    inside a function; not under `if TYPE_CHECKING:`): `import a.b` gives a.b, `from a.b import c` gives a.b and a.b.c
-    (c may be a module)."""
+    """For every module of the package folder `package` under `root`, every name it imports anywhere (at its top or
+    inside a function): `import a.b` gives a.b, `from a.b import c` gives a.b and a.b.c (c may be a module)."""
     graph = {}
     for path in sorted((root / package).glob("*.py")):
         imported = set()
-        for node in runtime_nodes(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
                 imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
             elif isinstance(node, ast.Import):

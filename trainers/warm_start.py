@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,24 +29,22 @@ from trainers.imitation import Frontier, StudentMix, TeacherRollouts, imitation_
 from trainers.policy import LearnedPolicy
 from trainers.streams import TEACHER_STREAM, stream_seed
 
-if TYPE_CHECKING:
-    from trainers.pathwise import PathwiseTrainer
-
 TEACHER_WAIT = timedelta(hours=24)
 """How long the other ranks wait for rank 0's teacher (tuning classical-best or building the lookahead's tables
 at n = 1,024 takes far longer than a process group's default timeout)."""
 
 
 def warm_start(
-    trainer: PathwiseTrainer, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
+    trainer, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
 ) -> dict[str, Any] | None:
-    """The warm start (module docstring) on `source`, the instance this trainer's tensors come from (the
-    teacher is built on it), from its start or from the imitation update that a checkpoint holds
-    (`load_state_dict`); every rank calls it (collectives); `progress`: the teacher's tuning and the updates as
-    progress bars. `after_update(done)` is called after each imitation update but the last, where `state_dict`
-    holds the warm start at that update; when it returns True the warm start stops there and returns None.
-    Else returns and keeps its record: the teacher and its parameters, the last update's losses and greedy
-    agreement (before that update's step), seconds (of every attempt)."""
+    """The warm start (module docstring) of `trainer` (a trainers.pathwise.PathwiseTrainer, which imports this module)
+    on `source`, the instance this trainer's tensors come from (the teacher is built on it), from its start or from
+    the imitation update that a checkpoint holds (the trainer's `load_state_dict`); every rank calls it
+    (collectives); `progress`: the teacher's tuning and the updates as progress bars. `after_update(done)` is called
+    after each imitation update but the last, where the trainer's `state_dict` holds the warm start at that update;
+    when it returns True the warm start stops there and returns None. Else returns and keeps its record: the teacher
+    and its parameters, the last update's losses and greedy agreement (before that update's step), seconds (of every
+    attempt)."""
     config, instance = trainer.config, trainer.instance
     if not trainer.warm_start_due():
         raise RuntimeError(
@@ -124,9 +122,7 @@ def warm_start(
     return trainer.warm_start_record
 
 
-def build_teacher(
-    trainer: PathwiseTrainer, source: Instance, parameters: dict[str, Any] | None, progress: bool
-) -> tuple[Policy, dict[str, Any]]:
+def build_teacher(trainer, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
     """The teacher on `source`, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
     group of their own). A classical family: the other ranks make the rule from its
     parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint

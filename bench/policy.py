@@ -5,8 +5,8 @@ Latency: one state and a batch of 128 at n in {16, 64, 1024}, for the paper-size
 factor-aware base-stock decision measured in the same run.
 Fast path: one state at n = 1,024, paper network, the distribution of each step of trainers/policy.py
 against the reference measured in the same run (both networks on every token under no_grad, the path
-before the fast one), timed in turn, round by round; and the policy call under bfloat16 autocast (not
-an option of the policy, see docs/benchmarks.md) with its agreement with float32 on held-out states (a
+before the fast one), timed in turn, round by round; and the policy call in bfloat16 (`LearnedPolicy(precision="bfloat16")`:
+autocast inside the policy, see docs/benchmarks.md) with its agreement with float32 on held-out states (a
 base-stock rollout on the held-out paths; the untrained network's open bias is set so that half open).
 Update time: the cpu preset at n in {4, 16, 64}, OR-Transformer and HPO, against the simulator-only
 rollout of the same size (no network). Prints one JSON line per figure.
@@ -104,11 +104,6 @@ def every_row_decision(model, state, tinst):
         return (torch.sigmoid(logit) > 0.5).float(), tinst.qbar * model.quantity_fraction(items, glob)
 
 
-def bfloat16(policy, state, tinst):
-    with torch.autocast(tinst.device.type, torch.bfloat16):
-        return policy(state, tinst)
-
-
 def with_open_bias(model, shift: float):
     """A copy of `model` whose open head's bias is shifted by `shift`."""
     shifted = copy.deepcopy(model)
@@ -124,6 +119,7 @@ def fast_path(device, n=1024):
     model = build_network(method_config("or-transformer", "paper"), n).to(device).eval()
     opens, closes = with_open_bias(model, +50.0), with_open_bias(model, -50.0)  # |open logit| of the untrained network is O(1)
     policies = {1: LearnedPolicy(opens), 0: LearnedPolicy(closes)}
+    halves = {1: LearnedPolicy(opens, precision="bfloat16"), 0: LearnedPolicy(closes, precision="bfloat16")}
     assert all(policy(state, tinst)[0].item() == y for y, policy in policies.items())
     variants = {
         "reference (no_grad, both networks, every token)": lambda: reference_decision(opens, state, tinst),
@@ -131,8 +127,8 @@ def fast_path(device, n=1024):
         "+ last open block on h_0 only (decide: both networks)": lambda: policies[1].decide(state, tinst),
         "+ quantity network only if Y = 1 (policy call), Y = 1": lambda: policies[1](state, tinst),
         "+ quantity network only if Y = 1 (policy call), Y = 0": lambda: policies[0](state, tinst),
-        "policy call under bfloat16 autocast, Y = 1": lambda: bfloat16(policies[1], state, tinst),
-        "policy call under bfloat16 autocast, Y = 0": lambda: bfloat16(policies[0], state, tinst),
+        "policy call under bfloat16 autocast, Y = 1": lambda: halves[1](state, tinst),
+        "policy call under bfloat16 autocast, Y = 0": lambda: halves[0](state, tinst),
     }
     times = {name: [] for name in variants}
     for fn in variants.values():

@@ -10,7 +10,8 @@ O = Y Q, so Q of a state with Y = 0 is never used and is returned as 0.
 `precision` "bfloat16" runs the networks under bfloat16 autocast (p and Q return in the state's dtype): a greedy
 opening can flip only where p is within bfloat16's rounding of 0.5. `cuda_graphs` (a CUDA device) replays the two
 networks' forwards as one CUDA graph per batch shape, captured at the shape's first decision (`CapturedForward`):
-a batch-1 decision is then one replay instead of about 125 kernel launches."""
+a decision is then one replay instead of a launch per kernel. An autocast around a call has no effect: the policy's
+`precision` decides."""
 
 from __future__ import annotations
 

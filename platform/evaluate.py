@@ -28,7 +28,7 @@ from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, policy_spec
-from trainers.policy import MODES
+from trainers.policy import MODES, PRECISIONS
 from trainers.resolver import resolve
 
 
@@ -38,6 +38,12 @@ def main() -> None:
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--policy", required=True, type=policy_spec, metavar="POLICY", help="policy name (see above)")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        choices=PRECISIONS,
+        help="for checkpoint:PATH of or-transformer or hpo: the networks' arithmetic, bfloat16 autocast or float32 (default float32)",
+    )
     parser.add_argument(
         "--lookahead-form",
         choices=FORMS,
@@ -56,7 +62,7 @@ def main() -> None:
     instance = Instance.load(args.instance)
     paths = sample_paths(instance, args.seed, args.episodes, args.horizon, args.device)  # first: it checks the cost range
     form = args.lookahead_form or FORMS[0]
-    resolved = resolve(args.policy, instance, args.horizon, args.mode, form, args.device, progress=True)
+    resolved = resolve(args.policy, instance, args.horizon, args.mode, form, args.device, progress=True, precision=args.precision)
     label, parameters = resolved.label, resolved.parameters
     result = evaluate(resolved.policy, instance.to_torch(args.device), paths, trace=args.trace, progress="evaluate")
     config = {**vars(args), "policy": args.policy.name, "lookahead_form": form if args.policy.lookahead else None, "n": instance.n}

@@ -24,7 +24,7 @@ from plumbing.errors import InputError
 from plumbing.files import input_file
 from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
 from trainers.checkpoint import checkpoint_file
-from trainers.policy import MODES
+from trainers.policy import MODES, PRECISIONS
 
 APP_NAME = "decisions"
 
@@ -45,6 +45,12 @@ def main() -> None:
     which.add_argument("--policy", type=policy_spec, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
     parser.add_argument("--instance", help="instance JSON: required with --policy NAME; with a checkpoint, another instance than its own")
     parser.add_argument("--mode", default="greedy", choices=MODES, help="a learned policy's opening (default greedy)")
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        choices=PRECISIONS,
+        help="an or-transformer or hpo checkpoint's arithmetic: bfloat16 autocast or float32 (default float32)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=port, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--replicas", type=positive_int, default=1, help="Serve replicas (default 1)")
@@ -81,6 +87,7 @@ def main() -> None:
         policy=policy,
         instance=args.instance or "",
         mode=args.mode,
+        precision=args.precision,
         replicas=args.replicas,
         threads=args.threads,
         max_batch_size=args.max_batch_size,

@@ -37,7 +37,7 @@ from plumbing import validate
 from plumbing.errors import InputError
 from policies.names import PolicySpec, parse_policy
 from serving.decisions import Decider, PolicyError, load_decider, read_states
-from trainers.policy import MODES
+from trainers.policy import MODES, PRECISIONS
 
 MAX_BODY_BYTES = 8 * 2**20
 """Default request body limit: 100 states at n = 1,024 take about 4 MiB of JSON."""
@@ -71,6 +71,8 @@ class ServiceConfig:
     """Instance JSON: required for a named policy; for a checkpoint, an instance other than its own (OR-Transformer)."""
     mode: str = "greedy"
     """A learned policy's opening: greedy (Y = 1{p > 0.5}) or sampled (the first draw of the checkpoint's seeded stream)."""
+    precision: str = "float32"
+    """An OR-Transformer or HPO checkpoint's arithmetic: float32, or bfloat16 autocast (trainers.policy.LearnedPolicy)."""
     replicas: int = 1
     """Serve replicas, each with the whole policy."""
     threads: int = 1
@@ -103,6 +105,7 @@ class ServiceConfig:
             policy=policy,
             instance=values["instance"],
             mode=validate.choice(values["mode"], f"{where} field 'mode'", MODES),
+            precision=validate.choice(values["precision"], f"{where} field 'precision'", PRECISIONS),
             replicas=validate.integer(values["replicas"], f"{where} field 'replicas'", 1),
             threads=validate.integer(values["threads"], f"{where} field 'threads'", 1),
             max_batch_size=validate.integer(values["max_batch_size"], f"{where} field 'max_batch_size'", 1),
@@ -114,7 +117,7 @@ class ServiceConfig:
     def decider(self, progress: bool = False) -> Decider:
         """The policy, loaded from its checkpoint or tuned (solved) on the instance now."""
         instance = Instance.load(self.instance) if self.instance else None
-        return load_decider(self.policy, instance, self.mode, progress=progress)
+        return load_decider(self.policy, instance, self.mode, progress=progress, precision=self.precision)
 
 
 class MalformedBody(InputError):

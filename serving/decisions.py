@@ -264,19 +264,25 @@ class Decider:
 
 
 def load_decider(
-    policy: PolicySpec | str, instance: Instance | None = None, mode: str = "greedy", device="cpu", progress: bool = False
+    policy: PolicySpec | str,
+    instance: Instance | None = None,
+    mode: str = "greedy",
+    device="cpu",
+    progress: bool = False,
+    precision: str = "float32",
 ) -> Decider:
     """The Decider of `policy` (trainers.resolver): checkpoint:PATH on its own instance unless `instance` is given,
     or a named policy on `instance`, tuned or solved now (the decomposition lookahead in its stationary form: a
     state carries no period)."""
     policy = parse_policy(policy)  # a Python call's name; a spec passes as it is
-    resolved = resolve(policy, instance, mode=mode, form="stationary", device=device, progress=progress)
+    resolved = resolve(policy, instance, mode=mode, form="stationary", device=device, progress=progress, precision=precision)
     instance = resolved.instance
     if resolved.learned:
         path = resolved.checkpoint_file  # a run folder: its best.pt
         status = resolved.parameters["training_status"]
         label = f"checkpoint '{path}' (training status '{status}')"
         info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(path), "training_status": status}
+        info |= {"precision": precision} if precision != "float32" else {}
     else:
         label = f"policy '{policy}'"
         info = {"method": policy.name, "checkpoint_sha256": None, "parameters": resolved.parameters}

@@ -100,3 +100,35 @@ def test_a_learned_policy_says_which_network_it_is():
     )
     assert note({"network": "last", "update": 2, "training_status": "completed"}) == " (runs/a/checkpoint.pt: the network of update 2)"
     assert note({}, learned=False) == ""
+
+
+def test_a_checkpoint_s_networks_may_run_in_bfloat16_and_nothing_else_takes_a_precision(trained):
+    """precision bfloat16: an OR-Transformer checkpoint's policy runs its networks in bfloat16 and its parameters (and
+    the service's info) say so; float32 records nothing new. A named policy and a PPO checkpoint refuse it, in one
+    line naming why; a precision outside the two is refused by name."""
+    name = f"checkpoint:{trained['or-transformer'].checkpoint}"
+    half = resolve(name, precision="bfloat16")
+    assert half.policy.precision == "bfloat16" and half.parameters["precision"] == "bfloat16"
+    assert "precision" not in resolve(name).parameters and resolve(name).policy.precision == "float32"
+    assert load_decider(name, precision="bfloat16").info["precision"] == "bfloat16"
+    with pytest.raises(InputError, match=r"^precision 'bfloat16': applies to checkpoint:PATH only; policy 'zero' has no network$"):
+        resolve("zero", INSTANCE, precision="bfloat16")
+    with pytest.raises(InputError, match=r"^precision bfloat16: applies to or-transformer and hpo checkpoints; '.+' holds a ppo policy$"):
+        resolve(f"checkpoint:{trained['ppo'].checkpoint}", precision="bfloat16")
+    with pytest.raises(InputError, match=r"^precision: expected one of \['float32', 'bfloat16'\], got 'float16'$"):
+        resolve(name, precision="float16")
+
+
+def test_evaluate_py_takes_the_precision_of_a_checkpoint_s_networks(trained, tmp_path):
+    from conftest import run_script
+
+    from envs.results import read_evaluation
+
+    INSTANCE.save(tmp_path / "instance.json")
+    flags = ["--instance", tmp_path / "instance.json", "--episodes", 2, "--horizon", 3, "--precision", "bfloat16"]
+    run_script("evaluate.py", *flags, "--policy", f"checkpoint:{trained['or-transformer'].folder}", "--out", tmp_path / "half", check=True)
+    assert read_evaluation(tmp_path / "half")["summary"]["parameters"]["precision"] == "bfloat16"
+    refused = run_script("evaluate.py", *flags, "--policy", "zero", "--out", tmp_path / "zero")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: precision 'bfloat16': applies to checkpoint:PATH only; policy 'zero' has no network"
+    )

@@ -24,7 +24,7 @@ import torch
 
 from envs.features import check_one_factor
 from envs.instance import Instance
-from plumbing.errors import first_line
+from plumbing.errors import InputError, first_line
 from trainers import pathwise
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
@@ -226,10 +226,15 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
 
 
 def load_policy(
-    path: str | os.PathLike, mode: str = "greedy", device: str | torch.device = "cpu", instance: Instance | None = None
+    path: str | os.PathLike,
+    mode: str = "greedy",
+    device: str | torch.device = "cpu",
+    instance: Instance | None = None,
+    precision: str = "float32",
 ) -> tuple[Any, dict[str, Any]]:
     """A checkpoint as a policy (greedy or sampled), and the checkpoint. With `instance`, a policy of fixed
-    input size is checked against its item count (OR-Transformer acts on any n)."""
+    input size is checked against its item count (OR-Transformer acts on any n). `precision` bfloat16 (a pathwise
+    method's network, trainers.policy.LearnedPolicy) runs its networks under bfloat16 autocast."""
     ckpt = load_checkpoint(path, device)
     config, n = ckpt["config"], ckpt["instance"].n
     entry = method(config.method)
@@ -245,4 +250,8 @@ def load_policy(
         model.load_state_dict(ckpt["trainer"]["model"])
     except RuntimeError as exc:
         raise CheckpointError(f"checkpoint '{path}': weights do not match its config ({first_line(exc)})") from None
-    return implementation.policy_class(model, mode, config.seed), ckpt
+    if precision == "float32":
+        return implementation.policy_class(model, mode, config.seed), ckpt
+    if entry.family != "pathwise":
+        raise InputError(f"precision {precision}: applies to or-transformer and hpo checkpoints; '{path}' holds a {config.method} policy")
+    return implementation.policy_class(model, mode, config.seed, precision=precision), ckpt

@@ -18,7 +18,7 @@ from policies.lookahead import FORMS
 from policies.names import PolicySpec, named_label, parse_policy
 from trainers.checkpoint import checkpoint_file, network_of
 from trainers.named_policies import named_policy
-from trainers.policy import MODES
+from trainers.policy import MODES, PRECISIONS
 from trainers.registry import load_policy
 
 DETERMINISTIC = "deterministic"
@@ -65,24 +65,32 @@ def resolve(
     form: str = FORMS[0],
     device="cpu",
     progress: bool = False,
+    precision: str = "float32",
 ) -> ResolvedPolicy:
     """The policy that `name` (a spec, or a name parsed here: a Python call's) names, on `instance` (needed by every
-    named policy; a checkpoint acts on its own instance unless one is given). `mode` applies to checkpoints (a named
-    policy refuses `sampled`), `form` to the lookahead; `horizon` is the evaluation's, for which classical families and
-    the lookahead's threshold are tuned and the DP solved."""
+    named policy; a checkpoint acts on its own instance unless one is given). `mode` and `precision` (bfloat16 or
+    float32, of its networks) apply to a checkpoint of a pathwise method (a named policy refuses others than greedy
+    and float32), `form` to the lookahead; `horizon` is the evaluation's, for which classical families and the
+    lookahead's threshold are tuned and the DP solved."""
     spec = parse_policy(name)  # a Python call's name; a spec passes as it is
     if mode not in MODES:
         raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision: expected one of {list(PRECISIONS)}, got {precision!r}")
     if form not in FORMS:
         raise InputError(f"lookahead form: expected one of {list(FORMS)}, got {form!r}")
     if spec.learned:
         path = spec.path
-        policy, ckpt = load_policy(path, mode, device, instance)
+        policy, ckpt = load_policy(path, mode, device, instance, precision)
         method = ckpt["config"].method
         parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"], **network_of(ckpt["trainer"])}
+        if precision != "float32":
+            parameters["precision"] = precision
         return ResolvedPolicy(policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True, str(checkpoint_file(path)))
     if mode != "greedy":
         raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{spec}' is deterministic")
+    if precision != "float32":
+        raise InputError(f"precision '{precision}': applies to checkpoint:PATH only; policy '{spec}' has no network")
     if instance is None:
         raise InputError(f"policy '{spec}': needs an instance (--instance)")
     policy, parameters = named_policy(instance, spec, horizon, device, form, progress)

@@ -25,18 +25,14 @@ from policies.lookahead import NAME as LOOKAHEAD
 CHECKPOINT_PREFIX = "checkpoint:"
 TABLES_PREFIX = f"{LOOKAHEAD}:"
 NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL, LOOKAHEAD)
-PREFIXES = (CHECKPOINT_PREFIX, TABLES_PREFIX)
 ALLOWED = f"one of {list(NAMED_POLICIES)}, {CHECKPOINT_PREFIX}PATH or {TABLES_PREFIX}DIR"
 """The allowed values, as an error message says them."""
 
 
-KINDS = ("rule", "dp", "lookahead", "checkpoint")
-"""A tuned classical rule or classical-best, the n = 1 DP optimum, the decomposition lookahead, a learned policy."""
-
-
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy name parsed (`parse_policy`): its `kind` (KINDS) and, for checkpoint:PATH and
+    """A policy name parsed (`parse_policy`): its `kind`, "rule" (a tuned classical rule or classical-best), "dp" (the
+    n = 1 optimum), "lookahead" or "checkpoint" (a learned policy), and, for checkpoint:PATH and
     decomposition-lookahead:DIR, the `path` it reads; `name` is the text as given, which results and messages show."""
 
     name: str

@@ -95,9 +95,13 @@ class UpdateArithmetic:
         card = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else "cpu"
         return cls(flops, card, peak_flops(card, config.precision))
 
+    def utilisation(self, seconds: float) -> float | None:
+        """The MFU of an update that took `seconds` (None without a peak)."""
+        return mfu(self.flops, seconds, self.peak)
+
     def figures(self, seconds: float) -> dict:
         """An update that took `seconds`: its TFLOP, the achieved TFLOP/s and the MFU, as the benchmarks print them."""
-        utilisation = mfu(self.flops, seconds, self.peak)
+        utilisation = self.utilisation(seconds)
         return {
             "card": self.card,
             "tflop_per_update": round(self.flops / 1e12, 4),

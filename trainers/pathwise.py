@@ -51,7 +51,7 @@ from envs.instance import Instance, TensorInstance
 from plumbing.errors import InputError
 from trainers.collectives import all_gather_rows, average_gradients, global_sum, rank_and_world, shard_rows
 from trainers.config import ConfigError, divergence_reason
-from trainers.flops import UpdateArithmetic, mfu
+from trainers.flops import UpdateArithmetic
 from trainers.imitation import (
     actor_imitation,
 )
@@ -481,7 +481,7 @@ class PathwiseTrainer:
         figures = torch.cat([mean, global_sum(restarted.double())[None], torch.stack([norm.double() for norm in norms.values()])])
         figures = figures.tolist()  # the update's one host synchronisation: every kernel of the update has run
         seconds = time.perf_counter() - started
-        utilisation = mfu(self.arithmetic.flops, seconds, self.arithmetic.peak) if self.arithmetic else None
+        utilisation = self.arithmetic.utilisation(seconds) if self.arithmetic else None
         return {
             "update": self.update,
             **dict(zip(("cost10", "loss", "score_loss", "pathwise_loss", "critic_loss", "entropy", "anchor_loss", "open_rate"), figures)),

@@ -297,11 +297,9 @@ def test_workers_train_a_pathwise_method_with_ray_train(monkeypatch, tmp_path):
 
 def test_workers_scale_an_rllib_method_with_env_runners_and_learners(monkeypatch, tmp_path):
     """workers=k for PPO: k remote env runners and k remote learners (a GPU each with use_gpu), in the config
-    that reaches trainers.rllib_ppo.train_ppo (replaced here: no training)."""
-    from trainers import rllib_ppo
-
+    that reaches the run in this process (trainers.run_folder.train_run, replaced here: no training)."""
     seen = []
-    monkeypatch.setattr(rllib_ppo, "train_ppo", lambda config, *args: seen.append(config) or {"status": "completed"})
+    monkeypatch.setattr(registry, "train_run", lambda out_dir, mode, config, instance, run, *args: seen.append(run.config) or {})
     monkeypatch.setattr("ray_access.session.init_ray", lambda workers, address=None: None)
     config = registry.method_config("ppo", "cpu", TINY)
     registry.train(config, INSTANCE, tmp_path, workers=2)

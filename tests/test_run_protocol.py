@@ -22,30 +22,27 @@ class CountingRun(MethodRun):
     was called, and its state is the update."""
 
     def __init__(self, out, checkpoint_every: int):
-        self.out, self.checkpoint_every, self.done, self.curve_at_save = out, checkpoint_every, 0, []
+        self.out, self.checkpoint_every, self.update, self.curve_at_save = out, checkpoint_every, 0, []
 
     def build(self, out, checkpoint):
-        self.done = 0 if checkpoint is None else int(checkpoint["trainer"]["update"])
-
-    @property
-    def update(self) -> int:
-        return self.done
+        self.update = 0 if checkpoint is None else int(checkpoint["trainer"]["update"])
+        return self
 
     def step(self):
-        self.done += 1
-        return {"cost10": 100.0 / self.done}
+        self.update += 1
+        return {"cost10": 100.0 / self.update}
 
     def diverged(self, metrics):
         return None
 
-    def save(self, write):
+    def checkpoint_state(self):
         self.curve_at_save.append(pq.read_table(self.out / "curve.parquet").column("update").to_pylist())
-        write({"update": self.done})
+        return {"update": self.update}
 
 
 def test_every_save_finds_the_curve_of_its_update_already_written(tmp_path):
     """The curve is written before the method's save (which writes checkpoint.pt, and for Ray Train copies
-    both): catches a save ordered before write_curve, whose checkpoint would name updates the curve lacks."""
+    both): catches a checkpoint ordered before write_curve, whose checkpoint would name updates the curve lacks."""
     config = CountingConfig(updates=5)
     method = CountingRun(tmp_path / "run", checkpoint_every=2)
     summary = train_run(tmp_path / "run", "new", config, paper_instance(2, 0), method, progress=False)
@@ -54,7 +51,7 @@ def test_every_save_finds_the_curve_of_its_update_already_written(tmp_path):
 
 
 def test_both_recorders_have_the_recorder_protocol_methods_and_signatures():
-    """RunRecorder and PeerRecorder are interchangeable in training_loop: catches a method added to or renamed in
+    """RunRecorder and PeerRecorder are interchangeable in a RunAttempt: catches a method added to or renamed in
     one recorder (or the protocol) but not the others, which would fail only on a data-parallel run's peers."""
     wanted = {name: inspect.signature(getattr(Recorder, name)) for name in ("record", "write_curve", "close", "summary")}
     for recorder in (RunRecorder, PeerRecorder):

@@ -577,7 +577,7 @@ class PathwiseRun(MethodRun):
         if self.config.initial_weights:
             load_initial_weights(build_network(self.config, self.instance.n), self.config)
 
-    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> PathwiseTrainer:
         config = self.config
         validation = None
         if self.lead and config.validate_every:
@@ -587,10 +587,7 @@ class PathwiseRun(MethodRun):
         self.trainer = PathwiseTrainer(config, self.instance.to_torch(self.device), fresh=checkpoint is None, validation=validation)
         if checkpoint is not None:
             self.trainer.load_state_dict(checkpoint["trainer"])
-
-    @property
-    def update(self) -> int:
-        return self.trainer.update
+        return self.trainer
 
     @property
     def warm_start_record(self) -> dict[str, Any] | None:
@@ -621,14 +618,8 @@ class PathwiseRun(MethodRun):
         gathers every rank's rollouts and a rank that failed alone would leave the others waiting."""
         return rank_and_world()[1] == 1
 
-    def step(self) -> dict[str, float]:
-        return self.trainer.step()
-
-    def diverged(self, metrics: dict[str, float]) -> str | None:
-        return self.trainer.diverged(metrics)
-
-    def save(self, write: Callable[[dict[str, Any]], None]) -> None:
-        write(self.trainer.state_dict())
+    def checkpoint_state(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
 
 
 def train(
@@ -640,6 +631,6 @@ def train(
     on_update: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
     """Train a pathwise run (OR-Transformer or HPO) in this process in `out_dir`: a new run, the resumption of
-    the run there, or a new run over it (`mode`: module docstring); `on_update`: training_loop. Returns
+    the run there, or a new run over it (`mode`: trainers.run_folder); `on_update`: trainers.run_folder.RunAttempt. Returns
     training.json's content."""
     return train_run(out_dir, mode, config, instance, PathwiseRun(config, instance), progress, on_update)

@@ -43,9 +43,9 @@ from ray_access.session import init_ray
 from trainers.checkpoint import BEST, LAST
 from trainers.collectives import rank_and_world
 from trainers.config import ConfigError
-from trainers.pathwise import PathwiseRun
+from trainers.pathwise import PathwiseRun, PathwiseTrainer
 from trainers.pathwise_config import TrainConfig
-from trainers.run_folder import continue_run, open_run, run_start
+from trainers.run_folder import RunAttempt, open_run, run_start
 
 STORAGE = "ray_train"
 """Ray Train's storage inside the run folder (one of trainers.run_folder.RUN_FILES)."""
@@ -136,7 +136,7 @@ def worker_loop(loop_config: dict[str, Any]) -> None:
     start = [run_start(out, config, instance) if method.lead else None]
     if rank_and_world()[1] > 1:
         dist.broadcast_object_list(start, src=0)
-    continue_run(out, config, instance, start[0], method, loop_config["progress"], method.report.hold)
+    RunAttempt(out, config, instance, start[0], method, loop_config["progress"], method.report.hold).run()
 
 
 class WorkerRun(PathwiseRun):
@@ -153,14 +153,16 @@ class WorkerRun(PathwiseRun):
     def lead(self) -> bool:
         return self.rank == 0
 
-    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> PathwiseTrainer:
         self.out = out
-        super().build(out, checkpoint)
+        return super().build(out, checkpoint)
 
-    def save(self, write) -> None:
-        """checkpoint.pt (and best.pt), then a Train checkpoint of them and of the curve (written before:
-        trainers.run_folder.continue_run)."""
-        write(self.trainer.state_dict())  # on every rank: it gathers the whole batch's rollout state
+    def checkpoint_state(self) -> dict[str, Any]:
+        """On every rank: the state gathers the whole batch's rollout state."""
+        return self.trainer.state_dict()
+
+    def after_checkpoint(self) -> None:
+        """A Train checkpoint of checkpoint.pt, best.pt and the curve (written before them: trainers.run_folder.RunAttempt.save)."""
         with tempfile.TemporaryDirectory() as tmp:
             checkpoint = None
             if self.lead:

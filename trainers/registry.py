@@ -25,11 +25,12 @@ import torch
 from envs.features import check_one_factor
 from envs.instance import Instance
 from plumbing.errors import InputError, first_line
-from trainers import pathwise
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
+from trainers.pathwise import PathwiseRun
 from trainers.pathwise_config import TrainConfig, build_network
 from trainers.policy import LearnedPolicy
+from trainers.run_folder import MethodRun, train_run
 
 OnUpdate = Callable[[int, dict[str, float]], None] | None
 
@@ -106,19 +107,24 @@ class Placement:
 
 class Family(NamedTuple):
     config_class: type
-    train: Callable[..., dict[str, Any]]
-    """(config, instance, placement) -> training.json's content."""
+    method_run: Callable[[Any, Instance, Placement], MethodRun]
+    """(config, instance, placement) -> the run's parts in this process (trainers.run_folder.MethodRun)."""
+    data_parallel: Callable[[Any, Instance, Placement], dict[str, Any]] | None
+    """(config, instance, placement) -> training.json's content, for a placement on Ray Train workers; None: the
+    family places its workers itself, from `method_run`."""
     build_model: Callable[[Any, int], torch.nn.Module]
     """(config, n) -> the network whose state_dict the checkpoint holds."""
     policy_class: type
     """(model, mode, seed) -> a policy for the shared evaluator and decide.py."""
 
 
-def _train_pathwise(config: TrainConfig, instance: Instance, placement: Placement) -> dict[str, Any]:
-    """In this process (workers None), or on `workers` Ray Train workers, each simulating its shard of the
-    B rollouts; their metrics go to ray.train.report (and on to Tune inside a trial), not to `on_update`."""
-    if placement.workers is None:
-        return pathwise.train(config, instance, placement.out_dir, placement.mode, placement.progress, placement.on_update)
+def _pathwise_run(config: TrainConfig, instance: Instance, placement: Placement) -> PathwiseRun:
+    return PathwiseRun(config, instance)
+
+
+def _train_pathwise_on_workers(config: TrainConfig, instance: Instance, placement: Placement) -> dict[str, Any]:
+    """On `workers` Ray Train workers, each simulating its shard of the B rollouts; their metrics go to
+    ray.train.report (and on to Tune inside a trial), not to `on_update`."""
     from trainers.ray_train import train_data_parallel  # imports Ray Train
 
     return train_data_parallel(
@@ -133,12 +139,11 @@ def _train_pathwise(config: TrainConfig, instance: Instance, placement: Placemen
     )
 
 
-def _train_rllib(config, instance: Instance, placement: Placement) -> dict[str, Any]:
+def _rllib_run(config, instance: Instance, placement: Placement):
     """RLlib's driver runs in this process, and its env runners and learners too unless the config asks for
     remote ones or `workers` is given: then, as a Ray Train worker holds a simulator shard and a learner
-    replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`).
-    The driver runs with one torch thread, as `python bench/rllib.py` measures the throughputs above."""
-    from trainers.rllib_ppo import train_ppo
+    replica, `workers` remote env runners and `workers` remote learners (with a GPU each when `use_gpu`)."""
+    from trainers.rllib_ppo import PPORun
 
     if placement.workers is not None:
         scaling = {"env_runners": placement.workers, "learners": placement.workers, "gpus_per_learner": 1 if placement.use_gpu else 0}
@@ -148,21 +153,16 @@ def _train_rllib(config, instance: Instance, placement: Placement) -> dict[str, 
                 f"config fields {list(scaling)}: set by workers = {placement.workers}; leave them at their defaults or give no workers"
             )
         config = replace(config, **scaling)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return train_ppo(config, instance, placement.out_dir, placement.mode, placement.progress, placement.on_update)
-    finally:
-        torch.set_num_threads(threads)
+    return PPORun(config, instance)
 
 
 def family(name: str) -> Family:
     """The implementation of a family; the rllib one imports RLlib."""
     if name == "pathwise":
-        return Family(TrainConfig, _train_pathwise, build_network, LearnedPolicy)
+        return Family(TrainConfig, _pathwise_run, _train_pathwise_on_workers, build_network, LearnedPolicy)
     from trainers.rllib_ppo import PPOTrainConfig, RLModulePolicy, build_module
 
-    return Family(PPOTrainConfig, _train_rllib, build_module, RLModulePolicy)
+    return Family(PPOTrainConfig, _rllib_run, None, build_module, RLModulePolicy)
 
 
 # ---- configs, training, checkpoints, policies ---------------------------------------------------------
@@ -212,7 +212,10 @@ def train(
         raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
     check_one_factor(instance, f"method {config.method!r}")
     placement = Placement(out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker)
-    return family(method(config.method).family).train(config, instance, placement)
+    implementation = family(method(config.method).family)
+    if workers is not None and implementation.data_parallel is not None:
+        return implementation.data_parallel(config, instance, placement)
+    return train_run(out_dir, mode, config, instance, implementation.method_run(config, instance, placement), progress, on_update)
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Any]:

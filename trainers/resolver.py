@@ -29,6 +29,8 @@ DETERMINISTIC = "deterministic"
 class ResolvedPolicy:
     """A policy made from its name, and what a result or a service says about it."""
 
+    spec: PolicySpec
+    """The name, parsed."""
     policy: Policy
     label: str
     """The method name its evaluation is written under: `<method>-<mode>` for a checkpoint (as train.py names
@@ -86,7 +88,9 @@ def resolve(
         parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"], **network_of(ckpt["trainer"])}
         if precision != "float32":
             parameters["precision"] = precision
-        return ResolvedPolicy(policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True, str(checkpoint_file(path)))
+        return ResolvedPolicy(
+            spec, policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True, str(checkpoint_file(path))
+        )
     if mode != "greedy":
         raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{spec}' is deterministic")
     if precision != "float32":
@@ -94,4 +98,4 @@ def resolve(
     if instance is None:
         raise InputError(f"policy '{spec}': needs an instance (--instance)")
     policy, parameters = named_policy(instance, spec, horizon, device, form, progress)
-    return ResolvedPolicy(policy, named_label(spec, form), parameters, instance, DETERMINISTIC, False)
+    return ResolvedPolicy(spec, policy, named_label(spec, form), parameters, instance, DETERMINISTIC, False)

@@ -349,40 +349,44 @@ def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
 
 
 class PPORun(MethodRun):
-    """A PPO run's parts (trainers.run_folder.MethodRun): the RLlib algorithm, saved as rllib/algorithm-<k> beside
-    checkpoint.pt (`train_ppo`), with a checkpoint every updates / 5 updates."""
+    """A PPO run's parts and its trainer (trainers.run_folder.MethodRun): the RLlib algorithm, with a checkpoint every
+    updates / 5 updates. rllib/algorithm-<k> is RLlib's own checkpoint of update k, used to resume; checkpoint.pt
+    holds the module weights for evaluation and names k. It is written after rllib/algorithm-<k> and the older ones
+    are removed after it, so a run stopped at any point resumes from a matching pair. The driver runs with one
+    torch thread, as `python bench/rllib.py` measures the registry's throughputs."""
 
     def __init__(self, config: PPOTrainConfig, instance: Instance):
         self.config, self.instance = config, instance
         self.checkpoint_every = max(config.updates // 5, 1)
         self.c_ref = instance.to_torch().c_ref
         self.algo: PPO | None = None
-        self.done = 0
+        self.update = 0
         self.written: set[int] = set()
         """Updates whose algorithm-<k> this attempt wrote or restored (any other one there is a leftover)."""
+        self.threads: int | None = None
+        """The process's torch threads before `build`, restored by `close`."""
 
-    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> PPORun:
         self.algorithms = out / "rllib"
-        self.done = 0 if checkpoint is None else int(checkpoint["trainer"]["update"])
-        restored = self.algorithms / f"algorithm-{self.done}"
+        self.update = 0 if checkpoint is None else int(checkpoint["trainer"]["update"])
+        restored = self.algorithms / f"algorithm-{self.update}"
         if checkpoint is not None and not restored.is_dir():
             raise CheckpointError(
-                f"RLlib checkpoint '{restored}' of the checkpoint's update {self.done} is missing: start anew with --overwrite"
+                f"RLlib checkpoint '{restored}' of the checkpoint's update {self.update} is missing: start anew with --overwrite"
             )
         init_ray(1)
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
         torch.manual_seed(self.config.seed)
         self.algo = build_algorithm(self.config, self.instance, str(self.algorithms / "logs"))
         if checkpoint is not None:
             self.algo.restore_from_path(str(restored))
-            self.written.add(self.done)
-
-    @property
-    def update(self) -> int:
-        return self.done
+            self.written.add(self.update)
+        return self
 
     def step(self) -> dict[str, float]:
         result = self.algo.train()
-        self.done += 1
+        self.update += 1
         learner = result.get("learners", {}).get("default_policy", {})
         metrics = {"cost10": float(result["env_runners"]["cost10"])}
         for key in ("total_loss", "policy_loss", "vf_loss", "entropy", "mean_kl_loss", "gradients_default_optimizer_global_norm"):
@@ -393,20 +397,26 @@ class PPORun(MethodRun):
     def diverged(self, metrics: dict[str, float]) -> str | None:
         return divergence_reason(metrics, self.c_ref, self.instance.gamma, self.config.rollout, self.config.divergence_cost)
 
-    def save(self, write) -> None:
-        path = self.algorithms / f"algorithm-{self.done}"
-        if self.done not in self.written:
+    def checkpoint_state(self) -> dict[str, Any]:
+        """rllib/algorithm-<update> first; then the module's weights for checkpoint.pt."""
+        path = self.algorithms / f"algorithm-{self.update}"
+        if self.update not in self.written:
             shutil.rmtree(path, ignore_errors=True)
             self.algo.save_to_path(str(path))
-            self.written.add(self.done)
-        write({"model": {k: v.detach().cpu() for k, v in self.algo.get_module().state_dict().items()}, "update": self.done})
+            self.written.add(self.update)
+        return {"model": {k: v.detach().cpu() for k, v in self.algo.get_module().state_dict().items()}, "update": self.update}
+
+    def after_checkpoint(self) -> None:
+        """The older rllib/algorithm-<k>, now that checkpoint.pt names the newest."""
         for old in self.algorithms.glob("algorithm-*"):
-            if old != path:
+            if old.name != f"algorithm-{self.update}":
                 shutil.rmtree(old)
 
     def close(self) -> None:
         if self.algo is not None:
             self.algo.stop()
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
 
 
 def train_ppo(
@@ -417,8 +427,6 @@ def train_ppo(
     progress: bool = True,
     on_update: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """Train a PPO run in `out_dir` (`mode`, `on_update` and the run's files: trainers.run_folder) plus rllib/algorithm-<k>, RLlib's
-    own checkpoint of update k, used to resume. checkpoint.pt holds the module weights for evaluation and
-    names k; it is written after rllib/algorithm-<k> and the older ones are removed after it, so a run
-    stopped at any point resumes from a matching pair."""
+    """Train a PPO run in this process in `out_dir` (`mode`, `on_update` and the run's files: trainers.run_folder,
+    with rllib/: `PPORun`); returns training.json's content."""
     return train_run(out_dir, mode, config, instance, PPORun(config, instance), progress, on_update)

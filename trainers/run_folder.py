@@ -40,14 +40,13 @@ update-0 checkpoint holds the warm-started model, so a resume neither repeats no
 wall_seconds count from the start of the run, the warm start included.
 
 A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
-method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then
-`continue_run` (return at once when the run has ended; build, warm start, update-0 checkpoint, `training_loop`);
-`train_run` is the two in one process.
-A method supplies its parts as a `MethodRun` (build, step, save, ...): trainers.pathwise's `PathwiseRun`,
-trainers.rllib_ppo's PPO run, and trainers.ray_train's worker, whose driver opens the run and whose every
-start of the workers continues it. Each call of `continue_run` that trains is an attempt: the checkpoint and
-training.json's `attempts` list the update each attempt started from ([0, 40]: the first attempt's updates
-1..40 were kept, a resume or a retry made the rest).
+method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then a
+`RunAttempt` (return at once when the run has ended; build the trainer, warm-start it, save the update-0 checkpoint,
+update it); `train_run` is the two in one process. A method supplies its parts as a `MethodRun` (check, build the
+trainer, warm start, validate, checkpoint state): trainers.pathwise's `PathwiseRun`, trainers.rllib_ppo's `PPORun`,
+and trainers.ray_train's worker, whose driver opens the run and whose every start of the workers makes an attempt.
+The checkpoint and training.json's `attempts` list the update each attempt started from ([0, 40]: the first
+attempt's updates 1..40 were kept, a resume or a retry made the rest).
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -211,7 +210,7 @@ def ended_summary(out: Path, ckpt: dict[str, Any], config: TrainerConfig, n: int
 
 
 class Recorder(Protocol):
-    """What `training_loop` records of a run: RunRecorder on the process that writes the run folder, PeerRecorder
+    """What a `RunAttempt` records of a run: RunRecorder on the process that writes the run folder, PeerRecorder
     on the other ranks of a data-parallel run."""
 
     def record(self, update: int, metrics: dict[str, float]) -> None:
@@ -381,63 +380,6 @@ class StopRequest:
             signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
-def training_loop(
-    recorder: Recorder,
-    updates: int,
-    done: int,
-    step: Callable[[], dict[str, float]],
-    diverged: Callable[[dict[str, float]], str | None],
-    save: Callable[[str, str | None], None],
-    checkpoint_every: int,
-    on_update: Callable[[int, dict[str, float]], None] | None = None,
-    save_on_failure: bool = False,
-    stop: StopRequest | None = None,
-    validate: Callable[[int], Score | None] | None = None,
-) -> dict[str, Any] | None:
-    """Run updates done+1..updates, calling `on_update(update, metrics)` after each, then save the run
-    (`save(status, reason)`: the curve and the checkpoint) and training.json; returns training.json's content
-    (`recorder.summary`'s). Interruptions and failed updates: module docstring (`save_on_failure`: whether a failed
-    `step` leaves the trainer at its last update, so that it may be saved; `stop`: the caller's StopRequest, already
-    entered, when its interruptions count since before the loop). `validate(updates)` (MethodRun.validate) runs
-    after each update, before it is recorded and saved; its score joins the update's metrics as validation_cost and
-    validation_se."""
-    status, reason, update = "completed", None, done
-    with nullcontext(stop) if stop is not None else StopRequest() as stop:
-        try:
-            while update < updates and not stop.requested:
-                try:
-                    metrics = step()
-                except Exception as error:
-                    if save_on_failure:
-                        reason = failure_reason(f"update {update + 1}", error)
-                        save("failed", reason)
-                        recorder.summary("failed", reason, update)
-                    raise
-                update += 1
-                score = validate(updates) if validate is not None else None
-                if score is not None:
-                    metrics = {**metrics, "validation_cost": score.cost, "validation_se": score.se}
-                    recorder.validated(score)
-                recorder.record(update, metrics)
-                if on_update is not None:
-                    on_update(update, metrics)
-                reason = diverged(metrics)
-                if reason:
-                    status = "diverged"
-                    break
-                if checkpoint_every and update % checkpoint_every == 0:
-                    save("running", None)
-            if status == "completed" and update < updates:
-                status = "interrupted"
-            save(status, reason)
-        finally:
-            recorder.close()
-        summary = recorder.summary(status, reason, update)
-    if stop.requested:
-        raise KeyboardInterrupt
-    return summary
-
-
 # ---- a run's life, for every method ----------------------------------------------------------------
 
 
@@ -462,9 +404,22 @@ def run_start(out: Path, config: TrainerConfig, instance: Instance) -> RunStart:
     return RunStart(ckpt, rows, ended_summary(out, ckpt, config, instance.n, rows))
 
 
+class Trainer(Protocol):
+    """What a run's loop drives: the trainer a method builds (`MethodRun.build`)."""
+
+    update: int
+    """Updates done (the next one is update + 1)."""
+
+    def step(self) -> dict[str, float]:
+        """One update; its metrics (with cost10)."""
+
+    def diverged(self, metrics: dict[str, float]) -> str | None:
+        """Why the run has diverged after an update with these metrics, or None."""
+
+
 class MethodRun(ABC):
-    """The method-specific parts of a run's life (`train_run`): what is checked before the folder is made, how
-    the trainer is built (anew or from a checkpoint), warm-started, updated and saved."""
+    """The method-specific parts of a run's life (`RunAttempt`): what is checked before the folder is made, how
+    the trainer is built (anew or from a checkpoint), warm-started and saved."""
 
     checkpoint_every: int
     """Updates between periodic checkpoints (0: only at the end); set by each method's constructor."""
@@ -477,7 +432,7 @@ class MethodRun(ABC):
     @property
     def saves_after_failure(self) -> bool:
         """Whether an update that raised left the trainer as it was after the last finished update, so that the run
-        can be saved there (`training_loop`)."""
+        can be saved there."""
         return False
 
     @property
@@ -490,18 +445,13 @@ class MethodRun(ABC):
         """Check the inputs the config names (files) before a run that starts anew makes its folder."""
 
     @abstractmethod
-    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> None:
-        """Make the trainer in the run folder `out`: anew, or continuing `checkpoint` (trainers.checkpoint)."""
-
-    @property
-    @abstractmethod
-    def update(self) -> int:
-        """Updates done (the next one is update + 1)."""
+    def build(self, out: Path, checkpoint: dict[str, Any] | None) -> Trainer:
+        """The trainer, made in the run folder `out`: anew, or continuing `checkpoint` (trainers.checkpoint)."""
 
     def warm_start(self, progress: bool = False, after_update: Callable[[int], bool] | None = None) -> bool:
         """Make the warm start when one is due (before the run's first update), with progress bars if `progress`,
-        calling `after_update(updates done)` after each of its updates but the last, where `save` saves the warm
-        start under way, and stopping when it returns True; returns whether the warm start is done."""
+        calling `after_update(updates done)` after each of its updates but the last, and stopping when it returns
+        True; returns whether the warm start is done."""
         return False
 
     def describe(self) -> str | None:
@@ -509,9 +459,9 @@ class MethodRun(ABC):
         return None
 
     def validate(self, last: int) -> Score | None:
-        """Score the network of the current update on the validation set (trainers.model_selection) where it is due
-        (`due`, with `last` the run's last update) and not scored yet, keeping the best network; on the lead process
-        only. None where nothing was scored (always, for a method that does not validate)."""
+        """Score the current network on the validation set where it is due (trainers.model_selection.due, `last` the
+        run's last update) and not scored yet, keeping the best network; on the lead process only. None where
+        nothing was scored (always, for a method that does not validate)."""
         return None
 
     @property
@@ -520,18 +470,12 @@ class MethodRun(ABC):
         return None
 
     @abstractmethod
-    def step(self) -> dict[str, float]:
-        """One update; its metrics (with cost10)."""
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The trainer's state for checkpoint.pt at its update (called on every process), after writing whatever the
+        method keeps beside it. curve.parquet of this update is already on disk."""
 
-    @abstractmethod
-    def diverged(self, metrics: dict[str, float]) -> str | None:
-        """Why the run has diverged after an update with these metrics, or None."""
-
-    @abstractmethod
-    def save(self, write: Callable[[dict[str, Any]], None]) -> None:
-        """Save the run at its update: call `write(trainer state)`, which writes checkpoint.pt (on the lead
-        process), with whatever the method keeps beside it. curve.parquet of this update is already written
-        (`continue_run`'s save)."""
+    def after_checkpoint(self) -> None:
+        """Called on every process once checkpoint.pt of the update is written (by the lead)."""
 
     def close(self) -> None:
         """Release what `build` holds."""
@@ -558,96 +502,129 @@ def open_run(
             out.rmdir()
 
 
-def continue_run(
-    out: Path,
-    config: TrainerConfig,
-    instance: Instance,
-    start: RunStart,
-    method: MethodRun,
-    progress: bool = True,
-    on_update: Callable[[int, dict[str, float]], None] | None = None,
-) -> dict[str, Any] | None:
-    """One training attempt from `start` (module docstring): training.json's content at once when the run has
-    ended; else build the trainer, warm-start it when due (saved every checkpoint_every imitation updates and
-    when interrupted), save the update-0 checkpoint after a warm start, and run `training_loop`; one
-    StopRequest serves both. The attempt is recorded in the checkpoint and in
-    training.json's `attempts`: the update each attempt started from. Returns training.json's content (None on
-    the processes other than the lead)."""
-    if start.ended is not None:
-        return start.ended
-    method.build(out, start.checkpoint)
-    if progress and method.lead and (line := method.describe()):
-        tqdm.write(line, file=sys.stderr)
-    attempts = [*(start.checkpoint["attempts"] if start.checkpoint else []), method.update]
+class RunAttempt:
+    """One training attempt of a run from `start` (module docstring): build the trainer, warm-start it when due,
+    then update it to config.updates, saving the curve and the checkpoint every checkpoint_every updates and at the
+    end. One StopRequest serves the warm start and the updates. The attempt is recorded in the checkpoint and in
+    training.json's `attempts`: the update each attempt started from."""
 
-    def write_checkpoint(status: str, reason: str | None) -> Callable[[dict[str, Any]], None]:
-        def write(state: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        out: Path,
+        config: TrainerConfig,
+        instance: Instance,
+        start: RunStart,
+        method: MethodRun,
+        progress: bool = True,
+        on_update: Callable[[int, dict[str, float]], None] | None = None,
+    ):
+        self.out, self.config, self.instance, self.start, self.method = out, config, instance, start, method
+        self.progress, self.on_update = progress, on_update
+        self.attempts: list[int] = []
+        self.stop = StopRequest()
+        self.recorder: Recorder = PeerRecorder()
+        self.stopped_warm_start = False
+
+    def run(self) -> dict[str, Any] | None:
+        """Train; returns training.json's content (at once when the run has ended; None on the processes other than
+        the lead). `on_update(update, metrics)` is called after each update."""
+        if self.start.ended is not None:
+            return self.start.ended
+        config, method = self.config, self.method
+        trainer = method.build(self.out, self.start.checkpoint)
+        if self.progress and method.lead and (line := method.describe()):
+            tqdm.write(line, file=sys.stderr)
+        self.attempts = [*(self.start.checkpoint["attempts"] if self.start.checkpoint else []), trainer.update]
+        with self.stop:
+            warm_started = self.warm_start(trainer)
             if method.lead:
-                if best := (state.get("validation") or {}).get("best"):  # first: checkpoint.pt never names a best not on disk
-                    kept = [a for a in attempts if a <= best["update"]] or [0]
-                    save_checkpoint(out / BEST, config, instance, best_network_state(best), status, reason, kept)
-                save_checkpoint(out / LAST, config, instance, state, status, reason, attempts)
-
-        return write
-
-    with StopRequest() as stop:
-        stopped = False
-
-        def after_imitation(done: int) -> bool:
-            """Save the warm start under way every checkpoint_every imitation updates and when asked to stop."""
-            nonlocal stopped
-            stopped = stop.requested
-            if stopped or (method.checkpoint_every and done % method.checkpoint_every == 0):
-                if method.lead:
-                    write_curve(out, start.rows)
-                method.save(write_checkpoint("interrupted" if stopped else "running", None))
-            return stopped
-
-        try:
-            warm_started = method.warm_start(progress and method.lead, after_imitation)
-        except Exception as error:  # e.g. out of memory: the last checkpoint of the warm start says so
-            if method.lead and (out / LAST).exists():
-                reason = failure_reason("the warm start", error)
-                last = read_checkpoint(out / LAST)
-                save_checkpoint(out / LAST, config, instance, last["trainer"], "failed", reason, last["attempts"])
-                write_summary(out, config, instance.n, "failed", reason, method.update, start.rows, attempts)
-            raise
-        if stopped:
-            if method.lead:
-                write_summary(out, config, instance.n, "interrupted", None, method.update, start.rows, attempts)
+                if self.start.checkpoint is None:
+                    shutil.rmtree(self.out / "tensorboard", ignore_errors=True)  # an attempt's that stopped before its first checkpoint
+                self.recorder = RunRecorder(self.out, config, self.instance.n, self.start.rows, self.progress, self.attempts, method)
+            if score := method.validate(config.updates):  # the network the run starts from (update 0)
+                self.recorder.validated(score)
+            if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
+                self.save("running", None)
+            status, reason, update = "completed", None, trainer.update
+            try:
+                while update < config.updates and not self.stop.requested:
+                    try:
+                        metrics = trainer.step()
+                    except Exception as error:
+                        if method.saves_after_failure:
+                            reason = failure_reason(f"update {update + 1}", error)
+                            self.save("failed", reason)
+                            self.recorder.summary("failed", reason, update)
+                        raise
+                    update += 1
+                    if score := method.validate(config.updates):
+                        metrics = {**metrics, "validation_cost": score.cost, "validation_se": score.se}
+                        self.recorder.validated(score)
+                    self.recorder.record(update, metrics)
+                    if self.on_update is not None:
+                        self.on_update(update, metrics)
+                    if reason := trainer.diverged(metrics):
+                        status = "diverged"
+                        break
+                    if method.checkpoint_every and update % method.checkpoint_every == 0:
+                        self.save("running", None)
+                if status == "completed" and update < config.updates:
+                    status = "interrupted"
+                self.save(status, reason)
+            finally:
+                self.recorder.close()
+            summary = self.recorder.summary(status, reason, update)
+        if self.stop.requested:
             raise KeyboardInterrupt
-        recorder: Recorder
-        if method.lead:
-            if start.checkpoint is None:
-                shutil.rmtree(out / "tensorboard", ignore_errors=True)  # the events of an attempt that stopped before its first checkpoint
-            recorder = RunRecorder(out, config, instance.n, start.rows, progress, attempts, method)
-        else:
-            recorder = PeerRecorder()
+        return summary
 
-        def save(status: str, reason: str | None) -> None:
-            """Save the run at its update, in this order: curve.parquet first, then the method's save, which writes
-            checkpoint.pt (a checkpoint never names an update that the curve on disk lacks) and may copy both
-            (trainers.ray_train's Train checkpoint)."""
-            recorder.write_curve()
-            method.save(write_checkpoint(status, reason))
+    def warm_start(self, trainer: Trainer) -> bool:
+        """The method's warm start when due; returns whether one was made. An exception marks its last checkpoint
+        `failed`; an interruption saves it `interrupted` and raises KeyboardInterrupt."""
+        method = self.method
+        try:
+            warm_started = method.warm_start(self.progress and method.lead, self.after_imitation_update)
+        except Exception as error:  # e.g. out of memory: the last checkpoint of the warm start says so
+            if method.lead and (self.out / LAST).exists():
+                reason = failure_reason("the warm start", error)
+                last = read_checkpoint(self.out / LAST)
+                save_checkpoint(self.out / LAST, self.config, self.instance, last["trainer"], "failed", reason, last["attempts"])
+                write_summary(self.out, self.config, self.instance.n, "failed", reason, trainer.update, self.start.rows, self.attempts)
+            raise
+        if self.stopped_warm_start:
+            if method.lead:
+                write_summary(self.out, self.config, self.instance.n, "interrupted", None, trainer.update, self.start.rows, self.attempts)
+            raise KeyboardInterrupt
+        return warm_started
 
-        if score := method.validate(config.updates):  # the network the run starts from (update 0)
-            recorder.validated(score)
-        if warm_started:  # the update-0 checkpoint: a resume neither repeats nor skips the warm start
-            save("running", None)
-        return training_loop(
-            recorder,
-            config.updates,
-            method.update,
-            method.step,
-            method.diverged,
-            save,
-            method.checkpoint_every,
-            on_update,
-            method.saves_after_failure,
-            stop,
-            method.validate,
-        )
+    def after_imitation_update(self, done: int) -> bool:
+        """Save the warm start under way every checkpoint_every imitation updates and when asked to stop; returns
+        whether to stop."""
+        self.stopped_warm_start = self.stop.requested
+        every = self.method.checkpoint_every
+        if self.stopped_warm_start or (every and done % every == 0):
+            if self.method.lead:
+                write_curve(self.out, self.start.rows)
+            self.write_checkpoint("interrupted" if self.stopped_warm_start else "running", None)
+        return self.stopped_warm_start
+
+    def save(self, status: str, reason: str | None) -> None:
+        """Save the run at its update, curve.parquet first, then checkpoint.pt: a checkpoint never names an update that
+        the curve on disk lacks."""
+        self.recorder.write_curve()
+        self.write_checkpoint(status, reason)
+
+    def write_checkpoint(self, status: str, reason: str | None) -> None:
+        """checkpoint.pt of the method's state (and best.pt first, where the validation names a best network: checkpoint.pt
+        never names a best not on disk), written by the lead; then the method's `after_checkpoint`."""
+        state = self.method.checkpoint_state()
+        if self.method.lead:
+            config, instance = self.config, self.instance
+            if best := (state.get("validation") or {}).get("best"):
+                kept = [a for a in self.attempts if a <= best["update"]] or [0]
+                save_checkpoint(self.out / BEST, config, instance, best_network_state(best), status, reason, kept)
+            save_checkpoint(self.out / LAST, config, instance, state, status, reason, self.attempts)
+        self.method.after_checkpoint()
 
 
 def train_run(
@@ -659,9 +636,9 @@ def train_run(
     progress: bool = True,
     on_update: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
-    """A run's life in this process: `open_run`, then `continue_run`; returns training.json's content."""
+    """A run's life in this process: `open_run`, then a `RunAttempt`; returns training.json's content."""
     with open_run(out_dir, mode, config, instance, method) as (out, start):
         try:
-            return continue_run(out, config, instance, start, method, progress, on_update)
+            return RunAttempt(out, config, instance, start, method, progress, on_update).run()
         finally:
             method.close()

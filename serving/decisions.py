@@ -38,7 +38,7 @@ from envs.instance import LMAX, Instance, exact_keys
 from envs.results import sha256
 from plumbing import validate
 from plumbing.errors import InputError
-from policies.names import PolicySpec, parse_policy
+from policies.names import PolicySpec
 from trainers.resolver import resolve
 
 KEYS = ("factor", "in_transit", "inventory")
@@ -274,7 +274,6 @@ def load_decider(
     """The Decider of `policy` (trainers.resolver): checkpoint:PATH on its own instance unless `instance` is given,
     or a named policy on `instance`, tuned or solved now (the decomposition lookahead in its stationary form: a
     state carries no period)."""
-    policy = parse_policy(policy)  # a Python call's name; a spec passes as it is
     resolved = resolve(policy, instance, mode=mode, form="stationary", device=device, progress=progress, precision=precision)
     instance = resolved.instance
     if resolved.learned:
@@ -284,7 +283,7 @@ def load_decider(
         info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(path), "training_status": status}
         info |= {"precision": precision} if precision != "float32" else {}
     else:
-        label = f"policy '{policy}'"
-        info = {"method": policy.name, "checkpoint_sha256": None, "parameters": resolved.parameters}
+        label = f"policy '{resolved.spec}'"
+        info = {"method": resolved.spec.name, "checkpoint_sha256": None, "parameters": resolved.parameters}
     info = {**info, "mode": resolved.mode, "n": instance.n, "instance_hash": instance.content_hash()}
     return Decider(resolved.policy, instance, resolved.learned, resolved.mode, label, info, device)

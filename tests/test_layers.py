@@ -122,3 +122,22 @@ def test_a_policy_name_is_parsed_by_the_parser_alone():
     del parsing[PARSER]
     assert {path: found for path, found in parsing.items() if found} == {}
     assert name_parsing("if name.startswith(CHECKPOINT_PREFIX):\n    pass\n") and name_parsing("is_lookahead(name)\n")
+
+
+def shared_names(files: list[str]) -> dict[str, list[str]]:
+    """The file names (not __init__.py) that more than one of `files` (paths from the repository's root) carries."""
+    folders: dict[str, list[str]] = {}
+    for path in sorted(files):
+        folder, _, name = path.rpartition("/")
+        if name != "__init__.py":
+            folders.setdefault(name, []).append(folder)
+    return {name: where for name, where in folders.items() if len(where) > 1}
+
+
+def test_a_file_name_says_its_job_without_its_folder():
+    """No two modules of the library or of cli/ share a file name (a script in platform/ and a benchmark in bench/ may
+    share one with the module whose job they run or measure: README's layout). A made-up copy of a demand module in
+    policies/ is the control."""
+    files = [str(p.relative_to(ROOT)) for top in (*LIBRARY, *COMMAND_LINE) for p in (ROOT / top).rglob("*.py")]
+    assert shared_names(files) == {}
+    assert shared_names([*files, "policies/moment_estimator.py"]) == {"moment_estimator.py": ["demand", "policies"]}

@@ -1,92 +1,19 @@
-"""The dynamic-programming optimum for one item (n = 1): a finite-horizon DP over (inventory position,
-factor on a grid), exact up to the factor discretisation; a policy and a test oracle.
+"""The dynamic-programming optimum for one item (n = 1): a finite-horizon DP over (inventory position after
+ordering, factor on a Tauchen grid), exact for the discretised factor chain; a policy and a test oracle.
 
-Model (eqs. factor_process ... one_step_cost, timing of envs/dynamics.py): at step t the policy sees
-(I_t, P_t, F_t), picks (Y_t, Q_t) with O_t = Y_t Q_t, 0 <= Q_t <= qbar; D_t | F_t ~ Poisson(lam
-exp(beta F_t - beta^2/2)), or with overdispersion phi the negative binomial of that mean and variance
-rate + phi rate^2 (`demand_law`); the step costs K Y_t + h [Z_t]^+ + b [-Z_t]^+ with Z_t = I_t - D_t; an order
-placed at t is first usable for demand at t + L. The evaluation (envs/evaluation.py) counts
-sum_{t<T} gamma^t C_t from I_0 = lam (L + 1), P_0 = 0, F_0 ~ N(0, 1).
+The lead-time reduction charges decision t with gamma^L G(y_t, F_t), G(y, f) = E[h (y - S)^+ + b (S - y)^+ | f],
+S the demand of L + 1 periods; decisions with t + L >= T never order, and
 
-Lead-time reduction. With x_t = I_t + sum_l P_{t,l} (inventory position before ordering) and
-y_t = x_t + O_t, the post-demand net inventory of step t + L is Z_{t+L} = y_t - (D_t + ... + D_{t+L})
-and x_{t+1} = y_t - D_t. So the cost of step s >= L belongs to the decision at s - L, and the costs of
-steps s < L are sunk: Z_s = I_0 - (D_0 + ... + D_s) (P_0 = 0). Given the history at t, the expected
-charge of decision t is gamma^L G(y_t, F_t), G(y, f) = E[h (y - S)^+ + b (S - y)^+ | F_t = f],
-S = D_t + ... + D_{t+L}. Since the evaluation stops at T, a decision at t only affects the costs of
-steps t + L <= T - 1: decisions with t + L >= T never order (they would only pay K), and
-
-    V_t(x, f) = 0                                                   for t >= T - L,
     W_t(y, f) = gamma^L G(y, f) + gamma E[V_{t+1}(y - D_t, F_{t+1}) | F_t = f],
-    V_t(x, f) = min( W_t(x, f),  K + min_{x <= y <= x + qbar} W_t(y, f) )   for t < T - L,
+    V_t(x, f) = min( W_t(x, f),  K + min_{x <= y <= x + qbar} W_t(y, f) ).
 
-    expected cost from s_0 = E_{F_0}[ sunk(F_0) + V_0(x_0, F_0) ],
-    sunk(f) = sum_{s < min(L, T)} gamma^s E[h (x_0 - S_s)^+ + b (S_s - x_0)^+ | F_0 = f],
-    S_s = D_0 + ... + D_s.
-
-Factor grid (Tauchen 1986). M equally spaced points over [-w, w] (w stationary standard deviations,
-the stationary law is N(0, 1)); P(f_i -> f_j) is the N(rho f_i, 1 - rho^2) mass of the cell of f_j
-(cells split at midpoints, the end cells open). F_0 is distributed by the N(0, 1) mass of the cells.
-In the discretised chain D_t | F_t = f_i has the demand law at rate lam exp(beta f_i - beta^2/2) exactly; the DP is
-exact for that chain. The distribution of S given F_t = f_i is computed exactly on the chain by the
-recursion H_1 = pmf_i, H_{j+1}[i] = pmf_i * (sum_k P_ik H_j[k]) (convolution in the demand; the
-factor moves during the lead time). The demand laws are truncated where the upper tail at the largest
-grid rate is below `tail` (1e-13), the tail mass lumped into the last point.
-
-Lattice (why a finite set of positions is exact). Demand is integer. Let delta = 1/m with m the
-smallest integer such that m x_0 and m qbar are integers (m = 5 for the paper's n = 1 instance:
-x_0 = qbar = 24.8). Claim: on the positions delta Z, W_t and V_t are concave on every cell
-[k delta, (k + 1) delta]. Induction from V = 0: G(., f) is piecewise linear with breakpoints at the
-integers, which are cell ends (1 is a multiple of delta), hence linear on cells; an integer shift
-y - d maps cells to cells, and mixing over d and f' keeps concavity on cells, so W_t is concave on
-cells; for x inside a cell (a, a + delta) the window [x, x + qbar] (qbar a multiple of delta)
-splits into the partial cells [x, a + delta] and [a + qbar, x + qbar] and whole cells between, so
-min_window W = min(const, W(x), W(x + qbar)) is concave on the cell, and so is V_t = min(W_t, K + min).
-Consequently, for x on the lattice the window is a union of whole cells and a minimiser of a
-cell-wise concave function sits at a cell end: an optimal order-up-to position y lies on delta Z.
-Starting from x_0 in delta Z, demands keep the position on delta Z; hence the DP restricted to
-delta Z (order quantities in delta Z) is exactly the optimum over real quantities. Integer
-quantities alone (delta = 1) are NOT enough when x_0 or qbar are fractional: from x_0 = 24.8 the
-optimal target is an integer, reached by a fractional quantity. If no m <= max_denominator works,
-the lattice is x_0 + delta Z with delta = 1/max_denominator and quantities <= floor(qbar/delta)
-delta: a feasible restriction (an upper bound), flagged by `exact_lattice = False`.
-
-Integer-cap lattice (`integer_cap`, for lower bounds). The same argument works with cells between
-consecutive points of Z u (x_0 + Z) when the cap is an integer: G is linear on them (its breakpoints,
-the integers, are cell ends), integer shifts map cells to cells and [x, x + cap] is a union of whole
-cells. So raising the cap to ceil(qbar), a relaxation (its optimum is at most the item's), makes the
-two classes Z and x_0 + Z exact: two positions per unit instead of up to max_denominator.
-
-Position domain: [x_lo, x_hi] with x_lo = min(x_0, 0) - (L + 1) dmax (`floor_periods` replaces L + 1)
-and x_hi = max(x_0, q) + min(qbar, q) (dmax the one-period truncation point, q the upper 1e-9 quantile of S at
-the top factor); positions below x_lo that the expectation needs are extrapolated linearly (slope over
-the lowest unit), which only touches states ~(L + 1) dmax below anything a sensible policy visits.
-With floor_periods = 1 the values move down by at most 0.001 (about 1e-6 relative) on the paper
-items measured. If an optimal target reaches the top of the domain, x_hi grows by the cap and the DP
-is solved again.
-
-Coarse lattice (real volumes; docs/methods.md, "The DP at real volumes"). Where the exact lattice would have more than
-MAX_POSITIONS positions (a domain of many periods of a large or heavy-tailed demand), the DP works on x_0 + D Z with a
-step D > 1 of whole units (`lattice_step`, at most half the cap and a twentieth of the lead-time demand's spread):
-targets are lattice points up to the cap and, where D does not divide the cap, the cap's own end with its value
-interpolated (`Lattice.rest`: the cap is never rounded); one period's demand law is moved onto the multiples of D
-keeping its mean (`demand_law`); the recursion below is the same with D units per step. Its value is then an
-approximation (`exact_lattice` is False); policies/dp_certificate.py bounds the exact lattice's value from below on
-the same lattice.
-
-Several setup costs at once (`setups`, `expected_costs`): everything but the value functions is shared
-(factor grid, demand laws, lattice, G), and the backward pass runs on [setups, M, N] arrays.
-
-The policy looks up the action values W_t at the current step (it counts calls; `reset()` restarts
-the clock, as the evaluator does per rollout), interpolated linearly in F between the neighbouring
-grid points (clamped at the ends), at the lattice point nearest to the observed position, and opens
-an order iff K + min_window W < W(x), ordering up to the minimiser.
-
-Several factors (docs/model.md, "Several factors and overdispersion"). The item sees the factors only through
-its exposure u_t = beta . F_t / |beta|, a stationary AR(1) with the same rho and unit variance, and its rate
-is lam exp(|beta| u_t - |beta|^2/2): the DP above with beta = |beta| and F_t = u_t. So the DP is solved
-on the exposure's chain, and the policy reads the state's F_t ([B], or [B, k]) through
-TensorInstance.exposure (F_t itself for the paper's model).
+Positions live on a lattice that holds the optimum exactly: delta Z with m x_0 and m qbar integers (delta = 1/m), or,
+with `integer_cap` (lower bounds), the two classes Z and x_0 + Z with the cap raised to ceil(qbar). Above MAX_POSITIONS
+positions the DP works on a coarse lattice x_0 + D Z (`lattice_step`; an approximation, `exact_lattice` False, which
+policies/dp_certificate.py bounds from below). `setups` solves several setup costs in one backward pass. The policy
+opens iff K + min_window W < W(x) at the nearest lattice point (W interpolated in F) and orders up to the minimiser.
+Several factors: the item sees them through its exposure (TensorInstance.exposure), an AR(1) of unit variance.
+The derivation, the lattice argument and the domain: docs/methods.md, "The n = 1 optimum".
 """
 
 from __future__ import annotations
@@ -348,7 +275,7 @@ RESOLUTION = 20
 
 
 def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int) -> float:
-    """An upper bound on the width of the position domain (module docstring): from min(x_0, 0) - floor_periods dmax
+    """An upper bound on the width of the position domain (docs/methods.md, "The DP, derived"): from min(x_0, 0) - floor_periods dmax
     to max(x_0, q) + min(cap, q), with q <= (L + 1) dmax (a cap far above the demand adds no more than q: the domain
     grows if an optimal target reaches its top)."""
     top = (lead + 1) * dmax
@@ -396,7 +323,7 @@ def whole_cap(qbar: float, up: bool) -> int:
 def make_lattice(
     x0: float, qbar: float, max_denominator: int = DEFAULT_MAX_DENOMINATOR, integer_cap: bool = False, step: int = 1
 ) -> Lattice:
-    """The 1/m lattice of the module docstring, or with `integer_cap` the two classes Z and x0 + Z with
+    """The 1/m lattice (docs/methods.md, "The DP, derived"), or with `integer_cap` the two classes Z and x0 + Z with
     the cap raised to ceil(qbar) (a relaxation: its optimum is at most the item's optimum). With `step` D > 1
     the coarse lattice x0 + D Z with the cap ceil(qbar) (`integer_cap`) or qbar, kept as it is: its window is the whole
     steps under the cap, and `Lattice.rest` the part beyond them."""

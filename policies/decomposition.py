@@ -3,45 +3,14 @@ sum_i k_i <= K, each item solved exactly by the n = 1 dynamic program (policies/
 lookahead's per-item tables (policies/lookahead.py) made from it. Pure numerics, no Ray: the solver pool
 (solver_workers/pool.py, solver_run.py) only spreads these items' tasks over its workers.
 
-Why it is a bound. For every action K 1{some item orders} >= sum_i k_i 1{item i orders}, so the
-relaxed problem costs no more than the JRP for every policy. Given the factor path the items' demands
-are independent and the factor is observed, so the relaxed problem separates by item with the factor
-in each item's state: its optimum is sum_i V_i(k_i), V_i(k) the optimal expected cost of item i alone
-with setup cost k. Every split gives a lower bound on the optimal expected cost of the JRP.
-
-Several factors (docs/model.md). Item i's costs see F_t only through its exposure u_i,t = beta_i . F_t / |beta_i|
-(rate lam_i exp(|beta_i| u_i,t - |beta_i|^2/2), overdispersion phi_i), and F_t's part orthogonal to beta_i is an
-AR(1) independent of u_i,t: it tells nothing about the item's future costs. So V_i is the n = 1 DP over (x, u_i)
-with beta = |beta_i| and phi_i (`item_instance`), and its policy runs on the item's exposure path (`item_paths`).
-
-The best split. V_i is concave and nondecreasing in k (a minimum over policies of functions affine in
-k, with slope the policy's expected discounted number of orders), so max sum_i V_i(k_i) subject to
-sum_i k_i <= K is a separable concave programme. From the values of V_i on a grid of shares
-(`split_grid`), the chords of V_i lie below it: the greedy allocation over the chords in order of
-slope (`best_split`) gives a split whose value is at least the chords' value, a lower bound. The
-extended chords lie above V_i (concavity), which bounds the best split's value from above by Lagrange
-duality (`split_upper_bound`). Rounds add grid points next to each item's share (`refine`) until the
-two are within the tolerance.
-
-Reported figures (`combine`): the split is searched on the coarse factor grid (any split is a
-bound); the values at the chosen split and at equal shares K/n come from the fine grid, and the
-coarse grid's values at the same shares give the convergence check in the grid step: Tauchen's error
-is O(step^2) (measured), so the fine grid's remaining error is estimated as |coarse - fine| / (r^2 - 1)
-with r the ratio of the grid steps (Richardson). The per-item cap is raised to ceil(qbar)
-(policies.dp_optimal.make_lattice, a relaxation) and the position domain reaches dmax below min(x_0, 0)
-(both only lower the values).
-
-Items at real volumes (docs/methods.md, "The DP at real volumes"). An item whose exact lattice would have more than
-policies.dp_optimal.MAX_POSITIONS positions is solved on a coarse lattice of step D (demand moved onto the multiples
-of D, its mean kept), whose value is an approximation. For such an item policies/dp_certificate.py computes, on the
-same lattice and fine grid, a proven lower bound on its exact-lattice value (`certified_values`); on the exact lattice
-the value is its own certificate. The certified figure sums them, and the conservative figure is the certified figure
-less twice the factor grid's estimated error: a proof in the lattice, an estimate in the factor grid only.
-
-Per episode: each item's relaxed-optimal policy (the fine grid's DP policy) is simulated on that
-episode's exposure path of the item and the item's demands, the held-out paths every method is evaluated on, and
-the per-episode costs are summed over items. Their mean estimates the relaxed policies' expected
-cost, which is at least the relaxed optimum; they serve the paired comparisons.
+Every split is a bound: K 1{some item orders} >= sum_i k_i 1{item i orders}, and the relaxed problem separates by
+item with the factor (or the item's exposure, under several factors: `item_instance`, `item_paths`) in each item's
+state, so its optimum is sum_i V_i(k_i). V_i is concave in k: `split_grid`, `best_split` (the chords' greedy split, a
+lower bound) and `split_upper_bound` (Lagrange duality over the extended chords) bracket the best split, and `refine`
+adds shares until they meet. `combine` reports the fine grid's values at the chosen split and at equal shares, the
+coarse grid's as a Richardson check of the factor grid, and for items on a coarse lattice the certified values of
+policies/dp_certificate.py. Each item's relaxed policy is simulated on the held-out episodes for paired comparisons.
+The argument, the figures and how far each is a bound: docs/methods.md, "Decomposition bound".
 """
 
 from __future__ import annotations

@@ -86,24 +86,15 @@ PROXY_READY_TIMEOUT_S = 60
 def start_local_ray(num_cpus: int, dashboard: bool = False, **options) -> str | None:
     """Start an embedded Ray for this process: every port on loopback, token auth without ~/.ray/auth_token; with
     `dashboard`, Ray's dashboard too (on 127.0.0.1), whose URL is returned. Ends what an embedded Ray of a killed
-    driver left behind (end_dead_sessions).
-
-    Ray 2.60 binds its gRPC servers (GCS, raylet, object manager, workers) to loopback only when the node IP is
-    loopback, and ray.init turns a loopback node IP into the machine's address unless Ray's cluster mode is off
-    (ray_access.private.cluster_mode_off); Ray passes the node IP to every process it starts. Ray writes a
-    new token to ~/.ray/auth_token unless one is configured, so give it a token for this process in RAY_AUTH_TOKEN,
-    which its processes inherit.
-
-    Ray Serve's controller kills and restarts an HTTP proxy that has not answered its readiness check within
-    RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (Ray's default 5 s); on a busy machine a proxy takes longer to start, and
-    serve.run then failed with the proxy's ActorDiedError. The embedded Ray's processes inherit PROXY_READY_TIMEOUT_S
-    unless the variable is set.
-    """
+    driver left behind (end_dead_sessions)."""
+    # Ray writes a new ~/.ray/auth_token unless a token is configured: one for this process, inherited by Ray's processes
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    # Serve restarts a proxy that is not ready within Ray's 5 s, which a busy machine can exceed (serve.run then fails)
     os.environ.setdefault(PROXY_READY_VARIABLE, str(PROXY_READY_TIMEOUT_S))
     token_notice_logger().addFilter(without_token_notice)  # a filter already there is not added twice
     try:
+        # gRPC servers bind to loopback only for a loopback node IP, which ray.init keeps with cluster mode off
         with cluster_mode_off(), keep_sigterm_handler(), session_address():
             context = ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **options)
         node = local_node()

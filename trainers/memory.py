@@ -1,27 +1,16 @@
 """The memory an update may take, and the micro-batches that keep it there (the same gradient, bounded memory).
 
-A pathwise update keeps, for its backward pass, the activations of the quantity network on every state of a
-rollout and of the frozen critic on its last state (trainers.pathwise); the critic and open networks run after
-the rollouts on stored, detached tokens, and the warm start fits all three networks on stored states. Each pass
-goes through its rollouts or states in micro-batches of its own and adds up the gradients, so the peak grows with
-the micro-batches, not with B. What the update stores of every state until its end (the tokens, costs and open
-decisions of the later passes, and the exogenous draws: `StateBytes.stored`) grows with B; the budget counts it
-first, and the micro-batches share the rest.
+Each pass of an update (trainers.pathwise: the rollout with the quantity network in the graph, then the critic and
+open networks on stored, detached tokens; the warm start's fits) goes through its rollouts or states in micro-batches
+of its own and adds up the gradients, so the peak grows with the micro-batch, not with B. What the update stores of
+every state until its end (`StateBytes.stored`) grows with B; the budget counts it first and the micro-batches share
+the rest. The bytes one state keeps are measured, not modelled: one state's forward runs under
+`torch.autograd.graph.saved_tensors_hooks`, so the figure follows the network, n, the dtype, autocast and activation
+checkpointing (whose backward recomputes one block at a time: `StateBytes.recomputed`).
 
-The bytes one state keeps are measured, not modelled: one state's forward is run under
-`torch.autograd.graph.saved_tensors_hooks` and the storages autograd saves are added up, so the figure follows
-the network (Transformer or perceptron), n, the dtype, autocast and activation checkpointing as they are. With
-checkpointing, the backward pass recomputes one block at a time: one block's activations per state of the
-micro-batch come on top (`StateBytes.recomputed`). Checkpointing shrinks the rollout pass only (the quantity
-encoder's blocks): the critic and open passes keep what they keep per state, and take fewer rollouts at a time.
-
-The budget is the config's `memory_budget` (GiB), or by default a share of what the device has free: two fifths
-of a GPU's free memory (what the backward pass and the model need comes on top, and an 80 GiB card keeps room);
-on the CPU a quarter of the available RAM, at most CPU_BUDGET_MAX, since on a CPU a larger micro-batch buys no
-speed once its GEMMs hold a few thousand tokens (docs/benchmarks.md). The budget bounds what the update stores and
-what a micro-batch keeps; the backward pass's working memory and the model come on top (on the CPU at n = 1,024
-an update adds about 1.3 times what its micro-batch keeps, plus 0.27 GiB; with checkpointing, whose rollout
-micro-batches hold more states per step, about 1.7 times; docs/benchmarks.md).
+The budget is the config's `memory_budget` (GiB), or by default two fifths of a GPU's free memory, or on the CPU a
+quarter of the available RAM, at most CPU_BUDGET_MAX. The backward pass's working memory and the model come on top
+(measured in docs/benchmarks.md, "Memory of an update").
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ from trainers.pathwise_config import (
     learning_rate,
     load_initial_weights,
 )
-from trainers.run_folder import MethodRun, train_run
+from trainers.run_folder import MethodRun, OnUpdate, train_run
 from trainers.streams import OPEN_UNIFORMS, PAPER_STREAM, exogenous_step, stream_seed
 from trainers.warm_start import warm_start
 
@@ -628,7 +628,7 @@ def train(
     out_dir: str | Path,
     mode: str = "new",
     progress: bool = True,
-    on_update: Callable[[int, dict[str, float]], None] | None = None,
+    on_update: OnUpdate = None,
 ) -> dict[str, Any]:
     """Train a pathwise run (OR-Transformer or HPO) in this process in `out_dir`: a new run, the resumption of
     the run there, or a new run over it (`mode`: trainers.run_folder); `on_update`: trainers.run_folder.RunAttempt. Returns

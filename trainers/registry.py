@@ -30,9 +30,7 @@ from trainers.config import ConfigError
 from trainers.pathwise import PathwiseRun
 from trainers.pathwise_config import TrainConfig, build_network
 from trainers.policy import LearnedPolicy
-from trainers.run_folder import MethodRun, train_run
-
-OnUpdate = Callable[[int, dict[str, float]], None] | None
+from trainers.run_folder import MethodRun, OnUpdate, train_run
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ from trainers.checkpoint import CheckpointError
 from trainers.config import ConfigError, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 from trainers.policy import Decision
-from trainers.run_folder import MethodRun, train_run
+from trainers.run_folder import MethodRun, OnUpdate, train_run
 
 NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
 ENV_ID = "jrp-vector"
@@ -425,7 +424,7 @@ def train_ppo(
     out_dir,
     mode: str = "new",
     progress: bool = True,
-    on_update: Callable[[int, dict[str, float]], None] | None = None,
+    on_update: OnUpdate = None,
 ) -> dict[str, Any]:
     """Train a PPO run in this process in `out_dir` (`mode`, `on_update` and the run's files: trainers.run_folder,
     with rllib/: `PPORun`); returns training.json's content."""

@@ -79,6 +79,8 @@ from trainers.model_selection import Score, best_network_state, validation_recor
 
 MODES = ("new", "resume", "overwrite")
 RUN_FILES = RUNS[TRAINING]
+OnUpdate = Callable[[int, dict[str, float]], None] | None
+"""Called after each update made in this process with (update, metrics)."""
 CURVE_COLUMNS = ("method", "n", "seed", "update", "cost10", "wall_seconds", "validation_cost", "restarted")
 
 
@@ -516,7 +518,7 @@ class RunAttempt:
         start: RunStart,
         method: MethodRun,
         progress: bool = True,
-        on_update: Callable[[int, dict[str, float]], None] | None = None,
+        on_update: OnUpdate = None,
     ):
         self.out, self.config, self.instance, self.start, self.method = out, config, instance, start, method
         self.progress, self.on_update = progress, on_update
@@ -634,7 +636,7 @@ def train_run(
     instance: Instance,
     method: MethodRun,
     progress: bool = True,
-    on_update: Callable[[int, dict[str, float]], None] | None = None,
+    on_update: OnUpdate = None,
 ) -> dict[str, Any]:
     """A run's life in this process: `open_run`, then a `RunAttempt`; returns training.json's content."""
     with open_run(out_dir, mode, config, instance, method) as (out, start):

@@ -27,8 +27,10 @@ t-interval), also printed; with one window there is no s.e. nor interval (null i
 refused.
 """
 
+import argparse
 import json
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,7 @@ from cli.output_folders import out_argument, resolve_out
 from cli.scripts import count, device, positive_int, run_cli, script_parser
 from demand.factor_filter import causal_factor, describe_filter
 from demand.sales_history import History, history_matrix
-from envs.evaluation import EVAL_HORIZON
+from envs.evaluation import EVAL_HORIZON, Evaluation
 from envs.exogenous import check_cost_range
 from envs.history_replay import check_window, paired_comparisons, replay, window_count, window_se
 from envs.instance import Instance
@@ -49,7 +51,7 @@ from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, named_label, policy_spec
 from trainers.policy import MODES
-from trainers.resolver import resolve
+from trainers.resolver import ResolvedPolicy, resolve
 
 VERSION = 1
 INITIAL_STATE = "the simulator's initial state: I_0 = mu_i = lam_i (L_i + 1), nothing in transit, the filtered factor"
@@ -115,7 +117,21 @@ def previous_folders(out: Path) -> list[Path]:
         return []
 
 
-def main() -> None:
+@dataclass
+class Backtest:
+    """A backtest's checked inputs: options, --out, instance, history and its demand [T, n] in the instance's item order, windows, form."""
+
+    args: argparse.Namespace
+    out: Path
+    instance: Instance
+    history: History
+    demand: np.ndarray
+    windows: int
+    form: str
+
+
+def parse_args() -> argparse.Namespace:
+    """The options; refuses a policy named twice, and --lookahead-form or --mode when no --policy takes it."""
     rules = textwrap.fill(", ".join(POLICY_NAMES), 100, initial_indent=" " * 10, break_on_hyphens=False).strip()
     parser = script_parser(__doc__.format(rules=rules))
     parser.add_argument("--history", required=True, help="CSV or Parquet demand history: item, period, demand (as fit.py reads it)")
@@ -140,6 +156,11 @@ def main() -> None:
         parser.error(f"--lookahead-form: applies to {LOOKAHEAD} and {TABLES_PREFIX}DIR only, and no --policy names one")
     if args.mode != "greedy" and not any(spec.learned for spec in args.policy):
         parser.error(f"--mode {args.mode}: applies to checkpoint:PATH only, and no --policy names one")
+    return args
+
+
+def read_inputs(args: argparse.Namespace) -> Backtest:
+    """--out, the instance and the history, each checked (the output folder first, then the inputs against --window and each other)."""
     policy_paths = {f"--policy {spec}": spec.path for spec in args.policy}
     # the tables folders a lookahead reads (a checkpoint's folder is a run's: refused as one)
     tables = {f"--policy {spec}": spec.path for spec in args.policy if spec.lookahead}
@@ -152,49 +173,78 @@ def main() -> None:
     demand = history_demand(history, instance, args.history, args.instance)
     windows = window_count(demand.shape[0], args.window, f"the history '{args.history}'")
     check_cost_range(instance, args.window)
-    form = args.lookahead_form or FORMS[1]
+    return Backtest(args, out, instance, history, demand, windows, args.lookahead_form or FORMS[1])
+
+
+def resolve_policies(backtest: Backtest) -> tuple[dict[int, ResolvedPolicy], dict[int, str]]:
+    """Each policy (by its index in --policy) resolved, and its folder under --out, every folder checked before any tuning."""
+    args, form = backtest.args, backtest.form
     resolved = {  # checkpoints first: they load in seconds, and their labels name their folders
-        k: resolve(name, instance, args.window, args.mode, form, args.device, progress=True)
+        k: resolve(name, backtest.instance, args.window, args.mode, form, args.device, progress=True)
         for k, name in enumerate(args.policy)
         if name.learned
     }
     folders = {}
     for k, name in enumerate(args.policy):
         folders[k] = folder_name(resolved[k].label if k in resolved else named_label(name, form), set(folders.values()))
-        check_run_folder(out / folders[k], EVALUATION, overwrite=args.overwrite, resumable=False)  # before any tuning
+        check_run_folder(backtest.out / folders[k], EVALUATION, overwrite=args.overwrite, resumable=False)  # before any tuning
     for k, name in enumerate(args.policy):
         if k not in resolved:
-            resolved[k] = resolve(name, instance, args.window, "greedy", form, args.device, progress=True)
+            resolved[k] = resolve(name, backtest.instance, args.window, "greedy", form, args.device, progress=True)
+    return resolved, folders
 
-    factor = causal_factor(instance, demand)  # [T + 1] (or [T + 1, k]) E[F_t | D_<t]
-    tensors = instance.to_torch(args.device)
-    results = {k: replay(resolved[k].policy, tensors, demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in folders}
 
-    if args.overwrite:
-        for folder in previous_folders(out):
-            clear_run(folder)
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-        for name in folders.values():  # a folder of this backtest that holds a run of another kind
-            clear_run(out / name)
-        clear_run(out)
-    starts = [history.periods[w * args.window] for w in range(windows)]
-    in_sample = (instance.source or {}).get("history_sha256") == history.sha256
-    extra = {
+def replay_policies(backtest: Backtest, resolved: dict[int, ResolvedPolicy], folders: dict[int, str]) -> dict[int, Evaluation]:
+    """Each policy's replay of the history's windows, on the causally filtered factor."""
+    args = backtest.args
+    factor = causal_factor(backtest.instance, backtest.demand)  # [T + 1] (or [T + 1, k]) E[F_t | D_<t]
+    tensors = backtest.instance.to_torch(args.device)
+    return {
+        k: replay(resolved[k].policy, tensors, backtest.demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in folders
+    }
+
+
+def clear_previous(out: Path, folders: dict[int, str]) -> None:
+    """The run that --out holds removed (--overwrite): the folders its backtest.json lists, this backtest's folders, then its own files."""
+    for folder in previous_folders(out):
+        clear_run(folder)
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    for name in folders.values():  # a folder of this backtest that holds a run of another kind
+        clear_run(out / name)
+    clear_run(out)
+
+
+def backtest_fields(backtest: Backtest) -> dict:
+    """The fields every policy's summary.json adds: the history, its windows, the initial state and the factor's filter."""
+    args, history, demand, windows = backtest.args, backtest.history, backtest.demand, backtest.windows
+    return {
         "kind": BACKTEST_KIND,
         "history": str(args.history),
         "history_sha256": history.sha256,
-        "in_sample": in_sample,
+        "in_sample": (backtest.instance.source or {}).get("history_sha256") == history.sha256,
         "periods": demand.shape[0],
         "periods_replayed": windows * args.window,
         "window": args.window,
-        "window_starts": starts,
+        "window_starts": [history.periods[w * args.window] for w in range(windows)],
         "step": history.step,
         "initial_state": INITIAL_STATE,
-        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (demand/factor_filter.py: {describe_filter(instance)})",
+        "factor": f"causal filter E[F_t | D_0..D_(t-1)] (demand/factor_filter.py: {describe_filter(backtest.instance)})",
     }
+
+
+def write_policies(
+    backtest: Backtest, extra: dict, resolved: dict[int, ResolvedPolicy], folders: dict[int, str], results: dict[int, Evaluation]
+) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Each policy's evaluation folder written and its mean printed; returns backtest.json's policy rows and each folder's window costs."""
+    args, out, instance, windows = backtest.args, backtest.out, backtest.instance, backtest.windows
     lookahead = any(spec.lookahead for spec in args.policy)
-    config = {**vars(args), "policy": [spec.name for spec in args.policy], "lookahead_form": form if lookahead else None, "n": instance.n}
+    config = {
+        **vars(args),
+        "policy": [spec.name for spec in args.policy],
+        "lookahead_form": backtest.form if lookahead else None,
+        "n": instance.n,
+    }
     costs, rows = {}, []
     for k in range(len(args.policy)):
         label = f"{BACKTEST_KIND}:{resolved[k].label}"
@@ -205,7 +255,11 @@ def main() -> None:
         spread = f"± {se:.2f} (s.e.)" if se is not None else "(no s.e.: one window)"
         where = f"over {count(windows, 'window')} of {args.window} periods -> {out / folders[k]}"
         print(f"{summary['policy']}: mean {summary['mean']:.2f} {spread} {where}")
-    comparisons = paired_comparisons(costs)
+    return rows, costs
+
+
+def print_comparisons(comparisons: list[dict]) -> None:
+    """One line per paired comparison: the mean difference, with its s.e. and 95% CI where there are two windows or more."""
     for row in comparisons:
         spread = (
             f"± {row['se']:.2f} (s.e.), 95% CI [{row['ci_low']:+.2f}, {row['ci_high']:+.2f}]"
@@ -213,25 +267,43 @@ def main() -> None:
             else "(no s.e. or CI: one window)"
         )
         print(f"{row['a']} - {row['b']}: {row['mean_difference']:+.2f} {spread} over the same {count(row['windows'], 'window')}")
+
+
+def write_record(backtest: Backtest, extra: dict, rows: list[dict], comparisons: list[dict]) -> None:
+    """backtest.json written under --out, then one line saying what was replayed and where it went."""
+    args, history, windows = backtest.args, backtest.history, backtest.windows
     record = {
         "format": BACKTEST_FORMAT,
         "version": VERSION,
         **{key: extra[key] for key in ("history", "history_sha256", "in_sample", "periods", "periods_replayed", "window", "step")},
         "windows": windows,
         "instance": str(args.instance),
-        "instance_hash": instance.content_hash(),
+        "instance_hash": backtest.instance.content_hash(),
         "policies": rows,
         "comparisons": comparisons,
     }
-    atomic_write_text(out / BACKTEST_FILE, json.dumps(record, indent=1) + "\n")
-    unused = demand.shape[0] - windows * args.window
+    atomic_write_text(backtest.out / BACKTEST_FILE, json.dumps(record, indent=1) + "\n")
+    unused = backtest.demand.shape[0] - windows * args.window
     print(
         f"backtest on {args.history}: {count(windows, 'window')} x {args.window} periods from {history.periods[0]}"
         + ("; one window has no standard error: give a shorter --window" if windows == 1 else "")
         + (f"; the last {unused} periods, fewer than a window, not replayed" if unused else "")
-        + ("; in-sample: the instance was fitted on this history" if in_sample else "")
-        + f" -> {out / BACKTEST_FILE}"
+        + ("; in-sample: the instance was fitted on this history" if extra["in_sample"] else "")
+        + f" -> {backtest.out / BACKTEST_FILE}"
     )
+
+
+def main() -> None:
+    backtest = read_inputs(parse_args())
+    resolved, folders = resolve_policies(backtest)
+    results = replay_policies(backtest, resolved, folders)
+    if backtest.args.overwrite:
+        clear_previous(backtest.out, folders)
+    extra = backtest_fields(backtest)
+    rows, costs = write_policies(backtest, extra, resolved, folders, results)
+    comparisons = paired_comparisons(costs)
+    print_comparisons(comparisons)
+    write_record(backtest, extra, rows, comparisons)
 
 
 if __name__ == "__main__":

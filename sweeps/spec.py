@@ -175,6 +175,121 @@ class Trial:
         return f"{self.method}-n{self.n}-s{self.seed}"
 
 
+def _sweep_fields(data, keys: tuple[str, ...]) -> dict:
+    """The sweep file's mapping with every key of `keys` (None where absent); SweepError for an unknown or a missing key."""
+    if not isinstance(data, dict):
+        raise SweepError(f"sweep file: expected a mapping of sweep fields, got {validate.describe(data)}")
+    validate.keys(data, "sweep file", keys, ("sizes", "seeds", "methods"), error=SweepError)
+    return {k: None for k in keys} | data
+
+
+def _seeds_per_size(value, sizes: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+    """seeds_per_size: the training seeds of each size of `sizes` that it names."""
+    if isinstance(value, dict):  # keys are numbers in YAML, strings once stored in sweep.json
+        value = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in value.items()}
+    per_size = _mapping(value, "seeds_per_size", {n: None for n in sizes})
+    return {n: _seeds(v, f"seeds_per_size.{n}") for n, v in per_size.items() if v is not None}
+
+
+def _methods(value) -> tuple[str, ...]:
+    """methods: distinct names from METHOD_NAMES (none for null)."""
+    methods = value if value is not None else []
+    if not isinstance(methods, list):
+        raise SweepError(f"sweep field 'methods': expected a list of methods from {list(METHOD_NAMES)}, got {validate.describe(methods)}")
+    methods = tuple(_choice(m, "methods", METHOD_NAMES) for m in methods)
+    if len(set(methods)) != len(methods):
+        raise SweepError(f"sweep field 'methods': each entry once, got {list(methods)}")
+    return methods
+
+
+def _scopes() -> tuple[str, ...]:
+    """The keys of `overrides` and `resources`: 'all' (every method) or a method's name."""
+    return ("all", *METHOD_NAMES)
+
+
+def _overrides(value) -> dict[str, dict[str, Any]]:
+    """overrides: the config fields under each key of _scopes() that sets any (checked against the configs later)."""
+    overrides = _mapping(value, "overrides", {k: {} for k in _scopes()})
+    for key, fields in overrides.items():
+        _mapping(fields, f"overrides.{key}", dict.fromkeys(fields) if isinstance(fields, dict) else {})
+    return {k: dict(v or {}) for k, v in overrides.items() if v}
+
+
+def _resources(value) -> dict[str, Resources]:
+    """resources: the Resources under each key of _scopes() that it names."""
+    resources = _mapping(value, "resources", {k: None for k in _scopes()})
+    return {k: Resources.parse(v, f"resources.{k}") for k, v in resources.items() if v is not None}
+
+
+def _bound(value) -> dict[str, Any] | None:
+    """baselines.bound: null, or {solver, time_limit, threads} with their defaults."""
+    if value is None:
+        return None
+    bound = _mapping(value, "baselines.bound", {"solver": "highs", "time_limit": 300.0, "threads": 1})
+    return {
+        "solver": _choice(bound["solver"], "baselines.bound.solver", SOLVERS),
+        "time_limit": validate.time_limit(bound["time_limit"], _where("baselines.bound.time_limit"), error=SweepError),
+        "threads": _int(bound["threads"], "baselines.bound.threads", 1),
+    }
+
+
+def _milp(value) -> tuple[MilpBaseline, ...]:
+    """baselines.milp: a list of MILP baselines of distinct names."""
+    if not isinstance(value, list):
+        raise SweepError(f"sweep field 'baselines.milp': expected a list of MILP settings, got {validate.describe(value)}")
+    milp = tuple(MilpBaseline.parse(m, f"baselines.milp[{k}]") for k, m in enumerate(value))
+    names = [m.name for m in milp]
+    if len(set(names)) != len(names):
+        raise SweepError(f"sweep field 'baselines.milp': names must differ (set 'name'), got {names}")
+    return milp
+
+
+def _baselines(value) -> Baselines:
+    """baselines: every field checked, the lookahead only with the decomposition bound."""
+    b = _mapping(
+        value,
+        "baselines",
+        {
+            "classical_best": True,
+            "dp_optimal": True,
+            "bound": None,
+            "milp": [],
+            "solver_workers": 2,
+            "decomposition": None,
+            "lookahead": False,
+        },
+    )
+    for key in ("classical_best", "dp_optimal", "lookahead"):
+        validate.boolean(b[key], _where(f"baselines.{key}"), error=SweepError)
+    baselines = Baselines(
+        b["classical_best"],
+        b["dp_optimal"],
+        _bound(b["bound"]),
+        _milp(b["milp"]),
+        _int(b["solver_workers"], "baselines.solver_workers", 1),
+        _decomposition(b["decomposition"]),
+        b["lookahead"],
+    )
+    if baselines.lookahead and baselines.decomposition is None:
+        raise SweepError(
+            "sweep field 'baselines.lookahead': true needs baselines.decomposition (the lookahead's tables come from that bound's run)"
+        )
+    return baselines
+
+
+def _settings(d: dict, evaluation: dict) -> dict[str, Any]:
+    """SweepSpec's remaining fields, by name: the instance seed, preset, `evaluation`'s episodes and horizon, and how trials run."""
+    return {
+        "instance_seed": validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError),
+        "preset": d["preset"] or "cpu",
+        "episodes": _int(evaluation["episodes"], "evaluation.episodes", 1),
+        "horizon": validate.horizon(evaluation["horizon"], _where("evaluation.horizon"), error=SweepError),
+        "concurrency": _int(d["concurrency"] if d["concurrency"] is not None else 1, "concurrency", 1),
+        "retries": _int(d["retries"] if d["retries"] is not None else 2, "retries", 0),
+        "device": _choice(d["device"] or "cpu", "device", ("cpu", "cuda")),
+    }
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     sizes: tuple[int, ...]
@@ -217,112 +332,57 @@ class SweepSpec:
 
     @classmethod
     def from_dict(cls, data) -> SweepSpec:
-        if not isinstance(data, dict):
-            raise SweepError(f"sweep file: expected a mapping of sweep fields, got {validate.describe(data)}")
-        validate.keys(data, "sweep file", cls.KEYS, ("sizes", "seeds", "methods"), error=SweepError)
-        d = {k: None for k in cls.KEYS} | data
+        """The spec of a sweep file's mapping `data`, every field checked and every trial's config built; SweepError otherwise."""
+        d = _sweep_fields(data, cls.KEYS)
         sizes = _sizes(d["sizes"], "sizes")
         seeds = _seeds(d["seeds"], "seeds")
-        per_size = d["seeds_per_size"]
-        if isinstance(per_size, dict):  # keys are numbers in YAML, strings once stored in sweep.json
-            per_size = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in per_size.items()}
-        per_size = _mapping(per_size, "seeds_per_size", {n: None for n in sizes})
-        seeds_per_size = {n: _seeds(v, f"seeds_per_size.{n}") for n, v in per_size.items() if v is not None}
-        methods = d["methods"] if d["methods"] is not None else []
-        if not isinstance(methods, list):
-            raise SweepError(
-                f"sweep field 'methods': expected a list of methods from {list(METHOD_NAMES)}, got {validate.describe(methods)}"
-            )
-        methods = tuple(_choice(m, "methods", METHOD_NAMES) for m in methods)
-        if len(set(methods)) != len(methods):
-            raise SweepError(f"sweep field 'methods': each entry once, got {list(methods)}")
-        scoped = ("all", *METHOD_NAMES)
-        overrides = _mapping(d["overrides"], "overrides", {k: {} for k in scoped})
-        for key, value in overrides.items():
-            _mapping(value, f"overrides.{key}", {k: None for k in (value or {})})
-        resources = _mapping(d["resources"], "resources", {k: None for k in scoped})
-        resources = {k: Resources.parse(v, f"resources.{k}") for k, v in resources.items() if v is not None}
+        seeds_per_size = _seeds_per_size(d["seeds_per_size"], sizes)
+        methods = _methods(d["methods"])
+        overrides = _overrides(d["overrides"])
+        resources = _resources(d["resources"])
         evaluation = _mapping(d["evaluation"], "evaluation", {"episodes": 128, "horizon": 50})
-        b = _mapping(
-            d["baselines"],
-            "baselines",
-            {
-                "classical_best": True,
-                "dp_optimal": True,
-                "bound": None,
-                "milp": [],
-                "solver_workers": 2,
-                "decomposition": None,
-                "lookahead": False,
-            },
-        )
-        for key in ("classical_best", "dp_optimal", "lookahead"):
-            validate.boolean(b[key], _where(f"baselines.{key}"), error=SweepError)
-        bound = None
-        if b["bound"] is not None:
-            bound = _mapping(b["bound"], "baselines.bound", {"solver": "highs", "time_limit": 300.0, "threads": 1})
-            bound = {
-                "solver": _choice(bound["solver"], "baselines.bound.solver", SOLVERS),
-                "time_limit": validate.time_limit(bound["time_limit"], _where("baselines.bound.time_limit"), error=SweepError),
-                "threads": _int(bound["threads"], "baselines.bound.threads", 1),
-            }
-        if not isinstance(b["milp"], list):
-            raise SweepError(f"sweep field 'baselines.milp': expected a list of MILP settings, got {validate.describe(b['milp'])}")
-        milp = tuple(MilpBaseline.parse(m, f"baselines.milp[{k}]") for k, m in enumerate(b["milp"]))
-        names = [m.name for m in milp]
-        if len(set(names)) != len(names):
-            raise SweepError(f"sweep field 'baselines.milp': names must differ (set 'name'), got {names}")
-        baselines = Baselines(
-            b["classical_best"],
-            b["dp_optimal"],
-            bound,
-            milp,
-            _int(b["solver_workers"], "baselines.solver_workers", 1),
-            _decomposition(b["decomposition"]),
-            b["lookahead"],
-        )
-        if baselines.lookahead and baselines.decomposition is None:
-            raise SweepError(
-                "sweep field 'baselines.lookahead': true needs baselines.decomposition (the lookahead's tables come from that bound's run)"
-            )
+        baselines = _baselines(d["baselines"])
         spec = cls(
             sizes,
             seeds,
             methods,
-            validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError),
-            d["preset"] or "cpu",
-            {k: dict(v or {}) for k, v in overrides.items() if v},
-            resources,
-            _int(evaluation["episodes"], "evaluation.episodes", 1),
-            validate.horizon(evaluation["horizon"], _where("evaluation.horizon"), error=SweepError),
-            baselines,
-            _int(d["concurrency"] if d["concurrency"] is not None else 1, "concurrency", 1),
-            _int(d["retries"] if d["retries"] is not None else 2, "retries", 0),
-            _choice(d["device"] or "cpu", "device", ("cpu", "cuda")),
-            seeds_per_size,
+            overrides=overrides,
+            resources=resources,
+            baselines=baselines,
+            seeds_per_size=seeds_per_size,
+            **_settings(d, evaluation),
         )
-        if spec.device == "cpu" and any(r.gpus_per_worker > 0 for r in resources.values()):
-            raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
-        for method in methods:  # every trial's config, once: a bad override or preset fails before anything starts
-            try:
-                registry.method_config(method, spec.preset, {**spec.overrides_of(method), "device": spec.device})
-            except InputError as exc:
-                raise SweepError(f"sweep field 'overrides' (preset '{spec.preset}', method {method}): {exc}") from None
-        for k, m in enumerate(milp):  # a model too large to build fails now, in the dry run as in the run
-            for n in spec.milp_sizes(m):
-                check_size(n, m.scenarios, m.plan_horizon, _where(f"baselines.milp[{k}]"))
-        check_path_size(max(sizes), spec.episodes, spec.horizon, _where("evaluation.episodes"), SweepError)
-        for k, m in enumerate(milp):
-            check_path_size(
-                max(spec.milp_sizes(m), default=1),
-                m.episodes or spec.episodes,
-                m.horizon or spec.horizon,
-                _where(f"baselines.milp[{k}].episodes"),
-                SweepError,
-            )
+        spec._check_configs()
+        spec._check_sizes()
         if not spec.trials() and not spec.has_baselines():
             raise SweepError("sweep file: the grid is empty (no methods and no baselines): nothing to run")
         return spec
+
+    def _check_configs(self) -> None:
+        """Raises SweepError for GPUs on a cpu sweep, or a preset or override that a method's config refuses."""
+        if self.device == "cpu" and any(r.gpus_per_worker > 0 for r in self.resources.values()):
+            raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
+        for method in self.methods:  # every trial's config, once: a bad override or preset fails before anything starts
+            try:
+                registry.method_config(method, self.preset, {**self.overrides_of(method), "device": self.device})
+            except InputError as exc:
+                raise SweepError(f"sweep field 'overrides' (preset '{self.preset}', method {method}): {exc}") from None
+
+    def _check_sizes(self) -> None:
+        """Raises InputError for a MILP model or held-out paths too large to build, in the dry run as in the run."""
+        milp = self.baselines.milp
+        for k, m in enumerate(milp):
+            for n in self.milp_sizes(m):
+                check_size(n, m.scenarios, m.plan_horizon, _where(f"baselines.milp[{k}]"))
+        check_path_size(max(self.sizes), self.episodes, self.horizon, _where("evaluation.episodes"), SweepError)
+        for k, m in enumerate(milp):
+            check_path_size(
+                max(self.milp_sizes(m), default=1),
+                m.episodes or self.episodes,
+                m.horizon or self.horizon,
+                _where(f"baselines.milp[{k}].episodes"),
+                SweepError,
+            )
 
     def trials(self) -> list[Trial]:
         return [Trial(m, n, s) for n in self.sizes for m in self.methods for s in self.seeds_per_size.get(n, self.seeds)]

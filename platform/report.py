@@ -6,7 +6,7 @@
 
 A single directory holding sweep.json is a results directory of platform/sweep.py: the report writes
 table.md, table.csv, curves.png, curves.svg and index.html (one self-contained page) into --out, and
-prints the cost table (conventions: sweeps/report.py and sweeps/render.py). --decision-times also times
+prints the cost table (conventions: docs/findings.md, "How the report computes its figures"). --decision-times also times
 each learned policy's decisions on --device (it loads and runs the first finished seed's policy) against
 the MILPs' seconds per decision: a table on the page and decision_time.png. --markdown also writes the
 headline, the cost table and the paired comparisons, each under the command that regenerates them (docs/results.md). An existing

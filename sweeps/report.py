@@ -5,41 +5,9 @@ paper's Figure 1) and their reference lines, and the decision time against the M
   report = build_report("results/quick", opening="greedy")     reads sweeps.results_dir.read_results
   time_decisions(report, device="cpu")                          the decision times (a separate step: it loads and runs policies)
 
-The paper's conventions, and the choices where it is silent (how cells are shown: sweeps/render.py):
-
-* Cost table (table "Mean discounted cost over 50 decisions"): a learned method's value is the mean over
-  its finished seeds of each seed's held-out mean, with one standard error across seeds (s.d. with
-  ddof 1 over sqrt(seeds)). Finished means completed or diverged: a diverged run keeps its last checkpoint
-  and is evaluated, as the paper's table shows its diverged baselines. With one finished seed there is no
-  s.e. across seeds: the s.e. is that seed's over the held-out episodes. A baseline (classical-best, a
-  MILP, dp-optimal, the bound) is one evaluation: its s.e. is over held-out episodes. Failed, interrupted
-  and pending trials are never averaged and never dropped: they are counted by status.
-* Only entries over the sweep's episodes and evaluation horizon are ranked and enter the reduction and
-  bound-gap tables; the bound is a lower bound, not a policy, and is never ranked.
-* Paired comparisons (envs.evaluation.paired_comparison: the 95% t-interval of cost - classical-best's
-  cost) pair two evaluations only of the same instance, episodes and horizon.
-* Figure 1 (`binned_curve`): per seed, a ten-update trailing moving average of cost10 (over fewer updates
-  at the start), then the mean within 24 logarithmically spaced bins of the update range; the line is
-  the mean over seeds, the band one s.e. across seeds, or with one seed the 10th-90th percentile of the
-  smoothed values in the bin. Reference lines: the cost sum_{t<10} gamma^t C_t of the first 10 decisions
-  from the initial states of the held-out episodes. The evaluation folders hold each episode's total
-  only, so the report recomputes it: classical-best from its stored tuned parameters on 10 steps of the
-  same held-out paths (a path's prefix does not depend on its length), a MILP by replaying the first 10
-  decisions recorded in its decisions.parquet on those paths (a MILP run of fewer decisions gets no line).
-* Reductions (1 - OR-Transformer's mean / the policy's) and gaps to the perfect-information bound (the
-  policy's mean / the bound's mean - 1) are computed here once, for entries on the sweep's held-out set.
-* The decomposition bound (policies/decomposition.py) is a bound column: its cell is its relaxed
-  policies' simulated cost on the held-out episodes, not the bound; the bound is its DP value (and the
-  conservative figure), noted under the cost table and beside every paired difference. Each policy's paired
-  difference to the relaxed policies (policies.decomposition.PAIRED_DIFFERENCE: cost - their cost on
-  the same episodes, 95% t-interval, and in % of their mean) estimates its expected distance to their
-  expected cost, at most its distance to the bound. Its Figure 1 line is its relaxed policies' mean cost
-  over the first 10 decisions (summary.json's cumulative_cost).
-* Decision time (`time_decisions`, only when asked: platform/report.py --decision-times): the policy of
-  the first finished seed on `device`, the median of REPEATS timed calls
-  after a warm-up, on one state (the first held-out episode's initial state) and on the batch of every
-  held-out episode's initial state; a MILP's time is its seconds per decision
-  (sweeps.results_dir.seconds_per_decision: build + solve, as in baselines.parquet).
+The paper's conventions, and the choices where it is silent (which seeds and episodes a cell averages, which
+entries are ranked and paired, how Figure 1 is smoothed and its reference lines recomputed, the decomposition bound's
+column, how decisions are timed): docs/findings.md, "How the report computes its figures".
 """
 
 from __future__ import annotations

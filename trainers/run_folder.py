@@ -1,52 +1,20 @@
-"""One training run on disk, for every trainer: the run folder's modes (new, resume, overwrite), the
-training curve (Parquet and TensorBoard), periodic checkpoints, resumption, divergence as a recorded
-result, Ctrl-C / SIGTERM as a saved interruption, and a progress bar.
+"""One training run on disk, for every trainer: the run folder's modes (new, resume, overwrite), the training curve
+(Parquet and TensorBoard), periodic checkpoints, resumption, divergence as a recorded result, Ctrl-C / SIGTERM as a
+saved interruption, and a progress bar. The folder's files: docs/formats.md, "Training run folder"; the modes and
+what an interruption or a failure leaves: docs/runs-and-results.md, "Training runs".
 
-Files in the run directory:
-  checkpoint.pt   latest checkpoint (trainers.checkpoint)
-  best.pt         the network the validation keeps (trainers.model_selection: the first scored, replaced by one that
-                  beats it), in the checkpoint format with that update's weights alone; written with each checkpoint,
-                  of a method that validates
-  curve.parquet   method, n, seed, update, cost10, wall_seconds, validation_cost (null where not validated),
-                  restarted (rollouts restarted in the update; null for a method without restarts): updates 1..k
-                  of the checkpoint's update k (rewritten atomically before each checkpoint)
-  tensorboard/    event files (every metric of every update)
-  training.json   config, status (completed | diverged | interrupted | failed), reason, updates done, attempts, wall time,
-                  manifest, and the warm start's record when the run has one (trainers.pathwise)
-  greedy/, sampled/, rllib/  the held-out evaluations (trainers.experiment) and RLlib's state (trainers.rllib_ppo)
-  ray_train/      Ray Train's storage of a data-parallel run (trainers.ray_train)
+A run's life is written once, here: `open_run` (check the folder for its mode and the method's inputs before anything
+is written, prepare it, read the resume point; a folder it made and left empty is removed), then a `RunAttempt`
+(return at once when the run has ended; build the trainer, warm-start it, save the update-0 checkpoint, update it).
+`train_run` is the two in one process. A method supplies its parts as a `MethodRun` that builds its trainer:
+trainers.pathwise's `PathwiseRun`, trainers.rllib_ppo's `PPORun`, and trainers.ray_train's worker, whose driver opens
+the run and whose every start of the workers makes an attempt.
 
-Modes: `new` refuses a folder that already holds a run (any of the files above), so a run is never
-overwritten or mixed with another by accident, and every mode but `overwrite` refuses a folder that holds another
-kind of run (an evaluation, a bound, a MILP run: envs.results.RUNS); `overwrite` removes the previous run's files,
-whatever its kind (and nothing else), first; `resume` continues from checkpoint.pt with the identical curve, and
-needs a checkpoint whose config and instance match and a curve that holds its updates 1..k. Resuming a run that
-has ended (it diverged, or completed `updates` updates) trains nothing and returns its training.json; a larger
-`updates` continues a completed run.
-
-An interruption (Ctrl-C or SIGTERM, in the main thread) lets the current update finish, then saves the
-checkpoint (status `interrupted`), the curve and training.json at that update and raises KeyboardInterrupt
-again; a second one stops at once, keeping the files of the last checkpoint. An update that fails (an exception,
-e.g. out of memory) saves the run at the last finished update with status `failed` and the error as the reason,
-then raises it again, where the method can (`MethodRun.saves_after_failure`); a resume continues the same curve.
-
-A warm start (config imitation_updates or imitation_dagger_updates > 0) runs before update 1. Every `checkpoint_every` imitation updates
-it saves a checkpoint of update 0 that holds the warm start under way (status `running`, an empty curve), and
-an interruption stops it like an update: after the current imitation update (during the teacher's build: after
-the build and the first imitation update), saved (status `interrupted`); a resume continues it from there to the
-uninterrupted run's result. A second interruption before its first checkpoint leaves no run in the folder. An
-exception in the warm start marks its last checkpoint `failed`, with the reason, and raises again. At its end an
-update-0 checkpoint holds the warm-started model, so a resume neither repeats nor skips it. The curve's
-wall_seconds count from the start of the run, the warm start included.
-
-A run's life is written once, here, for every method: `open_run` (check the folder for its mode and the
-method's inputs, prepare the folder, read the resume point; a folder it made and left empty is removed), then a
-`RunAttempt` (return at once when the run has ended; build the trainer, warm-start it, save the update-0 checkpoint,
-update it); `train_run` is the two in one process. A method supplies its parts as a `MethodRun` (check, build the
-trainer, warm start, validate, checkpoint state): trainers.pathwise's `PathwiseRun`, trainers.rllib_ppo's `PPORun`,
-and trainers.ray_train's worker, whose driver opens the run and whose every start of the workers makes an attempt.
-The checkpoint and training.json's `attempts` list the update each attempt started from ([0, 40]: the first
-attempt's updates 1..40 were kept, a resume or a retry made the rest).
+Guarantees: curve.parquet is written before checkpoint.pt, so a checkpoint never names an update the curve lacks; an
+interruption lets the current update (or imitation update) finish and saves it with status `interrupted`, a second
+one stops at once keeping the last checkpoint; a failed update or warm start saves the run at its last finished
+update with status `failed` and the error's first line (where the method can: `MethodRun.saves_after_failure`),
+then raises again. The checkpoint and training.json's `attempts` list the update each attempt started from.
 """
 
 from __future__ import annotations

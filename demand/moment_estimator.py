@@ -1,36 +1,16 @@
-"""The demand model's estimator (demand/fitting.py runs it on a history; docs/fitting.md, "The estimator").
+"""The demand model's estimator (demand/fitting.py runs it on a history; the derivation and why it is consistent:
+docs/fitting.md, "The estimator").
 
-Model (docs/model.md, "Several factors and overdispersion"): F_t in R^k, each coordinate the AR(1) of eq.
-(factor_process) with one rho, F_0 ~ N(0, I); item i's rate lam_i exp(beta_i . F_t - |beta_i|^2 / 2) with a signed
-loading vector beta_i (eq. conditional_demand_rate at the item's exposure); given the rate, D_i,t is negative binomial
-with variance rate + phi_i rate^2 (Poisson at phi_i = 0). Its moments (E exp(beta . F - |beta|^2/2) = 1):
-
-    E D_i = lam_i,   Cov(D_{i,t}, D_{j,t+l}) = lam_i lam_j (exp(rho^l beta_i . beta_j) - 1)   unless i = j and l = 0,
-    Var D_i = lam_i + lam_i^2 ((1 + phi_i) exp(|beta_i|^2) - 1).
-
-So with m_i the sample mean and C^l the sample lag-l covariance matrix, the normalised moments M^l_ij = log(1 +
-C^l_ij / (m_i m_j)) equal rho^l beta_i . beta_j for every pair at lags l = 1..LAGS and for i != j at lag 0, while the
-lag-0 diagonal (with the Poisson part m_i taken out) is log(1 + phi_i) + |beta_i|^2. The estimator (`estimate`): lam_i =
-m_i; (B [n, k], rho) minimise the weighted least squares sum_l sum_ij (w_i w_j)^2 (M^l_ij - rho^l (B B^T)_ij)^2 over
-every pair and lag but the lag-0 diagonal, w_i = m_i / sd_i: the squared residual of w_i w_j M^l_ij, which is about the
-lag-l correlation of items i and j (each pair on the scale of a correlation); then phi_i = exp(M^0_ii - |beta_i|^2) - 1
-from each item's variance, clipped at 0 (an item at most Poisson-dispersed; `Estimate.poisson_items`). It is
-consistent: the factors are a stationary, mixing Gaussian AR(1) and demand a function of them and independent noise,
-so m and C^l converge almost surely to their expectations; at those the objective is zero exactly at B B^T and rho of
-the truth (the lags >= 1 fix the diagonal of B B^T, lag 0 its off-diagonal, their ratio rho), and the minimiser is
-continuous in the moments. B itself is identified only up to a rotation of the k factors (F ~ N(0, I) is
-rotation-invariant): the fit reports |beta_i|, B B^T and the subspace of B, and shows B after a varimax rotation.
-With b_i = w_i beta_i, A(rho) = sum_l rho^l N^l and N^l_ij = w_i w_j sym(M^l)_ij, the minimiser over B for a given rho
-is the top k eigenvectors of A(rho) (the lag-0 diagonal imputed by the model's own value, an EM step), each scaled to
-|b|^2 = lambda_j / sum_l rho^2l (`_low_rank`; LAPACK up to n = 64, subspace iteration above), and rho given B
-maximises a polynomial ratio on [0, RHO_MAX]; the steps alternate until rho and the imputed diagonal settle, at most
-ALTERNATIONS times (`Estimate.converged` says whether they did). At k = 1 this is the paper model's rank-one fit
-(the top eigenvector), with the loadings kept non-negative as the paper's model has them: a loading that comes out
-negative is cut to 0 and said in the notes (a move against the other items needs signed loadings, k >= 2, which the
-hold-out chooses where the data show it).
-
-What the model cannot represent is said in `Estimate.notes`: an item whose variance is at most its mean
-(underdispersed) gets beta_i = 0."""
+Under the model (docs/model.md, "Several factors and overdispersion") the normalised moments M^l_ij =
+log(1 + C^l_ij / (m_i m_j)) of the sample means m and lag-l covariances C^l equal rho^l beta_i . beta_j for every pair
+at lags l = 1..LAGS and for i != j at lag 0, and the lag-0 diagonal is log(1 + phi_i) + |beta_i|^2. `estimate` takes
+lam_i = m_i and fits (B [n, k], rho) by weighted least squares over every pair and lag but the lag-0 diagonal (weights
+w_i = m_i / sd_i, so each pair is on the scale of a correlation), alternating the top-k eigenvectors of
+A(rho) = sum_l rho^l N^l (`_low_rank`, the lag-0 diagonal imputed by the model: an EM step) with rho given B, at most
+ALTERNATIONS times (`Estimate.converged`); then phi_i from each item's variance, clipped at 0. B is identified up to a
+rotation of the factors. At k = 1 the loadings are kept non-negative, as the paper's model has them. What the model
+cannot represent is said in `Estimate.notes` (an underdispersed item gets beta_i = 0).
+"""
 
 from __future__ import annotations
 

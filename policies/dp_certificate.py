@@ -1,36 +1,13 @@
 """A proven lower bound on one item's DP optimum from a coarse lattice (docs/methods.md, "The certificate").
 
-The item's problem is policies/dp_optimal.py's with the cap q = ceil(qbar) (the bound's relaxation), whose optimum over
-real order quantities is its exact-lattice value V. This module computes, on the positions a_j = j D (D the lattice step
-the item's DP uses, dp_optimal.lattice_step; D = 1 on the exact lattice), numbers l_t(a_j) whose piecewise-linear
-interpolant L_t satisfies L_t <= T L_{t+1} at every real position, T the exact Bellman operator. Since T is monotone
-and L = V = 0 after the last decision step, backward induction gives L_t <= V_t everywhere, so the expected cost from
-x_0 with L_0 interpolated at x_0 is a lower bound on the exact-lattice optimum, with no estimate in it:
-
-1. Expectations are exact at the lattice points. For a function u that is linear between lattice points, E u(a_j - D_t)
-   over the integer demand D_t equals the sum over the demand law split onto the multiples of D (dp_optimal.demand_law:
-   the mass of d in [m D, (m + 1) D) goes to both ends in proportion, which is linear interpolation of u).
-2. Between lattice points the expectation chi(z) = E u(z - D_t) can sag below its chord, but only by its convex
-   curvature inside the cell: chi(z) >= chord(z) - (D / 4) mu+(cell), where mu+ is the positive part of chi's second
-   derivative on the open cell (the Green's function of [a_j, a_j + D] is at most D / 4). chi's kinks are u's kinks
-   a_k shifted by the demands, so mu+(cell j) <= sum_k c_k+ P(m D < D_t < (m + 1) D) with m = j - k and c_k+ the
-   convex slope changes of u: a convolution along the lattice, like the expectation itself. Subtracting at each lattice
-   point the larger margin of its two cells makes the interpolant lie below chi everywhere (`_margins`).
-3. The charge G(y, f) = E[h (y - S)^+ + b (S - y)^+ | F_t = f], S the demand of L + 1 periods, is built the same way
-   from the kink of h z^+ + b z^- at 0 (a lattice point) by L + 1 expectations, each with its margin; the sunk costs of
-   the first L steps are the partial sums' charges interpolated at x_0.
-4. The minimum is exact for the interpolant. With omega the interpolant of the lower bounds on W_t, and x in a cell,
-   T's min(omega(x), K + min_{x <= y <= x + q} omega(y)) is a minimum of functions linear in x (omega at the window's ends
-   and its values at the lattice points inside) on the pieces where the set of lattice points inside the window is
-   fixed: concave there, so it lies above the chord of its values at the pieces' ends. When D divides q the pieces
-   are the cells, and those values are the coarse DP's min(omega_j, K + min_{j <= k <= j + q/D} omega_k). When it does
-   not (q = w D + r), the window ends at the interpolated point a_{j+w} + r and each cell has one more break point at
-   a_{j+1} - r, where the interpolant is checked and, if above, both ends lowered by the excess: the cap is kept
-   exactly, never rounded.
-
-Shared with the exact DP, and so not part of what the certificate bounds: the factor chain (the Tauchen grid), the
-demand laws' 1e-13 tails lumped into their last point, the linear extrapolation below the position domain, and the
-top of the domain (widened while an optimal order-up-to position touches it).
+The item's problem is policies/dp_optimal.py's with the cap q = ceil(qbar), whose optimum over real order quantities
+is its exact-lattice value V. On the positions a_j = j D (D the item's lattice step, dp_optimal.lattice_step) this
+module computes numbers l_t(a_j) whose piecewise-linear interpolant L_t satisfies L_t <= T L_{t+1} at every real
+position, T the exact Bellman operator; so L_t <= V_t (T is monotone, L = V = 0 after the last decision), and L_0 at
+x_0 is a lower bound on V with no estimate in it. The four steps (exact expectations at lattice points, the sag margins
+between them `_margins`, the charge, the minimum with the cap's partial step) are argued in the docs. Shared with the
+exact DP and so outside what it bounds: the Tauchen chain, the demand laws' 1e-13 tails, the extrapolation below the
+domain and its top.
 """
 
 from __future__ import annotations

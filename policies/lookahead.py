@@ -1,42 +1,19 @@
-"""The decomposition lookahead policy: a joint rule from the decomposition bound's per-item values.
+"""The decomposition lookahead policy: a joint rule from the decomposition bound's per-item values
+(docs/methods.md, "Decomposition lookahead").
 
-The decomposition bound (policies/decomposition.py) splits K into shares k_i and solves each item
-alone by the n = 1 DP (policies/dp_optimal.py), whose post-decision value of the position y after ordering is
+Item i's post-decision value W_i,t(y, f) comes from its n = 1 DP at its share k_i of the bound's split
+(policies/decomposition.py, policies/dp_optimal.py). At a state (x, f, t), x_i the inventory position, item i's gain
+is g_i = max(0, W_i,t(x_i, f) - min_{x_i < y <= x_i + qbar_i} W_i,t(y, f)); the rule opens iff sum_i g_i > c K and
+then orders every item with g_i > 0 up to its minimiser (c = 1: the one-step lookahead on the decomposed values; at
+n = 1 the DP's own rule).
 
-    W_i,t(y, f) = gamma^L_i G_i(y, f) + gamma E[V_i,t+1(y - D, F') | F_t = f].
-
-At a state (x, f, t), with x_i = I_i + sum_l P_i,l the inventory position, the gain of ordering item i is
-
-    g_i = max(0, W_i,t(x_i, f) - min_{x_i < y <= x_i + qbar_i} W_i,t(y, f)),
-
-the saving of its best order if the setup were already paid. The rule opens iff sum_i g_i > c K and then
-orders every item with g_i > 0 up to its minimiser y_i*: with c = 1 it is the one-step lookahead on the
-decomposed values (pay K now, then follow the items' values). At n = 1 it is the DP's own rule (opens iff
-K + min W < W(x)).
-
-Tables. Only differences of W_i,t(., f) along y matter, so each (stage, item, factor point) row keeps
-W - min_y W ("excess", >= 0), which is also what makes a float16 copy precise where it matters (near the
-minimiser the excess is small). An item's form is stored in its own unit, scale_i = (its largest excess) /
-EXCESS_CAP, kept in its file: W scales with h, b and K, so costs in any currency give the same stored rows,
-and a float16 row holds every value (to 2^-11 of itself) up to the largest. Two forms:
-* finite: W_i,t for every decision stage t < T - L_i of the evaluation horizon T (the horizon is known;
-  orders in the last L_i decisions never pay off and are not placed). An item whose rows would take more than its
-  share of FINITE_BUDGET keeps only some stages (the last and the first always): far from the horizon's end W_i,t
-  changes slowly and almost linearly from stage to stage, and a stage is left out when the straight line between the
-  kept stages around it holds its every entry to within STAGE_TOLERANCE units plus float16's own rounding; the
-  policy reads that line there;
-* stationary: W_i,0 of a long horizon (gamma^H <= STATIONARY_TAIL), for decide.py and serve.py, where a
-  state carries no period.
-Positions are each item's DP lattice (two classes per unit with the integer-cap lattice); a position is
-mapped to the nearest lattice point (orders up to lattice points keep a simulated position on it), and
-the item's factor, its exposure u_i,t = beta_i . F_t / |beta_i| (TensorInstance.exposure; F_t itself for the
-paper's model), on which its DP was solved (policies/decomposition.py), is interpolated linearly between
-the neighbouring grid points (clamped at the ends), as policies.dp_optimal.DPOptimalPolicy does: a shift of a
-row by a constant does not change differences, so interpolating the excess is interpolating W.
-
-A table set is saved as one .npz per item plus tables.json (what they were built for) in a folder; the
-decomposition bound's run writes them in its results folder under `lookahead/` (platform/bound.py --kind
-decomposition).
+Tables keep, per (stage, item, factor point), the excess W - min_y W in float16 in the item's own unit (scale_i: its
+largest excess / EXCESS_CAP), in two forms: `finite` (every decision stage of the evaluation horizon, or within its
+share of FINITE_BUDGET the stages that a straight line between kept ones does not hold to STAGE_TOLERANCE) and
+`stationary` (W_i,0 of a long horizon, for a state without a period: decide.py, serve.py). A position goes to the
+nearest point of the item's DP lattice; the item's exposure (TensorInstance.exposure) is interpolated linearly between
+factor grid points, clamped at the ends. A table set is one .npz per item plus tables.json in a folder (a
+decomposition bound run writes it under `lookahead/`).
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """The Ray pool of CPU solver workers: rolling-horizon decisions and bound solves in parallel across
 episodes, on an embedded local Ray or a cluster.
 
-Fault tolerance: actors restart after a crash and Ray retries their in-flight call
-(`max_restarts`, `max_task_retries`); a worker that stays dead is replaced and its task resubmitted.
-Retries are at-least-once, so every result is keyed — (episode, decision) for decisions, episode for
-bounds — and appended to a JSON-lines journal as it arrives (flushed and fsynced); the journal keeps
-the first record per key. A re-run reads the journal and skips what is done.
+Fault tolerance: actors restart after a crash and Ray retries their in-flight call (`max_restarts`,
+`max_task_retries`); a worker that stays dead is replaced and its task resubmitted. Retries are at-least-once, so every
+result is keyed ((episode, decision) for decisions, episode for bounds) and appended to a JSON-lines journal as it
+arrives (flushed and fsynced); the journal keeps the first record per key, and a re-run skips what is done.
 
-Run identity. A journal's first line is the identity of the run that wrote it: the instance's content
-hash and every setting a record depends on. A re-run resumes a journal only with the same identity;
-another identity, or a journal without one (written before identities were recorded), is refused
-with an InputError naming every field that differs. What is in an identity, and why:
-
-* Decisions (`rolling_identity`): instance, path seed, scenarios S, plan horizon H, and every solver
-  option — solver, time limit, gap, threads (a solver's search path depends on its thread count),
-  warm start, solver seed. Not the number of episodes nor the evaluation horizon: episode e's path
-  depends only on (instance, seed, e) and a longer horizon regenerates the same prefix, and a decision
-  at step t plans over its own H steps whatever the evaluation horizon (the plan is never truncated
-  at the episode's end). So a re-run with more episodes or a longer horizon extends the journal, and
-  one with fewer or a shorter one reuses part of it.
-* Bounds (`bound_identity`): instance, path seed, the evaluation horizon (an episode's bound solves
-  the whole episode) and every solver option; not the number of episodes.
-* The decomposition bound (`decomposition_identity`): instance, path seed, evaluation horizon, the
-  number of episodes (an item's record holds its simulated cost on every episode) and every
-  DecompositionOptions field.
-* None holds the worker count or the Ray address (a record does not depend on where it ran). A
-  time-limited solve also depends on the machine's speed, which no identity can hold.
-
-Where a task ran: every record carries `node_id`, `node_ip`, `node_name` and `pid` of the solver worker that made it
-(`where`), so a journal shows the spread over a cluster's nodes, and a task re-run after its node was lost
-shows the node of the run that was kept.
+A journal's first line is the identity of the run that wrote it (`rolling_identity`, `bound_identity`,
+`decomposition_identity`: the instance's hash and every setting a record depends on, never the worker count nor the
+Ray address); a re-run with another identity, or a journal without one, is refused with an InputError naming every
+field that differs. What each identity holds and why: docs/runs-and-results.md, "Solver runs". Every record carries
+the `node_id`, `node_ip`, `node_name` and `pid` of the worker that made it (`where`).
 """
 
 from __future__ import annotations

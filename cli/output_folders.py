@@ -68,11 +68,10 @@ def job_runtime_env() -> dict | None:
 
 
 def apart_from_inputs(out: Path, inputs: dict[str, object], folders: dict[str, object], what: str, *, is_file: bool) -> None:
-    """Refuse an output that lies inside one of the folders the script reads (`folders`: flag -> path, None where not
-    given; a lookahead's tables folder, the evaluation folders of a report: a checkpoint's folder is a run's, refused
-    by `outside_runs`), is one of the paths it reads or writes under another flag (`inputs`, alike) or, for an output
-    folder, holds one: writing it would change or destroy that path, with --overwrite too. A path read as a file is
-    no folder to lie inside: given as a directory, the script refuses it as such."""
+    """Raises InputError for an output that lies inside one of the `folders` the script reads (flag -> path, None where not given), is one
+    of the paths it reads or writes under another flag (`inputs`, alike) or, for an output folder, holds one: writing would change or
+    destroy that path, with --overwrite too. A checkpoint's folder is a run's, refused by `outside_runs`; a path read as a file is no
+    folder to lie inside."""
     target = out.resolve()
     for flag, given in folders.items():
         if given is not None and Path(given).resolve() in target.parents:
@@ -109,12 +108,10 @@ def outside_runs(out: Path, what: str) -> None:
 def resolve_out(
     path, what: str = "--out", *, is_file: bool = False, suffix: str | None = None, overwrite: bool = False, inputs=None, folders=None
 ) -> Path:
-    """`path` as the script's output directory (or, with is_file, output file), checked before any work: not a
-    URI; under `ray job submit` absolute and outside the job's copy of its working directory; not inside one of the
-    `folders` the script reads, not one of its `inputs` nor, for a directory, holding one (`apart_from_inputs`); not
-    inside another run's folder (`outside_runs`); a file not a directory, named with `suffix` when given, and not an
-    existing file unless `overwrite`; then writable (plumbing.files.output_dir, of the file's folder with is_file). Creates
-    nothing."""
+    """Returns `path` checked, before any work, as the script's output folder (or, with is_file, output file); creates nothing. Raises
+    InputError for a URI; under `ray job submit`, a relative path or one in the job's copy of its working directory; an output inside
+    the `folders` read, overlapping the `inputs` (`apart_from_inputs`) or inside another run's folder (`outside_runs`); for a file, a
+    directory, a name without `suffix`, an existing file without `overwrite`; a place not writable (plumbing.files.output_dir)."""
     text = str(path)
     if (refusal := uri_refusal(text)) is not None:
         raise InputError(f"{what} {refusal}")

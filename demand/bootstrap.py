@@ -47,12 +47,10 @@ def mean_off_diagonal(matrix: np.ndarray) -> float:
 
 
 def bootstrap(demand: np.ndarray, fitted: Estimate, replicates: int = REPLICATES, seed: int = 0, progress: bool = False) -> Bootstrap:
-    """A parametric bootstrap: `replicates` histories of the same length drawn from the fitted model (its k factors
-    and overdispersion), each fitted again with the same k (float32 products: the bootstrap's own noise is far above
-    their rounding). Their spread is the sampling distribution of every estimate and observed statistic if the model
-    holds, also where the factor's persistence makes a history's mean wander (a resampling of periods in blocks
-    misses that for rho near 1); whether the model holds is what the report's checks test against these spreads.
-    The loadings themselves are identified only up to a rotation of the factors: their norms |beta_i| are kept."""
+    """A parametric bootstrap: `replicates` histories of the same length drawn from the fitted model (its k factors and
+    overdispersion), each fitted again with the same k (float32 products), giving the sampling distribution of every estimate
+    and observed statistic if the model holds (docs/fitting.md, "Standard errors and intervals"). Loadings are identified
+    only up to a rotation, so their norms |beta_i| are kept."""
     rng = np.random.default_rng([0x46495420, seed])
     rows = {name: [] for name in ("lam", "beta", "rho", "overdispersion", "variance", "autocorrelation", "cross_correlation")}
     for _ in tqdm(range(replicates), desc="bootstrap", disable=not progress, leave=False):

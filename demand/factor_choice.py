@@ -19,14 +19,9 @@ improves the predicted correlations by less than 1% is not worth its n loadings.
 
 
 def choose_factors(demand: np.ndarray, max_factors: int = MAX_FACTORS, dtype=np.float64) -> tuple[int, list[dict]]:
-    """(k, one row per k = 1..max_factors): the k whose model, fitted on the first 80% of the periods, best predicts
-    the normalised moments of the last 20%. The criterion is the estimator's own objective out of sample: the mean
-    over lags l = 0..LAGS and pairs (i, j), the lag-0 diagonal left out, of (w_i w_j)^2 (H^l_ij - rho^l beta_i . beta_j)^2,
-    H the hold-out's normalised moments (`normalised_moments` of its own means and lagged covariances) and w_i =
-    m_i / sd_i the training weights: about the squared error of the predicted lag-l correlations. A factor fitted
-    to the training part's noise predicts nothing of the hold-out's and adds its square to the criterion; a factor of
-    little weight changes the criterion little either way, so the smallest k within CHOICE_TOLERANCE of the smallest
-    error is chosen."""
+    """(k, one row per k = 1..max_factors): each k's model fitted on the first 80% of the periods and scored by the estimator's
+    own objective on the last 20%'s normalised moments (training weights, lag-0 diagonal left out); k is the smallest within
+    CHOICE_TOLERANCE of the smallest error (docs/fitting.md, "Choosing the number of factors")."""
     periods, n = demand.shape
     train = int(round(periods * (1 - HOLDOUT_SHARE)))
     mean, cov = lagged_covariances(demand[:train], dtype=dtype)

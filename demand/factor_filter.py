@@ -96,18 +96,11 @@ class GridFilter:
 
 @dataclass(frozen=True)
 class GaussianFilter:
-    """A Gaussian approximation of the Bayes filter of k factors (a Laplace, or iterated extended Kalman, filter): the
-    law of F_t given D_<t is taken as N(m_t, P_t). Predict, eq. (factor_process) in each coordinate: m- = rho m,
-    P- = rho^2 P + (1 - rho^2) I (F_0 ~ N(0, I)). Update with D_t: m is the mode of the log posterior
-    sum_i log p(D_i,t | eta_i) - (F - m-)' P-^-1 (F - m-) / 2 in the log-rates eta_i = log lam_i + beta_i . F - |beta_i|^2 / 2
-    (eq. (conditional_demand_rate) at the exposure u_i,t, envs.instance.exposure), concave, found by Newton's method;
-    P = (P-^-1 + B' W B)^-1 at the mode, with B the [n, k] loadings and W the likelihood's curvature in eta
-    (`score_and_curvature`; Poisson or negative binomial).
-
-    An approximation: the posterior is not Gaussian (the rate is exponential in F). On tests/test_backtest.py's
-    histories the predictive means differ from the exact filter's by at most 0.011 (Poisson) and 0.018 (negative
-    binomial) at k = 1 (GridFilter; 8 items, 300 periods), and by at most 0.071 and 0.032 at k = 2 (a 61 x 61 grid;
-    4 items, 40 periods), where the posterior's standard deviation is 0.41 to 0.79 per coordinate."""
+    """A Gaussian (Laplace, or iterated extended Kalman) approximation of the Bayes filter of k factors: F_t given D_<t is
+    N(m_t, P_t), predicted by eq. (factor_process), m- = rho m, P- = rho^2 P + (1 - rho^2) I (F_0 ~ N(0, I)), and updated with
+    D_t at the mode of the log posterior in the log-rates eta_i = log lam_i + beta_i . F - |beta_i|^2 / 2 (eq.
+    (conditional_demand_rate)), P = (P-^-1 + B' W B)^-1 there, W the likelihood's curvature in eta (`score_and_curvature`).
+    The posterior is not Gaussian; its error against the exact filter: docs/fitting.md, "Backtest"."""
 
     lam: np.ndarray
     loadings: np.ndarray

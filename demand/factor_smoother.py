@@ -13,11 +13,9 @@ from envs.exogenous import FACTOR_BOUND, innovation_scale
 def smooth_factor(
     demand: np.ndarray, lam: np.ndarray, beta: np.ndarray, rho: float, overdispersion: np.ndarray | None = None, iterations: int = 50
 ) -> dict:
-    """Posterior mode of F_0..F_{T-1} given the history (Newton's method, Fisher scoring: each step is a Kalman filter
-    and RTS smoother of the pseudo-observations of the log-likelihood linearised at the current path; the negative
-    binomial's score in the log rate is (D - rate) / (1 + phi rate), its information rate / (1 + phi rate), Poisson's
-    at phi = 0) with its Laplace standard deviation; also the filtered mean [k] and covariance [k, k] of the last
-    period (for forecasts). `beta` [n] (one factor: mean and sd [T]) or [n, k] (k factors: [T, k])."""
+    """{"mean", "sd"}: the posterior mode of F_0..F_{T-1} given the history (Fisher scoring: each step a Kalman filter and RTS
+    smoother of the linearised log-likelihood's pseudo-observations) and its Laplace standard deviation, [T] for `beta` [n]
+    (one factor) or [T, k] for [n, k]; and "last_mean" [k], "last_cov" [k, k], the last period's filtered state (for forecasts)."""
     loadings = as_loadings(beta)
     periods, factors = demand.shape[0], loadings.shape[1]
     phi = np.zeros(lam.size) if overdispersion is None else overdispersion

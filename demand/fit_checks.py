@@ -137,12 +137,10 @@ def season_means(demand: np.ndarray, season: np.ndarray, seasons: int) -> tuple[
 def season_statistic(
     demand: np.ndarray, season: np.ndarray, seasons: int, lam: np.ndarray, beta: np.ndarray, rho: float, overdispersion=None
 ) -> np.ndarray:
-    """Q [n], the Wald statistic of equal season means of each item: with y_i [S] the item's demand summed per season
-    and C [S - 1, S] the contrasts of each season's mean with the last season's, Q_i = (C y_i)^T (C Sigma_i C^T)^-1
-    C y_i, where Sigma_i = Cov(y_i) = sum_l gamma_i(l) G_l under the model (gamma_i its autocovariance at lag l,
-    `model_autocovariance`; G_l [S, S] the number of pairs of periods l apart by their two seasons, both orders for
-    l >= 1). The model's mean is the same in every period, so E C y_i = 0 and Q_i is chi-square on S - 1 degrees of
-    freedom, as far as the season means are normal (sums of T / S periods each)."""
+    """Q [n], each item's Wald statistic of equal season means: Q_i = (C y_i)^T (C Sigma_i C^T)^-1 C y_i, y_i [S] its demand
+    summed per season, C [S - 1, S] the contrasts of each season's mean with the last's, Sigma_i = sum_l gamma_i(l) G_l its
+    model covariance (gamma_i: `model_autocovariance`; G_l [S, S]: pairs of periods l apart by their seasons, both orders for
+    l >= 1). Chi-square on S - 1 degrees of freedom under the model, as far as the season means are normal."""
     periods, n = demand.shape
     pairs = np.stack(
         [np.bincount(season[: periods - lag] * seasons + season[lag:], minlength=seasons**2) for lag in range(periods)]
@@ -225,12 +223,9 @@ over the items' cells)."""
 
 
 def outlying_cells(demand: np.ndarray) -> list[tuple[int, int, float]]:
-    """(item, period, p) of each item's most extreme cell whose upper tail p = P(D >= d) is below OUTLIER_LEVEL / (n T)
-    under the negative binomial of the mean of the item's other periods and the overdispersion of all its periods
-    (Poisson where they show none; the factor's swing is in that variance): one cell far beyond everything else the item
-    sold, which alone drives its lam, its phi and its default cap (a mistyped 1,000,000 in an item selling 5 a period).
-    The cell's own periods' dispersion is the most generous to it, so a heavy tail of the model is not flagged. An item
-    whose other periods are all 0 has p = 0 for any sale."""
+    """(item, period, p) of each item's most extreme cell whose upper tail p = P(D >= d) is below OUTLIER_LEVEL / (n T) under the
+    negative binomial of the mean of the item's other periods and the overdispersion of all its periods (Poisson where they
+    show none); p = 0 for any sale of an item whose other periods are all 0 (docs/fitting.md, "The fit report")."""
     periods, n = demand.shape
     total = demand.sum(axis=0)
     mean = (total - demand) / (periods - 1)  # [T, n] each cell's item's mean without it
@@ -252,14 +247,11 @@ one factor uses the 20 Gauss-Hermite nodes."""
 
 
 def holdout_check(demand: np.ndarray, seed: int = 0, factors: int = 1) -> dict:
-    """Fit the model of `factors` = k on the first 80% of the periods, forecast the last 20% from the factors'
-    filtered state at the end of the first part (F_{T0+h} ~ N(rho^h m, rho^2h P + (1 - rho^2h) I)), and count how
-    often what happened lies in the central 80% predictive interval: per item and period (item i's exposure
-    beta_i . F is one-dimensional: 20 Gauss-Hermite nodes), and of the total over items (the k-dimensional forecast at
-    Gauss-Hermite nodes for k = 1, QUASI_POINTS quasi-random points for k >= 2; given F the total is Poisson, or with
-    overdispersion the negative binomial of its mean and variance, sum_i rate_i and sum_i rate_i + phi_i rate_i^2).
-    Demand is discrete, so the interval is the randomised one (PIT u = P(D < d) + V P(D = d), V uniform, inside
-    [0.1, 0.9]), whose coverage is exactly 80% under the model (for the total, up to its two-moment match)."""
+    """Fit the model of `factors` = k on the first 80% of the periods, forecast the last 20% from the factors' filtered state
+    there (F_{T0+h} ~ N(rho^h m, rho^2h P + (1 - rho^2h) I)) and return how often what happened lies in the central 80%
+    predictive interval, per item and period and of the total over items, with standard errors. The interval is the randomised
+    one (PIT u = P(D < d) + V P(D = d), V uniform), whose coverage is exactly 80% under the model (for the total, up to its
+    two-moment match); docs/fitting.md, "The fit report"."""
     periods = demand.shape[0]
     train = int(round(periods * (1 - HOLDOUT_SHARE)))
     fitted = fit_moments(demand[:train], factors=factors)

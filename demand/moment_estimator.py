@@ -34,11 +34,9 @@ BETA_MAX = FIELD_RANGES["beta"][2]
 
 @dataclass(frozen=True)
 class Estimate:
-    """lam [n], the signed loadings [n, k] of k factors, rho, the overdispersion phi [n] (>= 0), what the model could
-    not represent (item index -> what was done and why), the items whose phi was clipped at 0 (their variance at most
-    what the factor and Poisson noise give), and whether the alternation converged (if not, the loadings are still the
-    best for the rho returned). The loadings are identified up to a rotation of the factors (`beta`, their norms, and
-    the subspace they span are not)."""
+    """lam [n], the signed loadings [n, k], rho, the overdispersion phi [n] (>= 0), `notes` (item -> what the model could not
+    represent, what was done and why), `poisson_items` (phi clipped at 0) and `converged` (if not, the loadings are still the
+    best for the rho returned). The loadings are identified up to a rotation of the factors (`beta`, their norms, is not)."""
 
     lam: np.ndarray
     loadings: np.ndarray
@@ -123,19 +121,11 @@ def estimate(mean: np.ndarray, cov: np.ndarray, factors: int = 1) -> Estimate:
 
 
 def _low_rank(normalised: np.ndarray, factors: int) -> tuple[np.ndarray, float, bool]:
-    """(B [n, k], rho, converged) minimising sum_l sum_ij (N^l_ij - rho^l (B B^T)_ij)^2 over every entry but the lag-0
-    diagonal (which carries the overdispersion), N [L + 1, n, n] symmetric per lag; `normalised`'s lag-0 diagonal is
-    overwritten.
-
-    The left-out diagonal is imputed by the model's own value (B B^T)_ii, which makes its residual zero (an EM step:
-    the objective never rises). With it, for a given rho the minimum over B is sum_l |N^l|^2 - sum_j lambda_j^2 / c(rho),
-    lambda_1..k the k largest eigenvalues of A(rho) = sum_l rho^l N^l and c(rho) = sum_l rho^2l, at B = V diag(lambda /
-    c)^(1/2) (V their unit eigenvectors; a negative lambda_j gives a zero column). So rho maximises |V^T A(rho) V|^2 / c
-    on [0, RHO_MAX] for the V found (the eigenvalues of V^T A V, each at least 0, squared). The steps alternate until
-    rho moves less than 1e-6 and the imputed diagonal less than 1e-9 of its largest value (1e-5 in float32, the
-    bootstrap's precision), at most ALTERNATIONS times;
-    the eigenpairs returned are always those at the rho returned. At k = 1 and without the imputation this is the
-    paper model's rank-one fit."""
+    """(B [n, k], rho, converged) minimising sum_l sum_ij (N^l_ij - rho^l (B B^T)_ij)^2 over every entry but the lag-0 diagonal,
+    N [L + 1, n, n] symmetric per lag; overwrites `normalised`'s lag-0 diagonal with the imputed (B B^T)_ii. For a given rho
+    the best B is V diag(lambda / c)^(1/2), (lambda, V) the top k eigenpairs of A(rho) = sum_l rho^l N^l (a negative lambda
+    giving a zero column) and c = sum_l rho^2l, so rho maximises |V^T A(rho) V|^2 / c (`_profile_loss`); at most ALTERNATIONS
+    alternations, the eigenpairs returned always those at the rho returned. At k = 1 without the imputation: the paper's fit."""
     lags = np.arange(normalised.shape[0])
     size = normalised.shape[1]
     lag0 = normalised[0]  # a view: its diagonal holds the imputed values from here on

@@ -38,11 +38,9 @@ CAP_QUANTILE = 0.999
 
 
 def default_caps(lam: np.ndarray, overdispersion: np.ndarray, lead: np.ndarray) -> np.ndarray:
-    """The order cap of an item whose cost table gives none: the least whole number of units that is at least the paper's
-    QBAR_PER_LAM lam_i, at least the CAP_QUANTILE quantile of its lead-time demand (L_i + 1 periods at its mean rate,
-    the factor held still: Poisson((L + 1) lam), or the negative binomial of shape (L + 1) / phi) and at least 1.
-    A slow mover's 4 lam is below one unit (0.15-1.9 on a weekly panel), and the DP-based policies order on a lattice
-    of whole units there; a heavy-tailed item's 4 lam can be below what one lead time sells."""
+    """The order cap of an item whose cost table gives none: the least whole number of units at least QBAR_PER_LAM lam_i, the
+    CAP_QUANTILE quantile of its lead-time demand (L_i + 1 periods at its mean rate, the factor held still) and 1
+    (docs/fitting.md; a slow mover's 4 lam is below one unit: 0.15-1.9 on a weekly panel)."""
     periods = lead + 1.0
     quantile = np.where(
         overdispersion > 0,

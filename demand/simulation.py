@@ -89,11 +89,10 @@ def period_labels(step: str, start: str | None, periods: int):
 
 
 def simulate_history(instance, seed: int, periods: int, start: str | None = None, names: list[str] | None = None):
-    """(history table, cost table) as pyarrow Tables: one episode of `periods` periods, drawn by the project's own
-    sampler (envs.exogenous.sample_paths: episode 0 of `seed`), and the instance's h, b, lead, qbar. The periods are
-    `period_labels` from `start` at the step of the history the instance was fitted on (source.step), daily for an
-    instance without one. Items are named by `names`, by default the instance's own (a fitted instance's,
-    Instance.item_names), else item-000, item-001, ..."""
+    """(history table, cost table) as pyarrow Tables: one episode of `periods` periods from envs.exogenous.sample_paths (episode
+    0 of `seed`), and the instance's h, b, lead, qbar. The periods are `period_labels` from `start` at the step of the
+    history the instance was fitted on (source.step; daily without one); items are named `names`, else
+    Instance.item_names, else item-000, item-001, ..."""
     import pyarrow as pa
 
     from envs.exogenous import sample_paths

@@ -20,11 +20,8 @@ from envs.instance import LMAX, TensorInstance
 @dataclass(frozen=True)
 class State:
     """s_t = (I_t, P_t, F_t), eq. (state); Theta travels separately as the instance.
-
-    inv: [B, n] net inventory before demand (negative = backlog);
-    pipe: [B, n, LMAX-1] in-transit, pipe[..., l-1] = P_{i,l,t} arrives at t + l;
-    factor: [B] observed market factor F_t; [B, k] with k factors (docs/model.md).
-    """
+    inv: [B, n] net inventory before demand (negative = backlog); pipe: [B, n, LMAX-1] in transit, pipe[..., l-1] = P_{i,l,t} arrives
+    at t + l; factor: [B] observed market factor F_t, [B, k] with k factors (docs/model.md)."""
 
     inv: torch.Tensor
     pipe: torch.Tensor

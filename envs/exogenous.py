@@ -134,12 +134,8 @@ def check_cost_range(instance: Instance, horizon: int) -> None:
 
 @dataclass(frozen=True)
 class ExogenousPaths:
-    """Factor and demand for E episodes of T steps.
-
-    factor: [E, T+1] (one factor) or [E, T+1, k] — F_0..F_T (the last entry is the factor of the state after the
-    final step);
-    demand: [E, T, n] — D_{i,t}.
-    """
+    """Factor and demand for E episodes of T steps: factor [E, T+1] (one factor) or [E, T+1, k], F_0..F_T (the last is the factor of the
+    state after the final step); demand [E, T, n], D_{i,t}."""
 
     factor: torch.Tensor
     demand: torch.Tensor
@@ -207,13 +203,9 @@ def sample_paths(
 
 
 class FactorDemandStream:
-    """Fresh exogenous draws for B parallel training rollouts, on the instance's device.
-
-    Rollout b's draws depend on the seed and b only when every draw is made for the whole batch: the
-    factor's draws are positional, but torch.poisson's use of the generator depends on the rates. So a
-    data-parallel worker holding some of the rollouts still steps the whole batch's factor path and demands
-    and keeps its rows (trainers.pathwise): the factor path is exogenous, so it can.
-    """
+    """Fresh exogenous draws for B parallel training rollouts, on the instance's device. Rollout b's draws depend on the seed and b only
+    when every draw is made for the whole batch (torch.poisson's use of the generator depends on the rates), so a data-parallel worker
+    steps the whole batch's factor path and demands and keeps its rows (trainers.pathwise)."""
 
     def __init__(self, instance: TensorInstance, batch: int, seed: int):
         self.instance = instance

@@ -391,12 +391,10 @@ def unit_directions(loadings: np.ndarray) -> np.ndarray:
 
 
 def exposure(directions, factor):
-    """u_i,t = beta_i . F_t / |beta_i|, item i's exposure to the factors (docs/model.md, "Several factors and
-    overdispersion"): a stationary AR(1) with the factor's rho and unit variance, so item i's demand rate is
-    lam_i exp(|beta_i| u_i,t - |beta_i|^2 / 2), eq. (conditional_demand_rate) with beta_i -> |beta_i| and F_t -> u_i,t.
-
-    `directions` [n, k] (Instance.directions, NumPy or torch like `factor`), or None for one non-negative factor;
-    `factor` [...] at k = 1, else [..., k]. Returns [..., n], or [..., 1] (F_t itself) when `directions` is None."""
+    """u_i,t = beta_i . F_t / |beta_i|, item i's exposure to the factors, a stationary AR(1) with the factor's rho and unit variance: eq.
+    (conditional_demand_rate) with beta_i -> |beta_i| and F_t -> u_i,t (docs/model.md, "Several factors and overdispersion").
+    `directions` [n, k] (Instance.directions, NumPy or torch like `factor`), or None for one non-negative factor; `factor` [...] at k = 1,
+    else [..., k]. Returns [..., n], or [..., 1] (F_t itself) when `directions` is None."""
     if directions is None:
         return factor[..., None]
     if directions.shape[1] == 1:
@@ -485,13 +483,9 @@ PAPER_MAX_N_WHY = f"the paper family has {PAPER_MAX_N:,} distinct (h, b, lam) gr
 
 
 def paper_instance(n: int, seed: int) -> Instance:
-    """The paper's instance family (appendix table "baselines details").
-
-    K = 10n, gamma = 0.95, rho = 0.8. A pool of max(n, 1024) items is drawn from `seed`:
-    distinct (h, b, lam) triples from the 0.1 grid over h in [0.6, 2.0], b in [6.0, 11.4],
-    lam in [2.0, 7.0]; beta ~ U[0.2, 0.6]; L ~ U{1,..,4}; qbar = 4 lam. The instance is the
-    first n items of the pool, so for n <= 1024 smaller instances are prefixes of larger ones.
-    """
+    """The paper's instance family (appendix table "baselines details"; docs/model.md, "Choices where the paper is silent"): the first n
+    items of a pool of max(n, 1024) drawn from `seed`, so for n <= 1024 smaller instances are prefixes of larger ones. Raises
+    InstanceError for n outside [1, PAPER_MAX_N] or a bad seed."""
     n = validate.integer(n, "paper instance field 'n'", 1, PAPER_MAX_N, why=PAPER_MAX_N_WHY, error=InstanceError)
     seed = validate.seed(seed, "paper instance field 'seed'", error=InstanceError)
     grids = _paper_grids()

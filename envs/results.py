@@ -143,11 +143,10 @@ def foreign_record(folder: Path) -> str | None:
 
 
 def check_run_folder(out: str | os.PathLike, kind: str, *, overwrite: bool, resumable: bool) -> None:
-    """Refuse, before any work, an `out` that holds a run of another kind than `kind` (RUNS), or of this kind when a
-    run of it does not resume (`resumable` False), unless `overwrite`: a folder holds one run, and one kind's files
-    beside another's would be read as either. Refused whatever `overwrite` says: a file named as a run's record that is
-    not one (`foreign_record`: the user's, never deleted), and, but for a backtest, a folder that holds no run itself
-    but one in a folder of it (that run would lie inside this one's)."""
+    """Raises InputError, before any work, for an `out` that holds a run of another kind than `kind` (RUNS), or of this kind when it does
+    not resume (`resumable` False), unless `overwrite`: a folder holds one run. Whatever `overwrite` says, refuses a file named as a run's
+    record that is not one (`foreign_record`: the user's, never deleted) and, but for a backtest, a folder that holds no run itself but
+    one in a subfolder (that run would lie inside this one)."""
     out = Path(out)
     if (name := foreign_record(out)) is not None:
         raise InputError(

@@ -15,6 +15,7 @@ policy call (--max-batch-size, --batch-wait-ms; --max-batch-size 1 turns batchin
 for `serve run` / `serve deploy` is platform/serve.yaml.
 """
 
+import argparse
 import os
 import socket
 import time
@@ -38,7 +39,8 @@ def check_free(host: str, number: int) -> None:
         raise InputError(f"--host {host} --port {number}: cannot listen there ({exc.strerror or exc})") from None
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The options, with the policy as a spec (--checkpoint PATH becomes checkpoint:PATH) in `policy`."""
     parser = script_parser(__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
@@ -68,7 +70,14 @@ def main() -> None:
     parser.add_argument("--access-log", action="store_true", help="a log line per request in the replica's log (default off)")
     parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
     args = parser.parse_args()
-    policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint, "--checkpoint") if args.checkpoint else args.policy
+    if args.checkpoint:
+        args.policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint, "--checkpoint")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    policy = args.policy
     if policy.learned:
         input_file(checkpoint_file(policy.path), "checkpoint")
     elif not args.instance:

@@ -93,19 +93,13 @@ POLICY_NAMES = ("zero", *VARIANTS, "classical-best")
 
 
 class DemandMoments:
-    """Mean and variance of D_t + ... + D_{t+p-1} for p = 1..J, per item, given F_t or stationary.
-
-    Item i's rate is lam exp(beta u_j - beta^2/2) with beta = |beta_i| and u_j = u_{i,t+j} its exposure
-    (envs.instance.exposure; F_t itself under the paper's model), an AR(1) with rho and unit variance, eq.
-    (conditional_demand_rate). Given F_t, u_{i,t+j} depends on F_t through u_{i,t} alone, so with A_j = E[u_j] and
-    C_jk = Cov(u_j, u_k) (given F_t: A_j = rho^j u_{i,t}, C_jk = rho^|j-k| - rho^(j+k); stationary: A_j = 0,
-    C_jk = rho^|j-k|), the rate multiplier m_j = E[exp(beta u_j - beta^2/2)] = exp(beta A_j + beta^2 (C_jj - 1) / 2),
-    E[rate_j] = lam m_j and Cov(rate_j, rate_k) = lam^2 m_j m_k (exp(beta^2 C_jk) - 1). Given the rates the D_j are
-    independent with mean rate_j and variance rate_j + phi rate_j^2 (Poisson at phi = 0), so by total variance
+    """Mean and variance of D_t + ... + D_{t+p-1} for p = 1..J, per item, given F_t or stationary, exact under eq.
+    (conditional_demand_rate): rate lam exp(beta u_j - beta^2/2), beta = |beta_i|, u_j = u_{i,t+j} the item's exposure
+    (envs.instance.exposure, an AR(1) of unit variance), overdispersion phi. With A_j = E[u_j], C_jk = Cov(u_j, u_k)
+    (given F_t: A_j = rho^j u_{i,t}, C_jk = rho^|j-k| - rho^(j+k); stationary: A_j = 0, C_jk = rho^|j-k|) and
+    m_j = exp(beta A_j + beta^2 (C_jj - 1) / 2),
         E[sum_j D_j] = lam sum_j m_j,
-        Var(sum_j D_j) = sum_jk Cov(rate_j, rate_k) + lam sum_j m_j + phi sum_j E[rate_j^2],
-    with E[rate_j^2] = lam^2 m_j^2 exp(beta^2 C_jj).
-    """
+        Var(sum_j D_j) = lam^2 sum_jk m_j m_k (exp(beta^2 C_jk) - 1) + lam sum_j m_j + phi lam^2 sum_j m_j^2 exp(beta^2 C_jj)."""
 
     def __init__(self, instance: TensorInstance, periods: int):
         self.instance = instance
@@ -460,13 +454,9 @@ def classical_best(instance: Instance, every: list[TunedPolicy], device="cpu"):
 
 
 def tuned_policy(instance: Instance, name: str, horizon: int, device="cpu", progress: bool = False, **tune_kwargs):
-    """Resolve a policy name (see POLICY_NAMES) to (policy, parameters for the summary).
-
-    Classical families are tuned first on training paths (TUNING_SEED) with the evaluation horizon;
-    `classical-best` tunes every variant and keeps the best on those paths (classical_best). With `progress`, a
-    tuning that may take longer than LONG_TUNING prints its estimate after its first simulations (TuningClock), then
-    shows progress bars.
-    """
+    """Resolve a policy name (see POLICY_NAMES) to (policy, parameters for the summary). Classical families are tuned first on
+    training paths (TUNING_SEED) at the evaluation horizon; `classical-best` tunes every variant and keeps the best (classical_best).
+    With `progress`, a tuning that may take longer than LONG_TUNING prints its time estimate (TuningClock), then progress bars."""
     if name == "zero":
         return zero_policy, {}
     if progress:

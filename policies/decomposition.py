@@ -92,27 +92,22 @@ class DecompositionOptions:
     def check_grid(
         factor_points, coarse_points, tolerance, where: Callable[[str], str] = lambda field: f"{NAME} {field}", error=InputError
     ) -> dict:
-        """The rules of the settings a user gives (bound.py's flags, a sweep file's baselines.decomposition), in
-        one place; `where(field)` names a field as the user wrote it, `error` is the exception raised. Returns the
-        three as int, int, float.
-
-        factor_points: at least 3 (the coarse grid needs 2 points and fewer than the fine one), and at most
-        what this machine's memory holds: building the factor grid's Tauchen table (policies.dp_optimal.tauchen_grid)
-        takes TAUCHEN_BYTES x factor_points^2 bytes at its peak, which may take half of the memory: the DP's own
-        arrays need the rest. tolerance: > 0, since the search certifies `upper - value <= tolerance |value|` on
-        rounded sums, which 0 meets only by coincidence: 0 would run every round and report the split
-        uncertified; `rounds`, not the tolerance, says how long to search."""
+        """The rules of the user's grid settings (bound.py's flags, a sweep file's baselines.decomposition), in one place:
+        factor_points in [3, what half of physical memory holds of its Tauchen table], coarse_points in [2, factor_points - 1],
+        tolerance > 0. Returns them as int, int, float; raises `error`, naming each field as `where(field)` writes it."""
         memory = dp_optimal.physical_memory()
         why = (
             f"building the factor grid's transition table takes {TAUCHEN_BYTES} x factor_points^2 bytes, at most half of this "
             f"machine's {memory / 2**30:.1f} GiB of memory"
         )
-        largest = math.isqrt(memory // (2 * TAUCHEN_BYTES))
+        largest = math.isqrt(memory // (2 * TAUCHEN_BYTES))  # half the memory: the DP's own arrays need the rest
         factor_points = validate.integer(factor_points, where("factor_points"), 3, largest, why=why, error=error)
         if validate.integer(coarse_points, where("coarse_points"), 2, error=error) >= factor_points:
             raise validate.refuse(
                 where("coarse_points"), f"an integer in [2, factor_points - 1 = {factor_points - 1}]", str(coarse_points), error=error
             )
+        # > 0: the search certifies upper - value <= tolerance |value| on rounded sums, which 0 meets only by coincidence:
+        # every round would run and the split stay uncertified (`rounds`, not the tolerance, bounds the search)
         tolerance = validate.real(tolerance, where("tolerance"), 0, low_open=True, error=error)
         return {"factor_points": factor_points, "coarse_points": int(coarse_points), "tolerance": tolerance}
 
@@ -267,13 +262,12 @@ BLAS and FFT results must not decide the order in which equal slopes are taken).
 
 
 def _chord_order(points: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[tuple], tuple]:
-    """The sort key of `best_split`'s chords (slope, item, end share): decreasing slope, where slopes within
-    SLOPE_RTOL of each other (chained) tie, and ties go by item index, then left to right within the item.
-    Each item's slopes enter as their running minimum, so an item's chords are always taken from left to
-    right even where rounding makes a concave item's slopes rise by a last bit (a chord taken before the one
-    on its left would move the share backwards)."""
+    """The sort key of `best_split`'s chords (slope, item, end share): decreasing slope, slopes within SLOPE_RTOL of each other
+    (chained) tying, then item index, then left to right within the item."""
     ranked = []
     for i, (k, v) in enumerate(points):
+        # slopes as their running minimum: an item's chords go left to right even where rounding makes a concave item's
+        # slopes rise by a last bit (a chord taken before the one on its left would move the share backwards)
         ranked += [(s, i, float(end)) for s, end in zip(np.minimum.accumulate(np.diff(v) / np.diff(k)), k[1:])]
     ranked.sort(key=lambda c: -c[0])
     level, previous, rank = 0, None, {}
@@ -440,12 +434,10 @@ def item_figures(
     known: dict[float, float] | None = None,
     tables: str | None = None,
 ) -> dict:
-    """For each named share (best split, equal shares): V_item on the fine and the coarse grid (coarse
-    values in `known`, by share, are not computed again), and the fine-grid policy simulated on `paths`
-    (this item's demands): per-episode discounted cost, mean number of orders per episode, mean
-    discounted number of orders and the mean of sum_{s<=t} gamma^s C_s for every step t; the task's
-    wall-clock and CPU seconds. With `tables` (a folder), the lookahead tables of the first named share
-    (`item_table`, from the same fine-grid solution) are written there."""
+    """The item's record: per named share (best split, equal shares) its fine-grid, coarse-grid (taken from `known`, by share,
+    where given) and certified values, and the fine-grid policy on `paths`: costs [E] (discounted), mean and mean discounted
+    orders per episode, cumulative [T] (mean of sum_{s<=t} gamma^s C_s); and the task's wall-clock and CPU seconds. With
+    `tables` (a folder), writes the first share's lookahead tables there (`item_table`, from the same fine-grid solution)."""
     start, cpu = time.perf_counter(), time.process_time()
     names, setups = list(shares), [float(s) for s in shares.values()]
     one = item_instance(instance, item, 0.0)
@@ -515,12 +507,10 @@ def item_table(
     dtype: str = TABLE_DTYPE,
     forms: tuple[str, ...] = lookahead.FORMS,
 ) -> lookahead.ItemTable:
-    """The decomposition lookahead's tables of one item with setup cost `share` (policies/lookahead.py), of `forms`
-    only: the finite form from the fine-grid DP over `horizon` (`solution`, when the caller has solved it already)
-    and the stationary form from W_0 of a long horizon (lookahead.stationary_horizon), both on the fine factor
-    grid. The two are separate solves (the stationary form is not the finite one's recursion run on), so a form
-    not asked for is not solved. The finite form keeps the stages `lookahead.stage_tolerance` asks for at the
-    instance's n."""
+    """The lookahead tables (policies/lookahead.py) of one item at setup cost `share`, of `forms` only (ValueError unless a non-empty
+    subset of lookahead.FORMS), on the fine factor grid: the finite form from the fine-grid DP over `horizon` (`solution`, when
+    already solved), at the stages `lookahead.stage_tolerance` asks for at the instance's n; the stationary form from W_0 of a
+    long horizon (lookahead.stationary_horizon), a solve of its own, so a form not asked for is not solved."""
     if not forms or not set(forms) <= set(lookahead.FORMS):
         raise ValueError(f"forms: expected a non-empty subset of {lookahead.FORMS}, got {forms!r}")
     one = item_instance(instance, item, share)
@@ -552,11 +542,9 @@ def item_table(
 
 
 def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:
-    """The bound's figures for one split from the items' records: the fine-grid value, the Richardson estimate of the
-    factor grid's limit, the certified value (the items' proven lower bounds on their exact-lattice values, summed:
-    the fine-grid value itself where every item is on its exact lattice), the conservative figure (the certified value
-    less twice the factor grid's estimated error; module docstring), the per-episode costs [E] and the mean cumulative
-    discounted cost by step [T] of the relaxed policies."""
+    """The bound's figures for split `name`, summed over the items' records: `value` (fine grid), `coarse_value`, `extrapolated`
+    (Richardson), `certified` (the items' proven lower bounds), `conservative` (certified less twice the factor grid's estimated
+    error; docs/methods.md, "Decomposition bound"), and the relaxed policies' `costs` [E] and `cumulative` discounted cost [T]."""
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
     remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)

@@ -106,12 +106,10 @@ CERTIFICATE_POSITIONS = 40_000
 
 
 def certified_costs(instance: Instance, horizon: int, setups, reference=None, **settings) -> np.ndarray:
-    """A lower bound on the item's exact-lattice optimum with its cap raised to ceil(qbar) (the bound's relaxation),
-    for every setup cost in `setups`: [G]. `settings` are dp_optimal.solve's (integer_cap is implied), `step` among
-    them; the lattice step is the one the item's DP uses with them. With `reference` (the DP's values at `setups`), the
-    step is halved while the bound is more than CERTIFICATE_GAP below them and the finer lattice has at most
-    CERTIFICATE_POSITIONS positions: the sag margins shrink with the square of the step, and each step's bound is valid,
-    so the largest is kept."""
+    """A lower bound [G] on the item's exact-lattice optimum with its cap raised to ceil(qbar) (the bound's relaxation), for each
+    setup cost in `setups`, on the lattice step the item's DP uses with `settings` (dp_optimal.solve's; integer_cap implied).
+    With `reference` (the DP's values at `setups`), the step is halved while the bound is more than CERTIFICATE_GAP below them
+    and the finer lattice has at most CERTIFICATE_POSITIONS positions."""
     settings = {**settings, "integer_cap": True}
     step = dp_optimal._plan(instance, **settings).lattice.step
     bound = _certified(instance, horizon, setups, {**settings, "step": step})
@@ -121,6 +119,7 @@ def certified_costs(instance: Instance, horizon: int, setups, reference=None, **
     units = dp_optimal.item_span(instance, **settings)
     while step > 1 and np.any(reference - bound > CERTIFICATE_GAP * np.abs(reference)) and units / (step // 2) <= CERTIFICATE_POSITIONS:
         step //= 2
+        # every step's bound is valid, and the sag margins shrink with the square of the step: keep the largest
         bound = np.maximum(bound, _certified(instance, horizon, setups, {**settings, "step": step}))
     return bound
 

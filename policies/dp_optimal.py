@@ -67,11 +67,8 @@ def physical_memory() -> int:
 
 
 def check_size(instance: Instance, points: int, dmax: int, lattice: Lattice, positions: int, setups: int, steps: int) -> None:
-    """Refuse, before allocating, a backward pass whose arrays (`WORK_ARRAYS` work arrays and W_t for `steps` decision
-    steps, each [setups, points, positions + one period's demand in lattice points]) exceed half of `physical_memory()`.
-    On the exact lattice the position domain spans about (L + 2) times one period's largest demand dmax, so a heavy
-    tail makes it long; the coarse lattice (`lattice_step`) bounds it, and then only many factor points, setups or
-    kept steps can make it too large."""
+    """Raise TooLarge, before allocating, when a backward pass's arrays (`WORK_ARRAYS` work arrays and W_t for `steps` decision
+    steps, each [setups, points, positions + one period's demand in lattice points]) exceed half of `physical_memory()`."""
     demand_points = -(-dmax // lattice.step) * lattice.classes
     need = 8 * setups * points * ((positions + demand_points) * WORK_ARRAYS + positions * steps)
     memory = physical_memory()
@@ -158,15 +155,10 @@ def _law(rates: np.ndarray, overdispersion: float):
 
 
 def demand_law(rates: np.ndarray, overdispersion: float, tail: float, step: int = 1) -> np.ndarray:
-    """pmf rows of one period's demand given each rate ([M]), eq. (conditional_demand): Poisson(rate_i) at
-    overdispersion phi = 0, else the negative binomial with mean rate_i and variance rate_i + phi rate_i^2
-    (scipy's nbinom with n = 1/phi, p = 1/(1 + phi rate_i), the gamma-Poisson mixture envs.exogenous.draw_demand
-    samples). Truncated at dmax (`demand_top`), the tail mass lumped into the last point: [M, ceil(dmax / step) + 1].
-
-    With `step` D > 1 the law is moved onto the multiples of D, keeping its mean (docs/methods.md, "The DP at real
-    volumes"): the mass of the demands d in [j D, (j + 1) D) goes to j D and (j + 1) D in the proportions
-    ((j + 1) D - d) / D and (d - j D) / D, computed from the law's cdf and its partial means E[D; D <= m] = rate
-    P(D' <= m - 1) (D' the law of `_law`), so the integer pmf is never built."""
+    """pmf rows [M, ceil(dmax / step) + 1] of one period's demand given each rate [M], eq. (conditional_demand): Poisson at
+    overdispersion phi = 0, else the negative binomial of mean rate and variance rate + phi rate^2 (the gamma-Poisson mixture
+    envs.exogenous.draw_demand samples), truncated at dmax (`demand_top`) with the tail mass on the last point. With `step`
+    D > 1 the law is split onto the multiples of D, keeping its mean (docs/methods.md, "The DP at real volumes")."""
     dmax = demand_top(rates, overdispersion, tail)
     if step == 1:
         law = _law(rates, overdispersion)[0]
@@ -236,11 +228,10 @@ def _fraction(x: float) -> float:
 
 @dataclass(frozen=True)
 class Lattice:
-    """The positions the DP works on: step (u + offsets[j]) for integer u (offsets sorted in [0, 1)), and the
-    largest order in lattice steps. `step` is 1 on the exact lattices (u counts units of stock) and D > 1 on a
-    coarse one (u counts D units; docs/methods.md, "The DP at real volumes"). `cap` is the order cap this lattice
-    implements; `exact` says whether its optimum is the optimum over real quantities with that cap (module
-    docstring; never on a coarse lattice)."""
+    """The DP's positions, step (u + offsets[j]) for integer u (offsets sorted in [0, 1)), and `window`, the largest order in
+    lattice steps. `step` is 1 on the exact lattices, D > 1 on a coarse one (docs/methods.md, "The DP at real volumes"); `cap`
+    is the order cap it implements, `exact` whether its optimum is the one over real quantities with that cap (never on a
+    coarse lattice)."""
 
     offsets: np.ndarray  # [c]
     window: int
@@ -283,16 +274,10 @@ def domain_span(x0: float, cap: float, dmax: int, lead: int, floor_periods: int)
 
 
 def lattice_step(span: float, cap: int, spread: float, max_positions: int = MAX_POSITIONS) -> int:
-    """D, the item's lattice step in units of stock (docs/methods.md, "The DP at real volumes"), a function of the item
-    alone, so that dp-optimal, the bound and the lookahead put it on the same lattice: 1 (the exact lattice) while its
-    domain spans at most max_positions units (`span`: `domain_span` with the cap ceil(qbar) = `cap` and a floor one
-    period's demand below x_0). Else D_0 = max(2, ceil(span / max_positions)), but at most spread / RESOLUTION
-    (`spread`: the standard deviation of the lead-time demand) unless that would take more than SPREAD_POSITIONS x
-    max_positions positions (a heavy tail far beyond the spread), and at most half the cap (an item can always order
-    less than its cap); 1 where that leaves less than 2. D is the largest divisor of `cap` in [D_0 / 2, D_0] when there
-    is one (the window then ends on a lattice point), else D_0 (the window's last point, at the cap, is interpolated:
-    `Lattice.rest`). So a coarse lattice has at most 2 max_positions positions, and up to 2 SPREAD_POSITIONS
-    max_positions where the spread asks for a finer step."""
+    """D, the item's lattice step in units of stock: 1 (the exact lattice) while `span` (`domain_span` at the cap ceil(qbar) =
+    `cap`, floor one period's demand below x_0) is at most max_positions, else the coarse step of docs/methods.md, "The DP at
+    real volumes" (`spread`: `lead_time_spread`), at most 2 max_positions positions (2 SPREAD_POSITIONS max_positions where the
+    spread asks for a finer step). It depends on the item alone, so dp-optimal, the bound and the lookahead share it."""
     if span <= max_positions:
         return 1
     least = min(max(2, math.ceil(span / max_positions)), math.floor(spread / RESOLUTION))
@@ -304,11 +289,9 @@ def lattice_step(span: float, cap: int, spread: float, max_positions: int = MAX_
 
 
 def lead_time_spread(lam: float, overdispersion: float, lead: int, beta: float = 0.0, rho: float = 0.0) -> float:
-    """The standard deviation of the demand of L + 1 periods (this one and the lead time's) given the current factor
-    (the scale `lattice_step` resolves): the demand's own variance at the mean rate, (L + 1)(lam + phi lam^2), plus the
-    factor's, with the rate lam exp(beta u - beta^2 / 2) linearised at u = 0: the innovation of step k moves
-    u_{t+k}, ..., u_{t+L} by rho^0, ..., rho^(L-k) times itself, of variance 1 - rho^2, so it adds
-    lam^2 beta^2 (1 - rho^2) sum_{m=1..L} (1 + rho + ... + rho^(m-1))^2."""
+    """The standard deviation of the demand of L + 1 periods given the current factor (the scale `lattice_step` resolves), the
+    rate linearised in the factor: sqrt((L + 1)(lam + phi lam^2) + lam^2 beta^2 (1 - rho^2) sum_{m=1..L} (1 + rho + ... +
+    rho^(m-1))^2) (docs/methods.md, "The DP at real volumes")."""
     own = (lead + 1) * (lam + overdispersion * lam * lam)
     moved = sum(sum(rho**j for j in range(m)) ** 2 for m in range(1, lead + 1))
     return math.sqrt(own + lam * lam * beta * beta * (1.0 - rho * rho) * moved)
@@ -348,12 +331,9 @@ def make_lattice(
 
 @dataclass
 class DPSolution:
-    """The solved DP for one item over `horizon` evaluation steps, with setup cost `setup` (the
-    instance's K unless solved for other setup costs).
-
-    positions: [N] the lattice (`Lattice.positions`); action_value: [T_dec, M, N] W_t (t < T_dec =
-    max(T - L, 0)); initial_value: [M, N] V_0; sunk: [M] expected discounted cost of the steps s < L
-    from the initial state, by F_0 grid point."""
+    """The solved DP of one item over `horizon` evaluation steps at setup cost `setup`: positions [N] (`Lattice.positions`),
+    action_value [T_dec, M, N] W_t (t < T_dec = max(T - L, 0)), initial_value [M, N] V_0, and sunk [M] the expected discounted
+    cost of the steps s < L from the initial state, by F_0 grid point."""
 
     instance: Instance
     setup: float
@@ -462,11 +442,10 @@ def _plan(
     max_positions: int = MAX_POSITIONS,
     step: int | None = None,
 ) -> _Plan:
-    """Everything about the item's DP that its settings fix before any demand law is built. The settings of `solve`,
-    `expected_costs`, `check_item` and `item_span`: the factor grid (`factor_points` over +-`factor_width` stationary
-    standard deviations), the lattice (`max_denominator`, `integer_cap`, `max_positions`, or the lattice step `step`:
-    1 is the exact lattice), the demand laws' truncation `tail` and the domain's floor `floor_periods` (module
-    docstring)."""
+    """Everything about the item's DP that its settings fix before any demand law is built. The settings of `solve`, `expected_costs`,
+    `check_item` and `item_span`: the factor grid (`factor_points` over +-`factor_width` stationary standard deviations), the
+    lattice (`max_denominator`, `integer_cap`, `max_positions`, or the lattice step `step`: 1 is the exact lattice), the demand
+    laws' truncation `tail` and the domain's floor `floor_periods`. Raises CapBelowStep when the cap is below one lattice step."""
     check_single_item(instance.n)
     lam, beta, qbar = (float(getattr(instance, k)[0]) for k in ("lam", "beta", "qbar"))  # beta = |beta_1| with loadings
     lead = int(instance.lead[0])
@@ -500,11 +479,9 @@ def item_span(instance: Instance, **settings) -> float:
 
 
 def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | None = 0, **settings) -> Lattice:
-    """Refuse (TooLarge), before any demand law or value is built, an item whose DP with `settings` (`solve`'s) would
-    not fit in memory (or whose cap is below one lattice step: CapBelowStep), for `setups` setup costs at once and
-    with W_t kept for the first `stages` decision steps (None: every one; `solve`'s); its domain taken at its widest
-    first size (`domain_span`). Milliseconds: the bound, the lookahead and dp-optimal check
-    every item with it before Ray starts. Returns the item's lattice."""
+    """Refuse (TooLarge), before any demand law or value is built, an item whose DP with `settings` (`solve`'s) would not fit in
+    memory for `setups` setup costs at once with W_t kept for the first `stages` decision steps (None: every one), its domain
+    at its widest first size (`domain_span`); or whose cap is below one lattice step (CapBelowStep). Returns the item's lattice."""
     validate.integer(horizon, f"{NAME} horizon", 1)
     plan = _plan(instance, **settings)
     positions = plan.widest_positions
@@ -580,15 +557,11 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None, progress: bo
 
 
 def solve(instance: Instance, horizon: int, setups=None, stages: int | None = None, progress: bool = False, **settings):
-    """Solve the finite-horizon DP (module docstring) for a one-item instance and `horizon` steps
-    from the documented initial state I_0 = lam (L + 1), P_0 = 0, with setup cost K. With `setups`
-    (a sequence of setup costs) one backward pass solves the item for all of them at once and a list
-    of solutions comes back; `integer_cap` solves the relaxation with the cap ceil(qbar) (`make_lattice`);
-    `floor_periods` sets the bottom of the position domain to min(x_0, 0) - floor_periods dmax (default L + 1);
-    an exact lattice of more than `max_positions` positions is replaced by the coarse one (`lattice_step`), or the
-    lattice has the step `step` when given (1: the exact lattice); the other `settings` are `_plan`'s. `stages` keeps
-    W_t for the first that many decision steps only (the stationary lookahead needs W_0 alone); such a solution is not
-    a policy (DPOptimalPolicy refuses it)."""
+    """Solve the finite-horizon DP (module docstring) of a one-item instance over `horizon` steps from I_0 = lam (L + 1), P_0 = 0
+    at setup cost K: a DPSolution, or with `setups` (a sequence of setup costs, one backward pass) a list of them. `settings`
+    are `_plan`'s; `integer_cap` solves the relaxation with the cap ceil(qbar) (`make_lattice`), `floor_periods` puts the
+    domain's bottom at min(x_0, 0) - floor_periods dmax (default L + 1). `stages` keeps W_t for the first that many decision
+    steps only: such a solution is not a policy (DPOptimalPolicy refuses it)."""
     start = time.perf_counter()
     problem = _prepare(instance, horizon, **settings)
     costs = np.atleast_1d(np.asarray(instance.K if setups is None else setups, dtype=np.float64))
@@ -689,14 +662,10 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
 
 
 class DPOptimalPolicy:
-    """The DP's decision rule as a policy (state, instance) -> (Y [B], Q [B, 1]), at the item's exposure
-    u_t = TensorInstance.exposure(F_t) (F_t itself for the paper's model).
-
-    It counts its calls as the time step (the evaluator calls a policy once per step in time order and
-    calls `reset()` at the start of every rollout). At step t < T - L it interpolates W_t linearly in
-    F between the neighbouring grid points (`interpolate=False`: the nearest point), takes the lattice
-    point nearest to the position x = I + sum_l P_l, and opens iff K + min_{x<=y<=x+qbar} W_t(y) < W_t(x),
-    ordering Q = y* - x; at t >= T - L it never orders."""
+    """The DP's decision rule (module docstring) as a policy (state, instance) -> (Y [B], Q [B, 1]), at the item's exposure
+    u_t = TensorInstance.exposure(F_t). It counts its calls as the time step: call it once per step in time order and `reset()`
+    it before every rollout (the evaluator does both); it never orders at t >= T - L. `interpolate=False` reads W_t at the
+    nearest factor grid point instead of interpolating in F. Raises ValueError for a solution solved with `stages`."""
 
     def __init__(self, solution: DPSolution, interpolate: bool = True):
         if solution.decision_steps < max(solution.horizon - solution.lead, 0):

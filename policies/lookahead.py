@@ -97,11 +97,10 @@ def stage_knots(rows: np.ndarray, tolerance: float | None) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ItemTable:
-    """One item's tables: positions [N] (its lattice), factor grid points [M], finite [K_i, M, N] excess of
-    W_t at the kept stages `finite_stages` [K_i] (increasing, the last T_i - 1, T_i = max(T - L_i, 0); a stage between
-    two kept ones reads the line between them) (None when not kept), stationary [M, N] excess of W_0 of a long
-    horizon (None when not kept), each in its own unit `scales[form]` (the excess is stored times
-    1 / scale), the share k_i it was solved with and the window (largest order in lattice steps)."""
+    """One item's tables: positions [N] (its lattice), factor_points [M], finite [K_i, M, N] the excess of W_t at the stages
+    `finite_stages` [K_i] (increasing, the last T_i - 1, T_i = max(T - L_i, 0); a stage between two kept ones reads the line
+    between them), stationary [M, N] the excess of W_0 of a long horizon (each None when not kept), stored times
+    1 / scales[form]; the share k_i it was solved with and the window (largest order in lattice steps)."""
 
     positions: np.ndarray
     factor_points: np.ndarray
@@ -124,13 +123,10 @@ class ItemTable:
         dtype: str,
         stage_tolerance: float | None = None,
     ):
-        """From the DP's action values W (finite [T_dec, M, N], stationary [M, N'] on the same lattice from the
-        same bottom; the shorter one is padded with EXCESS_CAP, the top of the stored range, after every
-        position, so never the first minimiser), in `dtype` (the stationary form always in float32: one
-        stage, and decide.py's answers should not depend on it), the finite form at its `stage_knots` for
-        `stage_tolerance` (None: every stage). Each
-        form's scale is its largest excess over EXCESS_CAP (1 when every excess is 0), so a form's stored rows do
-        not depend on whether the other form was built beside it."""
+        """From the DP's action values W (finite [T_dec, M, N], stationary [M, N'] on the same lattice from the same bottom):
+        the finite form in `dtype` at its `stage_knots` for `stage_tolerance` (None: every stage), the stationary form in
+        float32. Each form's scale is its largest excess over EXCESS_CAP (1 when every excess is 0), so a form's stored rows
+        do not depend on whether the other form was built beside it."""
         N = positions.size
         rows = {form: excess(values) for form, values in zip(FORMS, (finite, stationary)) if values is not None}
         scales = {form: float(row.max(initial=0.0)) / EXCESS_CAP or 1.0 for form, row in rows.items()}
@@ -141,9 +137,11 @@ class ItemTable:
             if form not in scaled:
                 return None
             kept = (scaled[form] if knots is None or form != FORMS[0] else scaled[form][knots]).astype(DTYPES[kind])
+            # the shorter form is padded with EXCESS_CAP, the top of the stored range: never the first minimiser
             extra = N - kept.shape[-1]
             return np.concatenate([kept, np.full((*kept.shape[:-1], extra), EXCESS_CAP, kept.dtype)], -1) if extra else kept
 
+        # the stationary form is one stage, and decide.py's answers should not depend on `dtype`
         finite_rows, stationary_rows = stored(FORMS[0], dtype), stored(FORMS[1], "float32")
         return cls(positions, factor_points, finite_rows, stationary_rows, float(share), int(window), scales, knots)
 
@@ -174,11 +172,9 @@ class ItemTable:
 
     @classmethod
     def load(cls, path: str | os.PathLike, forms: tuple[str, ...] = FORMS) -> ItemTable:
-        """The tables in `path`, of `forms` only: only the members of those forms are read (a form not asked for,
-        or not in the file, is None). A form's scale is its `{form}_scale`; a file that has one `scale` holds
-        both forms in that unit, and a file without any scale holds its excess in the instance's own cost
-        units (scale 1). A finite form without `finite_stages` keeps every stage. A missing, truncated or foreign
-        file is one InputError naming it."""
+        """The tables in `path`, of `forms` only (a form not asked for, or not in the file, is None). A form's scale is its
+        `{form}_scale`, else the file's one `scale`, else 1 (the instance's cost units); a finite form without `finite_stages`
+        keeps every stage. A missing, truncated or foreign file raises one InputError naming it."""
         try:
             with np.load(path, allow_pickle=False) as members:
                 kept = [form for form in FORMS if form in forms and form in members]
@@ -229,19 +225,15 @@ def item_file(item: int) -> str:
 
 @dataclass(frozen=True)
 class LookaheadTables:
-    """Every item's tables of one form. Positions are padded to a common length: positions [n, N] (past an
-    item's own `count` they keep increasing, so a batched searchsorted works). The excess rows are not
-    padded (item sizes differ by a factor of 3 on the paper family): one flat array, item i's block
-    [K_i, M, count_i] (its kept stages' rows) from `offset[i]`, in units of scales[i]. stages [n]: the finite
-    form's T - L_i (no order from stage T - L_i on; at least one row is kept), 1 for the stationary form; at stage t
-    item i reads (1 - knot_weight) row knot_lower + knot_weight row knot_upper of its block (each [n, max stages]);
-    window [n];
-    factor_points [M]; shares [n]; `horizon` the evaluation horizon T (None: the stationary form). `on(device)`
-    gives them as tensors, copied once per device and shared by every policy on these tables."""
+    """Every item's tables of one form. positions [n, N], padded to a common length (increasing past an item's own `count`, so a
+    batched searchsorted works); excess one flat array, item i's block [K_i, M, count_i] from `offset[i]`, in units of scales[i];
+    stages [n] the finite form's T - L_i (no order from then on; at least one row kept), 1 for the stationary form; at stage t
+    item i reads (1 - knot_weight) row knot_lower + knot_weight row knot_upper of its block (each [n, max stages]); window [n],
+    factor_points [M], shares [n]; `horizon` T (None: the stationary form). `on(device)` gives the tensors, shared per device."""
 
     positions: np.ndarray
     count: np.ndarray
-    excess: np.ndarray
+    excess: np.ndarray  # not padded: item sizes differ by a factor of 3 on the paper family
     offset: np.ndarray
     stages: np.ndarray
     knot_lower: np.ndarray
@@ -415,15 +407,10 @@ def load_tables(folder: str | os.PathLike, instance: Instance, form: str, horizo
 
 
 class LookaheadPolicy:
-    """The rule of the module docstring as a policy (state, instance) -> (Y [B], Q [B, n]).
-
-    Q holds every item's proposal y_i* - x_i where g_i > 0 (clipped to [0, qbar_i]), also in states where the
-    rule does not open (what an imitating student learns from); the order placed is Y Q. `period` is the
-    period t of the next call: each call answers at `period` and advances it by one, and `reset()` sets it to 0
-    (the evaluator resets a policy before every rollout, so a policy evaluated twice starts at period 0 both
-    times). The finite form uses W_i,t of that period; the stationary form answers every period from its one
-    table. `threshold` is c (open iff sum_i g_i > c K). The tables' device copies are the tables' own
-    (`LookaheadTables.on`): policies on the same tables share them."""
+    """The rule of the module docstring as a policy (state, instance) -> (Y [B], Q [B, n]), opening iff sum_i g_i > c K,
+    c = `threshold` (InputError if not >= 0). Q holds every item's proposal y_i* - x_i where g_i > 0 (clipped to [0, qbar_i]),
+    also where the rule does not open (what an imitating student learns from); the order placed is Y Q. Each call answers at
+    `period` (the stationary form ignores it) and advances it; `reset()`, which the evaluator calls before every rollout, sets it to 0."""
 
     def __init__(self, tables: LookaheadTables, threshold: float = 1.0):
         if not threshold >= 0:

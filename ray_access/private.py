@@ -114,13 +114,9 @@ def actor_table(job_id: str | None = None, actor_id: str | None = None) -> Any:
 
 
 def route_worker_output(write: Callable[..., None]) -> Callable[[], None]:
-    """Send the workers' stdout and stderr that the driver relays (log_to_driver) to `write(batch)` instead of the
-    console, and the raylet's messages to the job too; returns the function that puts Ray's printers back.
-
-    Ray's stream dispatcher prints the workers' output by its handler "ray_print_logs". The raylet's messages (as
-    "WARNING: 8 PYTHON worker processes have been started on node ...", its worker pool's size warning) bypass the
-    dispatcher: the driver's thread listen_error_messages prints them with ray._private.worker.print_to_stdstream,
-    which is replaced too (it is called as print_to_stdstream(batch, ignore_prefix))."""
+    """Sends the workers' stdout and stderr that the driver relays (log_to_driver), and the raylet's messages to the job, to `write(batch)`
+    instead of the console: replaces Ray's handler "ray_print_logs" and ray._private.worker.print_to_stdstream, which Ray calls as
+    print_to_stdstream(batch, ignore_prefix) (docs/ray.md, "The console"). Returns the function that puts Ray's printers back."""
     printers = [(name, h) for name, h in global_worker_stdstream_dispatcher.handlers if name == "ray_print_logs"]
     global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")
     global_worker_stdstream_dispatcher.add_handler("ray_print_logs", write)

@@ -57,13 +57,10 @@ def without_token_notice(record: logging.LogRecord) -> bool:
 
 @contextmanager
 def session_address():
-    """While an embedded Ray starts: its GCS on a port chosen here (RAY_GCS_SERVER_PORT, read by Ray's head node)
-    and that address in RAY_ADDRESS, which the session's GCS, raylet and agents inherit as they start, and its
-    worker processes from the raylet. A Ray client inside the session that is given no address (Ray Train's
-    placement-group cleaner asks the state API whether its controller lives) takes RAY_ADDRESS, and without it
-    the most recent Ray started on the machine (ray._private.services.get_ray_address_from_environment), which
-    need not be this one. This process's own environment is left as it was: its later scripts and subprocesses
-    must not take a session that ends with it for a cluster."""
+    """While an embedded Ray starts: RAY_GCS_SERVER_PORT set to a free port and RAY_ADDRESS to that GCS, inherited by the session's
+    processes, so that a Ray client inside it given no address finds this session, not the machine's latest Ray (docs/ray.md, "The
+    embedded Ray listens on 127.0.0.1 only"). This process's environment is restored after: its later subprocesses must not take a
+    session that ends with it for a cluster."""
     port = free_port()
     session = {"RAY_ADDRESS": f"127.0.0.1:{port}", GCS_PORT_VARIABLE: str(port)}
     before = {name: os.environ.get(name) for name in session}
@@ -184,11 +181,10 @@ def record_session(session_dir: Path, node_id: str, raylet_pid: int) -> None:
 
 
 def session_processes(session_dir: Path, node_id: str, raylet_pid: int, holding_files: bool = True) -> list[int]:
-    """This user's processes (other than this one) of the session in `session_dir`: each names the session's node
-    (RAY_NODE_ID: the agents) or raylet (RAY_RAYLET_PID: the workers) in its environment and, `holding_files`,
-    holds a file open in the session folder (its logs), which tells a dead session's processes from those of a
-    session whose raylet got the same PID. A session this process stops itself needs no such check, and its agents,
-    started just before a stop during start-up, may not have opened any file yet."""
+    """This user's processes, other than this one, of the session in `session_dir`: those naming its node (RAY_NODE_ID: the agents) or
+    raylet (RAY_RAYLET_PID: the workers) in their environment and, with `holding_files`, holding a file open in the session folder, which
+    tells them from a later session's whose raylet got the same PID. A session this process stops itself needs no such check (False):
+    its agents, started just before a stop during start-up, may not have opened a file yet."""
     marks = (f"RAY_NODE_ID={node_id}".encode(), f"RAY_RAYLET_PID={raylet_pid}".encode())
     found = []
     for entry in Path("/proc").iterdir():
@@ -258,11 +254,8 @@ def this_node() -> dict[str, Any]:
 
 
 def stop_ray() -> None:
-    """Disconnect from Ray, stopping an embedded Ray, before the script's last line. Left to Ray's exit hook, the driver
-    first waits half a second relaying its workers' output: the log lines Ray holds back to deduplicate, and the
-    traceback of a worker that the raylet stopped with SIGTERM while it ran Python code (Ray's worker handler,
-    `sigterm_handler`, raises SystemExit there); they were printed after the script's last line. An embedded Ray's
-    processes all end here (end_session)."""
+    """Disconnects from Ray, ending an embedded Ray's processes (end_session); call it before the script's last line. Left to Ray's exit
+    hook, the workers' held-back log lines and the SystemExit traceback of a worker the raylet stopped with SIGTERM print after it."""
     if os.getpid() in EMBEDDED:
         end_session(EMBEDDED.pop(os.getpid()))
     elif ray.is_initialized():
@@ -270,13 +263,9 @@ def stop_ray() -> None:
 
 
 def probe_address(address: str, where: str) -> None:
-    """Refuse a malformed address, one where nothing accepts a TCP connection within PROBE_SECONDS, or one where
-    something else than a Ray GCS answers (ray.init would retry it for 20 s, a warning a second).
-
-    Probes the GCS address that ray.init will dial: Ray's own resolution, which finds the cluster for `auto`
-    and replaces a loopback host by this machine's address. The error names the address as given (and, for
-    `auto`, the one it found), never Ray's replacement of a loopback host.
-    """
+    """Raises InputError for a malformed address, one where nothing accepts a TCP connection within PROBE_SECONDS, or one where something
+    other than a Ray GCS answers (ray.init would retry it for 20 s). Probes the address ray.init will dial (Ray's resolution of `auto`
+    and of a loopback host); the error names the address as given (and, for `auto`, the one found), never Ray's loopback replacement."""
     malformed = f"{where}: expected HOST:PORT (the cluster's GCS address, e.g. 10.0.0.5:6379) or auto"
     try:
         target = gcs_address(address)

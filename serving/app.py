@@ -189,11 +189,10 @@ to the replica, and the network)."""
 
 
 class Batcher:
-    """Requests' states queued for one policy, answered in batches on one worker thread, so that the event loop goes
-    on reading bodies and answering /healthz and /info while a batch computes. A batch takes every request queued
-    when the policy is free (up to `max_batch_size`), once the queue holds that many or `wait_s` has passed since
-    the policy was free with a request queued. With `max_batch_size` 1 (batching off) each request goes to the
-    worker thread's own queue: no batch to form, so no hop through the event loop between two calls."""
+    """Requests' states queued for one policy, answered in batches on one worker thread, so that the event loop goes on reading bodies and
+    answering /healthz and /info while a batch computes. A batch takes the requests queued when the policy is free (up to
+    `max_batch_size`), once the queue holds that many or `wait_s` has passed since the policy was free with a request queued;
+    `max_batch_size` 1 turns batching off."""
 
     def __init__(self, decide_many: Callable[[list[State]], list], max_batch_size: int, wait_s: float, on_batch: Callable[[int], None]):
         self.decide_many, self.max_batch_size, self.wait_s, self.on_batch = decide_many, max_batch_size, wait_s, on_batch
@@ -215,7 +214,7 @@ class Batcher:
             self.pending -= 1
 
     async def _decide(self, state: State) -> tuple[Any, float, float]:
-        if self.max_batch_size == 1:
+        if self.max_batch_size == 1:  # no batch to form: straight to the worker thread's queue, no hop through the event loop
             self.on_batch(1)
             answers, started, ended = await asyncio.get_running_loop().run_in_executor(self.compute, self.timed, [state])
             return answers[0], started, ended

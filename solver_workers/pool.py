@@ -106,11 +106,9 @@ def split_key(record: dict) -> tuple[str, int, int]:
 
 
 class Journal:
-    """Append-only JSON-lines results of one run, keyed by `key(record)`; a torn last line is ignored.
-
-    The first line is {"identity": identity}. Opening an existing journal of another identity, or one
-    without an identity, raises an InputError; nothing is created until the first record arrives,
-    and then the identity line is written (atomically) before it."""
+    """Append-only JSON-lines results of one run, keyed by `key(record)`, first line {"identity": identity}; a torn last line is ignored.
+    Opening a journal of another identity, or without one, raises InputError; the file is created at the first record, the identity
+    line written first (atomically)."""
 
     def __init__(self, path: str | os.PathLike, key: Callable[[dict], Any], identity: dict[str, Any]):
         self.path, self.key = Path(path), key
@@ -316,11 +314,9 @@ def run_bounds(instance: Instance, paths: ExogenousPaths, options: SolverOptions
 def run_decomposition(
     instance: Instance, paths: ExogenousPaths, options: DecompositionOptions, pool: Pool, journal: Journal, tables: Path | None = None
 ) -> tuple[list[dict], dict]:
-    """The decomposition bound (policies/decomposition.py) on the pool, one task per item and
-    round, resuming from `journal`: the split search's rounds on the coarse factor grid, then every
-    item's figures at the best split and at equal shares, with its lookahead tables at the best split in
-    the folder `tables` (an item whose record is journalled but whose table file is missing runs again
-    for its table). Returns the items' figure records and the search's summary."""
+    """The decomposition bound (policies/decomposition.py) on the pool, one task per item and round, resuming from `journal`: the split
+    search on the coarse factor grid, then each item's figures at the best split and at equal shares, and its lookahead tables at the best
+    split in `tables` (an item journalled without its table file runs again). Returns the items' figure records and the search's summary."""
     journal.check(decomposition_identity(instance, paths.seed, paths.horizon, paths.num_episodes, options))
     n, horizon = instance.n, paths.horizon
     ref = ray.put(instance)

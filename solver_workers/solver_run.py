@@ -204,12 +204,11 @@ EQUAL_SHARES_FIGURES = ("value", "certified", "extrapolated", "conservative")
 
 
 def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal, options: DecompositionOptions) -> dict[str, Any]:
-    """The decomposition bound (policies/decomposition.py) at the best split in `out` and at equal
-    shares in `out`/equal-shares, both in the evaluation format (policy 'decomposition-bound', kind
-    'lower-bound'; costs.parquet holds the relaxed policies' simulated cost per episode, summary.json the
-    DP figures), with split.parquet: every item's share, values and order counts, and the lookahead
-    tables (policies/lookahead.py) in `out`/lookahead, tables.json written once every item's file is there. Returns summary.json's
-    content. Ctrl-C keeps the journal and ends in cli.scripts.Interrupted."""
+    """Writes the decomposition bound (policies/decomposition.py) at the best split in `out` and at equal shares in `out`/equal-shares, in
+    the evaluation format (policy 'decomposition-bound', kind 'lower-bound'; costs.parquet: the relaxed policies' simulated cost per
+    episode; summary.json: the DP figures), with split.parquet (each item's share, values and order counts) and the lookahead tables
+    (policies/lookahead.py) in `out`/lookahead, tables.json once every item's file is there. Returns summary.json's content. Ctrl-C keeps
+    the journal and ends in cli.scripts.Interrupted."""
     out = Path(run.out)
     paths = run.paths(instance)
     try:

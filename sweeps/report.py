@@ -298,10 +298,9 @@ def moving_average(values: np.ndarray, window: int = MOVING_AVERAGE) -> np.ndarr
 
 
 def binned_curve(curves: list[tuple[np.ndarray, np.ndarray]], bins: int = CURVE_BINS, window: int = MOVING_AVERAGE) -> BinnedCurve:
-    """Figure 1's statistic of one method at one size from each seed's (update [U] ascending, cost10 [U]):
-    the `window`-update moving average of each seed, averaged within `bins` logarithmically spaced bins
-    [e_j, e_{j+1}) (the last one closed) over the update range of all seeds. The line is the mean over the
-    seeds with points in the bin; the band is one s.e. across them, or with one seed in all the curves the
+    """Figure 1's statistic of one method at one size (docs/findings.md) from each seed's (update [U] ascending, cost10 [U]): each seed's
+    `window`-update moving average, averaged within `bins` log-spaced bins [e_j, e_{j+1}) (the last closed) over all seeds' update range.
+    The line is the mean over the seeds with points in the bin; the band one s.e. across them, or with one seed in all the curves the
     10th-90th percentile of its smoothed values in the bin (NaN where one of several seeds reaches the bin)."""
     first = min(float(u[0]) for u, _ in curves)
     last = max(float(u[-1]) for u, _ in curves)

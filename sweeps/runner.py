@@ -428,14 +428,10 @@ def cluster_nodes() -> list[dict[str, float]]:
 
 
 def placement_problem(spec: SweepSpec, nodes: list[dict[str, float]]) -> str | None:
-    """Why a cluster of `nodes` (the CPUs and GPUs of each) can never run part of the sweep, or None when it can.
-
-    Ray places each request on one node: a trial's own process (the CPUs and GPUs of its learner; nothing but
-    memory when it trains on Ray Train workers, trial_resources), each of its Ray Train workers
-    (cpus_per_worker, gpus_per_worker; Ray Train packs them onto as few nodes as it can, and spreads them when
-    it must), and each solver worker of the baselines (1 CPU, solver_workers.pool.SolverWorker). A request no
-    node can hold waits forever (Tune's trials, Ray Train's worker group, the solver pool alike), so the sweep
-    is refused instead, before anything runs."""
+    """Returns why a cluster of `nodes` (the CPUs and GPUs of each) can never run part of the sweep, or None when it can. Ray places each
+    request on one node: a trial's own process (its learner's CPUs and GPUs; nothing but memory on Ray Train workers), each Ray Train
+    worker (cpus_per_worker, gpus_per_worker; spread over nodes when they must) and each solver worker of the baselines (1 CPU). A
+    request no node can hold waits forever, so the sweep is refused before anything runs."""
 
     def fits(cpus: float, gpus: float) -> int:  # how many such requests the cluster holds at once
         return sum(

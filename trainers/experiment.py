@@ -46,12 +46,11 @@ def run_experiment(
     on_update: registry.OnUpdate = None,
     resources_per_worker: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Train `method` on `instance` in the run folder `out_dir` with the config `preset` + `overrides` (config
-    fields) + `seed` and `device`, then evaluate it on `episodes` held-out episodes of `horizon` steps.
-    `mode`: new, resume or overwrite (trainers.run_folder); `workers`, `use_gpu`, `on_update`, `resources_per_worker`: registry.train.
-    The config, the instance's cost range over `horizon` and the run folder are checked before anything is written.
-    Returns {training: training.json's content, greedy: summary, sampled: summary} (the summaries as in
-    OUT/greedy/summary.json, OUT/sampled/...)."""
+    """Trains `method` on `instance` in the run folder `out_dir` (config `preset` + `overrides` (config fields) + `seed`, on `device`), then
+    evaluates it on `episodes` held-out episodes of `horizon` steps. `mode`: new, resume or overwrite (trainers.run_folder); `workers`,
+    `use_gpu`, `on_update`, `resources_per_worker`: as registry.train. Checks the config, the instance's cost range over `horizon` and the
+    run folder before writing anything. Returns {training: training.json's content, greedy: summary, sampled: summary} (the summaries
+    as in OUT/greedy/summary.json, OUT/sampled/...)."""
     overrides = dict(overrides or {})
     if given := [k for k in ARGUMENT_FIELDS if k in overrides]:
         raise ConfigError(f"overrides: {given} are arguments of the experiment, not overrides")

@@ -76,11 +76,9 @@ TAIL = 0.01
 def teacher_policy(
     source: Instance, name: PolicySpec | str, device="cpu", progress: bool = False, threshold: float | None = None
 ) -> tuple[Policy, dict]:
-    """(policy, parameters for the record) of the teacher `name` (`is_teacher`; a spec, or a name parsed here) on
-    `source`, as evaluate.py builds
-    it (trainers.named_policies): a classical family tuned on the training paths for the evaluation
-    horizon, or the decomposition lookahead in its stationary form (the rollouts of a warm start run for more
-    periods than any finite table has; its threshold `threshold`, or tuned on the training paths when None)."""
+    """Returns (policy, parameters for the record) of the teacher `name` (`is_teacher`; a spec, or a name parsed here) on `source`, as
+    evaluate.py builds it (trainers.named_policies): a classical family tuned on the training paths for the evaluation horizon, or the
+    decomposition lookahead in its stationary form (the rollouts outlast any finite table), its threshold `threshold` or tuned when None."""
     return named_policy(source, parse_policy(name), EVAL_HORIZON, device, form="stationary", progress=progress, threshold=threshold)
 
 
@@ -142,21 +140,13 @@ class Frontier(NamedTuple):
 
 
 class TeacherRollouts:
-    """The B rollouts of a warm start, continued by each imitation update (`next_update`), with the steps already
-    simulated past the last update kept ahead (`ahead`) so that each step is simulated once where the acting
-    policy does not change.
+    """The B rollouts of a warm start, continued by each imitation update (`next_update`). An update of T steps simulates T +
+    `cost_to_go_steps` steps (G_t is truncated there); in a plain update the steps past the T kept stay `ahead` for the next one, which
+    simulates only T new ones (its targets are those simulating again would give); a DAgger update drops them (`rewind`) and simulates
+    them again with its own student.
 
-    An update of T steps needs the costs of T + `cost_to_go_steps` steps (module docstring: G_t truncated
-    where that simulation ends). In a plain update the teacher acts, so the steps after the T kept are those
-    the next update would simulate again from the same state, clock and stream: they stay ahead, and the next
-    update simulates only T new ones; the targets are the numbers that simulating again gives. In a DAgger
-    update the student acting changes with every update, so the steps past the T kept are dropped and the
-    next update simulates them again with its own student (`rewind`): the targets are those of the DAgger
-    definition, with the student of the update that keeps the step.
-
-    Memory: the steps ahead hold each step's state and the teacher's Q, 5 numbers per rollout row, item and step
-    (LMAX = 4), for T + cost_to_go_steps steps: 2 GB in float32 at 1,024 rows of n = 1,024 and 100 steps; the
-    item tokens (11 per row and item) are made for the T steps kept only."""
+    Memory: `ahead` holds each step's state and the teacher's Q, 5 numbers per row, item and step (LMAX = 4), for T + cost_to_go_steps
+    steps (2 GB in float32 at 1,024 rows of n = 1,024 and 100 steps); the item tokens are made for the T steps kept only."""
 
     def __init__(self, teacher: Policy, instance: TensorInstance, stream: FactorDemandStream, start: Frontier, rows: slice):
         """`start`: the first update's state; the stream's generator is set to its `rng`."""

@@ -144,10 +144,9 @@ class Rollout(NamedTuple):
 
 
 def rollout(model: ThreeNetworks, instance: TensorInstance, state: State, draws: RolloutDraws, precision: str = "float32") -> Rollout:
-    """Simulate the rollouts of `state` over `draws`: Q = qbar * fraction from the quantity network on s_t (pathwise,
-    with its graph), Y = 1{U < p(s_t)} with p from the open network without a graph (its log-probability is
-    computed afterwards on the stored tokens, `hybrid_losses`); the terminal value by the frozen critic
-    psi-bar = sg(psi), its gradient flowing into s_T only. The networks run under `precision` (`autocast`), the
+    """Simulates the rollouts of `state` over `draws`; returns the pathwise term with its graph and the rest detached. Q = qbar * fraction
+    carries the graph; Y = 1{U < p(s_t)} is sampled without one (its log-probability is taken on the stored tokens in `hybrid_losses`);
+    the terminal value uses the frozen critic sg(psi), its gradient flowing into s_T only. The networks run under `precision`, the
     simulator in the instance's dtype."""
     gamma, steps = instance.gamma, draws.demand.shape[0]
     items_kept, globs_kept, costs, opens = [], [], [], []
@@ -260,26 +259,20 @@ def hybrid_losses(
     actor: bool = True,
     anchor: Anchor | None = None,
 ) -> UpdateResult:
-    """Eqs. (discrete_loss), (pathwise_loss), (critic_loss), (total_loss) of this rank's rollouts, and with
-    `backward` their gradients added into the parameters' .grad, one micro-batch at a time:
+    """Eqs. (discrete_loss), (pathwise_loss), (critic_loss), (total_loss) of this rank's rollouts; with `backward`, their gradients are
+    added into the parameters' .grad one micro-batch at a time, in three passes:
 
-    1. per micro-batch of rollouts (`chunks`), the rollouts (`rollout`) and the backward pass of their share of
-       alpha_PW L_PW; their tokens, costs and open decisions are stored for the whole shard;
-    2. per micro-batch of rollouts of the critic and open passes (`readout_chunks`, by default `chunks`), the
-       critic on the stored states: the values, GAE (eqs. td_residual - gae, within each rollout) and the backward
-       pass of their share of alpha_V L_V;
-    3. the advantages standardised over the whole batch (eq. standardized_advantage, of every rank), then per
-       micro-batch of `readout_chunks` the open network's log-probabilities and entropies and the backward pass of
-       their share of L_Y - alpha_H H.
+    1. per micro-batch of `chunks`: the rollouts (`rollout`) and the backward pass of their share of alpha_PW L_PW; their tokens, costs
+       and open decisions are stored for the whole shard;
+    2. per micro-batch of `readout_chunks` (default `chunks`): the critic on the stored states, GAE (eqs. td_residual - gae, within each
+       rollout) and the backward pass of their share of alpha_V L_V;
+    3. the advantages standardised over the whole batch of every rank (eq. standardized_advantage), then per micro-batch of
+       `readout_chunks` the open network's log-probabilities and entropies and the backward pass of their share of L_Y - alpha_H H.
 
-    Every term is a mean over rollouts (and steps), so each micro-batch adds its sum divided by the shard's count:
-    the gradient of the whole batch in one graph, to float rounding, with the activations of one micro-batch. In
-    bfloat16 the rounding of the open network's p can differ between the rollout's forward, which samples Y, and the
-    score term's (docs/methods.md, "Memory").
-
-    Without `actor` (the critic's warm-up) only the critic's gradient is computed: the rollouts run without a graph
-    and the score, pathwise and entropy terms are metrics. With an `anchor` the open pass adds its weight times
-    `anchor_losses` to L_Y - alpha_H H."""
+    Each micro-batch adds its sum divided by the shard's count, so the gradient is the whole batch's one-graph gradient to float rounding
+    (in bfloat16 the rollout's p, which samples Y, can round differently from the score term's: docs/methods.md, "Memory").
+    Without `actor` (the critic's warm-up) only the critic's gradient is computed; the score, pathwise and entropy terms are metrics.
+    With an `anchor` the open pass adds its weight times `anchor_losses` to L_Y - alpha_H H."""
     shard, steps = state.batch, draws.demand.shape[0]
     per_state = shard * steps
     precision = config.precision

@@ -200,12 +200,11 @@ def train(
     on_update: OnUpdate = None,
     resources_per_worker: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """Train `config`'s method in the run folder `out_dir` (modes and files: trainers.run_folder); returns training.json's
-    content. `workers` None trains in this process (on config.device); k trains on k Ray processes, a GPU
-    each with `use_gpu` (pathwise: Ray Train workers; RLlib: env runners and learners). `on_update(update,
-    metrics)` is called after each update made in this process (not by Ray Train workers: they report to
-    ray.train.report, and on to Tune inside a trial). `resources_per_worker` (Ray Train workers) as in
-    ray.train.ScalingConfig, e.g. {"CPU": 2, "GPU": 0.25}."""
+    """Trains `config`'s method in the run folder `out_dir` (modes and files: trainers.run_folder); returns training.json's content.
+    `workers` None trains in this process (on config.device), k on k Ray processes, a GPU each with `use_gpu` (pathwise: Ray Train
+    workers; RLlib: env runners and learners); other values raise ConfigError. `on_update(update, metrics)` is called after each update
+    made in this process (Ray Train workers report to ray.train.report, and on to Tune in a trial). `resources_per_worker` (Ray Train
+    workers): as ray.train.ScalingConfig's, e.g. {"CPU": 2, "GPU": 0.25}."""
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
     check_one_factor(instance, f"method {config.method!r}")

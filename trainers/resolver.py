@@ -69,11 +69,10 @@ def resolve(
     progress: bool = False,
     precision: str = "float32",
 ) -> ResolvedPolicy:
-    """The policy that `name` (a spec, or a name parsed here: a Python call's) names, on `instance` (needed by every
-    named policy; a checkpoint acts on its own instance unless one is given). `mode` and `precision` (bfloat16 or
-    float32, of its networks) apply to a checkpoint of a pathwise method (a named policy refuses others than greedy
-    and float32), `form` to the lookahead; `horizon` is the evaluation's, for which classical families and the
-    lookahead's threshold are tuned and the DP solved."""
+    """Returns the policy `name` (a spec, or a name parsed here) names on `instance` (needed by every named policy; a checkpoint acts on
+    its own instance unless one is given). `mode` and `precision` (bfloat16 or float32) apply to a pathwise checkpoint (a named policy
+    refuses other than greedy and float32), `form` to the lookahead; `horizon` is the evaluation's, for which classical families and the
+    lookahead's threshold are tuned and the DP solved. Raises InputError on a bad mode, precision or form."""
     spec = parse_policy(name)  # a Python call's name; a spec passes as it is
     if mode not in MODES:
         raise InputError(f"mode: expected one of {list(MODES)}, got {mode!r}")

@@ -348,11 +348,10 @@ def build_module(config: PPOTrainConfig, n: int) -> JRPModule:
 
 
 class PPORun(MethodRun):
-    """A PPO run's parts and its trainer (trainers.run_folder.MethodRun): the RLlib algorithm, with a checkpoint every
-    updates / 5 updates. rllib/algorithm-<k> is RLlib's own checkpoint of update k, used to resume; checkpoint.pt
-    holds the module weights for evaluation and names k. It is written after rllib/algorithm-<k> and the older ones
-    are removed after it, so a run stopped at any point resumes from a matching pair. The driver runs with one
-    torch thread, as `python bench/rllib.py` measures the registry's throughputs."""
+    """A PPO run (trainers.run_folder.MethodRun): the RLlib algorithm, with a checkpoint every updates / 5 updates. rllib/algorithm-<k> is
+    RLlib's checkpoint of update k, used to resume; checkpoint.pt holds the module weights for evaluation and names k. checkpoint.pt is
+    written after rllib/algorithm-<k> and the older ones are removed after it, so a run stopped at any point resumes from a matching
+    pair."""
 
     def __init__(self, config: PPOTrainConfig, instance: Instance):
         self.config, self.instance = config, instance
@@ -375,7 +374,7 @@ class PPORun(MethodRun):
             )
         init_ray(1)
         self.threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(1)  # the driver's one thread, as `python bench/rllib.py` measures the registry's throughputs
         torch.manual_seed(self.config.seed)
         self.algo = build_algorithm(self.config, self.instance, str(self.algorithms / "logs"))
         if checkpoint is not None:

@@ -86,11 +86,10 @@ def start_run_dir(out_dir: str | os.PathLike, mode: str) -> Path:
 
 
 def check_resumable(ckpt: dict[str, Any], config: TrainerConfig, instance: Instance, path: Path) -> None:
-    """Only `updates` and the memory fields (TrainerConfig.memory_fields) may change between a checkpoint (its
-    config as stored) and the run that resumes it, `updates` not below the checkpoint's update. A field the stored
-    config lacks (added to the config after the checkpoint was written) counts as its default, the value that run
-    had. A refusal names the fields that differ with both values (plumbing.validate.differences, as the solver journals;
-    of another method: the method alone, the other fields being another config's)."""
+    """Raises CheckpointError unless the checkpoint's stored config and `config` differ only in `updates` (not below the checkpoint's
+    update) and the memory fields (TrainerConfig.memory_fields), on the same instance. A field the stored config lacks (added later)
+    counts as its default, the value that run had. The refusal names each differing field with both values
+    (plumbing.validate.differences), or, for another method, the method alone."""
     defaults = {f.name: f.default for f in fields(config) if f.default is not MISSING}
     free = {"updates": 0} | dict.fromkeys(config.memory_fields())
     stored, wanted = defaults | ckpt["config"] | free, config.to_dict() | free
@@ -455,11 +454,9 @@ class MethodRun(ABC):
 def open_run(
     out_dir: str | os.PathLike, mode: str, config: TrainerConfig, instance: Instance, method: MethodRun
 ) -> Iterator[tuple[Path, RunStart]]:
-    """`with open_run(...) as (out, start):` check the run folder for `mode` and, for a run that starts anew, the
-    method's inputs, before anything is written; then prepare the folder (`start_run_dir`) and read where
-    training starts. A folder that this made and the block leaves empty (it stopped before its first file) is
-    removed. The folder is absolute: Ray's storage, RLlib's checkpoints and Ray Train workers (they change
-    directory) need it so."""
+    """`with open_run(...) as (out, start):` checks the run folder for `mode` and, for a run that starts anew, the method's inputs, before
+    anything is written; then prepares the folder (`start_run_dir`) and reads where training starts. A folder it made that the block
+    leaves empty is removed. `out` is absolute: Ray's storage, RLlib's checkpoints and Ray Train workers (they change directory) need it."""
     check_run_dir(out_dir, mode)
     if mode != "resume":
         method.check()

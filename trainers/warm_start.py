@@ -37,14 +37,11 @@ at n = 1,024 takes far longer than a process group's default timeout)."""
 def warm_start(
     trainer, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
 ) -> dict[str, Any] | None:
-    """The warm start (module docstring) of `trainer` (a trainers.pathwise.PathwiseTrainer, which imports this module)
-    on `source`, the instance this trainer's tensors come from (the teacher is built on it), from its start or from
-    the imitation update that a checkpoint holds (the trainer's `load_state_dict`); every rank calls it
-    (collectives); `progress`: the teacher's tuning and the updates as progress bars. `after_update(done)` is called
-    after each imitation update but the last, where the trainer's `state_dict` holds the warm start at that update;
-    when it returns True the warm start stops there and returns None. Else returns and keeps its record: the teacher
-    and its parameters, the last update's losses and greedy agreement (before that update's step), seconds (of every
-    attempt)."""
+    """Runs the warm start (module docstring) of `trainer` (a trainers.pathwise.PathwiseTrainer) on `source`, the instance its tensors come
+    from (the teacher is built on it), from its start or from the imitation update a checkpoint holds; every rank calls it (collectives).
+    `after_update(done)` is called after each imitation update but the last, with the trainer's `state_dict` holding the warm start at
+    that update; if it returns True the warm start stops there and returns None. Else returns its record, also kept on the trainer: the
+    teacher and its parameters, the last update's losses and greedy agreement (before that update's step), seconds of every attempt."""
     config, instance = trainer.config, trainer.instance
     if not trainer.warm_start_due():
         raise RuntimeError(
@@ -123,12 +120,10 @@ def warm_start(
 
 
 def build_teacher(trainer, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
-    """The teacher on `source`, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
-    group of their own). A classical family: the other ranks make the rule from its
-    parameters (policies.classical.policy_from_parameters), and a resumed warm start from those its checkpoint
-    holds (`parameters`), without tuning. The decomposition lookahead: the other ranks get rank 0's policy with
-    its tables; a resumed warm start keeps the threshold its checkpoint holds (no tuning) and reads its tables
-    from DIR again, or computes them again when the teacher has no DIR."""
+    """Returns the teacher on `source` and its parameters, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
+    group of their own): for a classical family they make the rule from its parameters (policies.classical.policy_from_parameters), for
+    the lookahead they receive rank 0's policy with its tables. A resumed warm start (`parameters`) is not tuned again: a classical rule is
+    made from them; the lookahead keeps its threshold and reads its tables from DIR again, or computes them when the teacher has no DIR."""
     device, name = trainer.instance.device, trainer.config.teacher
     lookahead = name.lookahead
     if parameters is not None and not lookahead:

@@ -91,7 +91,8 @@ def method(name) -> Method:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where and how one training run goes (the arguments of `train` after the config and the instance)."""
+    """Where and how one training run goes: `train`'s arguments after the config and the instance, but the hook
+    `on_update`, which only a run in this process calls."""
 
     out_dir: str | os.PathLike
     mode: str = "new"
@@ -99,7 +100,6 @@ class Placement:
     workers: int | None = None
     """None: train in this process; k: on k Ray processes (pathwise: Ray Train workers; RLlib: env runners and learners)."""
     use_gpu: bool = False
-    on_update: OnUpdate = None
     resources_per_worker: dict[str, float] | None = None
 
 
@@ -208,7 +208,7 @@ def train(
     if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
         raise ConfigError(f"workers: expected None (train in this process) or an integer >= 1, got {workers!r}")
     check_one_factor(instance, f"method {config.method!r}")
-    placement = Placement(out_dir, mode, progress, workers, use_gpu, on_update, resources_per_worker)
+    placement = Placement(out_dir, mode, progress, workers, use_gpu, resources_per_worker)
     implementation = family(method(config.method).family)
     if workers is not None and implementation.data_parallel is not None:
         return implementation.data_parallel(config, instance, placement)

@@ -505,8 +505,8 @@ class RunAttempt:
         with self.stop:
             warm_started = self.warm_start(trainer)
             if method.lead:
-                if self.start.checkpoint is None:
-                    shutil.rmtree(self.out / "tensorboard", ignore_errors=True)  # an attempt's that stopped before its first checkpoint
+                if self.start.checkpoint is None:  # the events of an attempt that stopped before its first checkpoint go
+                    shutil.rmtree(self.out / "tensorboard", ignore_errors=True)
                 self.recorder = RunRecorder(self.out, config, self.instance.n, self.start.rows, self.progress, self.attempts, method)
             if score := method.validate(config.updates):  # the network the run starts from (update 0)
                 self.recorder.validated(score)

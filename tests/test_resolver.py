@@ -91,9 +91,8 @@ def test_a_learned_policy_says_which_network_it_is():
     from trainers.resolver import ResolvedPolicy
 
     def note(parameters, learned=True, file="runs/a/checkpoint.pt"):
-        return ResolvedPolicy(
-            parse_policy(f"checkpoint:{file}"), None, "hpo-greedy", parameters, INSTANCE, "greedy", learned, file if learned else None
-        ).network_note()
+        spec = parse_policy(f"checkpoint:{file}" if learned else "classical-best")
+        return ResolvedPolicy(spec, None, "hpo-greedy", parameters, INSTANCE, "greedy", file if learned else None).network_note()
 
     best = {"network": "best", "update": 120, "validation_cost": 5406.781, "validation_se": 12.345, "training_status": "completed"}
     assert note(best, file="runs/a/best.pt") == " (runs/a/best.pt: the best network, of update 120, validation 5406.78 ± 12.35)"

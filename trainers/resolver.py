@@ -41,9 +41,13 @@ class ResolvedPolicy:
     """The instance it acts on: the one given, or a checkpoint's own when none was."""
     mode: str
     """greedy or sampled for a learned policy; `deterministic` for a named one."""
-    learned: bool
     checkpoint_file: str | None = None
     """The checkpoint file a learned policy was read from (a run folder's best.pt or checkpoint.pt)."""
+
+    @property
+    def learned(self) -> bool:
+        """Whether it is a trained network (checkpoint:PATH)."""
+        return self.spec.learned
 
     def network_note(self) -> str:
         """Which network a learned policy is, for a script's result line: the file read and its network, best (with its
@@ -87,9 +91,7 @@ def resolve(
         parameters = {"checkpoint": path, "mode": mode, "method": method, "training_status": ckpt["status"], **network_of(ckpt["trainer"])}
         if precision != "float32":
             parameters["precision"] = precision
-        return ResolvedPolicy(
-            spec, policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, True, str(checkpoint_file(path))
-        )
+        return ResolvedPolicy(spec, policy, f"{method}-{mode}", parameters, instance or ckpt["instance"], mode, str(checkpoint_file(path)))
     if mode != "greedy":
         raise InputError(f"mode '{mode}': applies to checkpoint:PATH only; policy '{spec}' is deterministic")
     if precision != "float32":
@@ -97,4 +99,4 @@ def resolve(
     if instance is None:
         raise InputError(f"policy '{spec}': needs an instance (--instance)")
     policy, parameters = named_policy(instance, spec, horizon, device, form, progress)
-    return ResolvedPolicy(spec, policy, named_label(spec, form), parameters, instance, DETERMINISTIC, False)
+    return ResolvedPolicy(spec, policy, named_label(spec, form), parameters, instance, DETERMINISTIC)

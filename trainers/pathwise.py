@@ -612,6 +612,7 @@ class PathwiseRun(MethodRun):
         return rank_and_world()[1] == 1
 
     def checkpoint_state(self) -> dict[str, Any]:
+        """On every rank of a data-parallel run: the state gathers the whole batch's rollout state."""
         return self.trainer.state_dict()
 
 

@@ -157,10 +157,6 @@ class WorkerRun(PathwiseRun):
         self.out = out
         return super().build(out, checkpoint)
 
-    def checkpoint_state(self) -> dict[str, Any]:
-        """On every rank: the state gathers the whole batch's rollout state."""
-        return self.trainer.state_dict()
-
     def after_checkpoint(self) -> None:
         """A Train checkpoint of checkpoint.pt, best.pt and the curve (written before them: trainers.run_folder.RunAttempt.save)."""
         with tempfile.TemporaryDirectory() as tmp:

@@ -2,9 +2,11 @@
 
   python platform/evaluate.py --instance inst.json --policy classical-best --out runs/eval
 
-POLICY is one of: {rules} (tuned rules, policies/classical.py), dp-optimal (one-item instances only: the
-dynamic-programming optimum for this horizon, policies/dp_optimal.py; exact for an item whose domain spans at most
-2,000 units, on a coarse lattice above that, as its summary's exact_lattice and lattice_step say), decomposition-lookahead (the
+POLICY is one of: {rules} (tuned rules, policies/classical.py), dp-optimal (instances of 1 to 3 items under one factor:
+the dynamic-programming optimum for this horizon; at n = 1 policies/dp_optimal.py, exact for an item whose domain spans at
+most 2,000 units, on a coarse lattice above that, as its summary's exact_lattice and lattice_step say; at n = 2 or 3 the
+joint DP of policies/joint_dp.py, its orders in whole units within the caps, its summary's relaxed_expected_cost a lower
+figure on the optimum where a cap is fractional, and refused with its size where it does not fit), decomposition-lookahead (the
 joint rule on the decomposition bound's per-item values, policies/lookahead.py: its tables computed now) or
 decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/bound.py --kind
 decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or

@@ -31,6 +31,7 @@ import yaml
 
 from plumbing.files import atomic_write, atomic_write_text
 from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
+from policies.joint_dp import SWEEP_ITEMS
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
 from trainers.registry import METHODS
@@ -118,7 +119,7 @@ def cost_table(report: Report) -> Table:
             )
         )
     if any(e.absent == "—" for e in cells):
-        table.notes.append("— not part of the sweep at this size (dp-optimal exists at n = 1 only; a MILP may be limited to some sizes).")
+        table.notes.append(f"— not part of the sweep at this size (dp-optimal runs at n <= {SWEEP_ITEMS} only; a MILP may be limited to some sizes).")
     for n in spec.sizes:
         if (figures := dp_value(report, n)) is not None:
             s = report.entries[(n, DECOMPOSITION)].runs[0].summary

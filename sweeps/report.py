@@ -29,6 +29,7 @@ from envs.exogenous import sample_paths
 from envs.results import read_evaluation
 from plumbing.errors import InputError
 from policies.decomposition import NAME as DECOMPOSITION
+from policies.joint_dp import SWEEP_ITEMS
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial
 from trainers.registry import METHODS
@@ -120,7 +121,7 @@ def columns(spec: SweepSpec) -> list[tuple[str, str]]:
     result = [(m, "learned") for m in METHODS if m in spec.methods]
     result += [("classical-best", "baseline")] if b.classical_best else []
     result += [(m.name, "baseline") for m in b.milp]
-    result += [("dp-optimal", "baseline")] if b.dp_optimal and 1 in spec.sizes else []
+    result += [("dp-optimal", "baseline")] if b.dp_optimal and spec.has_dp_optimal else []
     result += [("decomposition-lookahead", "baseline")] if b.lookahead else []
     result += [("bound", "bound")] if b.bound is not None else []
     result += [(DECOMPOSITION, "bound")] if b.decomposition is not None else []
@@ -167,7 +168,7 @@ def baseline_entry(results: Results, column: str, kind: str, n: int, notes: list
     spec = results.spec
     entry = Entry(n, column, kind)
     milp = {m.name: m for m in spec.baselines.milp}.get(column)
-    if (column == "dp-optimal" and n != 1) or (milp is not None and milp.sizes is not None and n not in milp.sizes):
+    if (column == "dp-optimal" and n > SWEEP_ITEMS) or (milp is not None and milp.sizes is not None and n not in milp.sizes):
         entry.absent = "—"
         return entry
     folder = baseline_folder(results.root, n, column)

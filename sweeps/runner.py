@@ -61,6 +61,7 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from policies.decomposition import NAME as DECOMPOSITION
     from policies.decomposition import DecompositionOptions
     from policies.dp_optimal import NAME as DP_OPTIMAL
+    from policies.joint_dp import SWEEP_ITEMS
     from policies.lookahead import NAME as LOOKAHEAD
     from policies.names import TABLES_PREFIX
     from solver_workers.backends import SolverOptions
@@ -90,7 +91,7 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
         base = out / "baselines" / f"n{n}"
         if b.classical_best:
             named_baseline(inst, base, "classical-best", "classical-best")
-        if b.dp_optimal and n == 1:
+        if b.dp_optimal and n <= SWEEP_ITEMS:
             named_baseline(inst, base, DP_OPTIMAL, DP_OPTIMAL)
         if b.bound is not None and not baseline_done(base / "bound", inst, episodes, horizon):
             log(f"baseline n={n} perfect-information bound")
@@ -384,7 +385,7 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
     b = spec.baselines
     names = (
         (["classical-best"] if b.classical_best else [])
-        + (["dp-optimal (n = 1)"] if b.dp_optimal and 1 in spec.sizes else [])
+        + ([f"dp-optimal (n <= {SWEEP_ITEMS})"] if b.dp_optimal and spec.has_dp_optimal else [])
         + (["perfect-information bound"] if b.bound else [])
         + (["decomposition bound"] if b.decomposition else [])
         + (["decomposition-lookahead"] if b.lookahead else [])

@@ -13,6 +13,7 @@ from typing import Any
 from envs.exogenous import check_path_size
 from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
 from plumbing import validate
+from policies.joint_dp import SWEEP_ITEMS
 from plumbing.errors import InputError
 from policies.decomposition import DecompositionOptions
 from solver_workers.backends import SOLVERS
@@ -150,7 +151,7 @@ class Baselines:
     classical_best: bool = True
     """Every classical family tuned on training paths; the best evaluated (policies.classical)."""
     dp_optimal: bool = True
-    """The exact DP optimum, at n = 1 only (policies.dp_optimal)."""
+    """The exact DP optimum, at the sizes n <= SWEEP_ITEMS only (policies.dp_optimal, policies.joint_dp)."""
     bound: dict[str, Any] | None = None
     """The perfect-information bound: {solver, time_limit (seconds per episode), threads}; null to skip."""
     milp: tuple[MilpBaseline, ...] = ()
@@ -391,9 +392,14 @@ class SweepSpec:
         """The sizes the MILP baseline `m` runs on."""
         return tuple(n for n in self.sizes if m.sizes is None or n in m.sizes)
 
+    @property
+    def has_dp_optimal(self) -> bool:
+        """Whether a size of the sweep is small enough for its dp-optimal baseline (policies.joint_dp.SWEEP_ITEMS)."""
+        return any(n <= SWEEP_ITEMS for n in self.sizes)
+
     def has_baselines(self) -> bool:
         b = self.baselines
-        return b.classical_best or (b.dp_optimal and 1 in self.sizes) or b.bound is not None or bool(b.milp) or b.decomposition is not None
+        return b.classical_best or (b.dp_optimal and self.has_dp_optimal) or b.bound is not None or bool(b.milp) or b.decomposition is not None
 
     def overrides_of(self, method: str) -> dict[str, Any]:
         return {**self.overrides.get("all", {}), **self.overrides.get(method, {})}

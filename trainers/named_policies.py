@@ -1,5 +1,5 @@
 """Policies that are not learned, made by name on the instance they act on (policies/names.py's NAMED_POLICIES and
-decomposition-lookahead:DIR): a classical family tuned on training paths for `horizon` steps, the n = 1 DP optimum,
+decomposition-lookahead:DIR): a classical family tuned on training paths for `horizon` steps, the DP optimum (n <= 3),
 or the decomposition lookahead (its tables read from a bound run's folder, or computed now by
 policies/decomposition.py). trainers/resolver.py makes every policy name through here, learned ones through the
 registry; the warm start's teacher (trainers/imitation.py, below the registry) uses this module directly.
@@ -13,7 +13,7 @@ from envs.evaluation import Policy
 from envs.instance import Instance
 from policies.classical import tuned_policy
 from policies.decomposition import lookahead_policy
-from policies.dp_optimal import dp_optimal_policy
+from policies.joint_dp import optimal_policy
 from policies.lookahead import FORMS
 from policies.names import PolicySpec
 
@@ -32,7 +32,7 @@ def named_policy(
     if threshold is not None and not spec.lookahead:
         raise ValueError(f"threshold: the lookahead's c, given for policy {spec.name!r}")
     if spec.kind == "dp":
-        return dp_optimal_policy(instance, horizon, device, progress=progress)
+        return optimal_policy(instance, horizon, device, progress=progress)
     if spec.lookahead:
         return lookahead_policy(instance, horizon, device, form=form, bound=spec.path, threshold=threshold, progress=progress)
     return tuned_policy(instance, spec.name, horizon, device=device, progress=progress)

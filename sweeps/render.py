@@ -119,7 +119,9 @@ def cost_table(report: Report) -> Table:
             )
         )
     if any(e.absent == "—" for e in cells):
-        table.notes.append(f"— not part of the sweep at this size (dp-optimal runs at n <= {SWEEP_ITEMS} only; a MILP may be limited to some sizes).")
+        table.notes.append(
+            f"— not part of the sweep at this size (dp-optimal runs at n <= {SWEEP_ITEMS} only; a MILP may be limited to some sizes)."
+        )
     for n in spec.sizes:
         if (figures := dp_value(report, n)) is not None:
             s = report.entries[(n, DECOMPOSITION)].runs[0].summary

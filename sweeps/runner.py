@@ -22,6 +22,7 @@ from envs.results import manifest, write_evaluation
 from plumbing.errors import InputError
 from plumbing.files import read_text
 from plumbing.validate import load_yaml
+from policies.joint_dp import SWEEP_ITEMS
 from sweeps.results_dir import (
     FINISHED,
     baseline_done,
@@ -61,7 +62,6 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
     from policies.decomposition import NAME as DECOMPOSITION
     from policies.decomposition import DecompositionOptions
     from policies.dp_optimal import NAME as DP_OPTIMAL
-    from policies.joint_dp import SWEEP_ITEMS
     from policies.lookahead import NAME as LOOKAHEAD
     from policies.names import TABLES_PREFIX
     from solver_workers.backends import SolverOptions

@@ -13,9 +13,9 @@ from typing import Any
 from envs.exogenous import check_path_size
 from envs.instance import PAPER_MAX_N, PAPER_MAX_N_WHY
 from plumbing import validate
-from policies.joint_dp import SWEEP_ITEMS
 from plumbing.errors import InputError
 from policies.decomposition import DecompositionOptions
+from policies.joint_dp import SWEEP_ITEMS
 from solver_workers.backends import SOLVERS
 from solver_workers.model import check_size
 from trainers import registry
@@ -399,7 +399,8 @@ class SweepSpec:
 
     def has_baselines(self) -> bool:
         b = self.baselines
-        return b.classical_best or (b.dp_optimal and self.has_dp_optimal) or b.bound is not None or bool(b.milp) or b.decomposition is not None
+        dp_optimal = b.dp_optimal and self.has_dp_optimal
+        return b.classical_best or dp_optimal or b.bound is not None or bool(b.milp) or b.decomposition is not None
 
     def overrides_of(self, method: str) -> dict[str, Any]:
         return {**self.overrides.get("all", {}), **self.overrides.get(method, {})}

@@ -399,12 +399,15 @@ def certificate_note(search: dict) -> str:
     return f"best split not certified (gap {gap:.3g}% at the round limit {rounds}, tolerance {tolerance:g})"
 
 
-def search_split(instance: Instance, options: DecompositionOptions, values_of: Callable[[int, list], list]) -> Search:
-    """The best split of K to the tolerance: round 0 evaluates each item on its guess times the
-    multiples and on K/n; each further round on `refine`'s shares, until the split is certified or the
-    rounds run out. values_of(round, grids) returns item i's values at grids[i] (empty lists included)."""
-    n, K = instance.n, instance.K
-    guess = guess_shares(instance)
+def search_split(
+    instance: Instance, options: DecompositionOptions, values_of: Callable[[int, list], list], guess: np.ndarray | None = None
+) -> Search:
+    """The best split of K to the tolerance: round 0 evaluates each unit on its guess times the multiples and on K/n; each
+    further round on `refine`'s shares, until the split is certified or the rounds run out. The units are the items, with
+    `guess_shares` as their guesses, or any others that share K (policies/group_bound.py's groups) with their `guess` [n].
+    values_of(round, grids) returns unit i's values at grids[i] (empty lists included)."""
+    guess = guess_shares(instance) if guess is None else np.asarray(guess, np.float64)
+    n, K = guess.size, instance.K
     grids = [sorted(set(float(s) for s in guess[i] * np.array(options.multiples)) | {K / n}) for i in range(n)]
     setups: list[list[float]] = [[] for _ in range(n)]
     values: list[list[float]] = [[] for _ in range(n)]

@@ -533,7 +533,7 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None, progress: bo
         decision_steps = max(p.horizon - p.lead, 0)
         steps = decision_steps if kept is None else min(kept, decision_steps)
         dmax = (p.pmf.shape[1] - 1) * p.lattice.step
-        check_size(p.instance, p.grid.points.size, dmax, p.lattice, positions.size, setups.size, steps)
+        check_size(p.instance, p.grid.points.size, dmax, p.lattice, positions.size, len(setups), steps)
         result = _backward(
             positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, decision_steps, steps, progress
         )
@@ -618,10 +618,11 @@ def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
 
 
 def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept, progress=False):
-    """The backward recursion on the lattice for every setup cost in `setups` [G] at once (NumPy).
+    """The backward recursion on the lattice for every setup cost in `setups` at once (NumPy): [G] constants, or [G, T_dec, M]
+    schedules, a setup cost for each decision step and factor grid point (policies/share_schedule.py).
     Returns V_0 [G, M, N], W [kept, G, M, N] (W_t of the first `kept` decision steps), and whether an optimal
     target reached the top of the domain."""
-    G, M, N, c = setups.size, grid.points.size, positions.size, lattice.classes
+    G, M, N, c = setups.shape[0], grid.points.size, positions.size, lattice.classes
     window = lattice.window
     dmax = pmf.shape[1] - 1
     pad = dmax * c  # lattice points below the domain that y - d can reach
@@ -633,7 +634,7 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
     length = -(-(pad + N) // c) * c
     size = next_fast_len(length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
     kernel = rfft(pmf, size, axis=1)[None, :, :, None]  # [1, M, F, 1] the demand law's transform, once for every step
-    cost = setups[:, None, None]  # [G, 1, 1]
+    costs = setups.reshape(G, 1, 1) if setups.ndim == 1 else setups[..., None]  # [G, 1, 1] or [G, T_dec, M, 1]
     top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
     action_value = np.empty((kept, G, M, N))
     value = np.zeros((G, M, N))
@@ -650,6 +651,7 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
         if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
             best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))
+        cost = costs if setups.ndim == 1 else costs[:, t]
         opens = cost + best < w
         value = np.where(opens, cost + best, w)
         if t < kept:

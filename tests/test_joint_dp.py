@@ -5,6 +5,7 @@ decomposition bound below it on random two-item instances."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from functools import cache
@@ -17,7 +18,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
 from plumbing.errors import InputError
-from policies import dp_optimal, joint_dp
+from policies import dp_optimal, group_bound, information_bound, joint_dp, share_schedule
 from policies.decomposition import DecompositionOptions, item_instance, item_values, search_split
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -204,3 +205,140 @@ def test_the_decomposition_bound_never_exceeds_the_joint_optimum_on_random_pairs
         separate = sum(item_values(inst, i, [0.0], horizon, 5, options)[0] for i in range(2))
         above += separate + inst.K * sum(inst.gamma**t for t in range(horizon)) > exact
     assert max(gaps) > 1e-3 and above > 0
+
+
+# ---- shares that depend on the period and the factor ------------------------------------------------------
+
+
+def test_schedule_bound_lies_between_the_constant_split_and_the_joint_optimum_on_random_pairs():
+    """20 seeded two-item instances: the schedule search's value is at least the constant split it starts from (it keeps its
+    best) and at most the exact optimum on the same chain and lattice; it gains on some instance. The broken control, each
+    item given all of K at every (t, f) (shares summing to 2 K, no longer a relaxation), lies above the optimum on some
+    instance and is caught by the same check."""
+    rng = np.random.default_rng(5454)
+    options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=4, tolerance=1e-4)
+    horizon, gains, caught = 8, [], 0
+    for _ in range(20):
+        inst = random_pair(rng)
+        exact = joint_dp.solve(inst, horizon, "raised", factor_points=5, factor_width=2.0, tables=False).expected_cost
+
+        def values_of(round_, grids, inst=inst):
+            return [item_values(inst, i, g, horizon, 5, options) if g else [] for i, g in enumerate(grids)]
+
+        split = search_split(inst, options, values_of).split
+        search = share_schedule.search_schedule(inst, horizon, split.shares, options, rounds=8)
+        constant = sum(item_values(inst, i, [split.shares[i]], horizon, 5, options)[0] for i in range(2))
+        assert search.start_value == pytest.approx(constant, rel=1e-12)
+        assert constant - 1e-9 <= search.value <= exact + 1e-9 * exact, (inst, constant, search.value, exact)
+        gains.append(search.value - constant)
+        full = np.full((share_schedule.decision_steps(inst, horizon), 5), inst.K)
+        broken = sum(share_schedule.item_result(inst, i, full, horizon, options).value for i in range(2))
+        caught += broken > exact + 1e-9 * exact
+    assert max(gains) > 1e-3 and caught > 0
+
+
+def test_order_frequencies_are_the_simulated_order_rates_of_the_item_policy():
+    """The supergradient: the carried-forward law's discounted order probability, summed over (t, f), equals the mean
+    discounted number of orders of the same item DP's policy simulated on the Tauchen chain itself (20,000 episodes, within
+    4 s.e.), and a constant schedule's value moves by it to first order (a finite difference of the setup cost)."""
+    inst = item_instance(paper_instance(4, 0), 1, 0.0)
+    options = DecompositionOptions(factor_points=7, coarse_points=3)
+    horizon, share = 20, 6.0
+    steps = share_schedule.decision_steps(inst, horizon)
+    schedule = np.full((steps, 7), share)
+    result = share_schedule.item_result(inst, 0, schedule, horizon, options)
+    step = 0.05
+    above = share_schedule.item_result(inst, 0, schedule + step, horizon, options).value
+    below = share_schedule.item_result(inst, 0, schedule - step, horizon, options).value
+    assert (above - below) / (2 * step) == pytest.approx(result.frequencies.sum(), rel=0.02)
+    sim = simulate_orders(inst, horizon, share, options)
+    assert abs(sim[0] - result.frequencies.sum()) <= 4 * sim[1], (sim, result.frequencies.sum())
+
+
+def simulate_orders(inst: Instance, horizon: int, share: float, options: DecompositionOptions, episodes: int = 20_000):
+    """Mean and s.e. of sum_t gamma^t 1{order at t} of the item DP's own decisions (W_t at grid points, the window's first
+    minimiser) on paths of the Tauchen chain and the DP's demand laws, written out here."""
+    one = dataclasses.replace(inst, K=share)
+    solution = dp_optimal.solve(one, horizon, **options.dp_settings())
+    grid, window = solution.grid, solution.window
+    rates = inst.lam[0] * np.exp(inst.beta[0] * grid.points - inst.beta[0] ** 2 / 2)
+    rng = np.random.default_rng(3)
+    m = rng.choice(grid.points.size, size=episodes, p=grid.initial)
+    x = np.full(episodes, solution.initial_index)
+    total = np.zeros(episodes)
+    for t in range(solution.decision_steps):
+        W = solution.action_value[t][m]  # [E, N]
+        padded = np.concatenate([W, np.full((episodes, window), np.inf)], axis=1)
+        index = x[:, None] + np.arange(window + 1)[None, :]
+        candidates = np.take_along_axis(padded, index, axis=1)
+        best = candidates.min(1)
+        opens = share + best < W[np.arange(episodes), x]
+        total += inst.gamma**t * opens
+        x = np.where(opens, x + candidates.argmin(1), x)
+        demand = rng.poisson(rates[m])
+        x = np.maximum(x - demand * solution.lattice.classes, 0)
+        m = np.array([rng.choice(grid.points.size, p=grid.transition[j]) for j in m])
+    return total.mean(), total.std(ddof=1) / math.sqrt(episodes)
+
+
+# ---- groups instead of items ----------------------------------------------------------------------------
+
+
+def test_group_bound_lies_between_the_item_split_and_the_joint_optimum():
+    """Ten seeded instances of three slow items, grouped (0, 1) and (2,): the group bound is at least the decomposition
+    bound's split over items on the same grid and at most the exact optimum of the three items (the joint DP, caps raised
+    as the groups' are); it gains over the items on some instance. One group of every item is the exact optimum."""
+    rng = np.random.default_rng(3)
+    options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=6, tolerance=1e-5)
+    horizon, gains = 6, []
+    for _ in range(10):
+        pair, other = random_pair(rng), random_pair(rng)
+        three = Instance(
+            **{name: np.concatenate([getattr(pair, name), getattr(other, name)[:1]]) for name in ("h", "b", "lam", "beta", "lead", "qbar")},
+            K=pair.K, gamma=0.9, rho=pair.rho,
+        )  # fmt: skip
+        result = group_bound.group_bound(three, horizon, options, search_points=5)
+        assert result.groups == [(0, 1), (2,)] and result.shares.sum() <= three.K + 1e-9
+        assert result.value >= result.search_value - 1e-9  # on the same grid the chords lie below the values
+
+        def values_of(round_, grids, three=three):
+            return [item_values(three, i, g, horizon, 5, options) if g else [] for i, g in enumerate(grids)]
+
+        items = search_split(three, options, values_of).split.value
+        exact = joint_dp.solve(three, horizon, "raised", 5, 2.0, tables=False).expected_cost
+        assert items - 1e-9 <= result.value <= exact + 1e-9 * exact, (three, items, result.value, exact)
+        gains.append(result.value - items)
+    assert max(gains) > 1e-3
+    whole = group_bound.group_bound(three, horizon, options, [(0, 1, 2)], search_points=5).value
+    assert whole == pytest.approx(exact, rel=1e-8)  # its share is K to the search's rounding
+
+
+# ---- the information relaxation ------------------------------------------------------------------------
+
+
+def test_information_bound_stays_below_the_joint_optimum_and_a_biased_penalty_is_caught():
+    """Ten seeded two-item instances, 100 paths of the chain each: the bound (the decomposition's value plus the per-path
+    ascent's mean gain) lies at most 4 s.e. above the exact optimum and at least at the decomposition bound; its plain mean
+    over paths, without the control variate, agrees with it (the penalty has mean zero). The broken control, the penalty's
+    conditional expectation read one factor grid point off the path's factor, drives the plain mean above the optimum by
+    more than 4 of its s.e. on some instance (measured: by 3 to 10)."""
+    rng = np.random.default_rng(5455)
+    options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=4, tolerance=1e-4)
+    horizon, gains, caught = 8, [], 0
+    for _ in range(10):
+        inst = random_pair(rng)
+        exact = joint_dp.solve(inst, horizon, "raised", factor_points=5, factor_width=2.0, tables=False).expected_cost
+
+        def values_of(round_, grids, inst=inst):
+            return [item_values(inst, i, g, horizon, 5, options) if g else [] for i, g in enumerate(grids)]
+
+        split = search_split(inst, options, values_of).split
+        bound = information_bound.information_bound(inst, horizon, split.shares, options, paths=100, rounds=15)
+        decomposition = sum(item_values(inst, i, [split.shares[i]], horizon, 5, options)[0] for i in range(2))
+        assert bound.start == pytest.approx(decomposition, rel=1e-9)
+        assert decomposition - 1e-9 <= bound.value <= exact + 4 * bound.se, (inst, decomposition, bound.summary(), exact)
+        assert abs(bound.plain - bound.value) <= 4 * bound.plain_se
+        gains.append(bound.value - decomposition)
+        broken = information_bound.information_bound(inst, horizon, split.shares, options, paths=100, rounds=1, factor_shift=-1)
+        caught += broken.plain - 4 * broken.plain_se > exact
+    assert max(gains) > 1.0 and caught > 0

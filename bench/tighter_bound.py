@@ -10,6 +10,11 @@ lookahead's expected cost where it does not. Every figure is on the same Tauchen
 
   python bench/tighter_bound.py --pairs                  # the five two-item instances, 21 points (about 6 minutes)
   python bench/tighter_bound.py --n 4 16 --points 41     # the paper's instances, with the lookahead on 2,000 episodes
+  python bench/tighter_bound.py --pairs --policies       # and the exact policy against the lookahead and classical-best
+
+With --policies each two-item line also has the exact policy (dp-optimal: the joint DP with the caps lowered, on --points),
+the decomposition lookahead and classical-best on the same --episodes held-out episodes: means, and each policy's paired
+difference to the exact policy in % of its mean with its 95% interval.
 
 One JSON line per instance, each bound with its value, seconds and relative gap to the exact optimum (or, without one, the
 gap of the lookahead's mean to the bound); the reference of every line is the decomposition bound measured in the same run.
@@ -22,10 +27,11 @@ import time
 
 import torch
 
-from envs.evaluation import evaluate
+from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from policies import group_bound, information_bound, joint_dp, share_schedule
+from policies.classical import tuned_policy
 from policies.decomposition import DecompositionOptions, item_values, lookahead_policy, search_split
 
 HORIZON = 50
@@ -58,6 +64,22 @@ def bounds(instance, points: int, groups: bool) -> dict:
     return figures
 
 
+def policies(instance, points: int, episodes: int) -> dict:
+    """The exact policy, the lookahead and classical-best on the same held-out episodes: means and paired differences."""
+    paths = sample_paths(instance, HELDOUT_SEED, episodes, HORIZON)
+    exact = evaluate(joint_dp.JointDPPolicy(joint_dp.solve(instance, HORIZON, "lowered", points)), instance.to_torch(), paths)
+    figures = {"dp-optimal": {"mean": exact.mean, "se": exact.se}}
+    for name, (policy, _) in (
+        ("decomposition-lookahead", lookahead_policy(instance, HORIZON)),
+        ("classical-best", tuned_policy(instance, "classical-best", HORIZON)),
+    ):
+        result = evaluate(policy, instance.to_torch(), paths)
+        paired = paired_comparison(result.discounted_cost, exact.discounted_cost)
+        share = [100 * x / exact.mean for x in (paired.mean_difference, paired.ci_low, paired.ci_high)]
+        figures[name] = {"mean": result.mean, "se": result.se, "above_exact_percent": share}
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", action="store_true", help="the five two-item instances against their exact optimum")
@@ -65,6 +87,7 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=21, help="factor grid points of every figure (default 21)")
     parser.add_argument("--episodes", type=int, default=2000, help="held-out episodes of the lookahead (default 2000)")
     parser.add_argument("--groups-up-to", type=int, default=16, help="the group bound at sizes up to this (default 16)")
+    parser.add_argument("--policies", action="store_true", help="with --pairs: the exact policy against the lookahead and classical-best")
     args = parser.parse_args()
     torch.set_num_threads(1)
     load = [round(x, 2) for x in os.getloadavg()]
@@ -75,6 +98,8 @@ def main() -> None:
         for figure in figures.values():
             figure["below_exact"] = 1.0 - figure["value"] / exact.expected_cost
         line = {"instance": name, "points": args.points, "exact": exact.expected_cost, "exact_seconds": seconds, **figures, "load": load}
+        if args.policies:
+            line["policies"] = policies(pair, args.points, args.episodes)
         print(json.dumps(line), flush=True)
     for n in args.n:
         instance = paper_instance(n, 0)

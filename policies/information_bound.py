@@ -40,25 +40,29 @@ ONE_SIDED_95 = 1.6448536269514722
 @dataclass
 class ItemTables:
     """One item's DP at its share on the inner domain (its DP domain extended downwards): W [T_i, M, N], V [T_i + 1, M, N]
-    (V_T_i = 0), the post-demand shift of one demand step in positions (`classes`), its window, its demand laws [M, J+1]
-    and the expected cost of its steps before its lead time, sunk [M]; `start` the index of x_0. Factor indices are the
-    item's own: a negative loading reads the path's factor axis reversed."""
+    (V_T_i = 0), the post-demand shift of one demand step in positions (`classes`), its window, the expected cost of its
+    steps before its lead time, sunk [M], and `start` the index of x_0. Factor indices are the item's own: a negative
+    loading reads the path's factor axis reversed."""
 
     W: np.ndarray
     V: np.ndarray
     classes: int
     window: int
-    pmf: np.ndarray
     sunk: np.ndarray
     start: int
 
 
 @names_the_item
-def item_tables(instance: Instance, item: int, share: float, horizon: int, options: DecompositionOptions, extra_units: int) -> ItemTables:
-    """The item's DP (the bound's settings: caps raised, one period's demand below x_0) at `share`, on its domain extended by
-    `extra_units` lattice steps below (module docstring)."""
+def item_paths(
+    instance: Instance, item: int, share: float, horizon: int, options: DecompositionOptions, factor: np.ndarray, rng: np.random.Generator
+) -> tuple[ItemTables, np.ndarray]:
+    """The item's demands on the paths of its factor indices `factor` [P, T + 1] (in lattice steps, [P, T]), and its DP (the
+    bound's settings: caps raised, one period's demand below x_0) at `share`, on its domain extended below by the largest
+    demand a path adds up (module docstring)."""
     one = item_instance(instance, item, 0.0)
     problem = dp_optimal._prepare(one, horizon, **options.dp_settings())
+    demand = sample_demand(problem.pmf, factor[:, :-1], rng)
+    extra_units = int(demand.sum(1).max()) + 1
     lattice = problem.lattice
     if lattice.rest:
         raise InputError(f"{NAME}: {instance.item_name(item)} is on a coarse lattice whose window stops short of its cap")
@@ -77,7 +81,7 @@ def item_tables(instance: Instance, item: int, share: float, horizon: int, optio
     expectation_below = expectation[..., :1] + (expectation[..., c : c + 1] - expectation[..., :1]) * reach
     W = np.concatenate([charge_below + one.gamma * expectation_below, W], axis=-1)
     V = np.concatenate([V[..., :1] + (V[..., c : c + 1] - V[..., :1]) * reach, V], axis=-1)  # the DP's extrapolation below
-    return ItemTables(W, V, c, lattice.window, problem.pmf, sunk, k0 + below.size)
+    return ItemTables(W, V, c, lattice.window, sunk, k0 + below.size), demand
 
 
 def sample_chain(grid: dp_optimal.FactorGrid, paths: int, steps: int, rng: np.random.Generator) -> np.ndarray:
@@ -185,12 +189,9 @@ def information_bound(
     M = grid.points.size
     items, demands, item_factors = [], [], []
     for i in range(n):
-        pmf = dp_optimal._prepare(item_instance(instance, i, 0.0), horizon, **options.dp_settings()).pmf
         flip = instance.directions is not None and instance.directions[i, 0] < 0
         own = M - 1 - factor if flip else factor
-        demand = sample_demand(pmf, own[:, :-1], rng)
-        extra = int(demand.sum(1).max()) + 1
-        tables = item_tables(instance, i, float(shares[i]), horizon, options, extra)
+        tables, demand = item_paths(instance, i, float(shares[i]), horizon, options, own, rng)
         if factor_shift:  # the broken control: W (which holds the conditional expectation) read at another factor point
             tables.W = np.roll(tables.W, factor_shift, axis=1)
         items.append(tables)

@@ -312,17 +312,6 @@ def _backward(instance, axes, positions, grid, horizon, tables, progress):
     return value, action_value, sorted(hit)
 
 
-def bracket(instance: Instance, horizon: int, **settings) -> dict:
-    """The optimum's figures without tables: with whole caps {"exact": V*}; else {"lower": V with the caps raised (a
-    relaxation), "upper": V with the caps lowered (a policy the real caps allow)}; each with its solve's seconds."""
-    lowered = solve(instance, horizon, CAPS[1], tables=False, **settings)
-    if lowered.whole_caps:
-        return {"exact": lowered.expected_cost, "seconds": lowered.solve_seconds, "states": lowered.states}
-    raised = solve(instance, horizon, CAPS[0], tables=False, **settings)
-    seconds = lowered.solve_seconds + raised.solve_seconds
-    return {"lower": raised.expected_cost, "upper": lowered.expected_cost, "seconds": seconds, "states": lowered.states}
-
-
 # ---- the policy ----------------------------------------------------------------------------------
 
 GATHER_LIMIT = 1 << 24
@@ -353,7 +342,8 @@ class JointDPPolicy:
         same = same and np.allclose([instance.K, instance.gamma, instance.rho], [ours.K, ours.gamma, ours.rho], rtol=1e-5)
         theirs = None if instance.overdispersion is None else instance.overdispersion.cpu().numpy()
         same = same and (theirs is None) == (ours.overdispersion is None) and (theirs is None or np.allclose(theirs, ours.overdispersion))
-        same = same and (instance.directions is None) == (ours.directions is None)
+        theirs = None if instance.directions is None else instance.directions.cpu().numpy()
+        same = same and (theirs is None) == (ours.directions is None) and (theirs is None or np.allclose(theirs, ours.directions))
         if not same:
             raise InputError(f"{NAME}: the policy was solved for another instance")
 
@@ -432,7 +422,7 @@ def optimal_policy(instance: Instance, horizon: int, device="cpu", progress: boo
 
 def joint_optimal_policy(instance: Instance, horizon: int, progress: bool = False, **settings) -> tuple[JointDPPolicy, dict]:
     """Solve the joint DP with the caps lowered (a policy the real caps allow) and return (policy, parameters for a summary):
-    its value, and where a cap is fractional the relaxation's lower figure beside it (`bracket`). With `progress`, a solve
+    its value, and where a cap is fractional the relaxation's lower figure beside it (the caps raised). With `progress`, a solve
     estimated to take more than dp_optimal.LONG_SOLVE seconds says so first and shows its backward pass."""
     long = False
     if progress:

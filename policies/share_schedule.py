@@ -30,6 +30,8 @@ from policies.decomposition import DecompositionOptions, item_instance, names_th
 NAME = "schedule-bound"
 STEP = 0.5
 """The mirror ascent's first step: each (t, f)'s shares move by up to exp(STEP) per round towards the items that order most."""
+SHORTEST_STEP = 5
+"""A round that loses halves the step; the search stops when it has been halved this many times."""
 FLOOR = 1e-3
 """Every item keeps at least this fraction of K / n at every (t, f), so that a multiplicative step can move its share up."""
 
@@ -48,10 +50,19 @@ class ItemResult:
 
 
 @names_the_item
-def item_result(instance: Instance, item: int, schedule: np.ndarray, horizon: int, options: DecompositionOptions) -> ItemResult:
-    """V_item under the setup-cost schedule [T_dec, M] on the fine factor grid, and its discounted order frequencies."""
+def item_problem(instance: Instance, item: int, horizon: int, options: DecompositionOptions):
+    """The item's DP problem (policies.dp_optimal._prepare) with the bound's settings, whatever its setup costs."""
+    return dp_optimal._prepare(item_instance(instance, item, 0.0), horizon, **options.dp_settings())
+
+
+@names_the_item
+def item_result(
+    instance: Instance, item: int, schedule: np.ndarray, horizon: int, options: DecompositionOptions, problem=None
+) -> ItemResult:
+    """V_item under the setup-cost schedule [T_dec, M] on the fine factor grid, and its discounted order frequencies;
+    `problem` is its `item_problem` where the caller keeps it."""
     one = item_instance(instance, item, 0.0)
-    problem = dp_optimal._prepare(one, horizon, **options.dp_settings())
+    problem = item_problem(instance, item, horizon, options) if problem is None else problem
     steps = max(horizon - int(one.lead[0]), 0)
     own = schedule[None, :steps]  # [1, T_i, M]: the steps after T_i can no longer count for this item
     positions, initial_value, action_value, sunk, k0 = dp_optimal._solve(problem, own, None)
@@ -125,16 +136,18 @@ def search_schedule(
     progress: bool = False,
 ) -> ScheduleSearch:
     """Mirror ascent over schedules from the constant split `shares` [n] (module docstring), on options.factor_points grid
-    points, for at most `rounds` rounds or until a round gains less than `tolerance` of the value three times in a row.
+    points, for at most `rounds` rounds, until three gaining rounds gain less than `tolerance` of the value each, or until
+    losing rounds have halved the step SHORTEST_STEP times.
     results_of(schedule [n, T_dec, M]) gives each item's ItemResult (default: in this process, item by item; the solver
     pool passes its own)."""
     start = time.perf_counter()
     n, K = instance.n, instance.K
     steps, M = decision_steps(instance, horizon), options.factor_points
     if results_of is None:
+        problems = [item_problem(instance, i, horizon, options) for i in range(n)]
 
         def results_of(schedule):
-            return [item_result(instance, i, schedule[i], horizon, options) for i in range(n)]
+            return [item_result(instance, i, schedule[i], horizon, options, problems[i]) for i in range(n)]
 
     floor = FLOOR * K / n
     schedule = np.broadcast_to(np.asarray(shares, np.float64)[:, None, None], (n, steps, M)).copy()
@@ -157,8 +170,8 @@ def search_schedule(
             stalls = stalls + 1 if value - best_value < tolerance * abs(best_value) else 0
             best_value, best_schedule, best_results = value, trial, results
         else:
-            step, stalls = step / 2, stalls + 1
-        if stalls >= 3:
+            step /= 2
+        if stalls >= 3 or step < STEP / 2**SHORTEST_STEP:
             break
     bar.close()
     return ScheduleSearch(best_value, values[0], best_schedule, values, time.perf_counter() - start)

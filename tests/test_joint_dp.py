@@ -182,26 +182,40 @@ def random_pair(rng: np.random.Generator) -> Instance:
     )  # fmt: skip
 
 
+SMALL = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=4, tolerance=1e-4)
+"""The bounds' settings on the random pairs: 5 factor points over +-2 s.d., the split searched on the same grid."""
+SMALL_HORIZON = 8
+
+
+def pairs_with_optimum(seed: int, count: int):
+    """`count` seeded random pairs, each with its exact optimum (the joint DP, caps raised, on SMALL's grid) and the
+    decomposition bound's searched split there: (instance, V*, split)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        inst = random_pair(rng)
+        exact = joint_dp.solve(inst, SMALL_HORIZON, "raised", 5, SMALL.factor_width, tables=False).expected_cost
+
+        def values_of(round_, grids, inst=inst):
+            return [item_values(inst, i, g, SMALL_HORIZON, 5, SMALL) if g else [] for i, g in enumerate(grids)]
+
+        yield inst, exact, search_split(inst, SMALL, values_of).split
+
+
+def split_value(inst: Instance, shares) -> float:
+    """sum_i V_i(k_i) on SMALL's grid."""
+    return sum(item_values(inst, i, [shares[i]], SMALL_HORIZON, 5, SMALL)[0] for i in range(inst.n))
+
+
 def test_the_decomposition_bound_never_exceeds_the_joint_optimum_on_random_pairs():
     """50 seeded two-item instances at small volumes (lam 0.3-1.5, caps whole, leads 1-2, K 1-15): the decomposition bound's
     searched split lies below the exact optimum on the same chain and lattice (the bound's own relaxed caps); the control,
     the separable optimum at K = 0 plus K, lies above it on some instance (a bound that counts K once per period whether
     or not anything orders would pass the first check)."""
-    rng = np.random.default_rng(54)
-    options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=4, tolerance=1e-4)
-    horizon, gaps, above = 8, [], 0
-    for _ in range(50):
-        inst = random_pair(rng)
-        exact = joint_dp.solve(inst, horizon, "raised", factor_points=5, factor_width=2.0, tables=False).expected_cost
-
-        def values_of(round_, grids, inst=inst):
-            return [item_values(inst, i, g, horizon, 5, options) if g else [] for i, g in enumerate(grids)]
-
-        bound = search_split(inst, options, values_of).split.value
-        assert bound <= exact + 1e-9 * exact, (inst, bound, exact)
-        gaps.append(1 - bound / exact)
-        separate = sum(item_values(inst, i, [0.0], horizon, 5, options)[0] for i in range(2))
-        above += separate + inst.K * sum(inst.gamma**t for t in range(horizon)) > exact
+    gaps, above = [], 0
+    for inst, exact, split in pairs_with_optimum(54, 50):
+        assert split.value <= exact + 1e-9 * exact, (inst, split.value, exact)
+        gaps.append(1 - split.value / exact)
+        above += split_value(inst, [0.0, 0.0]) + inst.K * sum(inst.gamma**t for t in range(SMALL_HORIZON)) > exact
     assert max(gaps) > 1e-3 and above > 0
 
 
@@ -213,24 +227,15 @@ def test_schedule_bound_lies_between_the_constant_split_and_the_joint_optimum_on
     best) and at most the exact optimum on the same chain and lattice; it gains on some instance. The broken control, each
     item given all of K at every (t, f) (shares summing to 2 K, no longer a relaxation), lies above the optimum on some
     instance and is caught by the same check."""
-    rng = np.random.default_rng(5454)
-    options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=4, tolerance=1e-4)
-    horizon, gains, caught = 8, [], 0
-    for _ in range(50):
-        inst = random_pair(rng)
-        exact = joint_dp.solve(inst, horizon, "raised", factor_points=5, factor_width=2.0, tables=False).expected_cost
-
-        def values_of(round_, grids, inst=inst):
-            return [item_values(inst, i, g, horizon, 5, options) if g else [] for i, g in enumerate(grids)]
-
-        split = search_split(inst, options, values_of).split
-        search = share_schedule.search_schedule(inst, horizon, split.shares, options, rounds=6)
-        constant = sum(item_values(inst, i, [split.shares[i]], horizon, 5, options)[0] for i in range(2))
+    gains, caught = [], 0
+    for inst, exact, split in pairs_with_optimum(5454, 50):
+        search = share_schedule.search_schedule(inst, SMALL_HORIZON, split.shares, SMALL, rounds=6)
+        constant = split_value(inst, split.shares)
         assert search.start_value == pytest.approx(constant, rel=1e-12)
         assert constant - 1e-9 <= search.value <= exact + 1e-9 * exact, (inst, constant, search.value, exact)
         gains.append(search.value - constant)
-        full = np.full((share_schedule.decision_steps(inst, horizon), 5), inst.K)
-        broken = sum(share_schedule.item_result(inst, i, full, horizon, options).value for i in range(2))
+        full = np.full((share_schedule.decision_steps(inst, SMALL_HORIZON), 5), inst.K)
+        broken = sum(share_schedule.item_result(inst, i, full, SMALL_HORIZON, SMALL).value for i in range(2))
         caught += broken > exact + 1e-9 * exact
     assert max(gains) > 1e-3 and caught > 0
 
@@ -321,24 +326,15 @@ def test_information_bound_stays_below_the_joint_optimum_and_a_biased_penalty_is
     over paths, without the control variate, agrees with it (the penalty has mean zero). The broken control, the penalty's
     conditional expectation read one factor grid point off the path's factor, drives the plain mean above the optimum by
     more than 4 of its s.e. on some instance."""
-    rng = np.random.default_rng(5455)
-    options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=4, tolerance=1e-4)
-    horizon, gains, caught = 8, [], 0
-    for _ in range(50):
-        inst = random_pair(rng)
-        exact = joint_dp.solve(inst, horizon, "raised", factor_points=5, factor_width=2.0, tables=False).expected_cost
-
-        def values_of(round_, grids, inst=inst):
-            return [item_values(inst, i, g, horizon, 5, options) if g else [] for i, g in enumerate(grids)]
-
-        split = search_split(inst, options, values_of).split
-        bound = information_bound.information_bound(inst, horizon, split.shares, options, paths=60, rounds=10)
-        decomposition = sum(item_values(inst, i, [split.shares[i]], horizon, 5, options)[0] for i in range(2))
+    gains, caught = [], 0
+    for inst, exact, split in pairs_with_optimum(5455, 50):
+        bound = information_bound.information_bound(inst, SMALL_HORIZON, split.shares, SMALL, paths=60, rounds=10)
+        decomposition = split_value(inst, split.shares)
         assert bound.start == pytest.approx(decomposition, rel=1e-9)
         assert decomposition - 1e-9 <= bound.value <= exact + 4 * bound.se, (inst, decomposition, bound.summary(), exact)
         assert abs(bound.plain - bound.value) <= 4 * bound.plain_se
         gains.append(bound.value - decomposition)
-        broken = information_bound.information_bound(inst, horizon, split.shares, options, paths=60, rounds=1, factor_shift=-1)
+        broken = information_bound.information_bound(inst, SMALL_HORIZON, split.shares, SMALL, paths=60, rounds=1, factor_shift=-1)
         caught += broken.plain - 4 * broken.plain_se > exact
     assert max(gains) > 1.0 and caught > 0
 

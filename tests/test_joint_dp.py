@@ -357,3 +357,24 @@ def test_the_exact_policy_costs_no_more_than_the_lookahead_or_classical_best():
         for policy in others:
             paired = paired_comparison(exact.discounted_cost, evaluate(policy, inst.to_torch(), paths).discounted_cost)
             assert paired.mean_difference <= 3 * paired.se, (inst, paired)
+
+
+def test_the_two_item_optimum_answers_decisions_as_at_its_first_period():
+    """dp-optimal on two items as a Decider (decide.py, the service): each batch gets the joint DP's rule at t = 0, the
+    answer of a fresh policy; a backlogged item makes it order, a full one does not."""
+    from envs.dynamics import State
+    from serving.decisions import load_decider, read_states
+
+    inst = Instance(h=[1.0, 0.7], b=[8.0, 6.0], lam=[1.5, 1.2], beta=[0.4, 0.3], lead=[1, 2], qbar=[5.0, 4.0], K=8.0, gamma=0.9, rho=0.6)
+    decider = load_decider("dp-optimal", inst)
+    states = [
+        {"inventory": [-3, 8], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0.5},
+        {"inventory": [9, 9], "in_transit": [[0, 0, 0], [2, 0, 0]], "factor": -1},
+    ]
+    batch = read_states(states, inst, "request body")
+    answer = decider.decide(batch)
+    assert answer.open.tolist() == [1, 0] and answer.order[0, 0] > 0 and answer.order[1].sum() == 0
+    fresh = joint_dp.JointDPPolicy(decider.policy.solution)
+    opens, quantity = fresh(State(batch.inv, batch.pipe, batch.factor), inst.to_torch())
+    np.testing.assert_array_equal(answer.order, (quantity * opens[:, None]).numpy())
+    assert decider.info["parameters"]["caps"] == "lowered" and decider.info["parameters"]["exact"]

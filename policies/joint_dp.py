@@ -56,6 +56,11 @@ project's development machine (2 CPU cores, `python bench/joint_optimum.py`)."""
 WIDENINGS = 8
 
 
+def whole_caps(instance: Instance) -> bool:
+    """Whether every cap is a whole number of units (then the joint DP is the exact optimum, module docstring)."""
+    return all(whole_cap(float(q), True) == whole_cap(float(q), False) for q in instance.qbar)
+
+
 def check_joint(instance: Instance) -> None:
     """Refuse an instance the joint DP cannot solve, in one line: more than MAX_ITEMS items, or several factors."""
     if not 1 <= instance.n <= MAX_ITEMS:
@@ -136,7 +141,7 @@ class JointSolution:
     @property
     def whole_caps(self) -> bool:
         """Every cap is a whole number of units: both caps' solutions are the exact optimum."""
-        return all(whole_cap(float(q), True) == whole_cap(float(q), False) for q in self.instance.qbar)
+        return whole_caps(self.instance)
 
     @property
     def decision_steps(self) -> int:
@@ -424,14 +429,15 @@ def joint_optimal_policy(instance: Instance, horizon: int, progress: bool = Fals
     """Solve the joint DP with the caps lowered (a policy the real caps allow) and return (policy, parameters for a summary):
     its value, and where a cap is fractional the relaxation's lower figure beside it (the caps raised). With `progress`, a solve
     estimated to take more than dp_optimal.LONG_SOLVE seconds says so first and shows its backward pass."""
-    long = False
+    long, solves = False, 1 if whole_caps(instance) else 2
     if progress:
         states, seconds = estimated_seconds(instance, horizon, **settings)
-        long = seconds > dp_optimal.LONG_SOLVE
+        long = solves * seconds > dp_optimal.LONG_SOLVE
         if long:
-            tqdm.write(f"{NAME}: a joint DP of about {states:,} states; about {seconds:,.0f} s to solve", file=sys.stderr)
+            what = "one solve" if solves == 1 else "two solves: the caps lowered for the policy, raised for its lower figure"
+            tqdm.write(f"{NAME}: a joint DP of about {states:,} states; about {solves * seconds:,.0f} s ({what})", file=sys.stderr)
     solution = solve(instance, horizon, CAPS[1], progress=long, **settings)
     summary = solution.summary()
-    if not solution.whole_caps:
+    if solves == 2:
         summary["relaxed_expected_cost"] = solve(instance, horizon, CAPS[0], tables=False, progress=long, **settings).expected_cost
     return JointDPPolicy(solution), summary

@@ -13,6 +13,9 @@ Tune's experiment folders are under --out/tune (`tensorboard --logdir OUT/tune`)
 The console shows the plan, progress bars, one line per finished, retried or failed trial and the trial table;
 Ray's own output goes to --out/sweep.log (--verbose prints it instead, with Tune's progress reports).
 --dashboard starts the embedded Ray with its dashboard, on 127.0.0.1 only, and prints its URL.
+
+Exit status: 0 when every trial finished (completed, or diverged with its last checkpoint evaluated), 3 when some trials
+failed and others finished, 4 when none finished; 2 for a refused sweep file or flag, 130 when interrupted.
 """
 
 import argparse
@@ -26,10 +29,10 @@ from plumbing.errors import InputError, Interrupted
 from ray_access.session import init_ray, stop_ray
 from sweeps.console import SweepLog, dashboard_login
 from sweeps.results_dir import FINISHED
-from sweeps.runner import RESUME_COMMAND, cluster_nodes, dry_run, read_spec, run_sweep
+from sweeps.runner import RESUME_COMMAND, cluster_nodes, dry_run, exit_status, read_spec, run_sweep
 
 
-def main() -> None:
+def main() -> int:
     parser = script_parser(__doc__)
     parser.add_argument("--config", required=True, help="sweep file (YAML; see tune_configs/)")
     parser.add_argument("--out", type=out_argument, required=True, help="results directory")
@@ -48,18 +51,19 @@ def main() -> None:
         if args.address or os.environ.get("RAY_ADDRESS"):
             init_ray(1, args.address)  # the cluster's resources decide what fits
         print("\n".join(dry_run(spec, cluster_nodes())))
-        return
+        return 0
     out = resolve_out(args.out, inputs={"--config": args.config})
     if not args.verbose:
         # Tune's legacy output engine prints nothing at verbosity 0 (sweeps.console.tune_output); its default engine still
         # prints the experiment's box, its TensorBoard line and a block per trial error.
         os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     with SweepLog(Path(out).resolve(), args.verbose) as sweep_log:
-        run(args, spec, data, out, sweep_log)
+        return run(args, spec, data, out, sweep_log)
 
 
-def run(args: argparse.Namespace, spec, data: dict, out: str, sweep_log: SweepLog) -> None:
-    """Connect, run the sweep and print its end; a refused sweep leaves nothing, an interrupted one says how to resume."""
+def run(args: argparse.Namespace, spec, data: dict, out: str, sweep_log: SweepLog) -> int:
+    """Connect, run the sweep and print its end; a refused sweep leaves nothing, an interrupted one says how to resume.
+    Returns the exit status (module docstring)."""
 
     def connect() -> None:
         url = sweep_log.connect(lambda: init_ray(1, args.address, dashboard=args.dashboard))
@@ -87,9 +91,11 @@ def run(args: argparse.Namespace, spec, data: dict, out: str, sweep_log: SweepLo
         )
         raise Interrupted(f"finished trials and baselines are kept in '{out}'; continue with: {resume}") from None
     stop_ray()
-    if rows is not None:
-        done = sum(r["status"] in FINISHED for r in rows)
-        print(f"{done} of {len(rows)} trials finished; results in {out} (trials.parquet, curves.parquet, baselines.parquet)")
+    if rows is None:
+        return 0
+    done = sum(r["status"] in FINISHED for r in rows)
+    print(f"{done} of {len(rows)} trials finished; results in {out} (trials.parquet, curves.parquet, baselines.parquet)")
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

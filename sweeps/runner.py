@@ -362,6 +362,19 @@ def _reads_back(path: str, token: str) -> bool:
         return False
 
 
+SOME_FAILED_EXIT = 3
+"""sweep.py's exit status when some trials finished and others failed."""
+NONE_FINISHED_EXIT = 4
+"""sweep.py's exit status when no trial finished."""
+
+
+def exit_status(rows: list[dict]) -> int:
+    """sweep.py's exit status for the trial rows of a sweep that ran to its end: 0 when every trial finished (completed or
+    diverged), SOME_FAILED_EXIT when only some did, NONE_FINISHED_EXIT when none did."""
+    done = sum(r["status"] in FINISHED for r in rows)
+    return 0 if done == len(rows) else SOME_FAILED_EXIT if done else NONE_FINISHED_EXIT
+
+
 def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
     """What the sweep would run, and the resources each trial asks for; refuses a sweep whose trials or solver
     pool no node of the cluster (`nodes`: the CPUs and GPUs of each) could ever hold (placement_problem), and

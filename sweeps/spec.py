@@ -360,9 +360,17 @@ class SweepSpec:
         return spec
 
     def _check_configs(self) -> None:
-        """Raises SweepError for GPUs on a cpu sweep, or a preset or override that a method's config refuses."""
+        """Raises SweepError for GPUs on a cpu sweep, a cuda sweep whose trials ask for no GPU, or a preset or override that a
+        method's config refuses."""
         if self.device == "cpu" and any(r.gpus_per_worker > 0 for r in self.resources.values()):
             raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
+        if self.device == "cuda":  # Ray hides every GPU from a trial that asks for none: its learner would find no CUDA
+            for method in self.methods:
+                if self.resources_of(method).gpus_per_worker <= 0:
+                    raise SweepError(
+                        f"sweep field 'resources': device: cuda needs gpus_per_worker > 0 for every method (Ray shows a trial no GPU "
+                        f"it did not ask for), {method} has {self.resources_of(method).gpus_per_worker:g}; set it, or device: cpu"
+                    )
         for method in self.methods:  # every trial's config, once: a bad override or preset fails before anything starts
             try:
                 registry.method_config(method, self.preset, {**self.overrides_of(method), "device": self.device})

@@ -90,6 +90,11 @@ def test_trials_seeds_and_scoped_overrides():
         ({"device": "tpu"}, "sweep field 'device': expected one of ['cpu', 'cuda']"),
         ({"seeds_per_size": {16: 1}}, "sweep field 'seeds_per_size': unknown keys [16]"),
         ({"resources": {"all": {"gpus_per_worker": 0.5}}}, "gpus_per_worker > 0 needs device: cuda"),
+        ({"device": "cuda"}, "device: cuda needs gpus_per_worker > 0 for every method (Ray shows a trial no GPU it did not ask for), hpo"),
+        (
+            {"device": "cuda", "resources": {"hpo": {"gpus_per_worker": 1}}},
+            "device: cuda needs gpus_per_worker > 0 for every method (Ray shows a trial no GPU it did not ask for), ppo has 0",
+        ),
     ],
 )
 def test_bad_sweep_files_are_refused_naming_the_field(change, message):
@@ -264,3 +269,12 @@ def test_a_sweep_file_refuses_the_decomposition_grids_that_bound_py_refuses(grid
         SweepSpec.from_dict({**MINIMAL, "baselines": {"decomposition": grid}})
     with pytest.raises(InputError, match=re.escape(message.split("'")[2].lstrip(": "))):
         DecompositionOptions(**{"factor_points": 41, "coarse_points": 21, **grid})
+
+
+def test_a_sweep_exits_with_a_status_that_says_whether_its_trials_finished():
+    """0 when every trial finished (a diverged one keeps its last checkpoint), 3 when some failed, 4 when none finished."""
+    from sweeps.runner import NONE_FINISHED_EXIT, SOME_FAILED_EXIT, exit_status
+
+    assert exit_status([{"status": "completed"}, {"status": "diverged"}]) == 0
+    assert exit_status([{"status": "completed"}, {"status": "failed"}]) == SOME_FAILED_EXIT == 3
+    assert exit_status([{"status": "failed"}, {"status": "failed"}]) == NONE_FINISHED_EXIT == 4

@@ -65,6 +65,17 @@ def replicates(text: str) -> int:
     return value
 
 
+def ray_address(text: str) -> str:
+    """The argparse type of --address: the text as given, refused when it is empty (an unset variable), which would
+    otherwise start an embedded Ray instead of joining the cluster the user meant."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"expected a Ray cluster address (HOST:PORT, ray://HOST:PORT or auto), got {text!r} (an empty address, as an unset "
+            "variable gives, would start an embedded Ray instead of joining a cluster; leave --address out for that)"
+        )
+    return text
+
+
 positive_real = _flag(validate.real, low=0.0, low_open=True)
 non_negative_real = _flag(validate.real, low=0.0)
 port = _flag(validate.integer, low=1, high=65535)
@@ -92,7 +103,7 @@ def held_out_flags(parser: argparse.ArgumentParser, solver_pool: bool) -> None:
     parser.add_argument("--seed", type=seed, default=HELDOUT_SEED, help=f"exogenous-path seed (default: held-out {HELDOUT_SEED})")
     if solver_pool:
         parser.add_argument("--workers", type=positive_int, default=2, help="solver-worker actors (default 2)")
-        parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
+        parser.add_argument("--address", type=ray_address, help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
     parser.add_argument("--out", type=out_argument, required=True, help="output directory")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a run that --out holds (all its files, whatever its kind) instead of refusing it"

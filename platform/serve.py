@@ -20,7 +20,7 @@ import os
 import socket
 import time
 
-from cli.scripts import non_negative_real, port, positive_int, run_cli, script_parser
+from cli.scripts import non_negative_real, port, positive_int, ray_address, run_cli, script_parser
 from plumbing.errors import InputError
 from plumbing.files import input_file
 from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
@@ -68,7 +68,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max-body-bytes", type=positive_int, default=8 * 2**20, help="largest request body (default 8 MiB)")
     parser.add_argument("--access-log", action="store_true", help="a log line per request in the replica's log (default off)")
-    parser.add_argument("--address", help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)")
+    parser.add_argument(
+        "--address", type=ray_address, help="Ray cluster address HOST:PORT or auto (default: RAY_ADDRESS, else an embedded Ray)"
+    )
     args = parser.parse_args()
     if args.checkpoint:
         args.policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint, "--checkpoint")

@@ -24,7 +24,7 @@ import shlex
 from pathlib import Path
 
 from cli.output_folders import out_argument, resolve_out
-from cli.scripts import run_cli, script_parser
+from cli.scripts import ray_address, run_cli, script_parser
 from plumbing.errors import InputError, Interrupted
 from ray_access.session import init_ray, stop_ray
 from sweeps.console import SweepLog, dashboard_login
@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--out", type=out_argument, required=True, help="results directory")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     parser.add_argument("--dry-run", action="store_true", help="validate and print the plan; start nothing")
-    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
+    parser.add_argument("--address", type=ray_address, help="Ray cluster address (default: RAY_ADDRESS, else an embedded Ray)")
     parser.add_argument("--dashboard", action="store_true", help="start the embedded Ray with its dashboard (127.0.0.1 only)")
     parser.add_argument("--verbose", action="store_true", help="print Ray's own output and Tune's reports (default: into OUT/sweep.log)")
     args = parser.parse_args()

@@ -256,6 +256,10 @@ def main() -> None:
     given = [flag for flag in ("opening", "markdown", "decision_times", "device") if getattr(args, flag)]
     if given:
         raise InputError(f"--{given[0].replace('_', '-')} needs a sweep's results directory (a directory holding sweep.json), given alone")
+    seen: dict[Path, int] = {}
+    for k, folder in enumerate(args.runs):
+        if (first := seen.setdefault(Path(folder).resolve(), k)) != k:
+            raise InputError(f"EVAL_DIR {k + 1} '{folder}' is EVAL_DIR {first + 1} again: give each evaluation folder once")
     if args.out:
         folders = {"--reference": args.reference, "--bound": args.bound, **{f"EVAL_DIR {k + 1}": d for k, d in enumerate(args.runs)}}
         resolve_out(args.out, is_file=True, overwrite=args.overwrite, folders=folders)

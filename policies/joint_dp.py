@@ -77,8 +77,8 @@ def check_joint(instance: Instance) -> None:
 
 @dataclass
 class _Axis:
-    """One item's axis of the joint lattice: its DP problem (lattice with the chosen cap, demand laws read on the joint
-    factor grid, domain) and whether its loading is negative (its laws then read the grid reversed)."""
+    """One item's axis of the joint lattice: its DP problem (lattice with the chosen cap, domain, and demand laws on the
+    joint factor grid: reversed for a negative loading) and its costs h, b."""
 
     problem: dp_optimal._Problem
     h: float
@@ -122,9 +122,10 @@ def _axes(instance: Instance, horizon: int, cap: str, factor_points: int, factor
 
 @dataclass
 class JointSolution:
-    """The solved joint DP over `horizon` steps: positions [n] arrays [N_i], action_value [T_dec, M, N_1, .., N_n] W_t
-    (None when solved without tables), initial_value [M, N_1, .., N_n] V_0, sunk [M] the expected discounted cost of every
-    item's steps s < L_i from the initial state, by F_0 grid point, and `cap` ("raised" or "lowered", module docstring)."""
+    """The solved joint DP over `horizon` steps: positions [n] arrays [N_i], action_value [T_dec, M, N_1, .., N_n] W_t in
+    float32, half of float64's memory at a relative rounding of 6e-8 (None when solved without tables), initial_value
+    [M, N_1, .., N_n] V_0, sunk [M] the expected discounted cost of every item's steps s < L_i from the initial state, by
+    F_0 grid point, and `cap` ("raised" or "lowered", module docstring)."""
 
     instance: Instance
     horizon: int

@@ -366,10 +366,10 @@ class SweepSpec:
             raise SweepError("sweep field 'resources': gpus_per_worker > 0 needs device: cuda")
         if self.device == "cuda":  # Ray hides every GPU from a trial that asks for none: its learner would find no CUDA
             for method in self.methods:
-                if self.resources_of(method).gpus_per_worker <= 0:
+                if (gpus := self.resources_of(method).gpus_per_worker) <= 0:
                     raise SweepError(
                         f"sweep field 'resources': device: cuda needs gpus_per_worker > 0 for every method (Ray shows a trial no GPU "
-                        f"it did not ask for), {method} has {self.resources_of(method).gpus_per_worker:g}; set it, or device: cpu"
+                        f"it did not ask for), {method} has {gpus:g}; set it, or device: cpu"
                     )
         for method in self.methods:  # every trial's config, once: a bad override or preset fails before anything starts
             try:

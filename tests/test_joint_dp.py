@@ -300,8 +300,8 @@ def test_group_bound_lies_between_the_item_split_and_the_joint_optimum():
             **{name: np.concatenate([getattr(pair, name), getattr(other, name)[:1]]) for name in ("h", "b", "lam", "beta", "lead", "qbar")},
             K=pair.K, gamma=0.9, rho=pair.rho,
         )  # fmt: skip
-        result = group_bound.group_bound(three, horizon, options, search_points=5)
-        assert result.groups == [(0, 1), (2,)] and result.shares.sum() <= three.K + 1e-9
+        result = group_bound.group_bound(three, horizon, options, [(0, 1), (2,)], search_points=5)
+        assert result.shares.sum() <= three.K + 1e-9
         assert result.value >= result.search_value - 1e-9  # on the same grid the chords lie below the values
 
         def values_of(round_, grids, three=three):
@@ -378,3 +378,8 @@ def test_the_two_item_optimum_answers_decisions_as_at_its_first_period():
     opens, quantity = fresh(State(batch.inv, batch.pipe, batch.factor), inst.to_torch())
     np.testing.assert_array_equal(answer.order, (quantity * opens[:, None]).numpy())
     assert decider.info["parameters"]["caps"] == "lowered" and decider.info["parameters"]["exact"]
+
+
+def test_groups_are_neighbours_in_share_order():
+    assert group_bound.groups_by_share(np.array([17.7, 6.4, 3.0, 13.0])) == [(0, 3), (1, 2)]
+    assert group_bound.groups_by_share(np.array([1.0, 5.0, 3.0])) == [(1, 2), (0,)]

@@ -11,6 +11,7 @@ lookahead's expected cost where it does not. Every figure is on the same Tauchen
   python bench/tighter_bound.py --pairs                  # the five two-item instances, 21 points (about 6 minutes)
   python bench/tighter_bound.py --n 4 16 --points 41     # the paper's instances, with the lookahead on 2,000 episodes
   python bench/tighter_bound.py --pairs --policies       # and the exact policy against the lookahead and classical-best
+  python bench/tighter_bound.py --pairings --search-points 5   # the group bound of each of paper(4, 0)'s three pairings
 
 With --policies each two-item line also has the exact policy (dp-optimal: the joint DP with the caps lowered, on --points),
 the decomposition lookahead and classical-best on the same --episodes held-out episodes: means, and each policy's paired
@@ -45,7 +46,7 @@ def timed(function, *args, **kwargs):
     return result, time.perf_counter() - start
 
 
-def bounds(instance, points: int, groups: bool) -> dict:
+def bounds(instance, points: int, groups: bool, search_points: int = group_bound.SEARCH_POINTS) -> dict:
     """The decomposition, schedule and (with `groups`) group bounds of `instance` on `points` factor points."""
     options = DecompositionOptions(factor_points=points, coarse_points=min(21, points - 1))
 
@@ -59,7 +60,7 @@ def bounds(instance, points: int, groups: bool) -> dict:
     information = information_bound.information_bound(instance, HORIZON, search.split.shares, options, paths=200, rounds=40)
     figures["information"] = {"value": information.value, "se": information.se, "seconds": information.seconds}
     if groups:
-        grouped = group_bound.group_bound(instance, HORIZON, options)
+        grouped = group_bound.group_bound(instance, HORIZON, options, search_points=search_points)
         figures["groups"] = {"value": grouped.value, "seconds": grouped.seconds, "groups": [list(g) for g in grouped.groups]}
     return figures
 
@@ -88,9 +89,19 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=2000, help="held-out episodes of the lookahead (default 2000)")
     parser.add_argument("--groups-up-to", type=int, default=16, help="the group bound at sizes up to this (default 16)")
     parser.add_argument("--policies", action="store_true", help="with --pairs: the exact policy against the lookahead and classical-best")
+    parser.add_argument("--pairings", action="store_true", help="the group bound of each pairing of paper(4, 0), one line each")
+    parser.add_argument(
+        "--search-points", type=int, default=group_bound.SEARCH_POINTS, help="factor points of the group bound's split search"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     load = [round(x, 2) for x in os.getloadavg()]
+    if args.pairings:
+        instance = paper_instance(4, 0)
+        options = DecompositionOptions(factor_points=args.points, coarse_points=min(21, args.points - 1))
+        for groups in ([(0, 1), (2, 3)], [(0, 2), (1, 3)], [(0, 3), (1, 2)]):
+            grouped = group_bound.group_bound(instance, HORIZON, options, groups, args.search_points)
+            print(json.dumps({"instance": "paper(4, 0)", "points": args.points, **grouped.summary(), "load": load}), flush=True)
     for name, instance, items in PAIRS if args.pairs else []:
         pair = instance if items is None else group_bound.group_instance(instance, items, 10.0 * len(items))
         exact, seconds = timed(joint_dp.solve, pair, HORIZON, "raised", args.points, tables=False)
@@ -103,7 +114,7 @@ def main() -> None:
         print(json.dumps(line), flush=True)
     for n in args.n:
         instance = paper_instance(n, 0)
-        figures = bounds(instance, args.points, groups=n <= args.groups_up_to)
+        figures = bounds(instance, args.points, groups=n <= args.groups_up_to, search_points=args.search_points)
         (policy, _), seconds = timed(lookahead_policy, instance, HORIZON)
         result = evaluate(policy, instance.to_torch(), sample_paths(instance, HELDOUT_SEED, args.episodes, HORIZON))
         for figure in figures.values():

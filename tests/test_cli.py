@@ -246,7 +246,7 @@ def test_evaluate_dp_optimal_on_two_items_brackets_its_own_value(tmp_path):
     Instance(h=[1.0, 0.7], b=[8.0, 6.0], lam=[1.5, 1.2], beta=[0.4, 0.3], lead=[1, 2], qbar=[5.5, 4.5], K=8.0, gamma=0.9, rho=0.6).save(
         tmp_path / "i.json"
     )
-    flags = ("--policy", "dp-optimal", "--episodes", 400, "--horizon", 12)
+    flags = ("--policy", "dp-optimal", "--episodes", 300, "--horizon", 8)
     script("evaluate.py", "--instance", tmp_path / "i.json", *flags, "--out", tmp_path / "dp")
     summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
     figures = summary["parameters"]

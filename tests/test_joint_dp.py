@@ -24,7 +24,7 @@ from policies.decomposition import DecompositionOptions, item_instance, item_val
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def exhaustive(inst: Instance, horizon: int, q_step: float, factor_points: int, factor_width: float, tail: float = 1e-5) -> float:
+def exhaustive(inst: Instance, horizon: int, q_step: float, factor_points: int, factor_width: float, tail: float = 1e-4) -> float:
     """min over all policies of E[sum_{t<T} gamma^t C_t] from I_0 = lam (L + 1), P_0 = 0 by a memoised recursion over the
     original state (I_i, in-transit slots of each item, factor index) and every joint action: Y in {0, 1}, each Q_i in
     {0, q_step, .., qbar_i}. One step is the paper's: the cost K Y + sum_i h_i Z_i^+ + b_i Z_i^- on Z = I - D, then the
@@ -88,17 +88,18 @@ GRID = {"factor_points": 2, "factor_width": 1.0}
 
 def test_matches_the_exhaustive_recursion_with_different_leads():
     """Whole caps and starts: the joint DP's value is the optimum over every joint action of the original dynamics,
-    to the demand laws' truncation (1e-5 here). The domain's floor lies `horizon` periods of demand
+    to the demand laws' truncation (1e-4 here). The domain's floor lies `horizon` periods of demand
     below x_0, so no reachable state is extrapolated. A DP that charged item 2 over item 1's lead, let an item order
     after its last counted step, or skipped one axis's expectation fails here."""
     inst = pair()
     expected = exhaustive(inst, 3, 1.0, **GRID)
     solution = joint_dp.solve(inst, 3, "raised", floor_periods=3, tables=False, **GRID)
     assert solution.whole_caps
-    assert solution.expected_cost == pytest.approx(expected, rel=1e-4)
-    assert joint_dp.solve(inst, 3, "lowered", floor_periods=3, tables=False, **GRID).expected_cost == pytest.approx(expected, rel=1e-4)
+    assert solution.expected_cost == pytest.approx(expected, rel=1e-3)
+    assert joint_dp.solve(inst, 3, "lowered", floor_periods=3, tables=False, **GRID).expected_cost == pytest.approx(expected, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_fractional_caps_are_bracketed_by_the_two_whole_caps():
     """qbar = 2.5 and 1.5: the optimum over half-unit quantities (an upper figure on the true optimum, at least it)
     lies between the caps raised (a relaxation) and lowered (integer orders within the real caps), which differ by 9%
@@ -288,13 +289,13 @@ def simulate_orders(inst: Instance, horizon: int, share: float, options: Decompo
 
 
 def test_group_bound_lies_between_the_item_split_and_the_joint_optimum():
-    """Four seeded instances of three slow items, grouped (0, 1) and (2,): the group bound is at least the decomposition
+    """Two seeded instances of three slow items, grouped (0, 1) and (2,): the group bound is at least the decomposition
     bound's split over items on the same grid and at most the exact optimum of the three items (the joint DP, caps raised
     as the groups' are); it gains over the items on some instance. One group of both items of a pair is its exact optimum."""
     rng = np.random.default_rng(3)
     options = DecompositionOptions(factor_points=5, coarse_points=3, factor_width=2.0, rounds=6, tolerance=1e-5)
     horizon, gains = 5, []
-    for _ in range(4):
+    for _ in range(2):
         pair, other = random_pair(rng), random_pair(rng)
         three = Instance(
             **{name: np.concatenate([getattr(pair, name), getattr(other, name)[:1]]) for name in ("h", "b", "lam", "beta", "lead", "qbar")},
@@ -339,6 +340,7 @@ def test_information_bound_stays_below_the_joint_optimum_and_a_biased_penalty_is
     assert max(gains) > 1.0 and caught > 0
 
 
+@pytest.mark.slow
 def test_the_exact_policy_costs_no_more_than_the_lookahead_or_classical_best():
     """Three seeded two-item instances (whole caps, so the joint DP's policy is optimal on its chain), 600 common held-out
     episodes of 12 steps: the exact policy's cost minus the decomposition lookahead's and minus classical-best's is never
@@ -359,6 +361,7 @@ def test_the_exact_policy_costs_no_more_than_the_lookahead_or_classical_best():
             assert paired.mean_difference <= 3 * paired.se, (inst, paired)
 
 
+@pytest.mark.slow
 def test_the_two_item_optimum_answers_decisions_as_at_its_first_period():
     """dp-optimal on two items as a Decider (decide.py, the service): each batch gets the joint DP's rule at t = 0, the
     answer of a fresh policy; a backlogged item makes it order, a full one does not."""

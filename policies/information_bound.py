@@ -173,11 +173,9 @@ def information_bound(
     rounds: int = 30,
     seed: int = 0,
     progress: bool = False,
-    factor_shift: int = 0,
 ) -> InformationBound:
     """The information-relaxation bound (module docstring) on `paths` paths of the chain on options.factor_points points, from
-    the decomposition's `shares` [n], with `rounds` rounds of the per-path share ascent. `factor_shift` reads the penalty's
-    conditional expectation that many grid points off the path's factor: a broken penalty for tests, whose mean is not zero."""
+    the decomposition's `shares` [n], with `rounds` rounds of the per-path share ascent."""
     start_time = time.perf_counter()
     if instance.n > 1 and instance.factors > 1:
         raise InputError(f"{NAME}: the paths share one factor; this instance has {instance.factors}")
@@ -192,8 +190,6 @@ def information_bound(
         flip = instance.directions is not None and instance.directions[i, 0] < 0
         own = M - 1 - factor if flip else factor
         tables, demand = item_paths(instance, i, float(shares[i]), horizon, options, own, rng)
-        if factor_shift:  # the broken control: W (which holds the conditional expectation) read at another factor point
-            tables.W = np.roll(tables.W, factor_shift, axis=1)
         items.append(tables)
         demands.append(demand)
         item_factors.append(own)

@@ -321,7 +321,19 @@ def test_group_bound_lies_between_the_item_split_and_the_joint_optimum():
 # ---- the information relaxation ------------------------------------------------------------------------
 
 
-def test_information_bound_stays_below_the_joint_optimum_and_a_biased_penalty_is_caught():
+def penalty_one_point_off(item_paths):
+    """information_bound.item_paths with W_t (which holds the penalty's conditional expectation) read one factor grid point
+    off the path's: a penalty whose mean is not zero."""
+
+    def broken(*args, **kwargs):
+        tables, demand = item_paths(*args, **kwargs)
+        tables.W = np.roll(tables.W, -1, axis=1)
+        return tables, demand
+
+    return broken
+
+
+def test_information_bound_stays_below_the_joint_optimum_and_a_biased_penalty_is_caught(monkeypatch):
     """50 seeded two-item instances, 60 paths of the chain each: the bound (the decomposition's value plus the per-path
     ascent's mean gain) lies at most 4 s.e. above the exact optimum and at least at the decomposition bound; its plain mean
     over paths, without the control variate, agrees with it (the penalty has mean zero). The broken control, the penalty's
@@ -335,7 +347,9 @@ def test_information_bound_stays_below_the_joint_optimum_and_a_biased_penalty_is
         assert decomposition - 1e-9 <= bound.value <= exact + 4 * bound.se, (inst, decomposition, bound.summary(), exact)
         assert abs(bound.plain - bound.value) <= 4 * bound.plain_se
         gains.append(bound.value - decomposition)
-        broken = information_bound.information_bound(inst, SMALL_HORIZON, split.shares, SMALL, paths=60, rounds=1, factor_shift=-1)
+        with monkeypatch.context() as patch:
+            patch.setattr(information_bound, "item_paths", penalty_one_point_off(information_bound.item_paths))
+            broken = information_bound.information_bound(inst, SMALL_HORIZON, split.shares, SMALL, paths=60, rounds=1)
         caught += broken.plain - 4 * broken.plain_se > exact
     assert max(gains) > 1.0 and caught > 0
 

@@ -6,7 +6,10 @@ python platform/instance.py --items items.csv --K 160 --gamma 0.95 --rho 0.8 --o
 
 --factors is at most --n (n items' loadings span at most n factors, as platform/fit.py has it); --K, --gamma and
 --rho go with --items. An existing --out is refused unless --overwrite is given; the item table is never written over.
+An item whose cap is below its mean demand is written as given, with a warning.
 """
+
+import sys
 
 from cli.output_folders import out_argument, resolve_out
 from cli.scripts import factors, overdispersion, positive_int, run_cli, script_parser, seed
@@ -60,6 +63,15 @@ def main() -> None:
         instance = with_factors(paper_instance(args.n, args.seed), args.factors, args.overdispersion, args.seed)
     instance.save(args.out)
     print(f"wrote {args.out}: n={instance.n}, K={instance.K:g}, gamma={instance.gamma:g}, rho={instance.rho:g}; {instance.demand_model()}")
+    if (short := instance.caps_below_demand()).size:
+        item = int(short[0])
+        more = f" (and {short.size - 1} more)" if short.size > 1 else ""
+        print(
+            f"warning: {instance.item_name(item)}{more}: order cap qbar {instance.qbar[item]:g} below its mean demand lam "
+            f"{instance.lam[item]:g} per period: no policy keeps up with its demand; dp-optimal, the decomposition bound and its "
+            "lookahead refuse such an item (the instance is written as given)",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

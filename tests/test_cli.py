@@ -259,3 +259,19 @@ def test_a_count_is_plural_unless_one():
     from cli.scripts import count
 
     assert (count(1, "window"), count(0, "window"), count(3, "episode")) == ("1 window", "0 windows", "3 episodes")
+
+
+def test_instance_warns_of_a_cap_below_the_mean_demand(tmp_path):
+    """An item table with qbar below lam is written as given, with one warning naming the item (the bound and dp-optimal
+    refuse such an item later); a table without one gets no warning."""
+    (tmp_path / "items.csv").write_text("h,b,lam,beta,lead,qbar\n1,9,5,0.3,1,20\n1,9,6,0.3,2,4.5\n1,9,2,0.3,1,1.5\n")
+    flags = ("--K", 10, "--gamma", 0.95, "--rho", 0.8)
+    result = run_script("instance.py", "--items", tmp_path / "items.csv", *flags, "--out", tmp_path / "i.json", check=True)
+    assert result.stderr.strip() == (
+        "warning: item 1 (and 1 more): order cap qbar 4.5 below its mean demand lam 6 per period: no policy keeps up with "
+        "its demand; dp-optimal, the decomposition bound and its lookahead refuse such an item (the instance is written as given)"
+    )
+    assert Instance.load(tmp_path / "i.json").qbar.tolist() == [20.0, 4.5, 1.5]
+    (tmp_path / "fine.csv").write_text("h,b,lam,beta,lead,qbar\n1,9,5,0.3,1,20\n")
+    fine = run_script("instance.py", "--items", tmp_path / "fine.csv", *flags, "--out", tmp_path / "f.json", check=True)
+    assert fine.stderr.strip() == ""

@@ -36,16 +36,24 @@ def window_count(periods: int, window: int, what: str = "the history") -> int:
     return periods // window
 
 
-def check_window(window: int, lead: np.ndarray, instance_path: str) -> None:
+def check_window(
+    window: int,
+    lead: np.ndarray,
+    instance_path: str,
+    flag: str = "--window",
+    span: str = "a window",
+    so: str = "no decision could lower a window's cost",
+) -> None:
     """Refuse a window that ends before any order can arrive (module docstring): every policy's cost there is the zero
-    policy's plus the setups it opens, whatever it decides."""
+    policy's plus the setups it opens, whatever it decides. `flag`, `span` and `so` word it for another such span (the
+    MILP's planning horizon: its plans then never order)."""
     shortest = int(np.min(lead)) + 1  # an order placed at period 0 is on hand at period min_i L_i
     if window < shortest:
         leads = f"{shortest - 1}" if np.ptp(lead) == 0 else f"{shortest - 1} to {int(np.max(lead))}"
         raise InputError(
-            f"--window {window}: no order arrives within a window of {window} period{'s' if window > 1 else ''} (an order placed at "
-            f"period t is on hand at t + L_i, and the instance '{instance_path}' has lead times L_i of {leads}), so no decision "
-            f"could lower a window's cost; give --window {shortest} or more"
+            f"{flag} {window}: no order arrives within {span} of {window} period{'s' if window > 1 else ''} (an order placed at "
+            f"period t is on hand at t + L_i, and the instance '{instance_path}' has lead times L_i of {leads}), so {so}; "
+            f"give {flag} {shortest} or more"
         )
 
 

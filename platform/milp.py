@@ -22,6 +22,7 @@ import json
 from cli.output_folders import resolve_out
 from cli.scripts import held_out_flags, horizon, mip_gap, positive_int, run_cli, scenarios, script_parser, seed, time_limit
 from envs.exogenous import check_cost_range
+from envs.history_replay import check_window
 from envs.instance import Instance
 from ray_access.session import init_ray, stop_ray
 from solver_workers.backends import SOLVERS, SolverOptions, licence_note
@@ -47,6 +48,7 @@ def main() -> None:
     out = resolve_out(args.out, inputs={"--instance": args.instance})
     instance = Instance.load(args.instance)
     check_cost_range(instance, args.horizon)  # before Ray starts
+    check_window(args.plan_horizon, instance.lead, args.instance, "--plan-horizon", "a plan", "every plan orders nothing")
     options = RollingOptions(
         args.scenarios,
         args.plan_horizon,

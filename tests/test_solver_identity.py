@@ -21,8 +21,8 @@ from solver_workers.pool import Journal, Pool, bound_identity, decision_key, epi
 from solver_workers.rolling import RollingOptions
 
 SEED = 5
-MILP = {"--scenarios": 2, "--plan-horizon": 3, "--time-limit": 10, "--gap": 0.0, "--seed": SEED, "--workers": 1}
-MILP_OPTIONS = RollingOptions(2, 3, SolverOptions("highs", 10.0, 0.0))
+MILP = {"--scenarios": 2, "--plan-horizon": 4, "--time-limit": 10, "--gap": 0.0, "--seed": SEED, "--workers": 1}
+MILP_OPTIONS = RollingOptions(2, 4, SolverOptions("highs", 10.0, 0.0))
 BOUND = {"--horizon": 6, "--time-limit": 10, "--seed": SEED, "--workers": 1}
 BOUND_OPTIONS = SolverOptions("highs", 10.0, 0.0)
 
@@ -78,7 +78,7 @@ def runs(tmp_path_factory, ray_session):
     "change, field",
     [
         ({"--scenarios": 3}, "scenarios 2 there, 3 here"),
-        ({"--plan-horizon": 4}, "plan_horizon 3 there, 4 here"),
+        ({"--plan-horizon": 5}, "plan_horizon 4 there, 5 here"),
         ({"--solver-seed": 1}, "solver_seed 0 there, 1 here"),
         ({"--seed": SEED + 1}, f"seed {SEED} there, {SEED + 1} here"),
         ({"--solver": "gurobi"}, 'solver "highs" there, "gurobi" here'),

@@ -47,7 +47,7 @@ test-all: $(STAMP)
 # (docs/benchmarks.md: which pass and how long they take).
 NUMERIC_TESTS := tests/test_dp_optimal.py tests/test_decomposition.py tests/test_dynamics.py tests/test_classical.py \
 	tests/test_policy_fast.py tests/test_decide.py tests/test_demand_model.py tests/test_lookahead.py tests/test_fit.py \
-	tests/test_dp_volumes.py
+	tests/test_dp_volumes.py tests/test_joint_dp.py
 PORTABILITY := OPENBLAS_CORETYPE=Haswell OPENBLAS_CORETYPE=SkylakeX OPENBLAS_CORETYPE=Sandybridge \
 	ATEN_CPU_CAPABILITY=default ATEN_CPU_CAPABILITY=avx2
 

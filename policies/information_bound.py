@@ -32,6 +32,7 @@ from envs.instance import Instance
 from plumbing.errors import InputError
 from policies import dp_optimal
 from policies.decomposition import DecompositionOptions, item_instance, names_the_item
+from policies.joint_dp import decision_steps
 
 NAME = "information-bound"
 ONE_SIDED_95 = 1.6448536269514722
@@ -182,7 +183,7 @@ def information_bound(
     n, K, gamma = instance.n, instance.K, instance.gamma
     rng = np.random.default_rng([0x1B0D, seed])
     grid = dp_optimal.tauchen_grid(instance.rho, options.factor_points, options.factor_width)
-    steps = max(max(horizon - int(lead), 0) for lead in instance.lead)
+    steps = decision_steps(instance, horizon)
     factor = sample_chain(grid, paths, max(steps, 1), rng)
     M = grid.points.size
     items, demands, item_factors = [], [], []

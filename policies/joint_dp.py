@@ -56,6 +56,11 @@ project's development machine (2 CPU cores, `python bench/joint_optimum.py`)."""
 WIDENINGS = 8
 
 
+def decision_steps(instance: Instance, horizon: int) -> int:
+    """T_dec = max_i max(T - L_i, 0): the steps at which some item's order can still reach a counted step."""
+    return max(max(horizon - int(lead), 0) for lead in instance.lead)
+
+
 def whole_caps(instance: Instance) -> bool:
     """Whether every cap is a whole number of units (then the joint DP is the exact optimum, module docstring)."""
     return all(whole_cap(float(q), True) == whole_cap(float(q), False) for q in instance.qbar)
@@ -146,7 +151,7 @@ class JointSolution:
 
     @property
     def decision_steps(self) -> int:
-        return max(max(self.horizon - int(lead), 0) for lead in self.instance.lead)
+        return decision_steps(self.instance, self.horizon)
 
     @property
     def expected_cost(self) -> float:
@@ -229,7 +234,7 @@ def estimated_seconds(
     """(joint states, seconds): the size of the joint DP and about how long one backward pass takes (SECONDS_PER_STATE)."""
     check_joint(instance)
     states = plan_size(_axes(instance, horizon, CAPS[0], factor_points, factor_width, 1), factor_points, 0)[0]
-    steps = max(max(horizon - int(lead), 0) for lead in instance.lead)
+    steps = decision_steps(instance, horizon)
     return states, SECONDS_PER_STATE * states * steps
 
 
@@ -255,9 +260,9 @@ def solve(
     axes = _axes(instance, horizon, cap, factor_points, factor_width, floor_periods)
     grid = axes[0].problem.grid
     leads = [int(lead) for lead in instance.lead]
-    decision_steps = max(max(horizon - lead, 0) for lead in leads)
+    steps = decision_steps(instance, horizon)
     for _ in range(WIDENINGS):
-        _check_size(instance, axes, grid.points.size, decision_steps if tables else 0)
+        _check_size(instance, axes, grid.points.size, steps if tables else 0)
         positions = [axis.positions() for axis in axes]
         value, action_value, hit = _backward(instance, axes, positions, grid, horizon, tables, progress)
         if not hit:
@@ -281,15 +286,15 @@ def _backward(instance, axes, positions, grid, horizon, tables, progress):
     n, M, gamma, K = instance.n, grid.points.size, instance.gamma, instance.K
     shape = (M, *(p.size for p in positions))
     leads = [int(lead) for lead in instance.lead]
-    decision_steps = max(max(horizon - lead, 0) for lead in leads)
+    last = decision_steps(instance, horizon)
     charges = []  # gamma^L_i G_i(y_i, f), shaped to broadcast along its axis: [M, 1.., N_i, 1..]
     for a, (axis, p) in enumerate(zip(axes, positions)):
         loss = dp_optimal.expected_loss(axis.problem.sums[leads[a]], p, axis.h, axis.b)
         charges.append((gamma ** leads[a] * loss).reshape(M, *(p.size if j == a else 1 for j in range(n))))
-    action_value = np.empty((decision_steps, *shape), dtype=np.float32) if tables else None
+    action_value = np.empty((last, *shape), dtype=np.float32) if tables else None
     value = np.zeros(shape)
     hit: set[int] = set()
-    steps = tqdm(range(decision_steps - 1, -1, -1), desc=f"{NAME}: {np.prod(shape):,} joint states", disable=not progress, leave=False)
+    steps = tqdm(range(last - 1, -1, -1), desc=f"{NAME}: {np.prod(shape):,} joint states", disable=not progress, leave=False)
     for t in steps:
         active = [t + lead < horizon for lead in leads]
         mixed = np.tensordot(grid.transition, value, axes=(1, 0))  # E[V_{t+1}(y, F_{t+1}) | F_t = f_m]

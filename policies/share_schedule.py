@@ -26,6 +26,7 @@ from tqdm import tqdm
 from envs.instance import Instance
 from policies import dp_optimal
 from policies.decomposition import DecompositionOptions, item_instance, names_the_item
+from policies.joint_dp import decision_steps
 
 NAME = "schedule-bound"
 STEP = 0.5
@@ -34,11 +35,6 @@ SHORTEST_STEP = 5
 """A round that loses halves the step; the search stops when it has been halved this many times."""
 FLOOR = 1e-3
 """Every item keeps at least this fraction of K / n at every (t, f), so that a multiplicative step can move its share up."""
-
-
-def decision_steps(instance: Instance, horizon: int) -> int:
-    """T_dec of the schedule: the longest of the items' max(T - L_i, 0)."""
-    return max(max(horizon - int(lead), 0) for lead in instance.lead)
 
 
 @dataclass
@@ -65,7 +61,7 @@ def item_result(
     problem = item_problem(instance, item, horizon, options) if problem is None else problem
     steps = max(horizon - int(one.lead[0]), 0)
     own = schedule[None, :steps]  # [1, T_i, M]: the steps after T_i can no longer count for this item
-    positions, initial_value, action_value, sunk, k0 = dp_optimal._solve(problem, own, None)
+    _, initial_value, action_value, sunk, k0 = dp_optimal._solve(problem, own, None)
     value = float((sunk + initial_value[0, :, k0]) @ problem.grid.initial)
     frequencies = np.zeros_like(schedule)
     frequencies[:steps] = order_frequencies(problem, action_value[:, 0], own[0], k0, one.gamma)

@@ -617,23 +617,38 @@ def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
     return (1.0 - share) * last[..., : values.shape[-1]] + share * last[..., 1 : values.shape[-1] + 1]
 
 
+def demand_expectation(values: np.ndarray, lattice: Lattice, pmf: np.ndarray, factor_axis: int) -> np.ndarray:
+    """E[values(.., y - D)] at every lattice position y of the last axis, D ~ pmf[m] ([M, J+1], on multiples of the lattice
+    step) for the factor grid point m on `factor_axis` of `values` [.., N]; positions below the domain extrapolated linearly
+    (the slope over its lowest step). The expectation term of W_t (module docstring), for one item and for each axis of
+    policies/joint_dp.py's joint lattice."""
+    N, c = values.shape[-1], lattice.classes
+    dmax = pmf.shape[1] - 1
+    pad = dmax * c  # lattice points below the domain that y - d can reach
+    below = np.arange(-pad, 0)
+    below = below // c + lattice.offsets[below % c] - lattice.offsets[0]  # [pad] in lattice steps
+    # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k =
+    # q c + r, and a demand d moves q by d. `length` pads to a multiple of c.
+    length = -(-(pad + N) // c) * c
+    size = next_fast_len(length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
+    padded = np.zeros((*values.shape[:-1], length))
+    padded[..., :pad] = values[..., :1] + (values[..., c : c + 1] - values[..., :1]) * below  # linear extrapolation below
+    padded[..., pad : pad + N] = values
+    shape = [1] * (values.ndim + 1)
+    shape[factor_axis % values.ndim], shape[-2] = pmf.shape[0], -1
+    kernel = rfft(pmf, size, axis=1).reshape(shape)  # the demand law's transform, M on the factor axis: [.., F, 1]
+    full = irfft(rfft(padded.reshape(*values.shape[:-1], length // c, c), size, axis=-2) * kernel, size, axis=-2)
+    return full[..., : length // c, :].reshape(*values.shape[:-1], length)[..., pad : pad + N]
+
+
 def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept, progress=False):
     """The backward recursion on the lattice for every setup cost in `setups` at once (NumPy): [G] constants, or [G, T_dec, M]
     schedules, a setup cost for each decision step and factor grid point (policies/share_schedule.py).
     Returns V_0 [G, M, N], W [kept, G, M, N] (W_t of the first `kept` decision steps), and whether an optimal
     target reached the top of the domain."""
-    G, M, N, c = setups.shape[0], grid.points.size, positions.size, lattice.classes
+    G, M, N = setups.shape[0], grid.points.size, positions.size
     window = lattice.window
-    dmax = pmf.shape[1] - 1
-    pad = dmax * c  # lattice points below the domain that y - d can reach
     charge = gamma**lead * expected_loss(lead_law, positions, h, b, lattice.step)  # gamma^L G(y, f): [M, N]
-    below = np.arange(-pad, 0)
-    below = (below // c + lattice.offsets[below % c] - lattice.offsets[0])[None, None, :]  # [1, 1, pad] in lattice steps
-    # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k =
-    # q c + r, and a demand d moves q by d. `length` pads to a multiple of c.
-    length = -(-(pad + N) // c) * c
-    size = next_fast_len(length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
-    kernel = rfft(pmf, size, axis=1)[None, :, :, None]  # [1, M, F, 1] the demand law's transform, once for every step
     costs = setups.reshape(G, 1, 1) if setups.ndim == 1 else setups[..., None]  # [G, 1, 1] or [G, T_dec, M, 1]
     top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
     action_value = np.empty((kept, G, M, N))
@@ -642,12 +657,7 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
     stages = tqdm(range(decision_steps - 1, -1, -1), desc=f"{NAME}: {N:,} positions x {M} factor points", disable=not progress, leave=False)
     for t in stages:
         mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
-        slope = mixed[..., c : c + 1] - mixed[..., :1]  # per lattice step, at the bottom
-        padded = np.zeros((G, M, length))
-        padded[..., :pad] = mixed[..., :1] + slope * below  # linear extrapolation below the domain
-        padded[..., pad : pad + N] = mixed
-        full = irfft(rfft(padded.reshape(G, M, length // c, c), size, axis=2) * kernel, size, axis=2)  # [G, M, size, c]
-        w = charge + gamma * full[:, :, : length // c].reshape(G, M, length)[..., pad : pad + N]
+        w = charge + gamma * demand_expectation(mixed, lattice, pmf, factor_axis=1)
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
         if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
             best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))

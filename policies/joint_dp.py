@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.fft import irfft, next_fast_len, rfft
 from tqdm import tqdm
 
 from envs.dynamics import State
@@ -183,23 +182,10 @@ def _along(values: np.ndarray, axis: int, apply) -> np.ndarray:
 
 
 def _expectation(values: np.ndarray, axis: int, lattice: dp_optimal.Lattice, pmf: np.ndarray) -> np.ndarray:
-    """E[values(.., y_a - D_a, ..) | F_t = f_m] along item a's axis (`axis` = 1 + a of [M, N_1, ..]), D_a ~ pmf[m]: a
-    convolution along each class of the item's lattice, linear extrapolation below its domain (as the n = 1 DP)."""
-    v = np.moveaxis(values, axis, -1)  # [M, .., N]
-    N, c = v.shape[-1], lattice.classes
-    dmax = pmf.shape[1] - 1
-    pad = dmax * c
-    below = np.arange(-pad, 0)
-    below = below // c + lattice.offsets[below % c] - lattice.offsets[0]  # [pad] in lattice steps
-    length = -(-(pad + N) // c) * c
-    size = next_fast_len(length // c + dmax)
-    padded = np.zeros((*v.shape[:-1], length))
-    padded[..., :pad] = v[..., :1] + (v[..., c : c + 1] - v[..., :1]) * below
-    padded[..., pad : pad + N] = v
-    kernel = rfft(pmf, size, axis=1).reshape(pmf.shape[0], *([1] * (v.ndim - 2)), -1, 1)  # [M, 1.., F, 1]
-    full = irfft(rfft(padded.reshape(*v.shape[:-1], length // c, c), size, axis=-2) * kernel, size, axis=-2)
-    out = full[..., : length // c, :].reshape(*v.shape[:-1], length)[..., pad : pad + N]
-    return np.moveaxis(out, -1, axis)
+    """E[values(.., y_a - D_a, ..) | F_t = f_m] along item a's axis (`axis` = 1 + a of [M, N_1, ..]), D_a ~ pmf[m]: the n = 1
+    DP's expectation (policies.dp_optimal.demand_expectation) along that axis."""
+    moved = dp_optimal.demand_expectation(np.moveaxis(values, axis, -1), lattice, pmf, factor_axis=0)
+    return np.moveaxis(moved, -1, axis)
 
 
 def _box_min(values: np.ndarray, windows: list[int]) -> np.ndarray:

@@ -47,6 +47,7 @@ def _flag(check: Callable, **bounds) -> Callable[[str], object]:
 
 
 positive_int = _flag(validate.integer, low=1)
+non_negative_int = _flag(validate.integer, low=0)
 
 
 def replicates(text: str) -> int:

@@ -29,12 +29,12 @@ what --out holds, removing every file of it. Ctrl-C or SIGTERM keeps the journal
 import argparse
 
 from cli.output_folders import resolve_out
-from cli.scripts import held_out_flags, positive_int, positive_real, run_cli, script_parser, time_limit
+from cli.scripts import held_out_flags, non_negative_int, positive_int, positive_real, run_cli, script_parser, time_limit
 from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from plumbing.errors import InputError
 from policies import lookahead
-from policies.decomposition import DecompositionOptions, certificate_note, check_items
+from policies.decomposition import DecompositionOptions, certificate_note, check_items, tightest_text
 from policies.dp_optimal import LONG_SOLVE
 from ray_access.session import init_ray, stop_ray
 from solver_workers.backends import SOLVERS, SolverOptions
@@ -45,7 +45,12 @@ KINDS = ("perfect-information", "decomposition")
 DEFAULTS = DecompositionOptions()
 KIND_DEFAULTS = {
     "perfect-information": {"solver": "highs", "time_limit": 300.0, "threads": 1, "trace": False},
-    "decomposition": {"factor_points": DEFAULTS.factor_points, "coarse_points": DEFAULTS.coarse_points, "tolerance": DEFAULTS.tolerance},
+    "decomposition": {
+        "factor_points": DEFAULTS.factor_points,
+        "coarse_points": DEFAULTS.coarse_points,
+        "tolerance": DEFAULTS.tolerance,
+        "schedule_rounds": DEFAULTS.schedule_rounds,
+    },
 }
 """The settings of one kind of bound, with their defaults: the other kind has no use for them."""
 
@@ -86,6 +91,11 @@ def main() -> None:
     split.add_argument(
         "--tolerance", type=positive_real, help=f"relative tolerance of the best split's value (default {DEFAULTS.tolerance:g})"
     )
+    split.add_argument(
+        "--schedule-rounds",
+        type=non_negative_int,
+        help=f"rounds of the search over shares by period and factor, from the best split; 0: none (default {DEFAULTS.schedule_rounds})",
+    )
     held_out_flags(parser, solver_pool=True)
     args = parser.parse_args()
     check_kind_flags(args)
@@ -94,7 +104,12 @@ def main() -> None:
     check_cost_range(instance, args.horizon)  # before Ray starts
     run = SolverRun.from_args(out, args)
     if args.kind == "decomposition":
-        options = DecompositionOptions(factor_points=args.factor_points, coarse_points=args.coarse_points, tolerance=args.tolerance)
+        options = DecompositionOptions(
+            factor_points=args.factor_points,
+            coarse_points=args.coarse_points,
+            tolerance=args.tolerance,
+            schedule_rounds=args.schedule_rounds,
+        )
         item, seconds = check_items(instance, args.horizon, options, f"--instance '{args.instance}'", lookahead.FORMS)  # before Ray starts
         if seconds > LONG_SOLVE:
             print(
@@ -122,7 +137,7 @@ def decomposition_line(s: dict) -> str:
         f"decomposition bound: {s['dp_value']:.2f} at the best split (conservative {s['conservative_value']:.2f}), "
         f"{s['equal_shares']['value']:.2f} at equal shares (conservative {s['equal_shares']['conservative']:.2f}); "
         f"relaxed policies simulated: mean {s['mean']:.2f} ± {s['se']:.2f} over {s['episodes']} episodes; "
-        f"{certificate_note(s['search'])}"
+        f"{certificate_note(s['search'])}; tightest: {tightest_text(s['tightest_bound'])}"
     )
 
 

@@ -36,7 +36,15 @@ from envs.results import BACKTEST_KIND, read_evaluation
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
 from policies.decomposition import NAME as DECOMPOSITION
-from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
+from policies.decomposition import (
+    PAIRED_DIFFERENCE,
+    RELAXED_POLICIES,
+    above_text,
+    certificate_note,
+    dp_figures,
+    run_tightest_bound,
+    tightest_text,
+)
 
 
 def load(directory: str) -> dict:
@@ -137,6 +145,19 @@ def bound_notes(summary: dict) -> list[str]:
     return []
 
 
+def tightest_lines(summary: dict, runs: list[dict]) -> list[str]:
+    """The decomposition run's tightest figure (policies.decomposition.tightest_bound) and each run's distance above it; a
+    backtest's mean is over the history's windows, not an expected cost from the instance's start: none for those."""
+    bound = run_tightest_bound(summary)
+    distances = [
+        f"{run['name']} {above_text(float(run['cost'].mean()), standard_error(run['cost']), bound['value'])}"
+        for run in runs
+        if backtest_of(run["summary"]) is None and len(run["cost"]) >= SE_MIN_VALUES
+    ]
+    above = f"; above it (mean / bound - 1): {'; '.join(distances)}" if distances else ""
+    return [f"tightest lower bound: {tightest_text(bound)}{above}"]
+
+
 def network_note(summary: dict) -> str:
     """Which network of a training run an evaluation is of (trainers.checkpoint.network_of), as the table says it."""
     parameters = summary.get("parameters") or {}
@@ -182,6 +203,7 @@ def pairwise_table(runs: list[dict], reference: dict, bound: dict | None) -> lis
             "",
             f"decomposition bound: {dp_figures(b['dp_value'], b['conservative_value'])} (an expected cost: the bound)",
             *bound_notes(b),
+            *tightest_lines(b, runs),
             "",
             PAIRED_DIFFERENCE,
         ]

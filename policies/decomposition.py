@@ -52,6 +52,45 @@ def dp_figures(value: float, conservative: float) -> str:
     return f"DP value {value:,.1f}, conservatively {conservative:,.1f}"
 
 
+CONSTANT_SPLIT = "constant split"
+SCHEDULE = "shares by period and factor"
+EXACT_OPTIMUM = "exact optimum"
+"""The names under which the reports give each relaxation's figure: the best split's DP value, the schedule search's
+(policies/share_schedule.py) and, at n <= 3, the joint DP's with the caps raised (policies/joint_dp.py)."""
+ONE_SIDED_95 = 1.6449
+"""The standard normal's 95% quantile: a policy's expected cost lies below its mean + this x s.e. with 95% confidence."""
+
+
+def tightest_bound(split_value: float, schedule: dict | None) -> dict:
+    """A decomposition run's tightest figure on its factor grid, named: the schedule search's value (its summary) where it ran
+    and gained, else the constant split's DP value."""
+    if schedule is not None and schedule["value"] > split_value:
+        return {"value": float(schedule["value"]), "relaxation": SCHEDULE}
+    return {"value": float(split_value), "relaxation": CONSTANT_SPLIT}
+
+
+def run_tightest_bound(summary: dict) -> dict:
+    """A decomposition run's summary's `tightest_bound`; a run written without one has its best split's DP value."""
+    return summary.get("tightest_bound") or tightest_bound(summary["dp_value"], None)
+
+
+def tightest_text(bound: dict) -> str:
+    """A `tightest_bound` as the reports write it."""
+    return f"{bound['value']:,.1f} ({bound['relaxation']})"
+
+
+def above_bound(mean: float, se: float, bound: float) -> tuple[float, float]:
+    """A policy's distance above a lower bound, mean / bound - 1, and its one-sided 95% upper figure (mean + 1.645 s.e.):
+    the policy's distance to the optimum on the same chain is at most the upper figure, with 95% confidence."""
+    return mean / bound - 1.0, (mean + ONE_SIDED_95 * se) / bound - 1.0
+
+
+def above_text(mean: float, se: float, bound: float) -> str:
+    """`above_bound` as the reports write it."""
+    distance, upper = above_bound(mean, se, bound)
+    return f"{100 * distance:+.2f}% (95% at most {100 * upper:+.2f}%)"
+
+
 TAUCHEN_BYTES = 50
 """Peak bytes per factor_points^2 of building the Tauchen table ([M, M+1] normal probabilities, their
 temporaries and differences), measured: `python -c "import tracemalloc; from policies.dp_optimal import tauchen_grid;
@@ -76,6 +115,9 @@ class DecompositionOptions:
     """Stop when the best split's value is certified within this fraction of the found split's value."""
     max_positions: int = dp_optimal.MAX_POSITIONS
     """An item whose exact lattice would have more positions goes on a coarse lattice (policies.dp_optimal.lattice_step)."""
+    schedule_rounds: int = 30
+    """Rounds of the search over shares that depend on the period and the factor (policies/share_schedule.py), from the best
+    constant split; 0 reports the constant split only."""
 
     def __post_init__(self):
         self.check_grid(self.factor_points, self.coarse_points, self.tolerance)
@@ -83,6 +125,7 @@ class DecompositionOptions:
             ("factor_width", self.factor_width > 0, "a number > 0"),
             ("rounds", self.rounds >= 1, "an integer >= 1"),
             ("max_positions", isinstance(self.max_positions, int) and self.max_positions >= 1, "an integer >= 1"),
+            ("schedule_rounds", isinstance(self.schedule_rounds, int) and self.schedule_rounds >= 0, "an integer >= 0"),
             ("multiples", len(self.multiples) >= 3 and min(self.multiples) > 0, "at least 3 numbers > 0"),
         ):
             if not ok:

@@ -409,6 +409,17 @@ class JointDPPolicy:
         return K + best < stay, target
 
 
+def lower_figure(parameters: dict) -> float | None:
+    """What a dp-optimal summary's parameters prove below the optimum on its factor chain: the relaxation's value where caps
+    are fractional (relaxed_expected_cost, the caps raised), else the optimum itself (the joint DP with whole caps; the item
+    DP on its exact lattice, which keeps a fractional cap exactly); None for an item DP on a coarse lattice (an approximation)."""
+    if "relaxed_expected_cost" in parameters:
+        return float(parameters["relaxed_expected_cost"])
+    if parameters.get("exact") or parameters.get("exact_lattice"):
+        return float(parameters["expected_cost"])
+    return None
+
+
 def optimal_policy(instance: Instance, horizon: int, device="cpu", progress: bool = False):
     """(policy, parameters for a summary) of dp-optimal on `instance`: the n = 1 DP (policies.dp_optimal) for one item, the
     joint DP (`joint_optimal_policy`) for 2 to MAX_ITEMS; an InputError, with the sizes, for more."""

@@ -126,18 +126,17 @@ def search_schedule(
     horizon: int,
     shares: np.ndarray,
     options: DecompositionOptions,
-    rounds: int = 30,
     tolerance: float = 1e-5,
     results_of: Callable[[np.ndarray], list[ItemResult]] | None = None,
     progress: bool = False,
 ) -> ScheduleSearch:
     """Mirror ascent over schedules from the constant split `shares` [n] (module docstring), on options.factor_points grid
-    points, for at most `rounds` rounds, until three gaining rounds gain less than `tolerance` of the value each, or until
-    losing rounds have halved the step SHORTEST_STEP times.
+    points, for at most options.schedule_rounds rounds (at least the constant split's), until three gaining rounds gain less
+    than `tolerance` of the value each, or until losing rounds have halved the step SHORTEST_STEP times.
     results_of(schedule [n, T_dec, M]) gives each item's ItemResult (default: in this process, item by item; the solver
     pool passes its own)."""
     start = time.perf_counter()
-    n, K = instance.n, instance.K
+    n, K, rounds = instance.n, instance.K, max(options.schedule_rounds, 1)
     steps, M = decision_steps(instance, horizon), options.factor_points
     if results_of is None:
         problems = [item_problem(instance, i, horizon, options) for i in range(n)]

@@ -35,8 +35,8 @@ from plumbing import validate
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text, read_text
 from plumbing.validate import differences
-from policies import dp_optimal, lookahead
-from policies.decomposition import DecompositionOptions, item_figures, item_values, search_split
+from policies import dp_optimal, lookahead, share_schedule
+from policies.decomposition import SCHEDULE, DecompositionOptions, item_figures, item_values, search_split
 from ray_access.session import this_node
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
@@ -101,7 +101,8 @@ def episode_key(record: dict) -> int:
 
 
 def split_key(record: dict) -> tuple[str, int, int]:
-    """A decomposition record: ('grid', round, item) for an item's values on a round's shares, ('item', -1, item) for its figures."""
+    """A decomposition record: ('grid', round, item) for an item's values on a round's shares, ('item', -1, item) for its figures,
+    ('schedule', -1, -1) for the schedule search's outcome."""
     return record["phase"], record["round"], record["item"]
 
 
@@ -203,6 +204,11 @@ class SolverWorker:
     ) -> dict:
         return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known, tables), **self.where}
 
+    def schedule_item(self, instance: Instance, item: int, schedule: np.ndarray, horizon: int, options: DecompositionOptions) -> dict:
+        """The item's value and order frequencies under its setup-cost schedule [T_dec, M] (policies/share_schedule.py)."""
+        result = share_schedule.item_result(instance, item, schedule, horizon, options)
+        return {"item": item, "value": result.value, "frequencies": result.frequencies}
+
 
 class Pool:
     """`workers` SolverWorker actors; `run` keeps each busy and replaces the ones that stay dead."""
@@ -212,13 +218,20 @@ class Pool:
         self.actors = [SolverWorker.remote() for _ in range(workers)]
 
     def run(
-        self, tasks: Iterable[tuple[str, tuple]], on_result: Callable[[dict], Iterable[tuple[str, tuple]]], total: int, done: int, desc: str
+        self,
+        tasks: Iterable[tuple[str, tuple]],
+        on_result: Callable[[dict], Iterable[tuple[str, tuple]]],
+        total: int,
+        done: int,
+        desc: str,
+        leave: bool = True,
     ) -> None:
-        """Run (method, args) tasks; `on_result` stores a result and returns follow-up tasks."""
+        """Run (method, args) tasks; `on_result` stores a result and returns follow-up tasks. The progress bar stays on the
+        console when done with `leave`."""
         pending = list(tasks)
         in_flight: dict[ray.ObjectRef, tuple[int, str, tuple]] = {}
         idle = list(range(len(self.actors)))
-        with tqdm(total=total, initial=done, desc=desc, unit="task", smoothing=0.1) as bar:
+        with tqdm(total=total, initial=done, desc=desc, unit="task", smoothing=0.1, leave=leave) as bar:
             while pending or in_flight:
                 while pending and idle:
                     slot = idle.pop()
@@ -354,4 +367,35 @@ def run_decomposition(
         if ("item", -1, i) not in journal or (tables is not None and not (Path(tables) / lookahead.item_file(i)).exists())
     ]
     pool.run(tasks, store, n, n - len(tasks), "items")
-    return [journal.records[("item", -1, i)] for i in range(n)], search.summary(options.tolerance)
+    summary = search.summary(options.tolerance)
+    if options.schedule_rounds:
+        summary["schedule"] = run_schedule(instance, horizon, search.split.shares, options, pool, journal)
+    return [journal.records[("item", -1, i)] for i in range(n)], summary
+
+
+def run_schedule(
+    instance: Instance, horizon: int, shares: np.ndarray, options: DecompositionOptions, pool: Pool, journal: Journal
+) -> dict[str, Any]:
+    """The search over shares that depend on the period and the factor (policies.share_schedule.search_schedule) from the best
+    constant split `shares`, each round's items as pool tasks. The journal keeps its outcome, not its rounds (each round's
+    schedules and frequencies are n x T x M numbers): an interrupted search starts again from the split."""
+    if ("schedule", -1, -1) in journal:
+        return {k: v for k, v in journal.records[("schedule", -1, -1)].items() if k not in ("phase", "round", "item")}
+    ref = ray.put(instance)
+    rounds = [0]
+
+    def results_of(schedule: np.ndarray) -> list[share_schedule.ItemResult]:
+        found: dict[int, share_schedule.ItemResult] = {}
+
+        def keep(record: dict):
+            found[record["item"]] = share_schedule.ItemResult(record["value"], record["frequencies"])
+            return []
+
+        rounds[0] += 1
+        tasks = [("schedule_item", (ref, i, schedule[i], horizon, options)) for i in range(instance.n)]
+        pool.run(tasks, keep, instance.n, 0, f"{SCHEDULE}: round {rounds[0]}", leave=False)
+        return [found[i] for i in range(instance.n)]
+
+    result = share_schedule.search_schedule(instance, horizon, shares, options, results_of=results_of).summary()
+    journal.add({"phase": "schedule", "round": -1, "item": -1, **result})
+    return result

@@ -20,7 +20,7 @@ from envs.results import check_run_folder, clear_run, write_evaluation
 from plumbing.errors import Interrupted
 from policies import lookahead
 from policies.decomposition import NAME as DECOMPOSITION
-from policies.decomposition import TABLE_DTYPE, DecompositionOptions, combine
+from policies.decomposition import TABLE_DTYPE, DecompositionOptions, combine, tightest_bound
 from solver_workers.backends import SolverOptions
 from solver_workers.pool import (
     Journal,
@@ -265,7 +265,12 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
         run.seed,
         config,
         parameters,
-        {**extra("best"), "search": split, "equal_shares": {k: figures["equal"][k] for k in EQUAL_SHARES_FIGURES}},
+        {
+            **extra("best"),
+            "search": split,
+            "equal_shares": {k: figures["equal"][k] for k in EQUAL_SHARES_FIGURES},
+            "tightest_bound": tightest_bound(figures["best"]["value"], split.get("schedule")),
+        },
         instance=instance,
         tables={"split.parquet": table},
     )

@@ -30,7 +30,7 @@ import numpy as np
 import yaml
 
 from plumbing.files import atomic_write, atomic_write_text
-from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, certificate_note, dp_figures
+from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, above_bound, above_text, certificate_note, dp_figures, tightest_text
 from policies.joint_dp import SWEEP_ITEMS
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
@@ -136,6 +136,14 @@ def cost_table(report: Report) -> Table:
 
 
 HEADLINE = "Headline: the best policy of each size"
+TIGHTEST_HEADER = "tightest lower bound (relaxation)"
+ABOVE_TIGHTEST = "above it: mean / bound - 1 (one-sided 95%)"
+TIGHTEST_NOTE = (
+    "The tightest lower bound is the highest of the decomposition run's figures on its factor chain (the constant split's DP "
+    "value, or the shares by period and factor) and, where dp-optimal runs, the exact optimum (its caps raised where they "
+    "are fractional); the policy's distance to the optimum on that chain is at most its distance above the bound, and at most "
+    "the one-sided 95% figure with 95% confidence (its mean + 1.645 s.e.)."
+)
 BEST_POLICY = "best policy"
 AGAINST_CLASSICAL_BEST = "- classical-best (95% CI of each seed)"
 AGAINST_RELAXED_POLICIES = f"- the {RELAXED_POLICIES} (% of their mean)"
@@ -150,11 +158,15 @@ def headline_table(report: Report) -> Table:
     with_bound = report.results.spec.baselines.decomposition is not None
     if with_bound:
         header += [AGAINST_RELAXED_POLICIES, BOUND_HEADER]
+    if report.tightest:
+        header += [TIGHTEST_HEADER, ABOVE_TIGHTEST]
     table = Table(HEADLINE, header, [])
     table.intro = (
         "The cheapest policy of each size on the held-out episodes (the bound is not a policy) and its paired difference "
         "to classical-best" + (", to the decomposition bound's relaxed policies and the bound (the tables below)." if with_bound else ".")
     )
+    if report.tightest:
+        table.intro += " " + TIGHTEST_NOTE
     for n in report.results.spec.sizes:
         ranked = report.ranked(n)
         if not ranked:
@@ -167,6 +179,9 @@ def headline_table(report: Report) -> Table:
             gap = relaxed.get((n, best.column))
             share = f" ({percent(gap['share'])})" if gap and gap["share"] is not None else ""
             row += [paired_text(gap) + share, dp_value(report, n) or "n/a"]
+        if report.tightest:
+            bound = report.tightest.get(n)
+            row += [tightest_text(bound), above_text(best.mean, best.se, bound["value"])] if bound else ["n/a", "n/a"]
         table.rows.append(row)
     return table
 
@@ -186,6 +201,14 @@ def dp_value(report: Report, n: int) -> str | None:
         return None
     s = bound.runs[0].summary
     return dp_figures(s["dp_value"], s["conservative_value"])
+
+
+def tightest_fields(bound: dict | None, entry: Entry | None) -> list:
+    """The CSV's tightest bound, its relaxation and the entry's distance above it (mean / bound - 1, its one-sided 95% figure)."""
+    if bound is None:
+        return [None, None, None, None]
+    above = above_bound(entry.mean, entry.se, bound["value"]) if entry is not None and entry.runs else (None, None)
+    return [bound["value"], bound["relaxation"], *above]
 
 
 def per_item_table(report: Report) -> Table:
@@ -218,6 +241,28 @@ def gap_table(report: Report) -> Table | None:
     for n in report.results.spec.sizes:
         table.rows.append([str(n), *(percent(report.bound_ratios[(n, c)]) if (n, c) in report.bound_ratios else "n/a" for c in others)])
     table.notes.append("n/a: the method or the bound has no evaluation on the sweep's held-out episodes and horizon.")
+    return table
+
+
+def tightest_table(report: Report) -> Table | None:
+    """Every policy's distance above the tightest lower bound of its size (report.tightest), with the bound named."""
+    if not report.tightest:
+        return None
+    others = [c for c, kind in report.columns if kind != "bound"]
+    table = Table(
+        "Distance above the tightest lower bound (mean / bound - 1; one-sided 95% figure)",
+        ["n", TIGHTEST_HEADER, *(label(c) for c in others)],
+        [],
+    )
+    table.intro = TIGHTEST_NOTE
+    for n in report.results.spec.sizes:
+        bound = report.tightest.get(n)
+        row = [str(n), tightest_text(bound) if bound else "n/a"]
+        for c in others:
+            e = report.entries[(n, c)]
+            row.append(above_text(e.mean, e.se, bound["value"]) if bound and e.on_heldout_set else "n/a")
+        table.rows.append(row)
+    table.notes.append("n/a: no bound at this size, or the method has no evaluation on the sweep's held-out episodes and horizon.")
     return table
 
 
@@ -344,6 +389,7 @@ def tables(report: Report) -> list[Table]:
             per_item_table(report),
             reduction_table(report),
             gap_table(report),
+            tightest_table(report),
             diverged_table(report),
             paired_table(report),
             relaxed_difference_table(report),
@@ -404,7 +450,7 @@ def results_markdown(report: Report, command: str) -> str:
         *(f"- {line}" for line in manifest_lines(report.results)),
         "",
     ]
-    shown = (headline_table(report), cost_table(report), paired_table(report), relaxed_difference_table(report))
+    shown = (headline_table(report), cost_table(report), tightest_table(report), paired_table(report), relaxed_difference_table(report))
     return "\n".join(head) + "\n" + "\n".join(markdown(t, command) for t in shown if t is not None)
 
 
@@ -438,6 +484,10 @@ def csv_text(report: Report) -> str:
             "paired_difference_share",
             "paired_difference_ci",
             "decomposition_bound",
+            "tightest_bound",
+            "tightest_relaxation",
+            "above_tightest",
+            "above_tightest_95",
         ]
     )
     relaxed = {(r["n"], r["column"]): r for r in report.relaxed_differences if r["paired"]}
@@ -471,6 +521,7 @@ def csv_text(report: Report) -> str:
                     difference and difference["share"],
                     difference and paired_intervals(difference)[1],
                     dp_value(report, n),
+                    *tightest_fields(report.tightest.get(n), e if kind != "bound" and e.on_heldout_set else None),
                 ]
             )
     return out.getvalue()

@@ -28,8 +28,9 @@ from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
 from envs.results import read_evaluation
 from plumbing.errors import InputError
+from policies.decomposition import EXACT_OPTIMUM, run_tightest_bound
 from policies.decomposition import NAME as DECOMPOSITION
-from policies.joint_dp import SWEEP_ITEMS
+from policies.joint_dp import SWEEP_ITEMS, lower_figure
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial
 from trainers.registry import METHODS
@@ -201,6 +202,8 @@ class Report:
     references: dict[int, dict[str, float]]
     reference_notes: list[str]
     milp_times: dict[int, dict[str, float]]
+    tightest: dict[int, dict[str, Any]]
+    """`tightest_bounds`."""
     device: str | None = None
     timings: list[dict[str, Any]] | None = None
     """decision_times on `device`, once `time_decisions` has run (None before)."""
@@ -261,6 +264,24 @@ def reductions(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[
             other = entries[(n, column)]
             if ours is not None and column != "or-transformer" and kind != "bound" and ours.on_heldout_set and other.on_heldout_set:
                 found[(n, column)] = 1 - ours.mean / other.mean
+    return found
+
+
+def tightest_bounds(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[int, dict[str, Any]]:
+    """n -> the highest lower bound on the optimum at size n, named (policies.decomposition.tightest_bound): the decomposition
+    run's tightest figure, and at n <= SWEEP_ITEMS dp-optimal's (policies.joint_dp.lower_figure, the exact optimum); sizes
+    without either are left out."""
+    found = {}
+    for n in results.spec.sizes:
+        candidates = []
+        bound = entries.get((n, DECOMPOSITION))
+        if bound is not None and bound.runs:
+            candidates.append(run_tightest_bound(bound.runs[0].summary))
+        exact = entries.get((n, "dp-optimal"))
+        if exact is not None and exact.runs and (value := lower_figure(exact.runs[0].summary.get("parameters") or {})) is not None:
+            candidates.append({"value": value, "relaxation": EXACT_OPTIMUM})
+        if candidates:
+            found[n] = max(candidates, key=lambda c: c["value"])
     return found
 
 
@@ -490,4 +511,5 @@ def build_report(root, opening: str = "greedy") -> Report:
         references,
         reference_notes,
         milp_times(results, entries),
+        tightest_bounds(results, entries),
     )

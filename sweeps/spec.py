@@ -133,17 +133,24 @@ class MilpBaseline:
 
 
 def _decomposition(value) -> dict[str, Any] | None:
-    """baselines.decomposition: null, or a mapping of DecompositionOptions' grid and tolerance fields."""
+    """baselines.decomposition: null, or a mapping of DecompositionOptions' grid, tolerance and schedule_rounds fields."""
     if value is None:
         return None
     defaults = DecompositionOptions()
+    where = "baselines.decomposition"
     d = _mapping(
         value,
-        "baselines.decomposition",
-        {"factor_points": defaults.factor_points, "coarse_points": defaults.coarse_points, "tolerance": defaults.tolerance},
+        where,
+        {
+            "factor_points": defaults.factor_points,
+            "coarse_points": defaults.coarse_points,
+            "tolerance": defaults.tolerance,
+            "schedule_rounds": defaults.schedule_rounds,
+        },
     )
-    where = "baselines.decomposition"
-    return DecompositionOptions.check_grid(**d, where=lambda field: _where(f"{where}.{field}"), error=SweepError)
+    rounds = _int(d.pop("schedule_rounds"), f"{where}.schedule_rounds", 0)
+    grid = DecompositionOptions.check_grid(**d, where=lambda field: _where(f"{where}.{field}"), error=SweepError)
+    return grid | {"schedule_rounds": rounds}
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,7 @@ class Baselines:
     milp: tuple[MilpBaseline, ...] = ()
     solver_workers: int = 2
     decomposition: dict[str, Any] | None = None
-    """The decomposition lower bound: {factor_points, coarse_points, tolerance}
+    """The decomposition lower bound: {factor_points, coarse_points, tolerance, schedule_rounds}
     (policies.decomposition.DecompositionOptions); null to skip."""
     lookahead: bool = False
     """The decomposition lookahead policy (policies.lookahead), from the tables of the decomposition bound's run

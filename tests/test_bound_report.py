@@ -69,6 +69,11 @@ def test_a_decomposition_bound_is_named_by_its_kind_and_its_dp_value_is_the_boun
     assert "+15.00 [+14.37, +15.63] (15.8%)" in rows["classical-best"]
     bound_lines = [line for line in out.splitlines() if line.startswith("decomposition bound:")]
     assert bound_lines == ["decomposition bound: DP value 96.0, conservatively 94.5 (an expected cost: the bound)"], out
+    # no schedule recorded: the tightest figure is the split's; 110 / 96 - 1 = 14.58%, (110 + 1.6449 x 2 / sqrt(8)) / 96 - 1 = 15.79%
+    tightest = [line for line in out.splitlines() if line.startswith("tightest lower bound:")]
+    assert tightest == [
+        "tightest lower bound: 96.0 (constant split); above it (mean / bound - 1): classical-best +14.58% (95% at most +15.79%)"
+    ]
 
 
 def test_a_perfect_information_bound_keeps_its_name_and_ratio(tmp_path, monkeypatch, capsys):

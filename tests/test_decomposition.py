@@ -318,9 +318,19 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     alone = sum(np.array(item_figures(inst, i, {"k": split["best_share"][i]}, 8, paths, options)["k"]["costs"]) for i in range(2))
     np.testing.assert_allclose(best["cost"], alone, rtol=1e-12)
     assert summary["cumulative_cost"][-1] == pytest.approx(best["cost"].mean(), rel=1e-12) and len(summary["cumulative_cost"]) == 8
+    # the schedule search on the pool is the in-process search (policies.share_schedule), from the same split
+    from policies.share_schedule import search_schedule
+
+    schedule = summary["search"]["schedule"]
+    alone = search_schedule(inst, 8, np.array(split["best_share"]), options)
+    assert schedule["value"] == pytest.approx(alone.value, rel=1e-9) and schedule["rounds"] == len(alone.values)
+    assert schedule["constant_split_value"] == pytest.approx(summary["dp_value"], rel=1e-9)
+    assert schedule["gain"] > 0.005  # about 1.1% here: the report names the schedule's figure
+    assert summary["tightest_bound"] == {"value": schedule["value"], "relaxation": "shares by period and factor"}
     lines = (out / "split.jsonl").read_text().splitlines()
     again = run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]
+    assert again["tightest_bound"] == summary["tightest_bound"]  # the schedule search as journalled
     with pytest.raises(InputError, match="coarse_points 4 there, 5 here"):
         decomposition_journal(run, inst, DecompositionOptions(factor_points=7, coarse_points=5))
 

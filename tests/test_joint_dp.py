@@ -230,7 +230,7 @@ def test_schedule_bound_lies_between_the_constant_split_and_the_joint_optimum_on
     instance and is caught by the same check."""
     gains, caught = [], 0
     for inst, exact, split in pairs_with_optimum(5454, 50):
-        search = share_schedule.search_schedule(inst, SMALL_HORIZON, split.shares, SMALL, rounds=6)
+        search = share_schedule.search_schedule(inst, SMALL_HORIZON, split.shares, dataclasses.replace(SMALL, schedule_rounds=6))
         constant = split_value(inst, split.shares)
         assert search.start_value == pytest.approx(constant, rel=1e-12)
         assert constant - 1e-9 <= search.value <= exact + 1e-9 * exact, (inst, constant, search.value, exact)

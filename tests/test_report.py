@@ -724,3 +724,37 @@ def test_headline_names_each_size_best_policy_with_its_paired_gaps(report, tmp_p
     assert without_bound.header == ["n", "best policy", "mean", "- classical-best (95% CI of each seed)"]
     assert [row[:2] for row in without_bound.rows] == [["1", "dp-optimal"], ["4", "OR-Transformer"]]
     assert "bound's" not in without_bound.intro
+
+
+def test_the_tightest_bound_is_the_highest_valid_figure_named_and_each_policy_is_placed_above_it(tmp_path, monkeypatch):
+    """sweeps.report.tightest_bounds by hand on decomposition_report (DP value 96.0 at both sizes, no schedule recorded): the
+    constant split's 96.0; with a schedule figure 96.8 that one; at n = 1 dp-optimal's exact optimum 97.5 above both, its
+    relaxation (97.0, the caps raised) where caps are fractional, and nothing from an item DP on a coarse lattice (an
+    approximation, not a bound). The headline's distance: dp-optimal's 99 (s.e. 2 / sqrt(8)) / 97.5 - 1 = +1.54%, one-sided
+    95% (99 + 1.6449 x 0.70711) / 97.5 - 1 = +2.73%. Catches a report that quotes a weaker bound than it holds, names the
+    wrong relaxation, or takes a coarse-lattice value for a bound."""
+    from sweeps import render as rn
+    from sweeps.report import tightest_bounds
+
+    report = decomposition_report(tmp_path, monkeypatch)
+    assert report.tightest == {n: {"value": 96.0, "relaxation": "constant split"} for n in (1, 4)}
+    for n in (1, 4):
+        report.entries[(n, "decomposition-bound")].runs[0].summary["tightest_bound"] = {
+            "value": 96.8,
+            "relaxation": "shares by period and factor",
+        }
+    exact = report.entries[(1, "dp-optimal")].runs[0].summary
+    for parameters, expected in (
+        ({"expected_cost": 97.5, "exact": True}, {"value": 97.5, "relaxation": "exact optimum"}),
+        ({"expected_cost": 97.9, "exact": False, "relaxed_expected_cost": 97.0}, {"value": 97.0, "relaxation": "exact optimum"}),
+        ({"expected_cost": 97.5, "exact_lattice": False}, {"value": 96.8, "relaxation": "shares by period and factor"}),
+    ):
+        exact["parameters"] = parameters
+        tightest = tightest_bounds(report.results, report.entries)
+        assert tightest == {1: expected, 4: {"value": 96.8, "relaxation": "shares by period and factor"}}, parameters
+    exact["parameters"] = {"expected_cost": 97.5, "exact": True}
+    report.tightest = tightest_bounds(report.results, report.entries)
+    one = rn.headline_table(report).rows[0]
+    assert one[1] == "dp-optimal" and one[-2:] == ["97.5 (exact optimum)", "+1.54% (95% at most +2.73%)"]
+    table = rn.tightest_table(report)
+    assert table.rows[0][:2] == ["1", "97.5 (exact optimum)"] and table.rows[1][1] == "96.8 (shares by period and factor)"

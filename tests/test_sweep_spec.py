@@ -260,6 +260,7 @@ def test_the_dry_run_estimates_milp_hours_only_for_a_sweep_with_milp_decisions()
         ({"factor_points": 1}, "'baselines.decomposition.factor_points': expected an integer in [3, "),
         ({"factor_points": 10**8}, "'baselines.decomposition.factor_points': expected an integer in [3, "),
         ({"tolerance": 0}, "'baselines.decomposition.tolerance': expected a number > 0, got 0"),
+        ({"schedule_rounds": -1}, "'baselines.decomposition.schedule_rounds': expected an integer >= 0, got -1"),
     ],
 )
 def test_a_sweep_file_refuses_the_decomposition_grids_that_bound_py_refuses(grid, message):

@@ -223,22 +223,33 @@ over the items' cells)."""
 
 
 def outlying_cells(demand: np.ndarray) -> list[tuple[int, int, float]]:
-    """(item, period, p) of each item's most extreme cell whose upper tail p = P(D >= d) is below OUTLIER_LEVEL / (n T) under the
-    negative binomial of the mean of the item's other periods and the overdispersion of all its periods (Poisson where they
-    show none); p = 0 for any sale of an item whose other periods are all 0 (docs/fitting.md, "The fit report")."""
+    """(item, period, p) of each item's largest cell whose tail p is below OUTLIER_LEVEL / (n T). p is the smallest upper
+    tail P(D >= v) over the values v of the fixed ladder OUTLIER_LADDER^k up to the cell's own, v in the cell's place, each
+    under the negative binomial of the mean of the item's other periods and the overdispersion of all its periods with v
+    among them (Poisson where they show none): the cell's own dispersion is the most generous to it, and the minimum over
+    a ladder that only grows with the cell makes the test monotone (a larger cell is never flagged less than a smaller one,
+    which the cell's own dispersion alone breaks: it grows with the cell). p = 0 for any sale of an item whose other
+    periods are all 0 (docs/fitting.md, "The fit report")."""
     periods, n = demand.shape
-    total = demand.sum(axis=0)
-    mean = (total - demand) / (periods - 1)  # [T, n] each cell's item's mean without it
-    everything = total / periods
-    variance = demand.var(axis=0, ddof=1)
-    sold = everything > 0
-    phi = np.clip(np.divide(variance - everything, everything**2, out=np.zeros(n), where=sold), 0.0, None)  # [n]
-    others = mean > 0
-    tail = np.where(others, 1.0 - demand_cdf(demand - 1, np.where(others, mean, 1.0), phi), 0.0)
-    tail = np.where(demand > 0, tail, 1.0)
-    worst = tail.argmin(axis=0)  # [n] each item's most extreme period
+    demand = np.asarray(demand, dtype=np.float64)
+    worst = demand.argmax(axis=0)  # [n]: under the other periods' mean, the largest cell has the smallest tail
+    cell = demand[worst, np.arange(n)]
+    others = demand.sum(axis=0) - cell  # the other periods' total and sum of squares
+    squares = (demand**2).sum(axis=0) - cell**2
+    mean = others / (periods - 1)
+    rungs = math.ceil(math.log(max(float(cell.max()), 1.0)) / math.log(OUTLIER_LADDER)) + 1
+    values = np.unique(np.floor(OUTLIER_LADDER ** np.arange(rungs)))[:, None]  # [G, 1]
+    everything = (others + values) / periods  # [G, n]
+    variance = (squares + values**2 - periods * everything**2) / (periods - 1)
+    phi = np.clip(np.divide(variance - everything, everything**2, out=np.zeros_like(everything), where=everything > 0), 0.0, None)
+    tail = np.where(mean > 0, 1.0 - demand_cdf(values - 1, np.where(mean > 0, mean, 1.0), phi), 0.0)
+    p = np.where(values <= cell, tail, 1.0).min(axis=0)
     level = OUTLIER_LEVEL / (periods * n)
-    return [(int(i), int(worst[i]), float(tail[worst[i], i])) for i in range(n) if tail[worst[i], i] < level]
+    return [(i, int(worst[i]), float(p[i])) for i in range(n) if p[i] < level]
+
+
+OUTLIER_LADDER = 2 ** (1 / 16)
+"""The ratio between the values that `outlying_cells` puts in a cell's place (about 4.4%)."""
 
 
 QUASI_POINTS = 128

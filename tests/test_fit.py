@@ -661,6 +661,40 @@ def test_one_cell_that_drives_an_item_is_flagged_with_the_total_coverage_and_a_p
     assert control["checks"]["overdispersion_at_cap"] == []
 
 
+def test_a_larger_outlier_is_never_flagged_less_than_a_smaller_one():
+    """Six items selling about 2-8 a period over 365 periods; one period of the item selling about 5 replaced by 20 ...
+    1,000,000: from the first size that is flagged on, every larger one is, with a tail p that never grows; 500 and 2,000
+    (which the item's own dispersion let through) are flagged. The broken control, the cell judged only at its own value
+    under a dispersion that includes it, passes 500 after flagging 100 on this history."""
+    from demand.fit_checks import OUTLIER_LEVEL, demand_cdf, outlying_cells
+
+    clean = simulate_demand(np.array([2.0, 3.0, 5.0, 6.0, 7.0, 8.0]), np.full(6, 0.3), 0.8, 365, np.random.default_rng(11))
+    sizes = [20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 20_000, 100_000, 1_000_000]
+
+    def spiked(size):
+        demand = clean.astype(np.float64).copy()
+        demand[200, 2] = size
+        return demand
+
+    found = [{i: p for i, t, p in outlying_cells(spiked(size))} for size in sizes]
+    flagged = [2 in f for f in found]
+    first = flagged.index(True)
+    assert all(flagged[first:]) and flagged[sizes.index(500)] and flagged[sizes.index(2_000)], dict(zip(sizes, flagged))
+    tails = [f[2] for f in found[first:]]
+    assert all(b <= a for a, b in zip(tails, tails[1:])), tails
+    assert {i for f in found for i in f} == {2} and outlying_cells(clean) == []  # nothing else, and not the clean history
+
+    def own_value_only(demand):
+        periods, n = demand.shape
+        mean = (demand.sum(axis=0) - demand[200]) / (periods - 1)
+        everything = demand.mean(axis=0)
+        phi = np.clip((demand.var(axis=0, ddof=1) - everything) / everything**2, 0.0, None)
+        return float(1.0 - demand_cdf(demand[200, 2] - 1, mean[2], phi[2])) < OUTLIER_LEVEL / (periods * n)
+
+    control = [own_value_only(spiked(size)) for size in sizes]
+    assert control[sizes.index(100)] and not control[sizes.index(500)], dict(zip(sizes, control))
+
+
 def test_the_model_s_own_heavy_tails_are_not_outlying_cells():
     """50 histories of 40 items x 121 periods at phi 10 and loading 0.6 (lam 1-500), the heaviest tails the instances
     take: no cell is flagged (the test's level is 0.001 per history). The broken control, each cell judged by the

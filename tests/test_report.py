@@ -450,8 +450,8 @@ def test_sampled_opening_is_selectable_and_stated(results):
 
 def test_results_markdown_writes_the_command_above_each_table(report, tmp_path, monkeypatch):
     """docs/results.md holds the headline, the cost table and the paired comparisons and, with the decomposition bound
-    in the sweep, the paired differences to its relaxed policies with the hand-worked row of
-    test_report_pairs_every_policy_with_the_decomposition_bound."""
+    in the sweep, each policy's distance above the tightest bound and the paired differences to its relaxed policies with
+    the hand-worked row of test_report_pairs_every_policy_with_the_decomposition_bound."""
     command = "python platform/report.py results/quick --out results/quick/report --markdown docs/results.md"
     shown = [
         "Headline: the best policy of each size",
@@ -460,7 +460,15 @@ def test_results_markdown_writes_the_command_above_each_table(report, tmp_path, 
     ]
     for sweep_report, titles in (
         (report, shown),
-        (decomposition_report(tmp_path, monkeypatch), [*shown, "Paired difference to the decomposition bound's relaxed policies"]),
+        (
+            decomposition_report(tmp_path, monkeypatch),
+            [
+                *shown[:2],
+                "Distance above the tightest lower bound (mean / bound - 1; one-sided 95% figure)",
+                shown[2],
+                "Paired difference to the decomposition bound's relaxed policies",
+            ],
+        ),
     ):
         sections = rn.results_markdown(sweep_report, command).split("## ")[1:]
         assert [s.splitlines()[0] for s in sections] == titles

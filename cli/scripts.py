@@ -37,10 +37,13 @@ def script_parser(description: str) -> ScriptParser:
 
 def _flag(check: Callable, **bounds) -> Callable[[str], object]:
     """An argparse type: the flag's text checked by the validator `check` (plumbing.validate), as a number
-    when it is written as one; argparse prefixes the message with the flag's name."""
+    when it is written as one (a whole number written as 1e9 or 2.0 is that integer, so that a count's limits, not its
+    spelling, decide); argparse prefixes the message with the flag's name."""
 
     def parse(text: str):
         value = int(text) if DECIMAL_INTEGER.fullmatch(text.strip()) else float(text) if NUMBER_LITERAL.fullmatch(text.strip()) else text
+        if check is validate.integer and isinstance(value, float) and value.is_integer():
+            value = int(value)
         return check(value, "", **bounds, error=argparse.ArgumentTypeError)
 
     return parse

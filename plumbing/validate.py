@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -120,9 +121,13 @@ def real(
         raise refuse(where, allowed, shown, error=error)
     try:
         number = float(value)
-    except OverflowError:  # an integer beyond the float range
-        number = math.inf
-    if not math.isfinite(number) or number < low or (low_open and number == low):
+    except OverflowError:  # an integer beyond the float range: above any finite upper limit, or refused as too large
+        if high < math.inf:
+            raise refuse(where, allowed, shown, why, error) from None
+        raise refuse(where, f"{allowed} below {sys.float_info.max:.1e} (a float64)", shown, error=error) from None
+    if not math.isfinite(number):  # inf or nan: the range alone would look satisfied
+        raise refuse(where, "a finite " + allowed.removeprefix("a "), shown, error=error)
+    if number < low or (low_open and number == low):
         raise refuse(where, allowed, shown, error=error)
     if number > high or (high_open and number == high):
         raise refuse(where, allowed, shown, why, error)

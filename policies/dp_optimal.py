@@ -494,17 +494,35 @@ def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | 
 SECONDS_PER_CELL = 6e-8
 """Seconds of the backward pass per setup cost x factor point x (position + one period's demand points) x decision
 step, measured on this project's development machine (2 CPU cores; bench/dp_volumes.py's items: 54-62 ns)."""
+SECONDS_PER_LAW_POINT = 8e-7
+"""Seconds of one period's demand law per factor point x law point (two incomplete-beta evaluations each), measured as
+SECONDS_PER_CELL was, on an item of 121 factor points and 49,942 law points (lam 10,000, phi 10, beta 2): 4.7 s."""
+SECONDS_PER_MIXED_POINT = 1e-9
+"""Seconds of the lead-time sums H_2..H_{L+1} per factor point^2 x law point x sum_{j<=L} j (the chain's transition applied
+to each longer law), on the same item: 6.8 s for L = 4."""
+SECONDS_PER_LOSS_POINT = 7e-8
+"""Seconds of the once-per-solve expected loss over the lead-time law, per factor point x (position + its law's points),
+on the same item: about 6.4 s at 499,413 positions."""
 LONG_SOLVE = 10.0
 """A solve estimated to take longer than this many seconds is announced, with a progress bar (`dp_optimal_policy`)."""
 
 
 def estimated_seconds(instance: Instance, horizon: int, setups: int = 1, **settings) -> tuple[int, float]:
     """(positions, seconds): the size of the item's DP with `settings` (`solve`'s) at its widest first domain
-    (`domain_span`), and about how long its backward pass takes for `setups` setup costs (SECONDS_PER_CELL)."""
+    (`domain_span`), and about how long a solve takes for `setups` setup costs, every phase counted: the demand law
+    (SECONDS_PER_LAW_POINT), the lead-time sums (SECONDS_PER_MIXED_POINT), the expected loss (SECONDS_PER_LOSS_POINT) and the
+    backward pass (SECONDS_PER_CELL per setup cost)."""
     plan = _plan(instance, **settings)
-    demand_points = -(-plan.dmax // plan.lattice.step) * plan.lattice.classes
-    steps = max(horizon - int(instance.lead[0]), 0)
-    return plan.widest_positions, SECONDS_PER_CELL * setups * plan.grid.points.size * (plan.widest_positions + demand_points) * steps
+    lead, points, positions = int(instance.lead[0]), plan.grid.points.size, plan.widest_positions
+    law = -(-plan.dmax // plan.lattice.step) * plan.lattice.classes
+    steps = max(horizon - lead, 0)
+    seconds = (
+        SECONDS_PER_LAW_POINT * points * law
+        + SECONDS_PER_MIXED_POINT * points**2 * law * lead * (lead + 1) / 2
+        + SECONDS_PER_LOSS_POINT * points * (positions + (lead + 1) * law)
+        + SECONDS_PER_CELL * setups * points * (positions + law) * steps
+    )
+    return positions, seconds
 
 
 def _prepare(instance: Instance, horizon: int, **settings) -> _Problem:

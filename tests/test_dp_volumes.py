@@ -425,12 +425,14 @@ def test_the_one_item_lookahead_is_within_three_per_mille_of_its_exact_lattice_s
 def test_a_long_solve_says_its_size_and_time_before_it_starts(capsys, monkeypatch):
     """dp-optimal with progress on an item whose DP is estimated above LONG_SOLVE seconds (the limit lowered to 0 here)
     writes its positions and estimated seconds before the solve, then a bar over the backward pass; a solve below the
-    limit, or without progress, writes nothing. The estimate grows with the positions and the setups as the backward
-    pass does: doubling the setups doubles it."""
+    limit, or without progress, writes nothing. The estimate counts every phase: a second setup cost adds one backward
+    pass (the estimate at horizon = lead, no decision step, is the preparation alone), and a horizon of no decision step
+    still costs its preparation."""
     one = item(300.0, 2.0, 2)
     positions, seconds = dp_optimal.estimated_seconds(one, HORIZON, factor_points=9)
-    assert positions > 100 and seconds > 0
-    assert dp_optimal.estimated_seconds(one, HORIZON, 2, factor_points=9)[1] == pytest.approx(2 * seconds)
+    preparation = dp_optimal.estimated_seconds(one, 2, factor_points=9)[1]
+    assert positions > 100 and 0 < preparation < seconds
+    assert dp_optimal.estimated_seconds(one, HORIZON, 2, factor_points=9)[1] == pytest.approx(2 * seconds - preparation)
     dp_optimal.dp_optimal_policy(one, HORIZON, progress=True, factor_points=9)
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(dp_optimal, "LONG_SOLVE", 0.0)

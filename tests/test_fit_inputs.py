@@ -97,7 +97,7 @@ def fit_script(monkeypatch, capsys, *args) -> tuple[int, str]:
         ("--K", "-1", "error: --K: expected a number in [0, 1e+12], got -1.0"),
         ("--K", "1e13", "error: --K: expected a number in [0, 1e+12], got 10000000000000.0 (larger values overflow"),
         ("--gamma", "1", "error: --gamma: expected a number in (0, 1), got 1.0"),
-        ("--gamma", "nan", "error: --gamma: expected a number in (0, 1), got NaN"),
+        ("--gamma", "nan", "error: --gamma: expected a finite number in (0, 1), got NaN"),
     ],
 )
 def test_a_bad_flag_is_refused_as_the_flag_before_any_estimation(flag, value, message, tmp_path, monkeypatch, capsys, no_estimation):

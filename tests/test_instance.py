@@ -36,7 +36,7 @@ GOOD = dict(h=[1.0, 2.0], b=[7.0, 9.0], lam=[3.0, 4.0], beta=[0.2, 0.0], lead=[1
         ("gamma", 1.0, "'gamma': expected a number in (0, 1), got 1.0"),
         ("gamma", 0.0, "'gamma': expected a number in (0, 1), got 0.0"),
         ("rho", 1.0, "'rho': expected a number in [0, 1), got 1.0"),
-        ("rho", float("nan"), "'rho': expected a number in [0, 1), got NaN"),
+        ("rho", float("nan"), "'rho': expected a finite number in [0, 1), got NaN"),
         ("K", "ten", "'K': expected a number"),
         ("lead", ["2", 3], "'lead': expected a list of numbers, got a string \"2\" for item 0"),
         ("lead", "2", "'lead': expected a list of numbers, got a string \"2\""),

@@ -228,7 +228,7 @@ BAD_REQUESTS = [  # id, method, path, body, content type, status, what the messa
         body('{"inventory": [1, NaN], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0}'),
         "application/json",
         422,
-        "state 0 field 'inventory'[1]: expected a number, got NaN",
+        "state 0 field 'inventory'[1]: expected a finite number, got NaN",
     ),
     (
         "factor-overflows",
@@ -237,7 +237,7 @@ BAD_REQUESTS = [  # id, method, path, body, content type, status, what the messa
         body('{"inventory": [1, 2], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 1e400}'),
         "application/json",
         422,
-        "state 0 field 'factor': expected a number, got Infinity",
+        "state 0 field 'factor': expected a finite number, got Infinity",
     ),
     (
         "factor-outside-the-stationary-range",

@@ -72,7 +72,12 @@ def period_labels(step: str, start: str | None, periods: int):
     except ValueError:  # a month or a day the calendar does not have: 2024-13-01, 2024-02-30
         first = None
     if first is None:
-        raise InstanceError(f"start (--start): expected a date YYYY-MM-DD, got '{start}'")
+        why = (
+            f" (an integer start is for an instance fitted on a history in periods; this instance's step is '{step}')"
+            if validate.DECIMAL_INTEGER.fullmatch(text)
+            else ""
+        )
+        raise InstanceError(f"start (--start): expected a date YYYY-MM-DD, got '{start}'{why}")
     if unit == "day":
         return pa.array(first + offsets, type=pa.date32())
     month = first.astype("datetime64[M]")

@@ -34,6 +34,7 @@ from demand.factor_choice import MAX_FACTORS
 from demand.fit_report import report_figure, report_markdown
 from demand.fitting import fit_history
 from envs.instance import check_constant
+from plumbing.errors import InputError
 from plumbing.files import atomic_write, atomic_write_text
 
 
@@ -58,11 +59,16 @@ def main() -> None:
         "--factors", type=factors, help="number of common factors k, forced (default: chosen among 1..--max-factors by the hold-out)"
     )
     parser.add_argument(
-        "--max-factors", type=factors, default=MAX_FACTORS, help=f"largest k the hold-out chooses among (default {MAX_FACTORS})"
+        "--max-factors", type=factors, help=f"largest k the hold-out chooses among (default {MAX_FACTORS}; not with --factors)"
     )
     parser.add_argument("--out", type=out_argument, required=True, help="output instance JSON file (.json)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out and its report files")
     args = parser.parse_args()
+    if args.factors is not None and args.max_factors is not None:
+        raise InputError(
+            f"--max-factors {args.max_factors} bounds the hold-out's choice of k, which --factors {args.factors} makes: give one of them"
+        )
+    args.max_factors = MAX_FACTORS if args.max_factors is None else args.max_factors
     if args.K is not None:
         check_constant("K", args.K, "--K")
     check_constant("gamma", args.gamma, "--gamma")

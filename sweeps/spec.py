@@ -360,11 +360,28 @@ class SweepSpec:
             seeds_per_size=seeds_per_size,
             **_settings(d, evaluation),
         )
+        spec._check_scopes()
         spec._check_configs()
         spec._check_sizes()
         if not spec.trials() and not spec.has_baselines():
             raise SweepError("sweep file: the grid is empty (no methods and no baselines): nothing to run")
         return spec
+
+    def _check_scopes(self) -> None:
+        """Raises SweepError for an override or a resource of a method the sweep does not train, and for a MILP baseline's
+        size that is not one of the sweep's: each would be dropped without a word."""
+        for field_name, scoped in (("overrides", self.overrides), ("resources", self.resources)):
+            if absent := [key for key in scoped if key != "all" and key not in self.methods]:
+                raise SweepError(
+                    f"sweep field '{field_name}.{absent[0]}': {absent[0]} is not among the sweep's methods {list(self.methods)}; "
+                    f"add it to 'methods' or drop its {field_name}"
+                )
+        for k, m in enumerate(self.baselines.milp):
+            if m.sizes is not None and (outside := [n for n in m.sizes if n not in self.sizes]):
+                raise SweepError(
+                    f"sweep field 'baselines.milp[{k}].sizes': {outside} not among the sweep's sizes {list(self.sizes)}; "
+                    "a baseline runs only at the sweep's sizes: add them to 'sizes' or drop them here"
+                )
 
     def _check_configs(self) -> None:
         """Raises SweepError for GPUs on a cpu sweep, a cuda sweep whose trials ask for no GPU, or a preset or override that a

@@ -279,3 +279,19 @@ def test_a_sweep_exits_with_a_status_that_says_whether_its_trials_finished():
     assert exit_status([{"status": "completed"}, {"status": "diverged"}]) == 0
     assert exit_status([{"status": "completed"}, {"status": "failed"}]) == SOME_FAILED_EXIT == 3
     assert exit_status([{"status": "failed"}, {"status": "failed"}]) == NONE_FINISHED_EXIT == 4
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"overrides": {"or-transformer": {"learning_rate": 1e-4}}}, "'overrides.or-transformer': or-transformer is not among"),
+        ({"resources": {"transformer-ppo": {"cpus_per_worker": 2}}}, "'resources.transformer-ppo': transformer-ppo is not among"),
+        ({"baselines": {"milp": [{"sizes": [4, 16]}]}}, "'baselines.milp[0].sizes': [16] not among the sweep's sizes [1, 4]"),
+    ],
+)
+def test_a_setting_for_a_method_or_size_the_sweep_does_not_run_is_refused(change, message):
+    """Overrides and resources of a method outside 'methods', and a MILP baseline at a size outside 'sizes', were dropped
+    without a word; each is one SweepError naming the field. The same settings for a method or size of the sweep pass."""
+    with pytest.raises(SweepError, match=re.escape(message)):
+        SweepSpec.from_dict({**MINIMAL, **change})
+    SweepSpec.from_dict({**MINIMAL, "overrides": {"hpo": {"learning_rate": 1e-4}}, "baselines": {"milp": [{"sizes": [4]}]}})

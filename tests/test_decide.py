@@ -128,7 +128,7 @@ VALID = {"inventory": [1, 2], "in_transit": [[0, 0, 0], [16, 16, 16]], "factor":
         ({"inventory": [1, "2"]}, r"'inventory'\[1\]: expected a number, got a string \"2\""),
         ({"in_transit": [[0, 0, 0], [0, True, 0]]}, r"'in_transit'\[1\]\[1\]: expected a number, got a boolean true"),
         ({"in_transit": [[0, 0, 0], [0, 0, float("nan")]]}, r"'in_transit'\[1\]\[2\]: expected a finite number, got NaN"),
-        ({"in_transit": [[0, 0, 0], [10**400, 0, 0]]}, r"'in_transit'\[1\]\[0\]: expected a number below 1\.8e\+308 \(a float64\), got 1000000000"),
+        ({"in_transit": [[0, 0, 0], [10**400, 0, 0]]}, r"'in_transit'\[1\]\[0\]: expected a number below 1\.8e\+308 \(a float64\), got 1"),
         ({"in_transit": [[0, 0, 0], [0, [1], 0]]}, r"'in_transit'\[1\]\[1\]: expected a number, got a list of 1"),
         ({"inventory": [1, None]}, r"'inventory'\[1\]: expected a number, got null"),
         ({"factor": float("inf")}, r"'factor': expected a finite number, got Infinity"),

@@ -590,10 +590,11 @@ def item_table(
 def combine(records: list[dict], name: str, options: DecompositionOptions) -> dict:
     """The bound's figures for split `name`, summed over the items' records: `value` (fine grid), `coarse_value`, `extrapolated`
     (Richardson), `certified` (the items' proven lower bounds), `conservative` (certified less twice the factor grid's estimated
-    error; docs/methods.md, "Decomposition bound"), and the relaxed policies' `costs` [E] and `cumulative` discounted cost [T]."""
+    error, each item's own: items whose grid errors have opposite signs do not cancel; docs/methods.md, "Decomposition bound"),
+    and the relaxed policies' `costs` [E] and `cumulative` discounted cost [T]."""
     fine = sum(r[name]["value"] for r in records)
     coarse = sum(r[name]["coarse_value"] for r in records)
-    remaining = abs(coarse - fine) / (options.step_ratio**2 - 1)
+    remaining = sum(abs(r[name]["coarse_value"] - r[name]["value"]) for r in records) / (options.step_ratio**2 - 1)
     certified = sum(r[name]["certified_value"] for r in records)
     return {
         "value": fine,

@@ -277,7 +277,8 @@ def test_refine_adds_points_beside_the_share():
 def test_conservative_figure_is_the_certified_value_less_twice_the_estimated_grid_error():
     """Grid steps in the ratio r = 2: the remaining error is |coarse - fine| / 3 (Richardson, O(step^2)); the items'
     certified values (item 1 on a coarse lattice, 0.25 below its value; item 2 0.5 below) add up, and the conservative
-    figure is their sum less twice the grid's error, not the fine value less it."""
+    figure is their sum less twice the grid's error, not the fine value less it. Each item's error counts on its own: with
+    item 2's coarse value 3 below its fine one, the summed difference is 0 (an error that cancels), the items' 6 / 3 = 2."""
     records = [
         {
             "item": 0,
@@ -289,6 +290,9 @@ def test_conservative_figure_is_the_certified_value_less_twice_the_estimated_gri
     figures = combine(records, "best", DecompositionOptions(factor_points=41, coarse_points=21))
     assert figures["value"] == 150.0 and figures["extrapolated"] == pytest.approx(149.0) and figures["certified"] == 149.25
     assert figures["conservative"] == pytest.approx(149.25 - 2.0)
+    records[2]["best"] |= {"value": 3.0, "coarse_value": 0.0}
+    figures = combine(records, "best", DecompositionOptions(factor_points=41, coarse_points=21))
+    assert figures["coarse_value"] == figures["value"] == 153.0 and figures["conservative"] == pytest.approx(149.25 - 2 * 6.0 / 3.0)
     np.testing.assert_array_equal(figures["costs"], [4.0, 7.0])
     np.testing.assert_array_equal(figures["cumulative"], [3.0, 5.5])
 

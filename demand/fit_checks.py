@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import betainc, pdtr
+from scipy.special import betainc, gammaln, logsumexp, pdtr
 from scipy.stats import chi2, norm, qmc
 
 from demand.bootstrap import mean_off_diagonal
 from demand.factor_smoother import smooth_factor
 from demand.moment_estimator import Estimate, fit_moments, model_loadings
 from demand.simulation import as_loadings, rates
+from envs.instance import OVERDISPERSION_MAX
 
 HOLDOUT_SHARE = 0.2
 
@@ -41,6 +42,55 @@ DISPERSION_LEVEL = 0.05
 """Level of the test that keeps an item's overdispersion in the instance: phi_i is kept where its estimate exceeds
 z_{1 - DISPERSION_LEVEL / n} bootstrap standard errors (one-sided, Bonferroni over the items), else the item's demand
 is Poisson: a history of Poisson demand keeps every phi_i = 0 with chance at least 95%."""
+
+
+LIKELIHOOD_MARGIN = 3.0
+"""The hold-out log-likelihood (summed over the hold-out's periods) by which an item's law with its overdispersion must
+beat the same law with phi = 0 for `dispersion_likelihood` to keep phi: a likelihood ratio of e^3, about 20."""
+
+
+def marginal_loglik(demand: np.ndarray, lam: np.ndarray, norms: np.ndarray, overdispersion: np.ndarray) -> np.ndarray:
+    """Each item's log-likelihood of its periods [T, n] under its marginal law, summed over the periods [n]: the rate
+    lam_i exp(|beta_i| z - |beta_i|^2 / 2) with z ~ N(0, 1) the stationary exposure (20 Gauss-Hermite nodes), given it
+    Poisson (phi_i = 0) or the negative binomial of variance rate + phi_i rate^2."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(20)
+    rate = np.maximum(lam * np.exp(norms * nodes[:, None] - 0.5 * norms**2), 1e-300)  # [Q, n]
+    d = demand[:, None, :]  # [T, 1, n]
+    phi = np.broadcast_to(overdispersion, lam.shape)
+    safe = np.where(phi > 0, phi, 1.0)
+    shape, spread = 1.0 / safe, np.log1p(safe * rate)  # r = 1 / phi: lgamma(d + r) - lgamma(r) - lgamma(d + 1) - r log(1 + phi mu)
+    negative_binomial = gammaln(d + shape) - gammaln(shape) - gammaln(d + 1) - shape * spread + d * (np.log(safe * rate) - spread)
+    poisson = d * np.log(rate) - rate - gammaln(d + 1)
+    log_pmf = np.where(phi > 0, negative_binomial, poisson)  # [T, Q, n]
+    return logsumexp(log_pmf + np.log(weights / weights.sum())[:, None], axis=1).sum(axis=0)
+
+
+def dispersion_likelihood(demand: np.ndarray, factors: int) -> dict:
+    """Whether each item's overdispersion earns its place out of sample, and whether the factors do: the model of `factors`
+    fitted on the first 80% of the periods, and the last 20%'s log-likelihood (`marginal_loglik`) with each item's fitted
+    phi_i (`with_phi`), with phi_i = 0 (`poisson`), and of overdispersion alone (`alone`: no loading, phi_i from the item's
+    own mean and variance on the first 80%, `alone_phi`). `keeps` [n]: phi_i beats 0 by more than LIKELIHOOD_MARGIN (a
+    history whose variance the factors took for theirs, as independent heavy-tailed items are, keeps its overdispersion
+    even where its bootstrap test cannot tell phi_i from 0). `factors_worse` [n]: overdispersion alone beats the model by
+    more than LIKELIHOOD_MARGIN + log n (a likelihood ratio of 20 n: about 20 over the n items' comparisons), a flag."""
+    periods, n = demand.shape
+    train = int(round(periods * (1 - HOLDOUT_SHARE)))
+    fitted = fit_moments(demand[:train], factors=factors)
+    norms = np.sqrt((fitted.loadings**2).sum(axis=1))
+    held = demand[train:]
+    with_phi = marginal_loglik(held, fitted.lam, norms, fitted.overdispersion)
+    poisson = marginal_loglik(held, fitted.lam, norms, np.zeros_like(fitted.lam))
+    mean, variance = demand[:train].mean(axis=0), demand[:train].var(axis=0, ddof=1)
+    alone_phi = np.clip(np.divide(variance - mean, mean**2, out=np.zeros(n), where=mean > 0), 0.0, OVERDISPERSION_MAX)
+    alone = marginal_loglik(held, fitted.lam, np.zeros(n), alone_phi)
+    return {
+        "with_phi": with_phi,
+        "poisson": poisson,
+        "alone": alone,
+        "alone_phi": alone_phi,
+        "keeps": (fitted.overdispersion > 0) & (with_phi > poisson + LIKELIHOOD_MARGIN),
+        "factors_worse": alone > np.maximum(with_phi, poisson) + LIKELIHOOD_MARGIN + math.log(n),
+    }
 
 
 def model_variance(lam: np.ndarray, beta: np.ndarray, overdispersion: np.ndarray | None = None) -> np.ndarray:

@@ -17,6 +17,7 @@ from demand.fit_checks import (
     DRIFT_LEVEL,
     HOLDOUT_SHARE,
     INTERVAL,
+    LIKELIHOOD_MARGIN,
     OUTLIER_LEVEL,
     RHO_AT_CAP,
     SEASON_LEVEL,
@@ -124,8 +125,8 @@ def report_numbers(
         "correlation": _heatmap_section(names, model, groups, observed_corr, model_corr),
         "checks": _checks_section(history, checks, periodic),
         "holdout": _holdout_section(holdout, checks.coverage_low),
-        "notes": _notes(names, fitted, model),
-        "flags": [*_check_flags(names, fitted, checks, periodic, holdout), *_input_flags(history, fitted, checks, qbar)],
+        "notes": _notes(names, fitted, model, holdout["dispersion"]),
+        "flags": [*_input_flags(history, fitted, checks, qbar), *_check_flags(names, fitted, checks, periodic, holdout)],
         **_factor_path(history, model, factor),
     }
 
@@ -347,10 +348,13 @@ def _holdout_section(holdout: dict, coverage_low: float) -> dict:
     return {**{key: holdout[key] for key in keys}, "item_coverage_low": coverage_low}
 
 
-def _notes(names: list[str], fitted: Estimate, model: Estimate) -> list[str]:
-    """The report's "notes": an estimator that did not converge, each item's note, and the items of phi = 0 in the instance."""
+def _notes(names: list[str], fitted: Estimate, model: Estimate, likelihood: dict) -> list[str]:
+    """The report's "notes": an estimator that did not converge, each item's note, the items of phi = 0 in the instance, and
+    those whose phi the hold-out's likelihood kept (fit_checks.dispersion_likelihood)."""
     n = len(names)
     dispersed_out = [names[i] for i in np.flatnonzero((fitted.overdispersion > 0) & (model.overdispersion == 0))]
+    kept = np.flatnonzero(likelihood["keeps"] & (model.overdispersion > 0))
+    gains = likelihood["with_phi"] - likelihood["poisson"]
     return [
         *(
             []
@@ -369,13 +373,34 @@ def _notes(names: list[str], fitted: Estimate, model: Estimate) -> list[str]:
             if len(fitted.poisson_items) or dispersed_out
             else []
         ),
+        *(
+            [
+                f"phi kept for {len(kept)} item(s) whose hold-out log-likelihood with it beats Poisson demand by more than "
+                f"{LIKELIHOOD_MARGIN:g} (the model fitted on the first 80% of the periods): "
+                + ", ".join(f"{names[i]} (+{gains[i]:,.1f})" for i in kept[:20])
+            ]
+            if kept.size
+            else []
+        ),
     ]
 
 
 def _check_flags(names: list[str], fitted: Estimate, checks: _CheckOutcomes, periodic: dict, holdout: dict) -> list[str]:
     """The flags of the checks the model fails: statistics off, rho at its cap, drift, a periodic pattern, hold-out coverage."""
     return [
-        *(f"item '{names[i]}': variance off" for i in np.flatnonzero(checks.variance_off)),
+        *(
+            f"item '{names[i]}': variance off: observed {checks.observed_variance[i]:,.4g}, the model's {checks.model_variance[i]:,.4g} "
+            f"(observed / model {checks.observed_variance[i] / checks.model_variance[i]:.2f}; more than {CHECK_SE:g} bootstrap s.e. apart)"
+            for i in np.flatnonzero(checks.variance_off)
+        ),
+        *(
+            f"item '{names[i]}': overdispersion alone (phi {likelihood['alone_phi'][i]:.3g}, no factor) predicts its hold-out better "
+            f"than the model (log-likelihood +{likelihood['alone'][i] - max(likelihood['with_phi'][i], likelihood['poisson'][i]):,.1f}): "
+            f"the factors took its variance for theirs, and the instance's tails are not its own (variance observed / model "
+            f"{checks.observed_variance[i] / checks.model_variance[i]:.2f})"
+            for likelihood in [holdout["dispersion"]]
+            for i in np.flatnonzero(likelihood["factors_worse"])
+        ),
         *(f"item '{names[i]}': lag-1 autocorrelation off" for i in np.flatnonzero(checks.autocorrelation_off)),
         *(["average cross-item correlation off"] if checks.cross_off else []),
         *([f"rho {fitted.rho:.3f} at its cap {RHO_MAX:g}: a trend or a change of level?"] if checks.rho_at_cap else []),

@@ -214,7 +214,8 @@ def model_loadings(fitted: Estimate) -> np.ndarray:
 def varimax(loadings: np.ndarray, iterations: int = 100) -> np.ndarray:
     """The loadings [n, k] rotated to the varimax criterion (Kaiser 1958: most variance of the squared loadings per
     factor, so each item loads mostly on one factor), each column oriented to a non-negative sum. The model is the same
-    under any rotation (F ~ N(0, I) is rotation-invariant); the rotation only makes the factors readable."""
+    under any rotation (F ~ N(0, I) is rotation-invariant); the rotation only makes the factors readable. Each row keeps its
+    norm, held to at most BETA_MAX (a rotation's round-off would put a norm at the cap a few ulps above it)."""
     factors = loadings.shape[1]
     rotation = np.eye(factors)
     if factors > 1 and np.any(loadings):
@@ -227,4 +228,6 @@ def varimax(loadings: np.ndarray, iterations: int = 100) -> np.ndarray:
             if done:
                 break
     rotated = loadings @ rotation
+    norms = np.sqrt((rotated**2).sum(axis=1))
+    rotated *= np.minimum(1.0, BETA_MAX / np.maximum(norms, 1e-300))[:, None]
     return rotated * np.where(rotated.sum(axis=0) >= 0, 1.0, -1.0)

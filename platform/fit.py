@@ -99,7 +99,8 @@ def main() -> None:
         f"rho={rho['estimate']:.3f} ± {rho['se']:.3f} (s.e.), K={instance.K:g}, gamma={instance.gamma:g}; "
         f"report {paths['md']} ({len(report['notes'])} notes, {len(report['flags'])} flags; hold-out coverage of 80% intervals: "
         f"items {100 * report['holdout']['item_coverage']:.1f}%, total {100 * report['holdout']['total_coverage']:.1f}%)"
-        + (f"; {report['checks']['season']['effect']}" if report["checks"]["season"]["effect"] else "")
+        + (f"; first flag: {report['flags'][0]}" if report["flags"] else "")
+        + (f"; {effect}" if (effect := report["checks"]["season"]["effect"]) and effect != report["flags"][0] else "")
     )
 
 

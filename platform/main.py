@@ -16,11 +16,11 @@ import torch
 from cli.output_folders import out_argument, resolve_out
 from cli.scripts import horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_path_size, sample_paths
 from envs.instance import paper_instance
 from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
 from policies.classical import POLICY_NAMES, VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
-from ray_access.session import init_ray
+from ray_access.session import init_ray, stop_ray
 
 
 @ray.remote(num_cpus=1)
@@ -44,11 +44,12 @@ def main() -> None:
     for name in POLICY_NAMES:
         check_run_folder(out / name, EVALUATION, overwrite=args.overwrite, resumable=False)
     instance = paper_instance(args.n, args.seed)
+    check_path_size(instance.n, args.episodes, args.horizon, "--episodes")  # before anything is written or Ray starts
     instance.save(out / "instance.json")
     init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray
     print(f"tuning {len(VARIANTS)} classical policies on n={instance.n} (seed {args.seed}) in parallel Ray tasks ...", flush=True)
     tuned = ray.get([tune_task.remote(instance, name, args.horizon) for name in VARIANTS])
-    ray.shutdown()
+    stop_ray()
 
     tinst = instance.to_torch()
     paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+from scipy.signal import fftconvolve
 from tqdm import tqdm
 
 from envs.instance import Instance
@@ -88,15 +89,14 @@ def order_frequencies(problem, action_value: np.ndarray, schedule: np.ndarray, s
         opens = schedule[t][:, None] + best < w
         result[t] = gamma**t * (law * opens).sum(1)
         target = np.where(opens, np.arange(N)[None, :] + offset, np.arange(N)[None, :])
-        moved = np.zeros_like(law)
-        np.add.at(moved, (np.broadcast_to(rows, target.shape), target), law)
+        moved = np.bincount((rows * N + target).ravel(), weights=law.ravel(), minlength=M * N).reshape(M, N)
         units = moved.reshape(M, N // c, c)  # position index = unit * c + class; a demand of d steps moves the unit down d
-        after = np.zeros_like(units)
-        for d in range(pmf.shape[1]):
-            if d < units.shape[1]:
-                after[:, : units.shape[1] - d] += pmf[:, d, None, None] * units[:, d:]
-            after[:, 0] += pmf[:, d, None] * units[:, :d].sum(1)
-        law = grid.transition.T @ after.reshape(M, N)
+        U, D = units.shape[1], pmf.shape[1]
+        # after[u] = sum_d pmf[d] units[u + d]: a correlation, by FFT (its round-off only steers the search)
+        after = fftconvolve(units, pmf[:, ::-1, None], axes=1)[:, D - 1 : D - 1 + U]
+        below = np.concatenate([np.zeros((M, 1, c)), np.cumsum(units, axis=1)], axis=1)  # [M, U + 1, c]: the first u units' mass
+        after[:, 0] += np.einsum("md,mdc->mc", pmf, below[:, np.minimum(np.arange(D), U)])  # demand below the bottom stays there
+        law = grid.transition.T @ np.clip(after, 0.0, None).reshape(M, N)
     return result
 
 

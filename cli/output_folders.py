@@ -48,11 +48,15 @@ def uri_refusal(text: str) -> str | None:
 
 
 def out_argument(text: str) -> str:
-    """The argparse type of every output flag (--out, --markdown): the text as given, refused when it is empty (it would
-    name the current folder) or a URI."""
+    """The argparse type of every output flag (--out, --markdown): the text as given, refused when it is empty or names the
+    current folder itself (a run's files would mix with whatever is there), or a URI."""
     if not text.strip():
         raise argparse.ArgumentTypeError(
             f"expected a file or folder path, got {text!r} (an empty path would write into the current folder)"
+        )
+    if Path(text).resolve() == Path.cwd().resolve():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is the current folder: a run's files would mix with what it holds; name a folder for them, like runs/NAME"
         )
     if (refusal := uri_refusal(text)) is not None:
         raise argparse.ArgumentTypeError(refusal)

@@ -7,9 +7,11 @@ output folders checked, by plumbing.files."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 
 from cli.output_folders import out_argument
@@ -150,19 +152,48 @@ def interrupt_start_up() -> None:
         signal.signal(sig, _stop_starting)
 
 
+LOG_FRAME_SECONDS = 30.0
+"""Into a log (a stream that is not a terminal) a progress bar's frames go as lines, at most one per this many seconds,
+and its last frame."""
+
+
 class LineTracking:
     """A text stream that passes every write on to `stream` and knows whether its output ends a line: a progress bar
     leaves its last frame after a carriage return, and the line `run_cli` prints then has to start a new one (so that
-    `grep '^error:'` finds it)."""
+    `grep '^error:'` finds it). When `stream` is not a terminal (a log file, `ray job logs`), a bar's frames (writes
+    that start with a carriage return) become lines, the first at once and then at most one per LOG_FRAME_SECONDS, and the
+    frame a bar ends on is written before whatever follows it, instead of ten frames a second on one endless line."""
 
     def __init__(self, stream):
         self.stream = stream
         self.at_line_start = True
+        self.terminal = bool(getattr(stream, "isatty", lambda: False)())
+        self.held: str | None = None
+        self.shown = -math.inf
 
     def write(self, text: str) -> int:
-        if text:
+        if not text:
+            return 0
+        if self.terminal:
             self.at_line_start = text.endswith("\n")
-        return self.stream.write(text)
+            return self.stream.write(text)
+        if text.startswith("\r") and "\n" not in text:  # a bar's frame
+            frame = text.strip()
+            self.held = frame or None
+            if frame and (now := time.monotonic()) - self.shown >= LOG_FRAME_SECONDS:
+                self._emit(frame + "\n")
+                self.held, self.shown = None, now
+            return len(text)
+        if self.held is not None:  # the bar's last frame, then what follows it (the newline that ended the bar)
+            self._emit(self.held + "\n")
+            self.held, text = None, text.removeprefix("\n")
+        if text:
+            self._emit(text)
+        return len(text)
+
+    def _emit(self, text: str) -> None:
+        self.at_line_start = text.endswith("\n")
+        self.stream.write(text)
 
     def __getattr__(self, name: str):
         return getattr(self.stream, name)

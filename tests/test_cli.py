@@ -196,7 +196,7 @@ def test_the_last_line_starts_its_own_line_after_a_progress_bar(kind, capsys, mo
         return main
 
     first = "error: field 'x': expected 1" if kind == "input" else "interrupted"
-    for prefix, expected in (("\revaluate:  40%|####  | 2/5", f"\revaluate:  40%|####  | 2/5\n{first}\n"), ("done\n", f"done\n{first}\n")):
+    for prefix, expected in (("\revaluate:  40%|####  | 2/5", f"evaluate:  40%|####  | 2/5\n{first}\n"), ("done\n", f"done\n{first}\n")):
         monkeypatch.setattr(sys, "stderr", LineTracking(sys.stderr))
         with pytest.raises(SystemExit) as stop:
             run_cli(failing(prefix))
@@ -275,3 +275,26 @@ def test_instance_warns_of_a_cap_below_the_mean_demand(tmp_path):
     (tmp_path / "fine.csv").write_text("h,b,lam,beta,lead,qbar\n1,9,5,0.3,1,20\n")
     fine = run_script("instance.py", "--items", tmp_path / "fine.csv", *flags, "--out", tmp_path / "f.json", check=True)
     assert fine.stderr.strip() == ""
+
+
+def test_progress_frames_become_lines_in_a_log_and_stay_frames_on_a_terminal(monkeypatch):
+    """Into a stream that is not a terminal, a bar's frames (writes starting with a carriage return) become lines: the first
+    at once, then at most one per LOG_FRAME_SECONDS (the clock stubbed), and the frame a bar ends on before the newline that
+    ends it; a cleared bar (spaces) writes nothing. On a terminal every write passes as it is."""
+    import io
+
+    from cli import scripts
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    clock = iter([0.0, 5.0, 10.0, 31.0, 40.0])
+    monkeypatch.setattr(scripts.time, "monotonic", lambda: next(clock))
+    log, terminal = io.StringIO(), Terminal()
+    frames = ["\rbar:  10%", "\rbar:  20%", "\rbar:  30%", "\rbar:  80%", "\rbar: 100%", "\n", "\r     \r", "done\n"]
+    for stream in (scripts.LineTracking(log), scripts.LineTracking(terminal)):
+        for text in frames:
+            stream.write(text)
+    assert log.getvalue() == "bar:  10%\nbar:  80%\nbar: 100%\ndone\n"
+    assert terminal.getvalue() == "".join(frames)

@@ -278,7 +278,12 @@ def load_yaml(text: str, what: str, path) -> Any:
     except YamlFieldError as exc:
         raise InputError(f"{what} '{path}': {exc}") from None
     except yaml.YAMLError as exc:
-        raise InputError(f"{what} '{path}' is not valid YAML: {first_line(exc)}") from None
+        mark = getattr(exc, "problem_mark", None)  # where the parser stopped (1-based in the message), when it knows
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None)
+        raise InputError(
+            f"{what} '{path}' is not valid YAML{where}: {first_line(exc)}" + (f": {problem}" if problem and mark is not None else "")
+        ) from None
     except RecursionError:
         raise InputError(f"{what} '{path}' {NESTED_TOO_DEEPLY}") from None
 

@@ -289,7 +289,7 @@ def _settings(d: dict, evaluation: dict) -> dict[str, Any]:
     """SweepSpec's remaining fields, by name: the instance seed, preset, `evaluation`'s episodes and horizon, and how trials run."""
     return {
         "instance_seed": validate.seed(d["instance_seed"] or 0, _where("instance_seed"), error=SweepError),
-        "preset": d["preset"] or "cpu",
+        "preset": _choice(d["preset"] or "cpu", "preset", list(registry.PRESETS)),
         "episodes": _int(evaluation["episodes"], "evaluation.episodes", 1),
         "horizon": validate.horizon(evaluation["horizon"], _where("evaluation.horizon"), error=SweepError),
         "concurrency": _int(d["concurrency"] if d["concurrency"] is not None else 1, "concurrency", 1),

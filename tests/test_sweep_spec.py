@@ -295,3 +295,9 @@ def test_a_setting_for_a_method_or_size_the_sweep_does_not_run_is_refused(change
     with pytest.raises(SweepError, match=re.escape(message)):
         SweepSpec.from_dict({**MINIMAL, **change})
     SweepSpec.from_dict({**MINIMAL, "overrides": {"hpo": {"learning_rate": 1e-4}}, "baselines": {"milp": [{"sizes": [4]}]}})
+
+
+def test_an_unknown_preset_is_blamed_on_the_preset():
+    """preset: turbo was reported as a fault of 'overrides' (the configs are built with the preset); it is the field 'preset'."""
+    with pytest.raises(SweepError, match=re.escape("sweep field 'preset': expected one of ['paper', 'cpu'], got a string \"turbo\"")):
+        SweepSpec.from_dict({**MINIMAL, "preset": "turbo"})

@@ -25,9 +25,14 @@ def test_integers_are_integers_and_the_message_names_field_range_and_value():
 def test_reals_take_ints_and_floats_but_never_strings_booleans_or_non_finite_numbers():
     assert validate.real(2, "f") == 2.0 and isinstance(validate.real(2, "f"), float)
     assert validate.real(0.0, "f", 0) == 0.0
-    for bad in ("5e-3", True, math.nan, math.inf, -math.inf, 10**400, [1.0]):
+    for bad in ("5e-3", True, [1.0]):
         with pytest.raises(InputError, match="^f: expected a number, got "):
             validate.real(bad, "f")
+    for bad in (math.nan, math.inf, -math.inf):  # the message says what is wrong with them: they are not finite
+        with pytest.raises(InputError, match="^f: expected a finite number, got "):
+            validate.real(bad, "f")
+    with pytest.raises(InputError, match=r"^f: expected a number below 1\.8e\+308 \(a float64\), got 1000"):
+        validate.real(10**400, "f")
     with pytest.raises(InputError, match=r"^f: expected a number in \(0, 1\), got 0$"):
         validate.real(0, "f", 0, 1, low_open=True, high_open=True)
     with pytest.raises(InputError, match=r"^f: expected a number in \(0, 1\), got 1 \(why\)$"):
@@ -122,6 +127,7 @@ def test_a_key_written_twice_is_refused_at_any_depth():
     assert load("a: &x {b: 1}\nc: *x\n") == {"a": {"b": 1}, "c": {"b": 1}}  # an alias is not a second key
 
 
-def test_malformed_yaml_is_one_error():
-    with pytest.raises(InputError, match=r"^config file 'c.yaml' is not valid YAML: "):
-        load("a: [1, 2\n")
+def test_malformed_yaml_is_one_error_with_the_line_it_stopped_at():
+    """The unclosed list of line 1 is found at the colon of the next line (line 2, column 3, 1-based), with the parser's reason."""
+    with pytest.raises(InputError, match=r"^config file 'c.yaml' is not valid YAML \(line 2, column 3\): .*expected ',' or '\]'"):
+        load("a: [1, 2\n b: 3\n")

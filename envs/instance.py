@@ -343,13 +343,9 @@ class Instance:
         loading_columns = [f"loading{j}" for j in range(1, k + 1)]
         model = ({"beta"} if not k else set(loading_columns)) | ({"overdispersion"} & columns)
         expected = (set(ITEM_COLUMNS) - {"beta"}) | model
-        validate.keys(
-            columns,
-            f"item table '{path}' columns (several factors: loading1..loadingk in place of beta; optionally overdispersion)",
-            expected | {"overdispersion"},
-            expected,
-            error=InstanceError,
-        )
+        demand_model_at_fault = bool((model - columns) | (columns - expected - {"overdispersion"}))  # else: say nothing of loadings
+        hint = " (several factors: loading1..loadingk in place of beta; optionally overdispersion)" if demand_model_at_fault else ""
+        validate.keys(columns, f"item table '{path}' columns{hint}", expected | {"overdispersion"}, expected, error=InstanceError)
         if table.num_rows == 0:
             raise InstanceError(f"item table '{path}' has no rows; expected {header} (n >= 1)")
         values = {name: number_column(table, name, path) for name in expected - set(loading_columns)}

@@ -141,3 +141,11 @@ def test_a_file_name_says_its_job_without_its_folder():
     files = [str(p.relative_to(ROOT)) for top in (*LIBRARY, *COMMAND_LINE) for p in (ROOT / top).rglob("*.py")]
     assert shared_names(files) == {}
     assert shared_names([*files, "policies/moment_estimator.py"]) == {"moment_estimator.py": ["demand", "policies"]}
+
+
+def test_the_named_policies_live_among_the_policies():
+    """Policies made by name (a tuned rule, the DP optimum, the lookahead) are made in policies/named_policies.py, which
+    imports no trainer: the resolver and the warm start's teacher (trainers/) call it, they do not hold it."""
+    imports = module_imports("policies")
+    assert "policies.named_policies" in imports and not (ROOT / "trainers" / "named_policies.py").exists()
+    assert outside(imports["policies.named_policies"], ("envs", "policies", "plumbing")) == set()

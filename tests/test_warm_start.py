@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import TINY
 
+import policies.named_policies as named_policies
 import trainers.imitation as imitation
-import trainers.named_policies as named_policies
 import trainers.pathwise as pathwise_module
 import trainers.warm_start as warm_start_module
 from envs.dynamics import initial_state, step

@@ -47,9 +47,9 @@ from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
 from plumbing.errors import InputError
 from policies.dp_optimal import NAME as DP_OPTIMAL
+from policies.named_policies import named_policy
 from policies.names import NAMED_POLICIES, PolicySpec, parse_policy
 from trainers.memory import accumulate
-from trainers.named_policies import named_policy
 from trainers.networks import ThreeNetworks, autocast
 from trainers.streams import exogenous_step
 
@@ -77,7 +77,7 @@ def teacher_policy(
     source: Instance, name: PolicySpec | str, device="cpu", progress: bool = False, threshold: float | None = None
 ) -> tuple[Policy, dict]:
     """Returns (policy, parameters for the record) of the teacher `name` (`is_teacher`; a spec, or a name parsed here) on `source`, as
-    evaluate.py builds it (trainers.named_policies): a classical family tuned on the training paths for the evaluation horizon, or the
+    evaluate.py builds it (policies.named_policies): a classical family tuned on the training paths for the evaluation horizon, or the
     decomposition lookahead in its stationary form (the rollouts outlast any finite table), its threshold `threshold` or tuned when None."""
     return named_policy(source, parse_policy(name), EVAL_HORIZON, device, form="stationary", progress=progress, threshold=threshold)
 

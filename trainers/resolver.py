@@ -1,7 +1,7 @@
 """One resolver of every policy name (policies/names.py): evaluate.py, decide.py, the decision service and the
 sweep's baselines make their policies here.
 
-A named policy is made on the instance it acts on (trainers/named_policies.py) in the `form` the caller needs: the
+A named policy is made on the instance it acts on (policies/named_policies.py) in the `form` the caller needs: the
 evaluator knows the horizon (finite tables); a decision for a state without a period (decide.py, the service) uses
 the stationary tables. checkpoint:PATH is a trained policy of any learned method (trainers.registry).
 """
@@ -15,9 +15,9 @@ from envs.evaluation import EVAL_HORIZON, Policy
 from envs.instance import Instance
 from plumbing.errors import InputError
 from policies.lookahead import FORMS
+from policies.named_policies import named_policy
 from policies.names import PolicySpec, named_label, parse_policy
 from trainers.checkpoint import checkpoint_file, network_of
-from trainers.named_policies import named_policy
 from trainers.policy import MODES, PRECISIONS
 from trainers.registry import load_policy
 

@@ -20,6 +20,7 @@ from envs.instance import FACTORS_MAX, OVERDISPERSION_MAX
 from plumbing import validate
 from plumbing.errors import InputError, Interrupted
 from plumbing.validate import DECIMAL_INTEGER, NUMBER_LITERAL
+from trainers.policy import MODES, PRECISIONS
 
 INTERRUPTED_EXIT = 130
 
@@ -69,6 +70,18 @@ def replicates(text: str) -> int:
     if not 2 <= value <= REPLICATES_MAX:
         raise refused
     return value
+
+
+def learned_policy_flags(parser: argparse.ArgumentParser, which: str) -> None:
+    """--mode and --precision, one help text each for every script that runs a learned policy (`which`: how that script
+    names it, e.g. checkpoint:PATH or --checkpoint); a named policy refuses a precision other than float32."""
+    parser.add_argument("--mode", default="greedy", choices=MODES, help=f"for {which}: greedy or sampled opening (default greedy)")
+    parser.add_argument(
+        "--precision",
+        default="float32",
+        choices=PRECISIONS,
+        help=f"for {which} of or-transformer or hpo: the networks' arithmetic, bfloat16 autocast or float32 (default float32)",
+    )
 
 
 def ray_address(text: str) -> str:

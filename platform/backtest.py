@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from cli.output_folders import out_argument, resolve_out
-from cli.scripts import count, device, positive_int, run_cli, script_parser
+from cli.scripts import count, device, learned_policy_flags, positive_int, run_cli, script_parser
 from demand.factor_filter import causal_factor, describe_filter
 from demand.sales_history import History, history_matrix
 from envs.evaluation import EVAL_HORIZON, Evaluation
@@ -50,7 +50,6 @@ from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, named_label, policy_spec
-from trainers.policy import MODES
 from trainers.resolver import ResolvedPolicy, resolve
 
 VERSION = 1
@@ -140,7 +139,7 @@ def parse_args() -> argparse.Namespace:
         "--policy", required=True, action="append", type=policy_spec, metavar="POLICY", help="policy name (see above); repeat for several"
     )
     parser.add_argument("--window", type=positive_int, default=EVAL_HORIZON, help=f"periods per window (episode) (default {EVAL_HORIZON})")
-    parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
+    learned_policy_flags(parser, "checkpoint:PATH")
     parser.add_argument(
         "--lookahead-form", choices=FORMS, help="for decomposition-lookahead: stationary tables (default) or finite ones for --window"
     )
@@ -180,7 +179,7 @@ def resolve_policies(backtest: Backtest) -> tuple[dict[int, ResolvedPolicy], dic
     """Each policy (by its index in --policy) resolved, and its folder under --out, every folder checked before any tuning."""
     args, form = backtest.args, backtest.form
     resolved = {  # checkpoints first: they load in seconds, and their labels name their folders
-        k: resolve(name, backtest.instance, args.window, args.mode, form, args.device, progress=True)
+        k: resolve(name, backtest.instance, args.window, args.mode, form, args.device, progress=True, precision=args.precision)
         for k, name in enumerate(args.policy)
         if name.learned
     }

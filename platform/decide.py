@@ -27,14 +27,13 @@ import json
 import sys
 import time
 
-from cli.scripts import device, run_cli, script_parser
+from cli.scripts import device, learned_policy_flags, run_cli, script_parser
 from envs.instance import Instance
 from plumbing.errors import InputError
 from plumbing.files import input_file, read_file
 from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
 from serving.decisions import load_decider, read_states
 from trainers.checkpoint import checkpoint_file
-from trainers.policy import MODES
 
 
 def main() -> None:
@@ -49,7 +48,7 @@ def main() -> None:
     )
     parser.add_argument("--state", required=True, help="state JSON (one object or a list)")
     parser.add_argument("--instance", help="instance JSON (default: the checkpoint's)")
-    parser.add_argument("--mode", default="greedy", choices=MODES, help="for --checkpoint: greedy or sampled opening (default greedy)")
+    learned_policy_flags(parser, "--checkpoint")
     parser.add_argument("--device", default="cpu", type=device, help="torch device: cpu, cuda or cuda:K (default cpu)")
     args = parser.parse_args()
     if args.checkpoint is not None:
@@ -63,7 +62,7 @@ def main() -> None:
     where = f"state file '{args.state}'"
     if args.policy is not None:  # checked before the policy is tuned or solved
         read_states(data, instance, where)
-    decider = load_decider(policy, instance, args.mode, args.device, progress=args.policy is not None)
+    decider = load_decider(policy, instance, args.mode, args.device, progress=args.policy is not None, precision=args.precision)
     state = read_states(data, decider.instance, where)
     decider.decide(state)  # warm-up
     start = time.perf_counter()

@@ -21,7 +21,7 @@ checkpoint:PATH) or inside another run's folder (a bound's equal-shares/, a back
 import textwrap
 
 from cli.output_folders import resolve_out
-from cli.scripts import device, held_out_flags, run_cli, script_parser
+from cli.scripts import device, held_out_flags, learned_policy_flags, run_cli, script_parser
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
@@ -30,7 +30,6 @@ from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, policy_spec
-from trainers.policy import MODES, PRECISIONS
 from trainers.resolver import resolve
 
 
@@ -39,13 +38,7 @@ def main() -> None:
     parser = script_parser(__doc__.format(rules=rules))
     parser.add_argument("--instance", required=True, help="instance JSON file")
     parser.add_argument("--policy", required=True, type=policy_spec, metavar="POLICY", help="policy name (see above)")
-    parser.add_argument("--mode", default="greedy", choices=MODES, help="for checkpoint:PATH: greedy or sampled opening (default greedy)")
-    parser.add_argument(
-        "--precision",
-        default="float32",
-        choices=PRECISIONS,
-        help="for checkpoint:PATH of or-transformer or hpo: the networks' arithmetic, bfloat16 autocast or float32 (default float32)",
-    )
+    learned_policy_flags(parser, "checkpoint:PATH")
     parser.add_argument(
         "--lookahead-form",
         choices=FORMS,

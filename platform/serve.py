@@ -20,12 +20,11 @@ import os
 import socket
 import time
 
-from cli.scripts import non_negative_real, port, positive_int, ray_address, run_cli, script_parser
+from cli.scripts import learned_policy_flags, non_negative_real, port, positive_int, ray_address, run_cli, script_parser
 from plumbing.errors import InputError
 from plumbing.files import input_file
 from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
 from trainers.checkpoint import checkpoint_file
-from trainers.policy import MODES, PRECISIONS
 
 APP_NAME = "decisions"
 
@@ -46,13 +45,7 @@ def parse_args() -> argparse.Namespace:
     which.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
     which.add_argument("--policy", type=policy_spec, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
     parser.add_argument("--instance", help="instance JSON: required with --policy NAME; with a checkpoint, another instance than its own")
-    parser.add_argument("--mode", default="greedy", choices=MODES, help="a learned policy's opening (default greedy)")
-    parser.add_argument(
-        "--precision",
-        default="float32",
-        choices=PRECISIONS,
-        help="an or-transformer or hpo checkpoint's arithmetic: bfloat16 autocast or float32 (default float32)",
-    )
+    learned_policy_flags(parser, "--checkpoint or checkpoint:PATH")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=port, default=8000, help="HTTP port (default 8000)")
     parser.add_argument("--replicas", type=positive_int, default=1, help="Serve replicas (default 1)")

@@ -355,10 +355,10 @@ class PathwiseTrainer:
         self.update = 0
         self.warm_start_record: dict[str, Any] | None = None
         """What the warm start did (teacher, final losses, seconds), once it is done; part of the checkpoint."""
-        self.imitation: Callable[[], dict[str, Any]] | None = None
+        self.imitation: dict[str, Any] | None = None
         """A warm start under way (from a checkpoint, or after an imitation update but the last): its checkpoint
         state (imitation updates done, the imitation optimizer, the rollouts' next state and stream, the
-        teacher's parameters, seconds)."""
+        teacher's parameters, seconds), written by trainers.warm_start."""
         if config.checkpoint_activations:
             self.model.quantity_net.encoder.checkpoint_blocks = True
         self.memory = self._memory_plan()
@@ -530,7 +530,7 @@ class PathwiseTrainer:
             "stream_rng": self.stream.generator.get_state(),
             "open_rng": self.generator.get_state(),
             "warm_start": self.warm_start_record,
-            **({"imitation": self.imitation()} if self.imitation else {}),
+            **({"imitation": self.imitation} if self.imitation else {}),
             **({"validation": self.validation.state()} if self.validation else {}),
             **({"anchor": self.anchor.state_dict()} if self.anchor is not None else {}),
         }
@@ -550,8 +550,7 @@ class PathwiseTrainer:
         self.stream.generator.set_state(data["stream_rng"])
         self.generator.set_state(data["open_rng"])
         self.warm_start_record = data.get("warm_start")  # absent from checkpoints older than the warm start
-        imitation = data.get("imitation")  # a warm start under way
-        self.imitation = (lambda: imitation) if imitation else None
+        self.imitation = data.get("imitation") or None  # a warm start under way
         if self.validation is not None and data.get("validation"):  # absent from checkpoints older than validation
             self.validation.load_state(data["validation"])
         self.anchor = self._anchor_network(data["anchor"]) if data.get("anchor") else None

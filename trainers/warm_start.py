@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -22,10 +23,13 @@ from tqdm.auto import tqdm
 from envs.dynamics import State, initial_state
 from envs.evaluation import Policy
 from envs.exogenous import FactorDemandStream
-from envs.instance import Instance
+from envs.instance import Instance, TensorInstance
 from policies.classical import policy_from_parameters
 from trainers.collectives import all_gather_rows, global_sum, rank_and_world
 from trainers.imitation import Frontier, StudentMix, TeacherRollouts, imitation_losses, replay_clock, teacher_policy
+from trainers.memory import MemoryPlan
+from trainers.networks import ThreeNetworks
+from trainers.pathwise_config import TrainConfig
 from trainers.policy import LearnedPolicy
 from trainers.streams import TEACHER_STREAM, stream_seed
 
@@ -34,8 +38,28 @@ TEACHER_WAIT = timedelta(hours=24)
 at n = 1,024 takes far longer than a process group's default timeout)."""
 
 
+class Imitating(Protocol):
+    """What the warm start reads and writes of its trainer (trainers.pathwise.PathwiseTrainer, which calls it): its config,
+    tensors and network, this rank's rows, its memory plan, the warm start under way (`imitation`, the plain checkpoint state
+    this module writes after each imitation update but the last) and its record once done."""
+
+    config: TrainConfig
+    instance: TensorInstance
+    model: ThreeNetworks
+    rows: slice
+    memory: MemoryPlan
+    imitation: dict[str, Any] | None
+    warm_start_record: dict[str, Any] | None
+
+    def warm_start_due(self) -> bool: ...
+
+    def update_settings(self) -> AbstractContextManager: ...
+
+    def gradient_step(self, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]: ...
+
+
 def warm_start(
-    trainer, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
+    trainer: Imitating, source: Instance, progress: bool = False, after_update: Callable[[int], bool] | None = None
 ) -> dict[str, Any] | None:
     """Runs the warm start (module docstring) of `trainer` (a trainers.pathwise.PathwiseTrainer) on `source`, the instance its tensors come
     from (the teacher is built on it), from its start or from the imitation update a checkpoint holds; every rank calls it (collectives).
@@ -48,7 +72,7 @@ def warm_start(
             f"no warm start is due: config fields 'imitation_updates' {config.imitation_updates} and "
             f"'imitation_dagger_updates' {config.imitation_dagger_updates}, done: {trainer.warm_start_record is not None}"
         )
-    resumed = trainer.imitation() if trainer.imitation else None
+    resumed = trainer.imitation
     started = time.perf_counter()
     teacher, parameters = build_teacher(trainer, source, resumed["teacher_parameters"] if resumed else None, progress)
     tuning_seconds = time.perf_counter() - started + (resumed["tuning_seconds"] if resumed else 0.0)
@@ -81,24 +105,20 @@ def warm_start(
             trainer.gradient_step(optimizer)
             bar.update(1)
             if update + 1 < total and after_update is not None:
-
-                def progress_state(done: int = update + 1) -> dict[str, Any]:
-                    frontier = rollouts.frontier()
-                    return {
-                        "updates_done": done,
-                        "optimizer": optimizer.state_dict(),
-                        "rollout_state": {
-                            "inv": all_gather_rows(frontier.state.inv),
-                            "pipe": all_gather_rows(frontier.state.pipe),
-                            "factor": frontier.factor,
-                        },
-                        "rng": frontier.rng,
-                        "teacher_parameters": parameters,
-                        "tuning_seconds": tuning_seconds,
-                        "seconds": earlier_seconds + time.perf_counter() - started,
-                    }
-
-                trainer.imitation = progress_state
+                frontier = rollouts.frontier()  # every rank gathers the rows together, whether or not a checkpoint follows
+                trainer.imitation = {
+                    "updates_done": update + 1,
+                    "optimizer": optimizer.state_dict(),
+                    "rollout_state": {
+                        "inv": all_gather_rows(frontier.state.inv),
+                        "pipe": all_gather_rows(frontier.state.pipe),
+                        "factor": frontier.factor,
+                    },
+                    "rng": frontier.rng,
+                    "teacher_parameters": parameters,
+                    "tuning_seconds": tuning_seconds,
+                    "seconds": earlier_seconds + time.perf_counter() - started,
+                }
                 if after_update(update + 1):
                     return None
     trainer.imitation = None
@@ -119,7 +139,7 @@ def warm_start(
     return trainer.warm_start_record
 
 
-def build_teacher(trainer, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
+def build_teacher(trainer: Imitating, source: Instance, parameters: dict[str, Any] | None, progress: bool) -> tuple[Policy, dict[str, Any]]:
     """Returns the teacher on `source` and its parameters, built by rank 0 alone while the other ranks wait (up to TEACHER_WAIT, on a gloo
     group of their own): for a classical family they make the rule from its parameters (policies.classical.policy_from_parameters), for
     the lookahead they receive rank 0's policy with its tables. A resumed warm start (`parameters`) is not tuned again: a classical rule is

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import ray
 import torch
 import torch.nn.functional as F
 from ray.rllib.algorithms.ppo import PPO, PPOConfig
@@ -38,6 +40,7 @@ from ray.tune.registry import register_env
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, flat_features
 from envs.gym_env import JRPVectorEnv, jrp_spaces
 from envs.instance import Instance
+from plumbing.errors import InputError
 from ray_access.private import logging_to
 from ray_access.session import init_ray
 from trainers.checkpoint import CheckpointError
@@ -298,6 +301,23 @@ def algorithm_config(config: PPOTrainConfig, instance: Instance) -> PPOConfig:
     )
 
 
+def check_resources(config: PPOTrainConfig, resources: dict[str, float], where: str) -> None:
+    """Raises InputError when the remote env runners and learners need more CPUs (one each) or GPUs (gpus_per_learner each)
+    than `resources` (a Ray cluster's totals, or this machine's for the embedded Ray) hold: Ray would wait for them for ever."""
+    cpus = config.env_runners + config.learners
+    gpus = config.learners * config.gpus_per_learner
+    if cpus > resources.get("CPU", 0):
+        raise InputError(
+            f"config fields 'env_runners' {config.env_runners} and 'learners' {config.learners} need {cpus} CPUs (one each), "
+            f"{where} has {resources.get('CPU', 0):g}: lower them (0 samples and learns in the driver), or use a larger cluster"
+        )
+    if gpus > resources.get("GPU", 0):
+        raise InputError(
+            f"config field 'gpus_per_learner' {config.gpus_per_learner:g} x 'learners' {config.learners} needs {gpus:g} GPUs, "
+            f"{where} has {resources.get('GPU', 0):g}"
+        )
+
+
 def build_algorithm(config: PPOTrainConfig, instance: Instance, logdir: str) -> PPO:
     """A PPO algorithm for `instance` whose logs (result.json, progress.csv, TensorBoard) go to `logdir`."""
     register_env(ENV_ID, make_env)
@@ -372,7 +392,10 @@ class PPORun(MethodRun):
             raise CheckpointError(
                 f"RLlib checkpoint '{restored}' of the checkpoint's update {self.update} is missing: start anew with --overwrite"
             )
+        if not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):  # the embedded Ray this starts: refuse before it starts
+            check_resources(self.config, {"CPU": os.cpu_count() or 1, "GPU": torch.cuda.device_count()}, "this machine")
         init_ray(1)
+        check_resources(self.config, ray.cluster_resources(), "the Ray cluster")
         self.threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the driver's one thread, as `python bench/rllib.py` measures the registry's throughputs
         torch.manual_seed(self.config.seed)

@@ -61,12 +61,15 @@ ONE_SIDED_95 = 1.6449
 """The standard normal's 95% quantile: a policy's expected cost lies below its mean + this x s.e. with 95% confidence."""
 
 
-def tightest_bound(split_value: float, schedule: dict | None) -> dict:
-    """A decomposition run's tightest figure on its factor grid, named: the schedule search's value (its summary) where it ran
-    and gained, else the constant split's DP value."""
-    if schedule is not None and schedule["value"] > split_value:
-        return {"value": float(schedule["value"]), "relaxation": SCHEDULE}
-    return {"value": float(split_value), "relaxation": CONSTANT_SPLIT}
+def tightest_bound(split_value: float, schedule: dict | None, exact: dict | None = None) -> dict:
+    """A decomposition run's tightest figure on its factor grid, named: the joint optimum with the caps raised where it was
+    solved (two items), else the schedule search's value (its summary) where it ran and gained, else the constant split's DP
+    value."""
+    found = {"value": float(split_value), "relaxation": CONSTANT_SPLIT}
+    for figure, name in ((schedule, SCHEDULE), (exact, EXACT_OPTIMUM)):
+        if figure is not None and figure.get("value") is not None and figure["value"] > found["value"]:
+            found = {"value": float(figure["value"]), "relaxation": name}
+    return found
 
 
 def run_tightest_bound(summary: dict) -> dict:

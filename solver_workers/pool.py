@@ -35,7 +35,7 @@ from plumbing import validate
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text, read_text
 from plumbing.validate import differences
-from policies import dp_optimal, lookahead, share_schedule
+from policies import dp_optimal, joint_dp, lookahead, share_schedule
 from policies.decomposition import SCHEDULE, DecompositionOptions, item_figures, item_values, search_split
 from ray_access.session import this_node
 from solver_workers.backends import SolverOptions
@@ -102,7 +102,7 @@ def episode_key(record: dict) -> int:
 
 def split_key(record: dict) -> tuple[str, int, int]:
     """A decomposition record: ('grid', round, item) for an item's values on a round's shares, ('item', -1, item) for its figures,
-    ('schedule', -1, -1) for the schedule search's outcome."""
+    ('schedule', -1, -1) for the schedule search's outcome, ('exact', -1, -1) for the joint optimum of two items."""
     return record["phase"], record["round"], record["item"]
 
 
@@ -203,6 +203,16 @@ class SolverWorker:
         tables: str | None = None,
     ) -> dict:
         return {"phase": "item", "round": -1, **item_figures(instance, item, shares, horizon, paths, options, known, tables), **self.where}
+
+    def joint_optimum(self, instance: Instance, horizon: int, options: DecompositionOptions) -> dict:
+        """The joint DP's value with the caps raised (policies/joint_dp.py) on the bound's factor grid, or why it was not run."""
+        start = time.perf_counter()
+        record = {"phase": "exact", "round": -1, "item": -1}
+        try:
+            solution = joint_dp.solve(instance, horizon, "raised", options.factor_points, options.factor_width, tables=False)
+        except InputError as exc:  # several factors, or a joint lattice too large for this worker's memory
+            return record | {"value": None, "not_run": str(exc), **self.where}
+        return record | {"value": solution.expected_cost, "states": solution.states, "seconds": time.perf_counter() - start, **self.where}
 
     def schedule_item(self, instance: Instance, item: int, schedule: np.ndarray, horizon: int, options: DecompositionOptions) -> dict:
         """The item's value and order frequencies under its setup-cost schedule [T_dec, M] (policies/share_schedule.py)."""
@@ -370,6 +380,10 @@ def run_decomposition(
     summary = search.summary(options.tolerance)
     if options.schedule_rounds:
         summary["schedule"] = run_schedule(instance, horizon, search.split.shares, options, pool, journal)
+    if 2 <= n <= joint_dp.SWEEP_ITEMS:  # the exact optimum itself, where its joint lattice fits
+        if ("exact", -1, -1) not in journal:
+            pool.run([("joint_optimum", (ref, horizon, options))], store, 1, 0, "exact optimum")
+        summary["exact"] = {k: v for k, v in journal.records[("exact", -1, -1)].items() if k not in ("phase", "round", "item")}
     return [journal.records[("item", -1, i)] for i in range(n)], summary
 
 

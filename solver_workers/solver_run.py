@@ -269,7 +269,7 @@ def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal
             **extra("best"),
             "search": split,
             "equal_shares": {k: figures["equal"][k] for k in EQUAL_SHARES_FIGURES},
-            "tightest_bound": tightest_bound(figures["best"]["value"], split.get("schedule")),
+            "tightest_bound": tightest_bound(figures["best"]["value"], split.get("schedule"), split.get("exact")),
         },
         instance=instance,
         tables={"split.parquet": table},

@@ -329,8 +329,13 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     alone = search_schedule(inst, 8, np.array(split["best_share"]), options)
     assert schedule["value"] == pytest.approx(alone.value, rel=1e-9) and schedule["rounds"] == len(alone.values)
     assert schedule["constant_split_value"] == pytest.approx(summary["dp_value"], rel=1e-9)
-    assert schedule["gain"] > 0.005  # about 1.1% here: the report names the schedule's figure
-    assert summary["tightest_bound"] == {"value": schedule["value"], "relaxation": "shares by period and factor"}
+    assert schedule["gain"] > 0.005  # about 1.1% here
+    # two items: the joint optimum with the caps raised, on the same grid, is solved too, and it is the tightest
+    from policies import joint_dp
+
+    exact = joint_dp.solve(inst, 8, "raised", 7, options.factor_width, tables=False).expected_cost
+    assert summary["search"]["exact"]["value"] == pytest.approx(exact, rel=1e-12) and exact >= schedule["value"] - 1e-9
+    assert summary["tightest_bound"] == {"value": summary["search"]["exact"]["value"], "relaxation": "exact optimum"}
     lines = (out / "split.jsonl").read_text().splitlines()
     again = run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]
@@ -375,3 +380,15 @@ def test_each_item_of_three_signed_factors_is_the_one_factor_item_at_its_exposur
         np.testing.assert_allclose(ours["costs"], theirs["costs"], rtol=1e-6)
     poisson = dataclasses.replace(one, overdispersion=None)
     assert item_values(poisson, 0, setups, 8, 5, TINY)[0] < item_values(one, 0, setups, 8, 5, TINY)[0]  # phi_0 = 0.4 counts
+
+
+def test_the_tightest_bound_is_the_highest_figure_the_run_holds_named():
+    """The constant split alone; a schedule that gained; the joint optimum of two items above both; a joint optimum that was
+    not run (its reason recorded, no value) leaves the schedule's figure; a schedule below the split does not count."""
+    from policies.decomposition import tightest_bound
+
+    assert tightest_bound(100.0, None) == {"value": 100.0, "relaxation": "constant split"}
+    assert tightest_bound(100.0, {"value": 101.0}) == {"value": 101.0, "relaxation": "shares by period and factor"}
+    assert tightest_bound(100.0, {"value": 101.0}, {"value": 103.0}) == {"value": 103.0, "relaxation": "exact optimum"}
+    assert tightest_bound(100.0, {"value": 101.0}, {"value": None, "not_run": "too large"})["relaxation"] == "shares by period and factor"
+    assert tightest_bound(100.0, {"value": 99.0}) == {"value": 100.0, "relaxation": "constant split"}

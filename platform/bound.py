@@ -13,8 +13,9 @@ DIR/bounds.jsonl, identity: the instance's content hash, --seed, --horizon, --so
 
 --kind decomposition: the joint setup cost K split into per-item shares, each item solved exactly by
 the n = 1 dynamic program, at the best split (to --tolerance) and at equal shares K/n (in
-DIR/equal-shares). summary.json holds the DP's value (dp_value), its grid-converged estimate and the
-conservative figure; costs.parquet the relaxed policies' simulated cost per episode (for paired
+DIR/equal-shares), then shares by period and factor searched from the best split (--schedule-rounds) and, at two
+items, the joint optimum itself. summary.json holds the DP's value (dp_value), its grid-converged estimate, the
+conservative figure and the tightest figure, named (tightest_bound); costs.parquet the relaxed policies' simulated cost per episode (for paired
 comparisons); split.parquet every item's share, values and order counts. Journal: DIR/split.jsonl,
 identity: the instance's content hash, --seed, --horizon, --episodes and the grid settings. With k factors and
 overdispersion each item's DP is over its own exposure u_i,t with |beta_i| and its phi_i (policies/decomposition.py),

@@ -15,8 +15,8 @@ DIR/bounds.jsonl, identity: the instance's content hash, --seed, --horizon, --so
 the n = 1 dynamic program, at the best split (to --tolerance) and at equal shares K/n (in
 DIR/equal-shares), then shares by period and factor searched from the best split (--schedule-rounds) and, at two
 items, the joint optimum itself. summary.json holds the DP's value (dp_value), its grid-converged estimate, the
-conservative figure and the tightest figure, named (tightest_bound); costs.parquet the relaxed policies' simulated cost per episode (for paired
-comparisons); split.parquet every item's share, values and order counts. Journal: DIR/split.jsonl,
+conservative figure and the tightest figure, named (tightest_bound); costs.parquet the relaxed policies'
+simulated cost per episode (for paired comparisons); split.parquet every item's share, values and order counts. Journal: DIR/split.jsonl,
 identity: the instance's content hash, --seed, --horizon, --episodes and the grid settings. With k factors and
 overdispersion each item's DP is over its own exposure u_i,t with |beta_i| and its phi_i (policies/decomposition.py),
 and its relaxed policy runs on its exposure path. docs/methods.md says what each figure is and how far it can be trusted.

@@ -31,7 +31,7 @@ def named_policy(
     lookahead's: finite-horizon tables for `horizon` steps or the stationary ones, and its c (None: tuned)."""
     if threshold is not None and not spec.lookahead:
         raise ValueError(f"threshold: the lookahead's c, given for policy {spec.name!r}")
-    if spec.kind == "dp":
+    if spec.optimum:
         return optimal_policy(instance, horizon, device, progress=progress)
     if spec.lookahead:
         return lookahead_policy(instance, horizon, device, form=form, bound=spec.path, threshold=threshold, progress=progress)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from enum import StrEnum
 
 from plumbing.errors import InputError
 from policies.classical import POLICY_NAMES
@@ -29,23 +30,36 @@ ALLOWED = f"one of {list(NAMED_POLICIES)}, {CHECKPOINT_PREFIX}PATH or {TABLES_PR
 """The allowed values, as an error message says them."""
 
 
+class PolicyKind(StrEnum):
+    """The kinds of policy a name can mean: a tuned classical rule or classical-best, the DP optimum (n <= 3), the
+    decomposition lookahead, a learned policy's checkpoint."""
+
+    RULE = "rule"
+    DP = "dp"
+    LOOKAHEAD = "lookahead"
+    CHECKPOINT = "checkpoint"
+
+
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy name parsed (`parse_policy`): its `kind`, "rule" (a tuned classical rule or classical-best), "dp" (the
-    n = 1 optimum), "lookahead" or "checkpoint" (a learned policy), and, for checkpoint:PATH and
-    decomposition-lookahead:DIR, the `path` it reads; `name` is the text as given, which results and messages show."""
+    """A policy name parsed (`parse_policy`): its `kind` and, for checkpoint:PATH and decomposition-lookahead:DIR, the
+    `path` it reads; `name` is the text as given, which results and messages show."""
 
     name: str
-    kind: str
+    kind: PolicyKind
     path: str | None = None
 
     @property
     def learned(self) -> bool:
-        return self.kind == "checkpoint"
+        return self.kind is PolicyKind.CHECKPOINT
 
     @property
     def lookahead(self) -> bool:
-        return self.kind == "lookahead"
+        return self.kind is PolicyKind.LOOKAHEAD
+
+    @property
+    def optimum(self) -> bool:
+        return self.kind is PolicyKind.DP
 
     def __str__(self) -> str:
         return self.name
@@ -57,10 +71,10 @@ def parse_policy(text, where: str = "policy", shown=repr) -> PolicySpec:
     if isinstance(text, PolicySpec):
         return text
     if isinstance(text, str):
-        for prefix, kind in ((CHECKPOINT_PREFIX, "checkpoint"), (TABLES_PREFIX, "lookahead")):
+        for prefix, kind in ((CHECKPOINT_PREFIX, PolicyKind.CHECKPOINT), (TABLES_PREFIX, PolicyKind.LOOKAHEAD)):
             if text.startswith(prefix) and len(text) > len(prefix):
                 return PolicySpec(text, kind, text[len(prefix) :])
-        named = {LOOKAHEAD: "lookahead", DP_OPTIMAL: "dp"} | dict.fromkeys(POLICY_NAMES, "rule")
+        named = {LOOKAHEAD: PolicyKind.LOOKAHEAD, DP_OPTIMAL: PolicyKind.DP} | dict.fromkeys(POLICY_NAMES, PolicyKind.RULE)
         if text in named:
             return PolicySpec(text, named[text])
     raise InputError(f"{where}: expected {ALLOWED}, got {shown(text)}")

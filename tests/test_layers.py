@@ -149,3 +149,19 @@ def test_the_named_policies_live_among_the_policies():
     imports = module_imports("policies")
     assert "policies.named_policies" in imports and not (ROOT / "trainers" / "named_policies.py").exists()
     assert outside(imports["policies.named_policies"], ("envs", "policies", "plumbing")) == set()
+
+
+def test_a_policy_s_kind_is_compared_as_its_type_not_as_text():
+    """PolicySpec.kind is a policies.names.PolicyKind: no module compares a kind with its text ("dp", "rule", "lookahead",
+    "checkpoint"), which a renamed kind would silently stop matching."""
+    import re
+
+    pattern = re.compile(r"""kind\s*[!=]=\s*["'](dp|rule|lookahead|checkpoint)["']""")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for package in (*LIBRARY, "platform", "bench")
+        for path in (ROOT / package).glob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []

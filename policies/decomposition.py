@@ -56,7 +56,7 @@ CONSTANT_SPLIT = "constant split"
 SCHEDULE = "shares by period and factor"
 EXACT_OPTIMUM = "exact optimum"
 """The names under which the reports give each relaxation's figure: the best split's DP value, the schedule search's
-(policies/share_schedule.py) and, at n <= 3, the joint DP's with the caps raised (policies/joint_dp.py)."""
+(policies/share_schedule.py) and, at two items, the joint DP's with the caps raised (policies/joint_dp.py)."""
 ONE_SIDED_95 = 1.6449
 """The standard normal's 95% quantile: a policy's expected cost lies below its mean + this x s.e. with 95% confidence."""
 

@@ -140,9 +140,9 @@ TIGHTEST_HEADER = "tightest lower bound (relaxation)"
 ABOVE_TIGHTEST = "above it: mean / bound - 1 (one-sided 95%)"
 TIGHTEST_NOTE = (
     "The tightest lower bound is the highest of the decomposition run's figures on its factor chain (the constant split's DP "
-    "value, or the shares by period and factor) and, where dp-optimal runs, the exact optimum (its caps raised where they "
-    "are fractional); the policy's distance to the optimum on that chain is at most its distance above the bound, and at most "
-    "the one-sided 95% figure with 95% confidence (its mean + 1.645 s.e.)."
+    "value, the shares by period and factor, at two items the joint optimum) and, where dp-optimal runs, the exact optimum "
+    "(its caps raised where they are fractional); the policy's distance to the optimum on that chain is at most its distance "
+    "above the bound, and at most the one-sided 95% figure with 95% confidence (its mean + 1.645 s.e.)."
 )
 BEST_POLICY = "best policy"
 AGAINST_CLASSICAL_BEST = "- classical-best (95% CI of each seed)"

@@ -13,8 +13,8 @@ DIR/bounds.jsonl, identity: the instance's content hash, --seed, --horizon, --so
 
 --kind decomposition: the joint setup cost K split into per-item shares, each item solved exactly by
 the n = 1 dynamic program, at the best split (to --tolerance) and at equal shares K/n (in
-DIR/equal-shares), then shares by period and factor searched from the best split (--schedule-rounds) and, at two
-items, the joint optimum itself. summary.json holds the DP's value (dp_value), its grid-converged estimate, the
+DIR/equal-shares), with --schedule-rounds R shares by period and factor searched from the best split for up to R rounds,
+and at two items the joint optimum itself. summary.json holds the DP's value (dp_value), its grid-converged estimate, the
 conservative figure and the tightest figure, named (tightest_bound); costs.parquet the relaxed policies'
 simulated cost per episode (for paired comparisons); split.parquet every item's share, values and order counts. Journal: DIR/split.jsonl,
 identity: the instance's content hash, --seed, --horizon, --episodes and the grid settings. With k factors and
@@ -35,7 +35,7 @@ from envs.exogenous import check_cost_range
 from envs.instance import Instance
 from plumbing.errors import InputError
 from policies import lookahead
-from policies.decomposition import DecompositionOptions, certificate_note, check_items, tightest_text
+from policies.decomposition import SCHEDULE_ROUNDS, DecompositionOptions, certificate_note, check_items, tightest_text
 from policies.dp_optimal import LONG_SOLVE
 from ray_access.session import init_ray, stop_ray
 from solver_workers.backends import SOLVERS, SolverOptions
@@ -95,7 +95,9 @@ def main() -> None:
     split.add_argument(
         "--schedule-rounds",
         type=non_negative_int,
-        help=f"rounds of the search over shares by period and factor, from the best split; 0: none (default {DEFAULTS.schedule_rounds})",
+        help=f"rounds of the search over shares by period and factor from the best split, e.g. {SCHEDULE_ROUNDS}; 0: none "
+        f"(default {DEFAULTS.schedule_rounds}: it tightens the paper's bounds by 0.2-0.6%% at about the split's own time, "
+        "far more at retail volumes)",
     )
     held_out_flags(parser, solver_pool=True)
     args = parser.parse_args()

@@ -309,7 +309,7 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     from solver_workers.solver_run import EQUAL_SHARES, SolverRun, decomposition_journal, run_decomposition_bound
 
     inst = Instance(h=[1.0, 0.7], b=[9.0, 6.0], lam=[2.0, 3.0], beta=[0.3, 0.5], lead=[1, 2], qbar=[8.0, 12.0], K=6.0, gamma=0.95, rho=0.8)
-    options = DecompositionOptions(factor_points=7, coarse_points=4, schedule_rounds=30)
+    options = DecompositionOptions(factor_points=7, coarse_points=4, schedule_rounds=6)
     out = tmp_path / "run"
     run = SolverRun(out, seed=3, episodes=5, horizon=8, workers=2)
     summary = run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
@@ -329,7 +329,7 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     alone = search_schedule(inst, 8, np.array(split["best_share"]), options)
     assert schedule["value"] == pytest.approx(alone.value, rel=1e-9) and schedule["rounds"] == len(alone.values)
     assert schedule["constant_split_value"] == pytest.approx(summary["dp_value"], rel=1e-9)
-    assert schedule["gain"] > 0.005  # about 1.1% here
+    assert schedule["gain"] > 0.005  # 0.94% after 6 rounds here
     # two items: the joint optimum with the caps raised, on the same grid, is solved too, and it is the tightest
     from policies import joint_dp
 
@@ -341,7 +341,7 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     assert (out / "split.jsonl").read_text().splitlines() == lines and again["dp_value"] == summary["dp_value"]
     assert again["tightest_bound"] == summary["tightest_bound"]  # the schedule search as journalled
     with pytest.raises(InputError, match="coarse_points 4 there, 5 here"):
-        decomposition_journal(run, inst, DecompositionOptions(factor_points=7, coarse_points=5, schedule_rounds=30))
+        decomposition_journal(run, inst, DecompositionOptions(factor_points=7, coarse_points=5, schedule_rounds=6))
 
 
 # ---- several factors and overdispersion ---------------------------------------------------------------

@@ -666,7 +666,7 @@ def test_one_cell_that_drives_an_item_is_flagged_with_the_total_coverage_and_a_p
     assert control["checks"]["overdispersion_at_cap"] == []
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.slow), 1, pytest.param(2, marks=pytest.mark.slow)])
 def test_heavy_tailed_items_without_a_factor_are_never_fitted_as_poisson_without_a_flag(tmp_path, seed, monkeypatch):
     """Four items of independent negative-binomial demand (phi = 100, no common factor, 365 periods, means 2-10): the
     factors take their variance for theirs and the bootstrap cannot tell phi from 0, so the instance's model was Poisson

@@ -318,6 +318,7 @@ def update_memory(batch: int, micro_batch: int, budget: float, checkpoint_activa
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # 37 s: n = 256; make test keeps the checkpointed update's budget test below
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")
 def test_a_paper_update_at_n_256_stays_within_a_small_memory_budget():
     """A paper-preset update (four blocks of 128) at n = 256, B = 8, under a budget of 0.1 GiB: the trainer takes

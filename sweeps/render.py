@@ -141,8 +141,10 @@ ABOVE_TIGHTEST = "above it: mean / bound - 1 (one-sided 95%)"
 TIGHTEST_NOTE = (
     "The tightest lower bound is the highest of the decomposition run's figures on its factor chain (the constant split's DP "
     "value, the shares by period and factor, at two items the joint optimum) and, where dp-optimal runs, the exact optimum "
-    "(its caps raised where they are fractional); the policy's distance to the optimum on that chain is at most its distance "
-    "above the bound, and at most the one-sided 95% figure with 95% confidence (its mean + 1.645 s.e.)."
+    "(its caps raised where they are fractional); the policy's distance to the optimum on that chain is at most its expected "
+    "cost's distance above the bound: the held-out mean estimates it (below the bound by the episodes' luck, as can be), and "
+    "the one-sided 95% figure (the mean + 1.645 s.e. of the episodes, and of the seeds for a learned method) bounds it with "
+    "95% confidence."
 )
 BEST_POLICY = "best policy"
 AGAINST_CLASSICAL_BEST = "- classical-best (95% CI of each seed)"
@@ -181,7 +183,7 @@ def headline_table(report: Report) -> Table:
             row += [paired_text(gap) + share, dp_value(report, n) or "n/a"]
         if report.tightest:
             bound = report.tightest.get(n)
-            row += [tightest_text(bound), above_text(best.mean, best.se, bound["value"])] if bound else ["n/a", "n/a"]
+            row += [tightest_text(bound), above_text(best.mean, best.expected_cost_se, bound["value"])] if bound else ["n/a", "n/a"]
         table.rows.append(row)
     return table
 
@@ -207,7 +209,7 @@ def tightest_fields(bound: dict | None, entry: Entry | None) -> list:
     """The CSV's tightest bound, its relaxation and the entry's distance above it (mean / bound - 1, its one-sided 95% figure)."""
     if bound is None:
         return [None, None, None, None]
-    above = above_bound(entry.mean, entry.se, bound["value"]) if entry is not None and entry.runs else (None, None)
+    above = above_bound(entry.mean, entry.expected_cost_se, bound["value"]) if entry is not None and entry.runs else (None, None)
     return [bound["value"], bound["relaxation"], *above]
 
 
@@ -260,7 +262,7 @@ def tightest_table(report: Report) -> Table | None:
         row = [str(n), tightest_text(bound) if bound else "n/a"]
         for c in others:
             e = report.entries[(n, c)]
-            row.append(above_text(e.mean, e.se, bound["value"]) if bound and e.on_heldout_set else "n/a")
+            row.append(above_text(e.mean, e.expected_cost_se, bound["value"]) if bound and e.on_heldout_set else "n/a")
         table.rows.append(row)
     table.notes.append("n/a: no bound at this size, or the method has no evaluation on the sweep's held-out episodes and horizon.")
     return table

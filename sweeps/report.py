@@ -86,6 +86,16 @@ class Entry:
         return standard_error(np.array([r.summary["mean"] for r in self.runs])) if len(self.runs) > 1 else float(self.runs[0].summary["se"])
 
     @property
+    def expected_cost_se(self) -> float | None:
+        """The s.e. of `mean` as an estimate of the policy's expected cost: the held-out episodes' (the runs' mean s.e. over
+        episodes: every seed is evaluated on the same episodes, so the spread across seeds leaves their luck out) and, with
+        several seeds, the spread across them too."""
+        if not self.runs:
+            return None
+        episodes = float(np.mean([r.summary["se"] for r in self.runs]))
+        return float(np.hypot(episodes, self.se)) if len(self.runs) > 1 else episodes
+
+    @property
     def one_seed(self) -> bool:
         return self.kind == "learned" and len(self.runs) == 1
 

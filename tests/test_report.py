@@ -766,3 +766,21 @@ def test_the_tightest_bound_is_the_highest_valid_figure_named_and_each_policy_is
     assert one[1] == "dp-optimal" and one[-2:] == ["97.5 (exact optimum)", "+1.54% (95% at most +2.73%)"]
     table = rn.tightest_table(report)
     assert table.rows[0][:2] == ["1", "97.5 (exact optimum)"] and table.rows[1][1] == "96.8 (shares by period and factor)"
+
+
+def test_a_learned_method_s_distance_to_the_bound_keeps_the_episodes_luck():
+    """Seeds evaluated on the same held-out episodes share those episodes' luck, which the spread across seeds leaves out:
+    two seeds of means 100 and 102 (s.e. across seeds 1) with s.e. 3 and 5 over the episodes estimate their expected cost
+    with s.e. hypot(4, 1) = 4.123, not 1; a baseline's is its s.e. over episodes. Catches a one-sided 95% figure below zero
+    for a learned method whose held-out mean fell below the bound by the episodes' luck (seen at n = 1 of `make run`)."""
+    from pathlib import Path
+
+    from sweeps.report import Entry, Run
+
+    def run(mean, se):
+        return Run(0, Path("."), {"summary": {"mean": mean, "se": se}})
+
+    learned = Entry(1, "hpo", "learned", [run(100.0, 3.0), run(102.0, 5.0)])
+    assert learned.se == pytest.approx(1.0) and learned.expected_cost_se == pytest.approx(math.hypot(4.0, 1.0))
+    baseline = Entry(1, "classical-best", "baseline", [run(110.0, 2.5)])
+    assert baseline.expected_cost_se == baseline.se == 2.5

@@ -185,6 +185,7 @@ class LineTracking:
         self.shown = -math.inf
 
     def write(self, text: str) -> int:
+        written = len(text)
         if not text:
             return 0
         if self.terminal:
@@ -202,7 +203,7 @@ class LineTracking:
             self.held, text = None, text.removeprefix("\n")
         if text:
             self._emit(text)
-        return len(text)
+        return written
 
     def _emit(self, text: str) -> None:
         self.at_line_start = text.endswith("\n")

@@ -45,8 +45,10 @@ is Poisson: a history of Poisson demand keeps every phi_i = 0 with chance at lea
 
 
 LIKELIHOOD_MARGIN = 3.0
-"""The hold-out log-likelihood (summed over the hold-out's periods) by which an item's law with its overdispersion must
-beat the same law with phi = 0 for `dispersion_likelihood` to keep phi: a likelihood ratio of e^3, about 20."""
+"""`dispersion_likelihood` keeps an item's phi where its hold-out log-likelihood (summed over the hold-out's periods)
+beats phi = 0 by more than this + log n: a likelihood ratio of 20 n. For a ratio whose alternative was fitted without the
+hold-out, Markov's inequality gives each item a chance of at most 1 / (20 n) to pass by luck, 5% over the n items (the
+periods' marginal laws stand in for their joint one, so that chance is approximate)."""
 
 
 def marginal_loglik(demand: np.ndarray, lam: np.ndarray, norms: np.ndarray, overdispersion: np.ndarray) -> np.ndarray:
@@ -69,10 +71,10 @@ def dispersion_likelihood(demand: np.ndarray, factors: int) -> dict:
     """Whether each item's overdispersion earns its place out of sample, and whether the factors do: the model of `factors`
     fitted on the first 80% of the periods, and the last 20%'s log-likelihood (`marginal_loglik`) with each item's fitted
     phi_i (`with_phi`), with phi_i = 0 (`poisson`), and of overdispersion alone (`alone`: no loading, phi_i from the item's
-    own mean and variance on the first 80%, `alone_phi`). `keeps` [n]: phi_i beats 0 by more than LIKELIHOOD_MARGIN (a
-    history whose variance the factors took for theirs, as independent heavy-tailed items are, keeps its overdispersion
+    own mean and variance on the first 80%, `alone_phi`). `keeps` [n]: phi_i beats 0 by more than LIKELIHOOD_MARGIN + log n
+    (a history whose variance the factors took for theirs, as independent heavy-tailed items are, keeps its overdispersion
     even where its bootstrap test cannot tell phi_i from 0). `factors_worse` [n]: overdispersion alone beats the model by
-    more than LIKELIHOOD_MARGIN + log n (a likelihood ratio of 20 n: about 20 over the n items' comparisons), a flag."""
+    the same margin, a flag."""
     periods, n = demand.shape
     train = int(round(periods * (1 - HOLDOUT_SHARE)))
     fitted = fit_moments(demand[:train], factors=factors)
@@ -83,13 +85,15 @@ def dispersion_likelihood(demand: np.ndarray, factors: int) -> dict:
     mean, variance = demand[:train].mean(axis=0), demand[:train].var(axis=0, ddof=1)
     alone_phi = np.clip(np.divide(variance - mean, mean**2, out=np.zeros(n), where=mean > 0), 0.0, OVERDISPERSION_MAX)
     alone = marginal_loglik(held, fitted.lam, np.zeros(n), alone_phi)
+    margin = LIKELIHOOD_MARGIN + math.log(n)
     return {
         "with_phi": with_phi,
         "poisson": poisson,
         "alone": alone,
         "alone_phi": alone_phi,
-        "keeps": (fitted.overdispersion > 0) & (with_phi > poisson + LIKELIHOOD_MARGIN),
-        "factors_worse": alone > np.maximum(with_phi, poisson) + LIKELIHOOD_MARGIN + math.log(n),
+        "margin": margin,
+        "keeps": (fitted.overdispersion > 0) & (with_phi > poisson + margin),
+        "factors_worse": alone > np.maximum(with_phi, poisson) + margin,
     }
 
 

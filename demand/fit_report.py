@@ -376,7 +376,7 @@ def _notes(names: list[str], fitted: Estimate, model: Estimate, likelihood: dict
         *(
             [
                 f"phi kept for {len(kept)} item(s) whose hold-out log-likelihood with it beats Poisson demand by more than "
-                f"{LIKELIHOOD_MARGIN:g} (the model fitted on the first 80% of the periods): "
+                f"{likelihood['margin']:.2f} ({LIKELIHOOD_MARGIN:g} + log n; the model fitted on the first 80% of the periods): "
                 + ", ".join(f"{names[i]} (+{gains[i]:,.1f})" for i in kept[:20])
             ]
             if kept.size

@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/model_selection.py
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/fit.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/dp_estimate.py
 
 # On a CUDA machine: the gpu tests, CPU/GPU cost agreement, paper-preset updates at n = 1,024, decision times and
 # Ray Train with use_gpu, as JSON lines (docs/benchmarks.md, GPU readiness). Without CUDA it says so in one line.

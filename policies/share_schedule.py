@@ -153,9 +153,11 @@ def search_schedule(
     for _ in range(rounds - 1):
         g = np.stack([r.frequencies for r in best_results])  # [n, T_dec, M]
         mean = (best_schedule * g).sum(0) / K  # the shares' weighted frequency at each (t, f)
-        scale = np.where(mean > 0, mean, 1.0)
+        relative = (g - mean) / np.where(mean > 0, mean, 1.0)
+        # at most e^step per round in every cell: where the items almost never come, mean is near 0 and `relative` huge
+        relative /= np.maximum(np.abs(relative).max(axis=0), 1.0)
         base = np.maximum(best_schedule, floor)
-        trial = base * np.exp(np.clip(step * (g - mean) / scale, -30, 30))
+        trial = base * np.exp(step * relative)
         trial *= K / trial.sum(0, keepdims=True)
         results = results_of(trial)
         value = sum(r.value for r in results)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from demand.fit_checks import HOLDOUT_SHARE
+from demand.fit_checks import training_periods
 from demand.moment_estimator import LAGS, estimate, lagged_covariances, normalised_moments
 
 MAX_FACTORS = 4
@@ -23,7 +23,7 @@ def choose_factors(demand: np.ndarray, max_factors: int = MAX_FACTORS, dtype=np.
     own objective on the last 20%'s normalised moments (training weights, lag-0 diagonal left out); k is the smallest within
     CHOICE_TOLERANCE of the smallest error (docs/fitting.md, "Choosing the number of factors")."""
     periods, n = demand.shape
-    train = int(round(periods * (1 - HOLDOUT_SHARE)))
+    train = training_periods(periods)
     mean, cov = lagged_covariances(demand[:train], dtype=dtype)
     held_mean, held_cov = lagged_covariances(demand[train:], dtype=dtype)
     usable = (held_mean > 0) & (np.diagonal(cov[0]) > 0)

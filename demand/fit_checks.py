@@ -24,6 +24,11 @@ from envs.instance import OVERDISPERSION_MAX
 HOLDOUT_SHARE = 0.2
 
 
+def training_periods(periods: int) -> int:
+    """The first periods of a history that the hold-out checks fit on: all but the last HOLDOUT_SHARE."""
+    return int(round(periods * (1 - HOLDOUT_SHARE)))
+
+
 INTERVAL = 0.8
 """The central predictive interval of the hold-out check (80%)."""
 
@@ -67,17 +72,16 @@ def marginal_loglik(demand: np.ndarray, lam: np.ndarray, norms: np.ndarray, over
     return logsumexp(log_pmf + np.log(weights / weights.sum())[:, None], axis=1).sum(axis=0)
 
 
-def dispersion_likelihood(demand: np.ndarray, factors: int) -> dict:
-    """Whether each item's overdispersion earns its place out of sample, and whether the factors do: the model of `factors`
-    fitted on the first 80% of the periods, and the last 20%'s log-likelihood (`marginal_loglik`) with each item's fitted
-    phi_i (`with_phi`), with phi_i = 0 (`poisson`), and of overdispersion alone (`alone`: no loading, phi_i from the item's
-    own mean and variance on the first 80%, `alone_phi`). `keeps` [n]: phi_i beats 0 by more than LIKELIHOOD_MARGIN + log n
-    (a history whose variance the factors took for theirs, as independent heavy-tailed items are, keeps its overdispersion
-    even where its bootstrap test cannot tell phi_i from 0). `factors_worse` [n]: overdispersion alone beats the model by
-    the same margin, a flag."""
-    periods, n = demand.shape
-    train = int(round(periods * (1 - HOLDOUT_SHARE)))
-    fitted = fit_moments(demand[:train], factors=factors)
+def dispersion_likelihood(demand: np.ndarray, fitted: Estimate) -> dict:
+    """Whether each item's overdispersion earns its place out of sample, and whether the factors do: `fitted` the model
+    fitted on the first 80% of the periods (`training_periods`, as holdout_check fits it), and the last 20%'s log-likelihood
+    (`marginal_loglik`) with each item's fitted phi_i (`with_phi`), with phi_i = 0 (`poisson`), and of overdispersion alone
+    (`alone`: no loading, phi_i from the item's own mean and variance on the first 80%, `alone_phi`). `keeps` [n]: phi_i
+    beats 0 by more than LIKELIHOOD_MARGIN + log n (a history whose variance the factors took for theirs, as independent
+    heavy-tailed items are, keeps its overdispersion even where its bootstrap test cannot tell phi_i from 0).
+    `factors_worse` [n]: overdispersion alone beats the model by the same margin, a flag."""
+    n = demand.shape[1]
+    train = training_periods(demand.shape[0])
     norms = np.sqrt((fitted.loadings**2).sum(axis=1))
     held = demand[train:]
     with_phi = marginal_loglik(held, fitted.lam, norms, fitted.overdispersion)
@@ -316,9 +320,9 @@ def holdout_check(demand: np.ndarray, seed: int = 0, factors: int = 1) -> dict:
     there (F_{T0+h} ~ N(rho^h m, rho^2h P + (1 - rho^2h) I)) and return how often what happened lies in the central 80%
     predictive interval, per item and period and of the total over items, with standard errors. The interval is the randomised
     one (PIT u = P(D < d) + V P(D = d), V uniform), whose coverage is exactly 80% under the model (for the total, up to its
-    two-moment match); docs/fitting.md, "The fit report"."""
+    two-moment match); docs/fitting.md, "The fit report". Its `dispersion` is `dispersion_likelihood` on the same fit."""
     periods = demand.shape[0]
-    train = int(round(periods * (1 - HOLDOUT_SHARE)))
+    train = training_periods(periods)
     fitted = fit_moments(demand[:train], factors=factors)
     loadings, phi = fitted.loadings, fitted.overdispersion
     state = smooth_factor(demand[:train], fitted.lam, loadings, fitted.rho, phi)
@@ -366,4 +370,5 @@ def holdout_check(demand: np.ndarray, seed: int = 0, factors: int = 1) -> dict:
         "total_coverage_se": coverage_se(total_inside[:, None]),
         "observed_mean": held.mean(axis=0),
         "predicted_mean": predicted_mean.mean(axis=0),
+        "dispersion": dispersion_likelihood(demand, fitted),
     }

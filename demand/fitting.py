@@ -15,7 +15,7 @@ from scipy.stats import norm
 from demand.bootstrap import REPLICATES, bootstrap
 from demand.factor_choice import MAX_FACTORS, choose_factors
 from demand.factor_smoother import smooth_factor
-from demand.fit_checks import DISPERSION_LEVEL, dispersion_likelihood, holdout_check, periodic_check
+from demand.fit_checks import DISPERSION_LEVEL, holdout_check, periodic_check
 from demand.fit_report import report_numbers
 from demand.moment_estimator import RHO_MAX, Estimate, estimate, lagged_covariances, model_loadings, varimax
 from demand.sales_history import History, check_fit_length, default_caps, file_sha256, history_matrix, match_items, read_costs
@@ -59,8 +59,9 @@ def fit_history(
     fitted = Estimate(raw.lam, varimax(raw.loadings), raw.rho, raw.overdispersion, raw.notes, raw.converged, raw.poisson_items)
     boot = bootstrap(demand, fitted, replicates, seed, progress)
     phi_se = boot.overdispersion.std(axis=0, ddof=1)
-    likelihood = dispersion_likelihood(demand, factors_used)  # phi_i also stays where the hold-out's likelihood wants it
-    dispersed = (fitted.overdispersion > norm.ppf(1 - DISPERSION_LEVEL / n) * phi_se) | ((fitted.overdispersion > 0) & likelihood["keeps"])
+    holdout = holdout_check(demand, seed, factors_used)
+    keeps = holdout["dispersion"]["keeps"]  # phi_i also stays where the hold-out's likelihood wants it
+    dispersed = (fitted.overdispersion > norm.ppf(1 - DISPERSION_LEVEL / n) * phi_se) | ((fitted.overdispersion > 0) & keeps)
     overdispersion = np.where(dispersed, fitted.overdispersion, 0.0)
     qbar = costs.qbar if costs.qbar is not None else default_caps(fitted.lam, overdispersion, costs.lead)
     source = {
@@ -84,7 +85,6 @@ def fit_history(
         fitted.lam, fitted.loadings, fitted.rho, np.where(dispersed, fitted.overdispersion, 0.0), fitted.notes, fitted.converged
     )
     factor = smooth_factor(demand, model.lam, model_loadings(model), model.rho, model.overdispersion)
-    holdout = holdout_check(demand, seed, factors_used) | {"dispersion": likelihood}
     periodic = periodic_check(demand, history.step, history.periods, model)
     choice = {"chosen": int(factors_used), "forced": factors is not None, "by_holdout": int(chosen), "candidates": candidates}
     report = report_numbers(history, fitted, model, cov, boot, factor, holdout, periodic, choice, source, instance.qbar)

@@ -674,7 +674,7 @@ def test_heavy_tailed_items_without_a_factor_are_never_fitted_as_poisson_without
     likelihood wants it) or is flagged, its variance off or its hold-out better predicted by overdispersion alone. The broken
     control, the likelihood's verdicts ignored (phi kept by the bootstrap test alone, no likelihood flag), leaves some item
     Poisson and unflagged on these histories."""
-    from demand.fit_checks import dispersion_likelihood
+    from demand import fit_checks
 
     WHY = ("variance off", "overdispersion alone")
     demand = simulate_demand(np.array([2.0, 4.0, 6.0, 10.0]), np.zeros(4), 0.0, 365, np.random.default_rng(seed), np.full(4, 100.0))
@@ -682,13 +682,13 @@ def test_heavy_tailed_items_without_a_factor_are_never_fitted_as_poisson_without
     phi = instance.overdispersion if instance.overdispersion is not None else np.zeros(4)
     flagged = {f"i{i}" for i in range(4) if any(flag.startswith(tuple(f"item 'i{i}': {w}" for w in WHY)) for flag in report["flags"])}
     assert all(phi[i] > 0 or f"i{i}" in flagged for i in range(4)), (phi, report["flags"])
-    keeps = dispersion_likelihood(demand, report["factors"]["chosen"])["keeps"]
+    train_fit = fit_moments(demand[: fit_checks.training_periods(365)], factors=report["factors"]["chosen"])
+    keeps = fit_checks.dispersion_likelihood(demand, train_fit)["keeps"]
     assert keeps.any() and all(phi[i] > 0 for i in np.flatnonzero(keeps))
-    from demand import fitting
 
     blind = {"keeps": np.zeros(4, dtype=bool), "factors_worse": np.zeros(4, dtype=bool)}
-    ignored = dispersion_likelihood(demand, report["factors"]["chosen"]) | blind
-    monkeypatch.setattr(fitting, "dispersion_likelihood", lambda *args: ignored)
+    ignored = fit_checks.dispersion_likelihood(demand, train_fit) | blind
+    monkeypatch.setattr(fit_checks, "dispersion_likelihood", lambda *args: ignored)
     instance, report = fit_of(demand, tmp_path)
     phi = instance.overdispersion if instance.overdispersion is not None else np.zeros(4)
     flagged = {f"i{i}" for i in range(4) if any(flag.startswith(tuple(f"item 'i{i}': {w}" for w in WHY)) for flag in report["flags"])}
@@ -707,7 +707,8 @@ def test_poisson_items_keep_no_overdispersion_by_the_likelihood(monkeypatch):
         for seed in range(5):
             rng = np.random.default_rng(seed)
             lam, beta = np.exp(rng.uniform(0.0, math.log(50.0), 64)), rng.uniform(0.1, 0.6, 64)
-            result = fit_checks.dispersion_likelihood(simulate_demand(lam, beta, 0.8, 365, rng), 1)
+            demand = simulate_demand(lam, beta, 0.8, 365, rng)
+            result = fit_checks.dispersion_likelihood(demand, fit_moments(demand[: fit_checks.training_periods(365)], factors=1))
             found.append((int(result["keeps"].sum()), int(result["factors_worse"].sum())))
         return found
 

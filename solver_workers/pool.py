@@ -100,6 +100,11 @@ def episode_key(record: dict) -> int:
     return record["episode"]
 
 
+def outcome(record: dict) -> dict:
+    """A decomposition record's figures, without its key (`split_key`)."""
+    return {k: v for k, v in record.items() if k not in ("phase", "round", "item")}
+
+
 def split_key(record: dict) -> tuple[str, int, int]:
     """A decomposition record: ('grid', round, item) for an item's values on a round's shares, ('item', -1, item) for its figures,
     ('schedule', -1, -1) for the schedule search's outcome, ('exact', -1, -1) for the joint optimum of two items."""
@@ -383,7 +388,7 @@ def run_decomposition(
     if 2 <= n <= joint_dp.SWEEP_ITEMS:  # the exact optimum itself, where its joint lattice fits
         if ("exact", -1, -1) not in journal:
             pool.run([("joint_optimum", (ref, horizon, options))], store, 1, 0, "exact optimum")
-        summary["exact"] = {k: v for k, v in journal.records[("exact", -1, -1)].items() if k not in ("phase", "round", "item")}
+        summary["exact"] = outcome(journal.records[("exact", -1, -1)])
     return [journal.records[("item", -1, i)] for i in range(n)], summary
 
 
@@ -394,7 +399,7 @@ def run_schedule(
     constant split `shares`, each round's items as pool tasks. The journal keeps its outcome, not its rounds (each round's
     schedules and frequencies are n x T x M numbers): an interrupted search starts again from the split."""
     if ("schedule", -1, -1) in journal:
-        return {k: v for k, v in journal.records[("schedule", -1, -1)].items() if k not in ("phase", "round", "item")}
+        return outcome(journal.records[("schedule", -1, -1)])
     ref = ray.put(instance)
     rounds = [0]
 

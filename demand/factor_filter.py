@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from envs.exogenous import demand_rate
+from envs.demand_law import demand_rate, log_likelihood, score_and_curvature
 from envs.instance import Instance
 from policies.dp_optimal import tauchen_grid
 
@@ -28,24 +28,6 @@ NEWTON_TOLERANCE = 1e-10
 NEWTON_STEPS = 100
 """At most this many Newton steps per period (each halves until the log posterior rises; from the prediction the
 mode is typically reached in 3 to 6)."""
-
-
-def score_and_curvature(demand, rate, overdispersion):
-    """d/d eta and -d^2/d eta^2 of the log-likelihood of D given the log-rate eta = log rate: (D - rate) / (1 + phi rate)
-    and rate (1 + phi D) / (1 + phi rate)^2 for the negative binomial of mean rate and variance rate + phi rate^2,
-    which are D - rate and rate for the Poisson of eq. (conditional_demand) at phi = 0."""
-    spread = 1.0 + overdispersion * rate
-    return (demand - rate) / spread, rate * (1.0 + overdispersion * demand) / spread**2
-
-
-def log_likelihood(demand, log_rate, overdispersion):
-    """The log-likelihood of D given its log-rate eta, less the terms without eta: D eta - (D + 1 / phi) log(1 + phi
-    e^eta) for the negative binomial (phi > 0), D eta - e^eta for the Poisson (phi = 0, its limit). Summed over items."""
-    rate = np.exp(log_rate)
-    positive = overdispersion > 0
-    safe = np.where(positive, overdispersion, 1.0)
-    penalty = np.where(positive, (demand + 1.0 / safe) * np.log1p(safe * rate), rate)
-    return (demand * log_rate - penalty).sum(axis=-1)
 
 
 @dataclass(frozen=True)

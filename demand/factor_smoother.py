@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from demand.simulation import as_loadings, rates
+from envs.demand_law import loading_rates
 from envs.exogenous import FACTOR_BOUND, innovation_scale
+from envs.instance import as_loadings
 
 
 def smooth_factor(
@@ -23,7 +24,7 @@ def smooth_factor(
     path = np.zeros((periods, factors))
     q = innovation_scale(rho) ** 2
     for _ in range(iterations):
-        rate = rates(lam, loadings, path)  # [T, n]
+        rate = loading_rates(lam, loadings, path)  # [T, n]
         damping = 1.0 / (1.0 + phi * rate)
         gradient = ((demand - rate) * damping) @ loadings  # [T, k]
         precision = np.einsum("ti,ij,il->tjl", rate * damping, loadings, loadings)  # [T, k, k]

@@ -12,14 +12,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import betainc, gammaln, logsumexp, pdtr
 from scipy.stats import chi2, norm, qmc
 
 from demand.bootstrap import mean_off_diagonal
 from demand.factor_smoother import smooth_factor
 from demand.moment_estimator import Estimate, fit_moments, model_loadings
-from demand.simulation import as_loadings, rates
-from envs.instance import OVERDISPERSION_MAX
+from envs.demand_law import demand_cdf, loading_rates, marginal_loglik, model_autocovariance, model_variance
+from envs.instance import OVERDISPERSION_MAX, as_loadings
 
 HOLDOUT_SHARE = 0.2
 
@@ -56,22 +55,6 @@ hold-out, Markov's inequality gives each item a chance of at most 1 / (20 n) to 
 periods' marginal laws stand in for their joint one, so that chance is approximate)."""
 
 
-def marginal_loglik(demand: np.ndarray, lam: np.ndarray, norms: np.ndarray, overdispersion: np.ndarray) -> np.ndarray:
-    """Each item's log-likelihood of its periods [T, n] under its marginal law, summed over the periods [n]: the rate
-    lam_i exp(|beta_i| z - |beta_i|^2 / 2) with z ~ N(0, 1) the stationary exposure (20 Gauss-Hermite nodes), given it
-    Poisson (phi_i = 0) or the negative binomial of variance rate + phi_i rate^2."""
-    nodes, weights = np.polynomial.hermite_e.hermegauss(20)
-    rate = np.maximum(lam * np.exp(norms * nodes[:, None] - 0.5 * norms**2), 1e-300)  # [Q, n]
-    d = demand[:, None, :]  # [T, 1, n]
-    phi = np.broadcast_to(overdispersion, lam.shape)
-    safe = np.where(phi > 0, phi, 1.0)
-    shape, spread = 1.0 / safe, np.log1p(safe * rate)  # r = 1 / phi: lgamma(d + r) - lgamma(r) - lgamma(d + 1) - r log(1 + phi mu)
-    negative_binomial = gammaln(d + shape) - gammaln(shape) - gammaln(d + 1) - shape * spread + d * (np.log(safe * rate) - spread)
-    poisson = d * np.log(rate) - rate - gammaln(d + 1)
-    log_pmf = np.where(phi > 0, negative_binomial, poisson)  # [T, Q, n]
-    return logsumexp(log_pmf + np.log(weights / weights.sum())[:, None], axis=1).sum(axis=0)
-
-
 def dispersion_likelihood(demand: np.ndarray, fitted: Estimate) -> dict:
     """Whether each item's overdispersion earns its place out of sample, and whether the factors do: `fitted` the model
     fitted on the first 80% of the periods (`training_periods`, as holdout_check fits it), and the last 20%'s log-likelihood
@@ -101,13 +84,6 @@ def dispersion_likelihood(demand: np.ndarray, fitted: Estimate) -> dict:
     }
 
 
-def model_variance(lam: np.ndarray, beta: np.ndarray, overdispersion: np.ndarray | None = None) -> np.ndarray:
-    """Var D_i,t = lam_i + lam_i^2 ((1 + phi_i) exp(|beta_i|^2) - 1) [n], the model's (`beta` [n] for one factor or the
-    loadings [n, k])."""
-    phi = 0.0 if overdispersion is None else overdispersion
-    return lam + lam**2 * ((1 + phi) * np.exp((as_loadings(beta) ** 2).sum(axis=1)) - 1)
-
-
 def model_correlation(lam: np.ndarray, beta: np.ndarray, overdispersion: np.ndarray | None = None) -> np.ndarray:
     """[n, n] the correlation of D_i,t and D_j,t the model implies: Cov = lam_i lam_j (exp(beta_i . beta_j) - 1) off the
     diagonal, the variances `model_variance`."""
@@ -128,15 +104,6 @@ def model_statistics(
     var = model_variance(lam, beta, overdispersion)
     acf = lam**2 * np.expm1(norm2 * rho) / var
     return var, acf, mean_off_diagonal(model_correlation(lam, beta, overdispersion))
-
-
-def model_autocovariance(lam: np.ndarray, beta: np.ndarray, rho: float, overdispersion: np.ndarray | None, periods: int) -> np.ndarray:
-    """[T, n] Cov(D_i,t, D_i,t+l) of the model at lags l = 0..T-1: lam_i^2 (exp(|beta_i|^2 rho^l) - 1), plus
-    lam_i + phi_i lam_i^2 exp(|beta_i|^2) at l = 0 (`beta` [n] for one factor or the loadings [n, k])."""
-    lag = np.arange(periods)[:, None]
-    norm2 = (as_loadings(beta) ** 2).sum(axis=1)
-    phi = 0.0 if overdispersion is None else overdispersion
-    return lam**2 * np.expm1(norm2 * rho**lag) + (lag == 0) * (lam + phi * lam**2 * np.exp(norm2))
 
 
 def mean_drift(
@@ -261,20 +228,6 @@ def coverage_se(inside: np.ndarray) -> float:
     return math.sqrt(max(autocov[0] + 2 * sum((1 - k / (lags + 1)) * autocov[k] for k in range(1, lags + 1)), 0.0) / periods)
 
 
-def demand_cdf(count: np.ndarray, rate: np.ndarray, overdispersion) -> np.ndarray:
-    """P(D <= count) for D Poisson(rate) (phi = 0) or negative binomial of mean rate and variance rate + phi rate^2:
-    the regularised incomplete beta I_p(1 / phi, count + 1), p = 1 / (1 + phi rate). Broadcasts; 0 below count 0."""
-    phi = np.broadcast_to(
-        np.asarray(overdispersion, dtype=np.float64), np.broadcast_shapes(np.shape(count), np.shape(rate), np.shape(overdispersion))
-    )
-    count = np.broadcast_to(count, phi.shape)
-    safe = np.maximum(count, 0)
-    dispersed = phi > 0
-    shape = 1.0 / np.where(dispersed, phi, 1.0)
-    value = np.where(dispersed, betainc(shape, safe + 1.0, 1.0 / (1.0 + np.where(dispersed, phi, 0.0) * rate)), pdtr(safe, rate))
-    return np.where(count >= 0, value, 0.0)
-
-
 OUTLIER_LEVEL = 1e-3
 """Level of the outlying-cell test: the chance that a history of the fitted model flags any of its cells (Bonferroni
 over the items' cells)."""
@@ -342,7 +295,7 @@ def holdout_check(demand: np.ndarray, seed: int = 0, factors: int = 1) -> dict:
         sobol = qmc.Sobol(fitted.factors, scramble=True, seed=np.random.default_rng([0x514D43, seed])).random(QUASI_POINTS)
         total_points, total_weights = norm.ppf(sobol), np.full(QUASI_POINTS, 1.0 / QUASI_POINTS)
     factor_points = mean[:, None] + np.einsum("hjl,ql->hqj", np.linalg.cholesky(cov), total_points)  # [H, Q', k]
-    total_rates = rates(fitted.lam, loadings, factor_points)  # [H, Q', n]
+    total_rates = loading_rates(fitted.lam, loadings, factor_points)  # [H, Q', n]
     total_rate = total_rates.sum(axis=2)
     total_phi = (phi * total_rates**2).sum(axis=2) / np.maximum(total_rate, 1e-300) ** 2
     held = demand[train:]

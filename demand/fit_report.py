@@ -28,7 +28,7 @@ from demand.fit_checks import (
 )
 from demand.moment_estimator import ALTERNATIONS, BETA_MAX, LAGS, RHO_MAX, Estimate, model_loadings
 from demand.sales_history import History
-from demand.simulation import rates
+from envs.demand_law import loading_rates
 from envs.instance import OVERDISPERSION_MAX
 
 
@@ -461,7 +461,7 @@ def _factor_path(history: History, model: Estimate, factor: dict) -> dict:
     return {
         "factor": {"period": history.periods, "mean": np.asarray(factor["mean"]).tolist(), "sd": np.asarray(factor["sd"]).tolist()},
         "total_demand": history.demand.sum(axis=1).tolist(),
-        "total_model_given_factor": rates(model.lam, model.loadings, factor_mean).sum(axis=1).tolist(),
+        "total_model_given_factor": loading_rates(model.lam, model.loadings, factor_mean).sum(axis=1).tolist(),
     }
 
 

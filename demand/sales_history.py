@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import nbinom, poisson
 
+from envs.demand_law import periods_quantile
 from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys, number_column, read_table, table_format
 from plumbing import validate
 
@@ -41,12 +41,7 @@ def default_caps(lam: np.ndarray, overdispersion: np.ndarray, lead: np.ndarray) 
     """The order cap of an item whose cost table gives none: the least whole number of units at least QBAR_PER_LAM lam_i, the
     CAP_QUANTILE quantile of its lead-time demand (L_i + 1 periods at its mean rate, the factor held still) and 1
     (docs/fitting.md; a slow mover's 4 lam is below one unit: 0.15-1.9 on a weekly panel)."""
-    periods = lead + 1.0
-    quantile = np.where(
-        overdispersion > 0,
-        nbinom.ppf(CAP_QUANTILE, periods / np.maximum(overdispersion, 1e-300), 1.0 / (1.0 + overdispersion * lam)),
-        poisson.ppf(CAP_QUANTILE, periods * lam),
-    )
+    quantile = periods_quantile(CAP_QUANTILE, lam, overdispersion, lead + 1.0)
     return np.ceil(np.maximum.reduce([QBAR_PER_LAM * lam, quantile, np.ones_like(lam)]) - 1e-9)
 
 

@@ -1,4 +1,4 @@
-"""Demand of the fitted model as a history: the rates given k factors, one demand path of the model (the fit's
+"""Demand of the fitted model as a history: one demand path of the model (the fit's
 bootstrap draws its histories with it), and a history file's table drawn from an instance by the project's own sampler
 (platform/simulate_history.py), its period labels those that the history reader reads back at the instance's step."""
 
@@ -9,19 +9,10 @@ import re
 import numpy as np
 
 from demand.sales_history import ISO_DATE
-from envs.exogenous import demand_rate, draw_demand, factor_path
-from envs.instance import InstanceError, exposure, loading_norms, unit_directions
+from envs.demand_law import draw_demand, loading_rates
+from envs.exogenous import factor_path
+from envs.instance import InstanceError
 from plumbing import validate
-
-
-def rates(lam: np.ndarray, beta: np.ndarray, factor: np.ndarray) -> np.ndarray:
-    """lam_i exp(beta_i . F_t - |beta_i|^2 / 2), eq. (conditional_demand_rate) with k factors, [..., n]: `beta` [n] with
-    `factor` [...] (one factor, envs.exogenous.demand_rate itself), or `beta` [n, k] with `factor` [..., k], through
-    item i's exposure u_i,t and |beta_i| (envs.instance.exposure) as envs.exogenous.item_rates computes an instance's."""
-    if beta.ndim == 1:
-        return demand_rate(lam, beta, factor[..., None])
-    exposures = exposure(unit_directions(beta), factor[..., 0] if beta.shape[1] == 1 else factor)  # F_t [...] at k = 1
-    return demand_rate(lam, loading_norms(beta), exposures)
 
 
 def simulate_demand(
@@ -29,15 +20,10 @@ def simulate_demand(
 ) -> np.ndarray:
     """One demand path [T, n] of the model: F_0 ~ N(0, I), then eq. (factor_process) in each of the k coordinates
     (envs.exogenous.factor_path; `beta` [n] for one factor, [n, k] for k), and Poisson or negative-binomial demand
-    (envs.exogenous.draw_demand)."""
+    (envs.demand_law.draw_demand)."""
     factor = factor_path(rho, rng.standard_normal(periods if beta.ndim == 1 else (periods, beta.shape[1])))
     phi = None if overdispersion is None or not np.any(overdispersion) else overdispersion
-    return draw_demand(rates(lam, beta, factor), phi, rng).astype(np.float64)
-
-
-def as_loadings(beta: np.ndarray) -> np.ndarray:
-    """Loadings as [n, k]: one factor's [n] as a column."""
-    return beta[:, None] if beta.ndim == 1 else beta
+    return draw_demand(loading_rates(lam, beta, factor), phi, rng).astype(np.float64)
 
 
 STEP = re.compile(r"([1-9]\d*) (day|month|period)s?")

@@ -1,9 +1,9 @@
 """Exogenous factor and demand paths, eqs. (factor_process), (conditional_demand), (conditional_demand_rate), and
 the range of costs they can drive an instance to over a horizon (`check_cost_range`, run by `sample_paths`).
 
-Every factor step is `factor_step`, every demand rate `demand_rate` (`item_rates` from the factors) and every demand
-draw `draw_demand`'s law (Poisson, or negative binomial with overdispersion), here and in the other simulators
-(envs.gym_env, policies.dp_optimal, solver_workers.model). With k factors F_t has k independent coordinates, each the
+Every factor step is `factor_step`, here and in the other simulators (envs.gym_env, policies.dp_optimal,
+solver_workers.model); every demand rate and draw is envs.demand_law's (Poisson, or negative binomial with
+overdispersion). With k factors F_t has k independent coordinates, each the
 AR(1) of eq. (factor_process) with the one rho (docs/model.md). Two samplers use them:
 
 * `sample_paths` draws fixed episode sets (evaluation, tuning) as common random numbers. Episode e
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from envs.instance import Instance, InstanceError, TensorInstance, exposure, factor_shape
+from envs.demand_law import demand_rate, draw_demand, draw_demand_torch, item_rates
+from envs.instance import Instance, InstanceError, TensorInstance, factor_shape
 from plumbing import validate
 from plumbing.errors import InputError
 
@@ -64,41 +65,6 @@ def factor_path(rho: float, noise: np.ndarray) -> np.ndarray:
     for t in range(noise.shape[0] - 1):
         path[t + 1] = factor_step(rho, path[t], noise[t + 1])
     return path
-
-
-def demand_rate(lam, beta, factor):
-    """lam_{i,t} = lam_i exp(beta_i F_t - beta_i^2 / 2), eq. (conditional_demand_rate).
-
-    `factor` broadcasts against the trailing item axis: pass it with a trailing singleton axis.
-    """
-    exp = torch.exp if isinstance(factor, torch.Tensor) else np.exp
-    return lam * exp(beta * factor - 0.5 * beta * beta)
-
-
-def item_rates(instance: Instance | TensorInstance, factor):
-    """lam_{i,t} of every item given F_t ([...] at k = 1, else [..., k]; NumPy for an Instance, torch for a
-    TensorInstance): eq. (conditional_demand_rate) at item i's exposure u_i,t (envs.instance.exposure). [..., n]."""
-    return demand_rate(instance.lam, instance.beta, exposure(instance.directions, factor))
-
-
-def gamma_multiplier(overdispersion: np.ndarray, shape: tuple, rng: np.random.Generator) -> np.ndarray:
-    """G_i ~ Gamma(1 / phi_i, phi_i), mean 1 and variance phi_i (G_i = 1 where phi_i = 0), for `shape` [..., n]: the
-    rate multiplier that makes Poisson(rate G) the negative binomial of mean rate and variance rate + phi rate^2."""
-    positive = overdispersion > 0
-    concentration = np.where(positive, 1.0 / np.where(positive, overdispersion, 1.0), 1.0)
-    return np.where(positive, rng.gamma(concentration, np.where(positive, overdispersion, 1.0), size=shape), 1.0)
-
-
-def draw_demand(
-    rate: np.ndarray, overdispersion: np.ndarray | None, rng: np.random.Generator, mixing_rng: np.random.Generator | None = None
-) -> np.ndarray:
-    """D_{i,t} given its rate ([..., n]): Poisson, eq. (conditional_demand), or, with overdispersion phi_i, the
-    gamma-Poisson mixture Poisson(rate G_i) (`gamma_multiplier`), a negative binomial (docs/model.md). The multipliers
-    come from `mixing_rng` (default `rng`): a stream of their own keeps each stream's draws in time order, so that a
-    longer horizon extends the same path (`sample_paths`)."""
-    if overdispersion is None:
-        return rng.poisson(rate)
-    return rng.poisson(rate * gamma_multiplier(overdispersion, np.shape(rate), rng if mixing_rng is None else mixing_rng))
 
 
 def check_cost_range(instance: Instance, horizon: int) -> None:
@@ -224,14 +190,5 @@ class FactorDemandStream:
         return factor_step(self.instance.rho, factor, eps)
 
     def demand(self, factor: torch.Tensor) -> torch.Tensor:
-        """D_{i,t} | F_t, eq. (conditional_demand) (`draw_demand`'s law, with this stream's generator): [B, n]."""
-        rate = item_rates(self.instance, factor)
-        phi = self.instance.overdispersion
-        if phi is not None:
-            positive = phi > 0
-            safe = torch.where(positive, phi, torch.ones_like(phi))
-            concentration = (1.0 / safe).expand_as(rate).contiguous()
-            # torch's own gamma sampler (torch.distributions.Gamma's), drawn from this stream's generator
-            multiplier = torch._standard_gamma(concentration, generator=self.generator) * safe
-            rate = rate * torch.where(positive, multiplier, torch.ones_like(multiplier))
-        return torch.poisson(rate, generator=self.generator)
+        """D_{i,t} | F_t, eq. (conditional_demand) (envs.demand_law.draw_demand_torch, with this stream's generator): [B, n]."""
+        return draw_demand_torch(item_rates(self.instance, factor), self.instance.overdispersion, self.generator)

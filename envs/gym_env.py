@@ -5,7 +5,7 @@ Observation: the flat 11n + 4 features (item tokens item-major, then the global 
 Action: Tuple(Discrete(2), Box(0, 1, (n,))): (Y, u) with proposed quantity Q = u * qbar.
 Reward: -C_t (times `reward_scale`, 1 by default; learners may pass 1 / c_ref, eq. cost_normalization).
 Episodes are truncated after `horizon` steps and start from the initial state of
-`envs.dynamics.initial_state` with F_0 ~ N(0, 1). Demand is `envs.exogenous.draw_demand`'s (Poisson, or negative
+`envs.dynamics.initial_state` with F_0 ~ N(0, 1). Demand is `envs.demand_law.draw_demand`'s (Poisson, or negative
 binomial with overdispersion) at `item_rates` (loadings of either sign); one factor only, as the networks' features
 hold one (`envs.features.check_one_factor`).
 """
@@ -20,8 +20,9 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector.utils import batch_space
 
+from envs.demand_law import draw_demand, item_rates
 from envs.dynamics import State, initial_state, step
-from envs.exogenous import draw_demand, factor_step, item_rates
+from envs.exogenous import factor_step
 from envs.features import GLOBAL_FEATURES, ITEM_FEATURES, check_one_factor, flat_features
 from envs.instance import Instance
 from plumbing import validate

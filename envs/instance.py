@@ -375,6 +375,11 @@ def factor_shape(factors: int) -> tuple[int, ...]:
     return () if factors == 1 else (factors,)
 
 
+def as_loadings(beta: np.ndarray) -> np.ndarray:
+    """Loadings as [n, k]: one factor's [n] as a column."""
+    return beta[:, None] if beta.ndim == 1 else beta
+
+
 def loading_norms(loadings: np.ndarray) -> np.ndarray:
     """|beta_i| [n] of the loadings [n, k]: the loading's size that item i's demand rate uses at its exposure (`exposure`)."""
     return np.sqrt((loadings**2).sum(axis=1))

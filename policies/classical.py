@@ -16,7 +16,7 @@ Raising is Q_i = clip(S_i - IP_i, 0, qbar_i).
 
 Levels come from the demand over the next p periods, D_t + ... + D_{t+p-1}, whose mean and standard
 deviation are known in closed form under eqs. (factor_process)-(conditional_demand_rate), with k factors and
-overdispersion too (`DemandMoments`). An order
+overdispersion too (envs.demand_law.DemandMoments). An order
 placed at t serves demand from t + L_i on, so the reorder level covers p = L_i + 1 periods:
 s_i = m_i + z_s sd_i. The order-up-to level adds cover and cycle stock,
 S_i = m_i + z_S sd_i + k EOQ_i over p = L_i + cover periods (periodic: L_i + R), with the economic order
@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from envs.demand_law import DemandMoments
 from envs.dynamics import State
 from envs.evaluation import rollout_costs, standard_error
 from envs.exogenous import HELDOUT_SEED, TUNING_SEED, sample_paths
@@ -90,73 +91,6 @@ LONG_TUNING = 60.0
 VARIANTS = tuple(f"{f}{s}" for f in FAMILIES for s in ("", "-factor"))
 """Every family, static and factor-aware: what classical-best chooses from."""
 POLICY_NAMES = ("zero", *VARIANTS, "classical-best")
-
-
-class DemandMoments:
-    """Mean and variance of D_t + ... + D_{t+p-1} for p = 1..J, per item, given F_t or stationary, exact under eq.
-    (conditional_demand_rate): rate lam exp(beta u_j - beta^2/2), beta = |beta_i|, u_j = u_{i,t+j} the item's exposure
-    (envs.instance.exposure, an AR(1) of unit variance), overdispersion phi. With A_j = E[u_j], C_jk = Cov(u_j, u_k)
-    (given F_t: A_j = rho^j u_{i,t}, C_jk = rho^|j-k| - rho^(j+k); stationary: A_j = 0, C_jk = rho^|j-k|) and
-    m_j = exp(beta A_j + beta^2 (C_jj - 1) / 2),
-        E[sum_j D_j] = lam sum_j m_j,
-        Var(sum_j D_j) = lam^2 sum_jk m_j m_k (exp(beta^2 C_jk) - 1) + lam sum_j m_j + phi lam^2 sum_j m_j^2 exp(beta^2 C_jj)."""
-
-    def __init__(self, instance: TensorInstance, periods: int):
-        self.instance = instance
-        j = torch.arange(periods, device=instance.device, dtype=instance.dtype)
-        self.rho_j = instance.rho**j  # [J]
-        lag = (j[:, None] - j[None, :]).abs()
-        stationary_cov = instance.rho**lag  # [J, J]
-        conditional_cov = stationary_cov - instance.rho ** (j[:, None] + j[None, :])
-        beta2 = (instance.beta**2)[:, None, None]  # [n, 1, 1]
-        self._gain = {  # exp(beta^2 C) - 1: [n, J, J]
-            aware: torch.expm1(beta2 * cov) for aware, cov in ((False, stationary_cov), (True, conditional_cov))
-        }
-        self._gain_below = {aware: torch.tril(gain, -1) for aware, gain in self._gain.items()}  # G_jk for k < j
-        self._var_drift = {aware: torch.diagonal(cov) - 1 for aware, cov in ((False, stationary_cov), (True, conditional_cov))}
-        self._stationary = self._cumulative(None)  # constant: computed once
-
-    def over(self, factor: torch.Tensor | None, batch: int, *periods: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per entry of `periods` ([B or 1, n], long, 1..J): the mean and s.d. of the demand over that many
-        periods for each of `batch` rows, given each row's F_t (factor [B], or [B, k] with k factors) or stationary
-        (None): [B, n] each."""
-        if factor is None:
-            (cum_mean, cum_var), row = self._stationary, torch.zeros(batch, dtype=torch.long, device=self.rho_j.device)
-        else:  # rows that share an episode share F_t (tuning runs many candidates per episode)
-            distinct, row = distinct_rows(factor)
-            cum_mean, cum_var = self._cumulative(self.instance.exposure(distinct))
-        n, J = cum_mean.shape[1:]
-        start = (row[:, None] * n + torch.arange(n, device=row.device)[None, :]) * J - 1  # flat index of period 0: [B, n]
-        return [(cum_mean.take(start + p), cum_var.take(start + p).clamp_min(0).sqrt()) for p in periods]
-
-    def _cumulative(self, exposure: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cumulative means and variances [U, n, J] given the exposures u_{i,t} ([U, n], or [U, 1] for every item
-        alike), or stationary (None, U = 1)."""
-        inst = self.instance
-        aware = exposure is not None
-        mean_u = (exposure[:, :, None] * self.rho_j) if aware else torch.zeros_like(self.rho_j)[None, None]  # A_j: [U, n or 1, J]
-        beta = inst.beta[None, :, None]  # [1, n, 1]
-        m = torch.exp(beta * mean_u + 0.5 * beta**2 * self._var_drift[aware])  # [U, n, J]
-        gain = self._gain[aware]
-        cross = torch.einsum("njk,bnk->bnj", self._gain_below[aware], m)  # sum_{k<j} G_jk m_k
-        lam = inst.lam[None, :, None]
-        increment = lam * m + lam**2 * (2 * m * cross + m * m * torch.diagonal(gain, dim1=-2, dim2=-1))
-        if inst.overdispersion is not None:  # phi E[rate_j^2] = phi lam^2 m_j^2 (1 + G_jj)
-            increment = increment + inst.overdispersion[None, :, None] * lam**2 * m * m * (1 + torch.diagonal(gain, dim1=-2, dim2=-1))
-        return lam * m.cumsum(-1), increment.cumsum(-1)
-
-
-def distinct_rows(factor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(distinct, row) with factor = distinct[row], for factors [B] or [B, k]. Rows of k factors are keyed on their first
-    coordinate (torch.unique over whole rows is several times slower), checked, and keyed on whole rows only where two
-    distinct rows share a first coordinate."""
-    if factor.dim() == 1:
-        return torch.unique(factor, return_inverse=True)
-    first, row = torch.unique(factor[:, 0], return_inverse=True)
-    distinct = factor.new_zeros(first.shape[0], factor.shape[1]).index_copy_(0, row, factor)
-    if torch.equal(distinct[row], factor):
-        return distinct, row
-    return torch.unique(factor, dim=0, return_inverse=True)
 
 
 def expected_shortfall(mean, sd, position):

@@ -17,7 +17,7 @@ import math
 import numpy as np
 from scipy.fft import irfft, next_fast_len, rfft
 
-from envs.exogenous import demand_rate
+from envs.demand_law import demand_rate, period_laws
 from envs.instance import Instance
 from policies import dp_optimal
 
@@ -59,7 +59,7 @@ def open_cell_masses(rates: np.ndarray, overdispersion: float, step: int, cells:
     """P(m D < D_t < (m + 1) D | rate) for m = 0..cells - 1 at each rate ([M] -> [M, cells]); zeros for D = 1."""
     if step == 1:
         return np.zeros((rates.size, cells))
-    law = dp_optimal._law(rates, overdispersion)[0]
+    law = period_laws(rates, overdispersion)[0]
     edges = step * np.arange(cells + 1)[None, :]
     return np.clip(law.cdf(edges[:, 1:] - 1) - law.cdf(edges[:, :-1]), 0.0, None)
 

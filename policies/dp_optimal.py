@@ -31,8 +31,9 @@ from scipy.fft import irfft, next_fast_len, rfft
 from scipy.signal import fftconvolve
 from tqdm import tqdm
 
+from envs.demand_law import conditional_variance, demand_rate, demand_top, period_laws
 from envs.dynamics import State
-from envs.exogenous import demand_rate, innovation_scale
+from envs.exogenous import innovation_scale
 from envs.instance import Instance, TensorInstance
 from plumbing import validate
 from plumbing.errors import InputError
@@ -137,36 +138,19 @@ def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float =
 # ---- demand laws on the chain --------------------------------------------------------------------
 
 
-def demand_top(rates: np.ndarray, overdispersion: float, tail: float) -> int:
-    """dmax: one past the point where one period's demand law ([M] rates, `demand_law`) has an upper tail below `tail`
-    at the largest rate."""
-    if overdispersion > 0:
-        return int(stats.nbinom.isf(tail, 1.0 / overdispersion, 1.0 / (1.0 + overdispersion * rates.max()))) + 1
-    return int(stats.poisson.isf(tail, rates.max())) + 1
-
-
-def _law(rates: np.ndarray, overdispersion: float):
-    """scipy's law of one period's demand at each rate [M, 1], and the law whose cdf at m - 1 gives E[D; D <= m] / rate
-    (Poisson: itself; negative binomial: the shape one larger), for `demand_law` on a coarse lattice."""
-    if overdispersion > 0:
-        shape, success = 1.0 / overdispersion, 1.0 / (1.0 + overdispersion * rates[:, None])
-        return stats.nbinom(shape, success), stats.nbinom(shape + 1.0, success)
-    return stats.poisson(rates[:, None]), stats.poisson(rates[:, None])
-
-
 def demand_law(rates: np.ndarray, overdispersion: float, tail: float, step: int = 1) -> np.ndarray:
     """pmf rows [M, ceil(dmax / step) + 1] of one period's demand given each rate [M], eq. (conditional_demand): Poisson at
     overdispersion phi = 0, else the negative binomial of mean rate and variance rate + phi rate^2 (the gamma-Poisson mixture
-    envs.exogenous.draw_demand samples), truncated at dmax (`demand_top`) with the tail mass on the last point. With `step`
+    envs.demand_law.draw_demand samples), truncated at dmax (`demand_top`) with the tail mass on the last point. With `step`
     D > 1 the law is split onto the multiples of D, keeping its mean (docs/methods.md, "The DP at real volumes")."""
     dmax = demand_top(rates, overdispersion, tail)
     if step == 1:
-        law = _law(rates, overdispersion)[0]
+        law = period_laws(rates, overdispersion)[0]
         pmf = law.pmf(np.arange(dmax + 1)[None, :])
     else:
         points = -(-dmax // step)
         edges = step * np.arange(points + 1)[None, :]  # [1, J+1] the interval [j D, (j + 1) D) starts at edges[j]
-        law, shifted = _law(rates, overdispersion)
+        law, shifted = period_laws(rates, overdispersion)
         below = law.cdf(edges - 1)  # P(D < j D): [M, J+1]
         first = rates[:, None] * shifted.cdf(edges - 2)  # E[D; D < j D]
         mass, moment = np.diff(below, axis=1), np.diff(first, axis=1)  # each interval's P and E[D; interval]: [M, J]
@@ -292,7 +276,7 @@ def lead_time_spread(lam: float, overdispersion: float, lead: int, beta: float =
     """The standard deviation of the demand of L + 1 periods given the current factor (the scale `lattice_step` resolves), the
     rate linearised in the factor: sqrt((L + 1)(lam + phi lam^2) + lam^2 beta^2 (1 - rho^2) sum_{m=1..L} (1 + rho + ... +
     rho^(m-1))^2) (docs/methods.md, "The DP at real volumes")."""
-    own = (lead + 1) * (lam + overdispersion * lam * lam)
+    own = (lead + 1) * conditional_variance(lam, overdispersion)
     moved = sum(sum(rho**j for j in range(m)) ** 2 for m in range(1, lead + 1))
     return math.sqrt(own + lam * lam * beta * beta * (1.0 - rho * rho) * moved)
 

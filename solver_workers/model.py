@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from envs.exogenous import draw_demand, factor_step, item_rates
+from envs.demand_law import draw_demand, item_rates
+from envs.exogenous import factor_step
 from envs.instance import LMAX, Instance, factor_shape
 from plumbing.errors import InputError
 

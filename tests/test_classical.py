@@ -7,12 +7,13 @@ import pytest
 import torch
 from scipy import stats
 
+from envs.demand_law import DemandMoments, draw_demand, item_rates
 from envs.dynamics import State
 from envs.evaluation import evaluate, paired_comparison
-from envs.exogenous import HELDOUT_SEED, TUNING_SEED, draw_demand, factor_step, item_rates, sample_paths
+from envs.exogenous import HELDOUT_SEED, TUNING_SEED, factor_step, sample_paths
 from envs.instance import Instance, paper_instance
 from policies import classical
-from policies.classical import FAMILIES, DemandMoments, Parameter, make_policy, refine, tune_family
+from policies.classical import FAMILIES, Parameter, make_policy, refine, tune_family
 
 
 @pytest.mark.parametrize("factor", [None, 1.2])

@@ -109,7 +109,8 @@ def test_a_worker_keeps_its_rows_of_the_whole_batchs_exogenous_draws():
     """exogenous_step for the rows of rank 0 and rank 1 (two streams of one seed, as two workers hold) gives
     the draws of one process holding all 8 rows; drawing only a worker's own rows' demands would not, since
     torch.poisson's use of the generator depends on every rate."""
-    from envs.exogenous import FactorDemandStream, demand_rate
+    from envs.demand_law import demand_rate
+    from envs.exogenous import FactorDemandStream
     from trainers.streams import exogenous_step
 
     inst = paper_instance(3, 0).to_torch(dtype=torch.float64)

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from envs.demand_law import item_rates
 from envs.dynamics import initial_state
 from envs.evaluation import evaluate
-from envs.exogenous import FactorDemandStream, item_rates, sample_paths
+from envs.exogenous import FactorDemandStream, sample_paths
 from envs.features import check_one_factor, global_token, item_tokens
 from envs.instance import Instance, InstanceError, paper_instance, with_factors
 from envs.results import write_evaluation

@@ -323,7 +323,7 @@ def test_signed_loadings_on_three_factors_solve_the_one_factor_item_at_its_expos
 
 def test_negative_binomial_value_agrees_with_simulation_on_three_factors():
     """k = 3 signed loadings, phi = 0.3: the DP's value equals the mean cost of its own policy on paths drawn by the
-    simulator (F in R^3, the gamma-Poisson draw of envs.exogenous.draw_demand) within 3 s.e. plus twice the grid's
+    simulator (F in R^3, the gamma-Poisson draw of envs.demand_law.draw_demand) within 3 s.e. plus twice the grid's
     error, as in the Poisson checks above. Fails when the DP's law, or the factor the policy reads, is not the
     simulator's (measured: value 169.3, simulated 171.8 +- 1.9; the Poisson DP's value 137.2)."""
     inst = signed_item(0.3)

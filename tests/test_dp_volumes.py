@@ -14,6 +14,7 @@ import pytest
 import torch
 from scipy import stats
 
+from envs import demand_law
 from envs.dynamics import State
 from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import sample_paths
@@ -52,7 +53,7 @@ def test_the_coarse_demand_law_splits_each_integer_demand_between_its_neighbours
     the mean. Catches a wrong partial mean (the shape one larger for the negative binomial) or a side swapped."""
     rates, step = np.array([3.0, 40.0]), 5
     law = dp_optimal.demand_law(rates, phi, 1e-13, step)
-    dmax = dp_optimal.demand_top(rates, phi, 1e-13)
+    dmax = demand_law.demand_top(rates, phi, 1e-13)
     reference = np.zeros_like(law)
     for i, rate in enumerate(rates):
         pmf = stats.nbinom.pmf(np.arange(dmax + 1), 1 / phi, 1 / (1 + phi * rate)) if phi else stats.poisson.pmf(np.arange(dmax + 1), rate)

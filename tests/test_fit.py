@@ -18,7 +18,8 @@ from demand.fitting import fit_history
 from demand.moment_estimator import BETA_MAX, LAGS, RHO_MAX, estimate, fit_moments, lagged_covariances
 from demand.sales_history import history_matrix
 from demand.simulation import simulate_demand, simulate_history
-from envs.exogenous import demand_rate, factor_step, sample_paths
+from envs.demand_law import demand_cdf, demand_rate
+from envs.exogenous import factor_step, sample_paths
 from envs.instance import Instance, paper_instance
 from plumbing.errors import InputError
 
@@ -722,7 +723,7 @@ def test_a_larger_outlier_is_never_flagged_less_than_a_smaller_one():
     1,000,000: from the first size that is flagged on, every larger one is, with a tail p that never grows; 500 and 2,000
     (which the item's own dispersion let through) are flagged. The broken control, the cell judged only at its own value
     under a dispersion that includes it, passes 500 after flagging 100 on this history."""
-    from demand.fit_checks import OUTLIER_LEVEL, demand_cdf, outlying_cells
+    from demand.fit_checks import OUTLIER_LEVEL, outlying_cells
 
     clean = simulate_demand(np.array([2.0, 3.0, 5.0, 6.0, 7.0, 8.0]), np.full(6, 0.3), 0.8, 365, np.random.default_rng(11))
     sizes = [20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 20_000, 100_000, 1_000_000]
@@ -756,7 +757,7 @@ def test_the_model_s_own_heavy_tails_are_not_outlying_cells():
     take: no cell is flagged (the test's level is 0.001 per history). The broken control, each cell judged by the
     dispersion of the item's other periods alone, flags cells in several of them: a heavy tail's largest cell is most of
     its variance."""
-    from demand.fit_checks import OUTLIER_LEVEL, demand_cdf, outlying_cells
+    from demand.fit_checks import OUTLIER_LEVEL, outlying_cells
 
     lam = np.exp(np.linspace(0.0, math.log(500.0), 40))
     histories = [simulate_demand(lam, np.full(40, 0.6), 0.8, 121, np.random.default_rng(s), np.full(40, 10.0)) for s in range(50)]

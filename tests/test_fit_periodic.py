@@ -3,7 +3,7 @@ report"): the day of the week of a daily history, the week of the year of a week
 the year of a monthly one.
 
 The histories are the project's own model (the factor of envs.exogenous.sample_paths, the rates of
-envs.exogenous.demand_rate) with the rates multiplied by a calendar profile; the control is the same factor path
+envs.demand_law.demand_rate) with the rates multiplied by a calendar profile; the control is the same factor path
 without it."""
 
 import json
@@ -18,7 +18,8 @@ from scipy.stats import chi2
 from demand.fit_checks import season_statistic
 from demand.fitting import fit_history
 from demand.simulation import simulate_demand
-from envs.exogenous import demand_rate, sample_paths
+from envs.demand_law import demand_rate
+from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
 
 DAILY = paper_instance(8, 5)

@@ -165,3 +165,42 @@ def test_a_policy_s_kind_is_compared_as_its_type_not_as_text():
         if pattern.search(line)
     ]
     assert found == []
+
+
+LAW_MODULE = "envs/demand_law.py"
+LAW_CALLS = ("poisson", "gamma", "_standard_gamma", "gammaln", "betainc", "pdtr")
+"""Calls that draw a demand or evaluate its probability: NumPy's and torch's samplers, scipy's special functions."""
+SCIPY_LAWS = ("poisson", "nbinom")
+
+
+def law_calls(source: str) -> list[str]:
+    """The places in `source` that draw or evaluate a law of demand themselves: a call of a sampler or special function
+    (`rng.poisson(...)`, `gammaln(...)`), scipy's laws (`stats.nbinom`, `from scipy.stats import poisson`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if called in LAW_CALLS:
+                found.append(f"line {node.lineno}: {called}()")
+        elif isinstance(node, ast.Attribute) and node.attr in SCIPY_LAWS and getattr(node.value, "id", None) == "stats":
+            found.append(f"line {node.lineno}: stats.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("scipy"):
+            found += [f"line {node.lineno}: import {a.name}" for a in node.names if a.name in SCIPY_LAWS + LAW_CALLS]
+    return found
+
+
+def test_the_demand_law_is_written_in_one_module():
+    """No library module but envs/demand_law.py draws demand or evaluates its law (the simulators, the DP, the MILP's
+    scenarios, the fit and the filter ask that module). The control: a made-up module drawing its own Poisson is seen."""
+    found = {
+        str(path.relative_to(ROOT)): law_calls(path.read_text())
+        for package in LIBRARY
+        for path in sorted((ROOT / package).glob("*.py"))
+        if str(path.relative_to(ROOT)) != LAW_MODULE
+    }
+    assert {path: calls for path, calls in found.items() if calls} == {}
+    assert (
+        law_calls((ROOT / LAW_MODULE).read_text())
+        and law_calls("demand = rng.poisson(rate)\n")
+        and law_calls("from scipy.stats import nbinom\n")
+    )

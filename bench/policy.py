@@ -33,7 +33,7 @@ from envs.dynamics import State, initial_state, step
 from envs.exogenous import HELDOUT_SEED, FactorDemandStream, sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
-from policies.classical import make_policy
+from policies.classical import RULES, make_policy
 from trainers.pathwise import PathwiseTrainer
 from trainers.pathwise_config import NO_WARM_START, build_network
 from trainers.policy import LearnedPolicy
@@ -65,7 +65,7 @@ def median_seconds(fn, repeats):
 def latency(device):
     for n in (16, 64, 1024):
         tinst = paper_instance(n, 0).to_torch(device)
-        classical = make_policy(tinst, "base-stock-factor", BASE_STOCK)
+        classical = make_policy(tinst, RULES["base-stock-factor"], BASE_STOCK)
         for batch in (1, 128):
             state = initial_state(tinst, FactorDemandStream(tinst, batch, 0).initial_factor())
             reference = median_seconds(lambda: classical(state, tinst), 20)  # noqa: B023 (called at once, inside the loop)
@@ -160,7 +160,7 @@ def fast_path(device, n=1024):
 def heldout_states(instance, tinst, episodes, horizon) -> State:
     """The states a base-stock rollout visits on the first `episodes` held-out paths (episodes * horizon states)."""
     paths = sample_paths(instance, HELDOUT_SEED, episodes, horizon, tinst.device)
-    classical = make_policy(tinst, "base-stock-factor", BASE_STOCK)
+    classical = make_policy(tinst, RULES["base-stock-factor"], BASE_STOCK)
     state, visited = initial_state(tinst, paths.factor[:, 0]), []
     for t in range(horizon):
         visited.append(state)

@@ -13,6 +13,7 @@ import torch
 
 from envs.instance import paper_instance
 from ray_access.session import init_ray
+from trainers.config import MethodName
 from trainers.pathwise import PathwiseTrainer
 from trainers.registry import method_config
 from trainers.rllib_ppo import build_algorithm
@@ -43,7 +44,7 @@ def main():
                     algo.train()
                 full = args.updates * config.batch * config.rollout / (time.perf_counter() - start)
                 algo.stop()
-            pathwise_method = "or-transformer" if method == "transformer-ppo" else "hpo"
+            pathwise_method = MethodName.OR_TRANSFORMER if method == MethodName.TRANSFORMER_PPO else MethodName.HPO
             trainer = PathwiseTrainer(method_config(pathwise_method, "cpu"), inst.to_torch())
             trainer.step()
             start = time.perf_counter()

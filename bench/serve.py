@@ -50,7 +50,7 @@ from starlette.requests import Request as StarletteRequest
 from starlette.responses import Response
 
 from envs.instance import LMAX, paper_instance
-from policies.names import CHECKPOINT_PREFIX
+from policies.names import checkpoint_spec
 from ray_access.session import init_ray, stop_ray
 from serving.app import ONGOING_REQUESTS, REQUEST_TIMEOUT_S, ServiceConfig, application
 from serving.decisions import Decider, read_states
@@ -415,7 +415,7 @@ class ServiceBench:
 
     def checkpoint_config(self, preset: str, n: int, **options) -> ServiceConfig:
         """The service's config for the checkpoint of `preset`'s network at `n`, with `options`."""
-        return ServiceConfig(policy=CHECKPOINT_PREFIX + str(self.checkpoints[(preset, n)]), **options)
+        return ServiceConfig(policy=checkpoint_spec(self.checkpoints[(preset, n)]), **options)
 
     def ceilings(self) -> None:
         """The load generator's ceiling (a plain HTTP server answering a constant) and Serve's (a replica answering one)."""

@@ -32,7 +32,7 @@ from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
 from policies import group_bound, information_bound, joint_dp, share_schedule
-from policies.classical import tuned_policy
+from policies.classical import RULES_OF, tuned_policy
 from policies.decomposition import DecompositionOptions, item_values, lookahead_policy, search_split
 
 HORIZON = 50
@@ -72,7 +72,7 @@ def policies(instance, points: int, episodes: int) -> dict:
     figures = {"dp-optimal": {"mean": exact.mean, "se": exact.se}}
     for name, (policy, _) in (
         ("decomposition-lookahead", lookahead_policy(instance, HORIZON)),
-        ("classical-best", tuned_policy(instance, "classical-best", HORIZON)),
+        ("classical-best", tuned_policy(instance, "classical-best", RULES_OF["classical-best"], HORIZON)),
     ):
         result = evaluate(policy, instance.to_torch(), paths)
         paired = paired_comparison(result.discounted_cost, exact.discounted_cost)

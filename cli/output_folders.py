@@ -2,7 +2,7 @@
 handling (a `Path` would collapse `s3://b/x` into `s3:/b/x`); `resolve_out` checks it before any work starts
 (docs/cluster.md).
 
-Results are written through the file system (atomic renames, envs/results.py), so --out is a path, never a
+Results are written through the file system (atomic renames, run_results/records.py), so --out is a path, never a
 URI. Under `ray job submit` the driver runs in Ray's temporary copy of --working-dir (inside the Ray session
 folder, runtime_resources/working_dir_files/...), which Ray deletes and the user never looks in: a job's --out
 must be absolute and outside that copy. Nothing here imports Ray: the scripts check --out before they start it.
@@ -11,7 +11,7 @@ An output never lies inside what a run reads or another run wrote (`apart_from_i
 the script reads (a policy's tables, a checkpoint's run folder) would change under the run that reads it, and a file
 or folder inside another run's folder (a bound's equal-shares/, a backtest's policy folder) would change that run
 behind its own record (summary.json, backtest.json, split.jsonl), which would go on vouching for it. A run's own
-folder is replaced whole with --overwrite (envs.results.check_run_folder, clear_run), never a part of it.
+folder is replaced whole with --overwrite (run_results.records.check_run_folder, clear_run), never a part of it.
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def apart_from_inputs(out: Path, inputs: dict[str, object], folders: dict[str, o
 
 
 def outside_runs(out: Path, what: str) -> None:
-    """Refuse an output that lies inside another run's folder (a folder above it that envs.results.run_record recognises): that
+    """Refuse an output that lies inside another run's folder (a folder above it that run_results.records.run_record recognises): that
     run's record would go on vouching for files that are no longer its own, or stand beside foreign ones."""
-    from envs.results import run_record  # torch and scipy: loaded when an output is checked, not when cli.scripts is imported
+    from run_results.records import run_record  # torch and scipy: loaded when an output is checked, not when cli.scripts is imported
 
     for folder in out.resolve().parents:
         if (held := run_record(folder)) is not None:

@@ -18,8 +18,9 @@ from demand.factor_smoother import smooth_factor
 from demand.fit_checks import DISPERSION_LEVEL, holdout_check, periodic_check
 from demand.fit_report import report_numbers
 from demand.moment_estimator import RHO_MAX, Estimate, estimate, lagged_covariances, model_loadings, varimax
-from demand.sales_history import History, check_fit_length, default_caps, file_sha256, history_matrix, match_items, read_costs
+from demand.sales_history import History, check_fit_length, default_caps, history_matrix, match_items, read_costs
 from envs.instance import check_constant, check_factors_for_items
+from plumbing.files import file_sha256
 
 
 def fit_history(

@@ -6,15 +6,16 @@ table gives none. Every refusal is one InstanceError that names the file, the it
 from __future__ import annotations
 
 import datetime
-import hashlib
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from envs.demand_law import periods_quantile
-from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys, number_column, read_table, table_format
+from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys
 from plumbing import validate
+from plumbing.files import file_sha256
+from plumbing.tables import number_column, read_table, table_format
 
 MIN_PERIODS = 50
 """Fewest periods a history may have: with T periods a lag-1 autocorrelation has standard error about 1/sqrt(T),
@@ -68,14 +69,6 @@ class Costs:
 
 def _bad(path, item, period, what: str) -> InstanceError:
     return InstanceError(f"history '{path}' item '{item}' period {period}: {what}")
-
-
-def file_sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _periods(column, path, items: np.ndarray) -> tuple[np.ndarray, str, callable]:
@@ -159,7 +152,7 @@ def _demand(table, path, items: np.ndarray, keys: np.ndarray, label) -> np.ndarr
     import pyarrow.compute as pc
 
     column = table.column("demand")
-    csv = table_format(path, "history") == "csv"
+    csv = table_format(path, "history", InstanceError) == "csv"
     if csv:
         text = pc.utf8_trim_whitespace(column.fill_null(""))
         is_number = pc.match_substring_regex(text, NUMBER_TEXT).to_numpy(zero_copy_only=False)
@@ -198,7 +191,7 @@ def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callabl
     import pyarrow as pa
 
     header = "a header line item,period,demand and one row per item and period"
-    path, table = read_table(path, "history", header, {"item": pa.string(), "demand": pa.string()})
+    path, table = read_table(path, "history", header, {"item": pa.string(), "demand": pa.string()}, InstanceError)
     exact_keys(set(table.column_names), set(HISTORY_COLUMNS), f"history '{path}' columns")
     if table.num_rows == 0:
         raise InstanceError(f"history '{path}' has no rows; expected {header}")
@@ -306,7 +299,7 @@ def read_costs(path) -> Costs:
     import pyarrow as pa
 
     header = "a header line item,h,b,lead (and optionally qbar) and one row per item"
-    path, table = read_table(path, "cost table", header, {"item": pa.string()})
+    path, table = read_table(path, "cost table", header, {"item": pa.string()}, InstanceError)
     validate.keys(set(table.column_names), f"cost table '{path}' columns", {*COST_COLUMNS, "qbar"}, COST_COLUMNS, error=InstanceError)
     if table.num_rows == 0:
         raise InstanceError(f"cost table '{path}' has no rows; expected {header}")
@@ -320,7 +313,7 @@ def read_costs(path) -> Costs:
             raise InstanceError(f"cost table '{path}' item '{item}': a second row for the same item; write one row per item")
         seen.add(item)
     numbers = {
-        name: np.asarray(number_column(table, name, path), dtype=np.float64)
+        name: np.asarray(number_column(table, name, path, InstanceError), dtype=np.float64)
         for name in ("h", "b", "lead", "qbar")
         if name in table.column_names
     }

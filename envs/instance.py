@@ -9,7 +9,6 @@ and the cost normaliser (eq. cost_normalization) need.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -20,8 +19,9 @@ import numpy as np
 import torch
 
 from plumbing import validate
-from plumbing.errors import InputError, first_line
-from plumbing.files import atomic_write_text, input_file, read_text
+from plumbing.errors import InputError
+from plumbing.files import atomic_write_text, read_text
+from plumbing.tables import number_column, read_table
 
 LMAX = 4
 """Maximum admissible lead time L_max; the item token has L_max - 1 = 3 in-transit slots."""
@@ -337,7 +337,7 @@ class Instance:
         """Import an item table (a UTF-8 CSV or a Parquet file) with exactly the columns h, b, lam, beta, lead, qbar
         and one row per item."""
         header = f"a header line {','.join(ITEM_COLUMNS)} and one row per item"
-        path, table = read_table(path, "item table", header)
+        path, table = read_table(path, "item table", header, error=InstanceError)
         columns = set(table.column_names)
         k = sum(1 for c in columns if LOADING_COLUMN.fullmatch(c))
         loading_columns = [f"loading{j}" for j in range(1, k + 1)]
@@ -348,9 +348,9 @@ class Instance:
         validate.keys(columns, f"item table '{path}' columns{hint}", expected | {"overdispersion"}, expected, error=InstanceError)
         if table.num_rows == 0:
             raise InstanceError(f"item table '{path}' has no rows; expected {header} (n >= 1)")
-        values = {name: number_column(table, name, path) for name in expected - set(loading_columns)}
+        values = {name: number_column(table, name, path, InstanceError) for name in expected - set(loading_columns)}
         if k:
-            values["loadings"] = np.column_stack([number_column(table, c, path) for c in loading_columns])
+            values["loadings"] = np.column_stack([number_column(table, c, path, InstanceError) for c in loading_columns])
         return cls(**{"beta": None} | values, K=K, gamma=gamma, rho=rho)
 
     def item_table(self):
@@ -401,71 +401,6 @@ def exposure(directions, factor):
     if directions.shape[1] == 1:
         return factor[..., None] * directions[:, 0]
     return factor @ directions.T
-
-
-TABLE_SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
-"""The suffixes of the tables the project reads and writes (item tables, histories, cost tables) and their formats."""
-
-
-def table_format(path, what: str) -> str:
-    """'csv' or 'parquet', the format `path`'s suffix names (TABLE_SUFFIXES); any other suffix is one InstanceError
-    naming `what` ("history", "--out")."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in TABLE_SUFFIXES:
-        raise InstanceError(f"{what} '{path}': expected a .csv or .parquet (.pq) file, got '{suffix}'")
-    return TABLE_SUFFIXES[suffix]
-
-
-def read_table(path: str | os.PathLike, what: str, header: str, column_types: dict | None = None):
-    """(path, pyarrow Table) of a UTF-8 CSV (with a header line) or Parquet input file; one InputError naming `what`
-    and the path for a missing, unreadable, empty or malformed file. `column_types` fixes CSV column types by name
-    (e.g. item names as text, so that '007' stays '007')."""
-    import pyarrow as pa
-    import pyarrow.csv
-    import pyarrow.parquet
-
-    path = input_file(path, what)
-    csv = table_format(path, what) == "csv"
-    try:
-        if csv:
-            text = read_text(path, what)
-            if not text.strip():
-                raise InstanceError(f"{what} '{path}' is empty; expected {header}")
-            options = pyarrow.csv.ConvertOptions(column_types=column_types or {})
-            # one thread (here and for Parquet): Arrow's CPU thread pool, once started, can abort the interpreter's exit
-            # ("terminate called without an active exception", SIGABRT: 2 of 6 runs of instance.py --items here)
-            reading = pyarrow.csv.ReadOptions(use_threads=False)
-            table = pyarrow.csv.read_csv(io.BytesIO(text.encode()), read_options=reading, convert_options=options)
-        else:
-            table = pyarrow.parquet.read_table(path, use_threads=False)
-    except pa.ArrowException as exc:
-        raise InstanceError(f"{what} '{path}' is not a readable {'CSV' if csv else 'Parquet'} file ({first_line(exc)})") from None
-    return path, table
-
-
-def number_column(table, name: str, path) -> list:
-    """The values of the numeric column `name` of an item table read from `path`; missing values or text are one
-    InstanceError naming the column."""
-    import pyarrow as pa
-
-    column = table.column(name)
-    if column.null_count:
-        raise InstanceError(f"instance field '{name}': {column.null_count} missing values in '{path}'")
-    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
-        raise InstanceError(
-            f"item table '{path}' column '{name}': expected numbers, got {column.type} values{_first_text(column.to_pylist())}"
-        )
-    return column.to_pylist()
-
-
-def _first_text(values: list) -> str:
-    """' (first: "abc" in row 3)' for the first value of a text column that is not a number; '' if none."""
-    for row, value in enumerate(values, start=1):
-        try:
-            float(value)
-        except (TypeError, ValueError):
-            return f" (first: {json.dumps(value)} in data row {row})"
-    return ""
 
 
 def exact_keys(keys, expected: set, where: str) -> None:

@@ -43,13 +43,22 @@ from envs.evaluation import EVAL_HORIZON, Evaluation
 from envs.exogenous import check_cost_range
 from envs.history_replay import check_window, paired_comparisons, replay, window_count, window_se
 from envs.instance import Instance
-from envs.results import BACKTEST, BACKTEST_FILE, BACKTEST_FORMAT, BACKTEST_KIND, EVALUATION, check_run_folder, clear_run, write_evaluation
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
 from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, named_label, policy_spec
+from run_results.records import (
+    BACKTEST,
+    BACKTEST_FILE,
+    BACKTEST_FORMAT,
+    BACKTEST_KIND,
+    EVALUATION,
+    check_run_folder,
+    clear_run,
+    write_evaluation,
+)
 from trainers.resolver import ResolvedPolicy, resolve
 
 VERSION = 1

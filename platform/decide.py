@@ -31,7 +31,7 @@ from cli.scripts import device, learned_policy_flags, run_cli, script_parser
 from envs.instance import Instance
 from plumbing.errors import InputError
 from plumbing.files import input_file, read_file
-from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
+from policies.names import checkpoint_spec, policy_spec
 from serving.decisions import load_decider, read_states
 from trainers.checkpoint import checkpoint_file
 
@@ -57,7 +57,7 @@ def main() -> None:
         raise InputError(f"--policy {args.policy}: needs --instance (a named policy is tuned or solved for an instance)")
     input_file(args.state, "state file")
     instance = Instance.load(args.instance) if args.instance else None
-    policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint) if args.checkpoint is not None else args.policy
+    policy = checkpoint_spec(args.checkpoint) if args.checkpoint is not None else args.policy
     data = read_file(args.state, "state file")
     where = f"state file '{args.state}'"
     if args.policy is not None:  # checked before the policy is tuned or solved

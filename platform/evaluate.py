@@ -25,11 +25,11 @@ from cli.scripts import device, held_out_flags, learned_policy_flags, run_cli, s
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance
-from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
 from policies.classical import POLICY_NAMES
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import TABLES_PREFIX, policy_spec
+from run_results.records import EVALUATION, check_run_folder, clear_run, write_evaluation
 from trainers.resolver import resolve
 
 

@@ -18,15 +18,15 @@ from cli.scripts import horizon, positive_int, run_cli, script_parser, seed
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_path_size, sample_paths
 from envs.instance import paper_instance
-from envs.results import EVALUATION, check_run_folder, clear_run, write_evaluation
-from policies.classical import POLICY_NAMES, VARIANTS, classical_best, tune_family, tuned_as_policy, zero_policy
+from policies.classical import CLASSICAL_BEST, POLICY_NAMES, RULES, ZERO, classical_best, tune_family, tuned_as_policy, zero_policy
 from ray_access.session import init_ray, stop_ray
+from run_results.records import EVALUATION, check_run_folder, clear_run, write_evaluation
 
 
 @ray.remote(num_cpus=1)
-def tune_task(instance, name, horizon):
+def tune_task(instance, rule, horizon):
     torch.set_num_threads(1)
-    return tune_family(instance, name, horizon=horizon)
+    return tune_family(instance, rule, horizon=horizon)
 
 
 def main() -> None:
@@ -47,17 +47,17 @@ def main() -> None:
     check_path_size(instance.n, args.episodes, args.horizon, "--episodes")  # before anything is written or Ray starts
     instance.save(out / "instance.json")
     init_ray(os.cpu_count() or 1)  # the cluster under `ray job submit` (RAY_ADDRESS), else an embedded Ray
-    print(f"tuning {len(VARIANTS)} classical policies on n={instance.n} (seed {args.seed}) in parallel Ray tasks ...", flush=True)
-    tuned = ray.get([tune_task.remote(instance, name, args.horizon) for name in VARIANTS])
+    print(f"tuning {len(RULES)} classical policies on n={instance.n} (seed {args.seed}) in parallel Ray tasks ...", flush=True)
+    tuned = ray.get([tune_task.remote(instance, rule, args.horizon) for rule in RULES.values()])
     stop_ray()
 
     tinst = instance.to_torch()
     paths = sample_paths(instance, HELDOUT_SEED, args.episodes, args.horizon)
     best, best_parameters = classical_best(instance, tuned)
     entries = {
-        "zero": (zero_policy, {}),
+        ZERO: (zero_policy, {}),
         **{t.name: tuned_as_policy(instance, t, t.seconds) for t in tuned},
-        "classical-best": (best, best_parameters),
+        CLASSICAL_BEST: (best, best_parameters),
     }
     results = {}
     for name, (policy, params) in entries.items():
@@ -65,14 +65,14 @@ def main() -> None:
         clear_run(out / name)  # what --overwrite replaces: the folder held no run otherwise
         write_evaluation(out / name, name, results[name], HELDOUT_SEED, {**vars(args), "policy": name}, params, instance=instance)
 
-    reference = results["classical-best"].discounted_cost
+    reference = results[CLASSICAL_BEST].discounted_cost
     print(
         f"\nheld-out: {args.episodes} episodes x {args.horizon} steps, seed {HELDOUT_SEED}; classical-best = {best_parameters['family']}\n"
     )
     print(f"{'policy':<26}{'mean':>12}{'s.e.':>10}{'vs classical-best (95% CI)':>40}{'tuning s':>10}")
     for name, result in results.items():
         cmp = paired_comparison(result.discounted_cost, reference)
-        ci = "reference" if name == "classical-best" else f"{cmp.mean_difference:+.1f} [{cmp.ci_low:+.1f}, {cmp.ci_high:+.1f}]"
+        ci = "reference" if name == CLASSICAL_BEST else f"{cmp.mean_difference:+.1f} [{cmp.ci_low:+.1f}, {cmp.ci_high:+.1f}]"
         print(f"{name:<26}{result.mean:>12.1f}{result.se:>10.1f}{ci:>40}{entries[name][1].get('tuning_seconds', 0.0):>10.1f}")
     print(f"\nresults in {out}/<policy>/summary.json and costs.parquet")
 

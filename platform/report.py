@@ -32,7 +32,6 @@ import numpy as np
 from cli.output_folders import out_argument, resolve_out
 from cli.scripts import count, device, run_cli, script_parser
 from envs.evaluation import SE_MIN_VALUES, paired_comparison, standard_error
-from envs.results import BACKTEST_KIND, read_evaluation
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
 from policies.decomposition import NAME as DECOMPOSITION
@@ -45,6 +44,7 @@ from policies.decomposition import (
     run_tightest_bound,
     tightest_text,
 )
+from run_results.records import BACKTEST_KIND, read_evaluation
 
 
 def load(directory: str) -> dict:

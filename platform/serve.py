@@ -23,7 +23,7 @@ import time
 from cli.scripts import learned_policy_flags, non_negative_real, port, positive_int, ray_address, run_cli, script_parser
 from plumbing.errors import InputError
 from plumbing.files import input_file
-from policies.names import CHECKPOINT_PREFIX, parse_policy, policy_spec
+from policies.names import checkpoint_spec, policy_spec
 from trainers.checkpoint import checkpoint_file
 
 APP_NAME = "decisions"
@@ -66,7 +66,7 @@ def parse_args() -> argparse.Namespace:
     )
     args = parser.parse_args()
     if args.checkpoint:
-        args.policy = parse_policy(CHECKPOINT_PREFIX + args.checkpoint, "--checkpoint")
+        args.policy = checkpoint_spec(args.checkpoint)
     return args
 
 

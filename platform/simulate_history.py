@@ -17,12 +17,13 @@ from pathlib import Path
 from cli.output_folders import out_argument, resolve_out
 from cli.scripts import horizon, run_cli, script_parser, seed
 from demand.simulation import simulate_history
-from envs.instance import Instance, table_format
+from envs.instance import Instance
 from plumbing.files import atomic_write
+from plumbing.tables import table_format
 
 
 def write_table(table, path: Path) -> None:
-    """`table` as the file `path`, in the format its suffix names (envs.instance.table_format)."""
+    """`table` as the file `path`, in the format its suffix names (plumbing.tables.table_format)."""
     import pyarrow.csv
     import pyarrow.parquet
 

@@ -4,6 +4,7 @@ file") and its path; and every file the platform writes written atomically (`ato
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -103,3 +104,12 @@ def read_parquet(path: str | os.PathLike, unreadable: Callable[[str], Exception]
         return pq.read_table(path, **options)
     except (pa.ArrowException, OSError) as exc:
         raise unreadable(first_line(exc)) from None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of the file at `path` (hex), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -88,9 +88,30 @@ TUNING_EPISODES = 64
 """Training paths a variant is tuned on."""
 LONG_TUNING = 60.0
 """Seconds of estimated tuning above which `tuned_policy` with progress prints its estimate."""
-VARIANTS = tuple(f"{f}{s}" for f in FAMILIES for s in ("", "-factor"))
-"""Every family, static and factor-aware: what classical-best chooses from."""
-POLICY_NAMES = ("zero", *VARIANTS, "classical-best")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A tuned rule: its family (FAMILIES) and whether it reads the factor (factor-aware; its name ends in -factor)."""
+
+    family: str
+    aware: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-factor" if self.aware else self.family
+
+
+RULES = {rule.name: rule for rule in (Rule(family, aware) for family in FAMILIES for aware in (False, True))}
+"""Every family, static and factor-aware, by name."""
+VARIANTS = tuple(RULES)
+"""What classical-best chooses from."""
+ZERO = "zero"
+CLASSICAL_BEST = "classical-best"
+POLICY_NAMES = (ZERO, *VARIANTS, CLASSICAL_BEST)
+RULES_OF = {ZERO: (), **{name: (rule,) for name, rule in RULES.items()}, CLASSICAL_BEST: tuple(RULES.values())}
+"""The rules each name tunes: none for zero (it never orders), one for a variant, every variant for classical-best (which
+keeps the best on the training paths). policies.names.parse_policy reads a name's rules from here."""
 
 
 def expected_shortfall(mean, sd, position):
@@ -160,28 +181,23 @@ def zero_policy(state: State, instance: TensorInstance):
     )
 
 
-def parse_policy_name(name: str) -> tuple[str, bool]:
-    if name not in POLICY_NAMES:
-        raise ValueError(f"policy: expected one of {list(POLICY_NAMES)}, got '{name}'")
-    return name.removesuffix("-factor"), name.endswith("-factor")
-
-
-def make_policy(instance: TensorInstance, name: str, params: dict[str, float]) -> ClassicalPolicy:
+def make_policy(instance: TensorInstance, rule: Rule, params: dict[str, float]) -> ClassicalPolicy:
     """A single-parameter-set policy, e.g. from tuned parameters."""
-    family, aware = parse_policy_name(name)
-    expected = set(FAMILIES[family])
+    expected = set(FAMILIES[rule.family])
     if set(params) != expected:
-        raise ValueError(f"{name} parameters: expected {sorted(expected)}, got {sorted(params)}")
+        raise ValueError(f"{rule.name} parameters: expected {sorted(expected)}, got {sorted(params)}")
     tensors = {k: torch.tensor([float(v)], device=instance.device, dtype=instance.dtype) for k, v in params.items()}
-    return ClassicalPolicy(family, aware, tensors, DemandMoments(instance, LMAX + MAX_COVER))
+    return ClassicalPolicy(rule.family, rule.aware, tensors, DemandMoments(instance, LMAX + MAX_COVER))
 
 
 def policy_from_parameters(instance: TensorInstance, parameters: dict) -> ClassicalPolicy:
-    """The policy of a summary's `parameters` ({"family": name, each tuned parameter, tuning figures...}),
+    """The policy of a summary's `parameters` ({"family": the variant's name, each tuned parameter, tuning figures...}),
     as written by `tuned_policy`."""
     name = parameters["family"]
-    family, _ = parse_policy_name(name)
-    return make_policy(instance, name, {k: parameters[k] for k in FAMILIES[family]})
+    if name not in RULES:
+        raise ValueError(f"parameters' family: expected one of {list(VARIANTS)}, got {name!r}")
+    rule = RULES[name]
+    return make_policy(instance, rule, {k: parameters[k] for k in FAMILIES[rule.family]})
 
 
 @dataclass(frozen=True)
@@ -202,7 +218,7 @@ class _Simulator:
     def __init__(
         self,
         instance: Instance,
-        name: str,
+        rule: Rule,
         episodes: int,
         horizon: int,
         seed: int,
@@ -210,7 +226,7 @@ class _Simulator:
         max_elements: int,
         clock: TuningClock | None = None,
     ):
-        self.family, self.aware = parse_policy_name(name)
+        self.family, self.aware = rule.family, rule.aware
         self.clock = clock
         self.names = list(FAMILIES[self.family])
         self.tinst = instance.to_torch(device)
@@ -279,10 +295,10 @@ def refine(
     return point, costs
 
 
-def tuning_candidates(name: str, refinement: bool = True) -> tuple[int, int]:
-    """(fewest, most) parameter sets `tune_family` simulates for the variant `name`: its coarse grid, and the grid
+def tuning_candidates(rule: Rule, refinement: bool = True) -> tuple[int, int]:
+    """(fewest, most) parameter sets `tune_family` simulates for `rule`: its coarse grid, and the grid
     plus what REFINE_STARTS pattern searches can add (REFINE_ROUNDS batches of at most two moves per parameter)."""
-    spec = FAMILIES[parse_policy_name(name)[0]].values()
+    spec = FAMILIES[rule.family].values()
     grid = math.prod(len(p.grid) for p in spec)
     return grid, grid + (REFINE_STARTS * REFINE_ROUNDS * 2 * len(spec) if refinement else 0)
 
@@ -291,8 +307,8 @@ class TuningClock:
     """Times the first simulated chunk of a tuning and, when the tuning's most candidates at that pace would take more
     than LONG_TUNING seconds, prints the estimate once (the progress bars then show each variant's progress)."""
 
-    def __init__(self, what: str, names: list[str], instance: Instance, episodes: int, horizon: int, refinement: bool = True):
-        counts = [tuning_candidates(name, refinement) for name in names]
+    def __init__(self, what: str, rules: tuple[Rule, ...], instance: Instance, episodes: int, horizon: int, refinement: bool = True):
+        counts = [tuning_candidates(rule, refinement) for rule in rules]
         self.fewest, self.most = sum(c[0] for c in counts), sum(c[1] for c in counts)
         self.what = (
             f"tuning {what}: {self.fewest} to {self.most} candidate simulations of {episodes} episodes x {horizon} steps "
@@ -318,7 +334,7 @@ def _duration(seconds: float) -> str:
 
 def tune_family(
     instance: Instance,
-    name: str,
+    rule: Rule,
     episodes: int = TUNING_EPISODES,
     horizon: int = 50,
     seed: int = TUNING_SEED,
@@ -335,11 +351,11 @@ def tune_family(
     if seed == HELDOUT_SEED:
         raise ValueError(f"tuning seed: must differ from the held-out seed {HELDOUT_SEED}")
     started = time.perf_counter()
-    sim = _Simulator(instance, name, episodes, horizon, seed, device, max_elements, clock)
+    sim = _Simulator(instance, rule, episodes, horizon, seed, device, max_elements, clock)
     spec = list(FAMILIES[sim.family].values())
     grid = [tuple(float(v) for v in c) for c in itertools.product(*(p.grid for p in spec))]
-    most = tuning_candidates(name, refinement)[1]
-    with tqdm(total=most, desc=f"tune {name}", unit="sim", disable=not progress, leave=False) as bar:
+    most = tuning_candidates(rule, refinement)[1]
+    with tqdm(total=most, desc=f"tune {rule.name}", unit="sim", disable=not progress, leave=False) as bar:
         grid_costs = sim.costs(grid, bar)  # [C, episodes]
         ranked = np.argsort(grid_costs.mean(1), kind="stable")[: REFINE_STARTS if refinement else 1]
         found = [(grid[i], grid_costs[i]) for i in ranked]
@@ -349,7 +365,7 @@ def tune_family(
         bar.refresh()
     point, costs = min(found, key=lambda f: f[1].mean())
     return TunedPolicy(
-        name=name,
+        name=rule.name,
         params=dict(zip(sim.names, point)),
         tuning_mean=float(costs.mean()),
         tuning_se=standard_error(costs),
@@ -358,9 +374,9 @@ def tune_family(
     )
 
 
-def tune_all(instance: Instance, progress: bool = False, **kwargs) -> list[TunedPolicy]:
-    """Tune every variant (VARIANTS), in that order."""
-    return [tune_family(instance, n, progress=progress, **kwargs) for n in tqdm(VARIANTS, desc="tune classical", disable=not progress)]
+def tune_all(instance: Instance, rules: tuple[Rule, ...], progress: bool = False, **kwargs) -> list[TunedPolicy]:
+    """Tune each of `rules`, in that order."""
+    return [tune_family(instance, rule, progress=progress, **kwargs) for rule in tqdm(rules, desc="tune classical", disable=not progress)]
 
 
 def best_of(tuned: list[TunedPolicy]) -> TunedPolicy:
@@ -378,7 +394,7 @@ def tuned_as_policy(instance: Instance, tuned: TunedPolicy, seconds: float, devi
         "tuning_se": tuned.tuning_se,
         "tuning_seconds": round(seconds, 2),
     }
-    return make_policy(instance.to_torch(device), tuned.name, tuned.params), parameters
+    return make_policy(instance.to_torch(device), RULES[tuned.name], tuned.params), parameters
 
 
 def classical_best(instance: Instance, every: list[TunedPolicy], device="cpu"):
@@ -387,22 +403,17 @@ def classical_best(instance: Instance, every: list[TunedPolicy], device="cpu"):
     return tuned_as_policy(instance, best_of(every), sum(t.seconds for t in every), device)
 
 
-def tuned_policy(instance: Instance, name: str, horizon: int, device="cpu", progress: bool = False, **tune_kwargs):
-    """Resolve a policy name (see POLICY_NAMES) to (policy, parameters for the summary). Classical families are tuned first on
-    training paths (TUNING_SEED) at the evaluation horizon; `classical-best` tunes every variant and keeps the best (classical_best).
-    With `progress`, a tuning that may take longer than LONG_TUNING prints its time estimate (TuningClock), then progress bars."""
-    if name == "zero":
+def tuned_policy(instance: Instance, name: str, rules: tuple[Rule, ...], horizon: int, device="cpu", progress: bool = False, **tune_kwargs):
+    """(policy, parameters for the summary) of the policy `name` that tunes `rules` (RULES_OF[name]): never ordering for
+    none (zero), the tuned rule for one, the best on the training paths for several (classical_best). Rules are tuned on
+    training paths (TUNING_SEED) at the evaluation horizon. With `progress`, a tuning that may take longer than
+    LONG_TUNING prints its time estimate (TuningClock), then progress bars."""
+    if not rules:
         return zero_policy, {}
     if progress:
-        tune_kwargs["clock"] = TuningClock(
-            name,
-            VARIANTS if name == "classical-best" else [name],
-            instance,
-            tune_kwargs.get("episodes", TUNING_EPISODES),
-            horizon,
-            tune_kwargs.get("refinement", True),
-        )
-    if name == "classical-best":
-        return classical_best(instance, tune_all(instance, horizon=horizon, device=device, progress=progress, **tune_kwargs), device)
-    tuned = tune_family(instance, name, horizon=horizon, device=device, progress=progress, **tune_kwargs)
+        episodes, refinement = tune_kwargs.get("episodes", TUNING_EPISODES), tune_kwargs.get("refinement", True)
+        tune_kwargs["clock"] = TuningClock(name, rules, instance, episodes, horizon, refinement)
+    if len(rules) > 1:
+        return classical_best(instance, tune_all(instance, rules, horizon=horizon, device=device, progress=progress, **tune_kwargs), device)
+    tuned = tune_family(instance, rules[0], horizon=horizon, device=device, progress=progress, **tune_kwargs)
     return tuned_as_policy(instance, tuned, tuned.seconds, device)

@@ -35,4 +35,4 @@ def named_policy(
         return optimal_policy(instance, horizon, device, progress=progress)
     if spec.lookahead:
         return lookahead_policy(instance, horizon, device, form=form, bound=spec.path, threshold=threshold, progress=progress)
-    return tuned_policy(instance, spec.name, horizon, device=device, progress=progress)
+    return tuned_policy(instance, spec.name, spec.rules, horizon, device=device, progress=progress)

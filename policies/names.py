@@ -14,11 +14,11 @@ the spec; trainers/resolver.py turns a spec into a policy.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from plumbing.errors import InputError
-from policies.classical import POLICY_NAMES
+from policies.classical import POLICY_NAMES, RULES_OF, Rule
 from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
@@ -42,12 +42,14 @@ class PolicyKind(StrEnum):
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy name parsed (`parse_policy`): its `kind` and, for checkpoint:PATH and decomposition-lookahead:DIR, the
-    `path` it reads; `name` is the text as given, which results and messages show."""
+    """A policy name parsed (`parse_policy`): its `kind`; for checkpoint:PATH and decomposition-lookahead:DIR, the
+    `path` it reads; for a rule, the `rules` it tunes (each a family and its factor flag: none for zero, one for a
+    variant, every variant for classical-best); `name` is the text as given, which results and messages show."""
 
     name: str
     kind: PolicyKind
     path: str | None = None
+    rules: tuple[Rule, ...] = field(default=(), compare=False)
 
     @property
     def learned(self) -> bool:
@@ -74,10 +76,22 @@ def parse_policy(text, where: str = "policy", shown=repr) -> PolicySpec:
         for prefix, kind in ((CHECKPOINT_PREFIX, PolicyKind.CHECKPOINT), (TABLES_PREFIX, PolicyKind.LOOKAHEAD)):
             if text.startswith(prefix) and len(text) > len(prefix):
                 return PolicySpec(text, kind, text[len(prefix) :])
-        named = {LOOKAHEAD: PolicyKind.LOOKAHEAD, DP_OPTIMAL: PolicyKind.DP} | dict.fromkeys(POLICY_NAMES, PolicyKind.RULE)
+        if text in RULES_OF:
+            return PolicySpec(text, PolicyKind.RULE, rules=RULES_OF[text])
+        named = {LOOKAHEAD: PolicyKind.LOOKAHEAD, DP_OPTIMAL: PolicyKind.DP}
         if text in named:
             return PolicySpec(text, named[text])
     raise InputError(f"{where}: expected {ALLOWED}, got {shown(text)}")
+
+
+def checkpoint_spec(path) -> PolicySpec:
+    """The spec of a learned policy's checkpoint file or run folder `path` (what checkpoint:PATH parses into)."""
+    return PolicySpec(f"{CHECKPOINT_PREFIX}{path}", PolicyKind.CHECKPOINT, str(path))
+
+
+def tables_spec(folder) -> PolicySpec:
+    """The spec of the lookahead on the tables a decomposition bound run wrote in `folder` (decomposition-lookahead:DIR)."""
+    return PolicySpec(f"{TABLES_PREFIX}{folder}", PolicyKind.LOOKAHEAD, str(folder))
 
 
 def policy_spec(text: str) -> PolicySpec:

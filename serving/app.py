@@ -35,6 +35,7 @@ from envs.dynamics import State
 from envs.instance import Instance
 from plumbing import validate
 from plumbing.errors import InputError
+from policies.classical import ZERO
 from policies.names import PolicySpec, parse_policy
 from serving.decisions import Decider, PolicyError, load_decider, read_states
 from trainers.policy import MODES, PRECISIONS
@@ -97,7 +98,7 @@ class ServiceConfig:
         if not isinstance(data, dict):
             raise InputError(f"{where}: expected a mapping of {[f.name for f in fields(cls)]}, got {validate.describe(data)}")
         validate.keys(data, where, [f.name for f in fields(cls)], ["policy"])
-        values = {**asdict(cls(policy="zero")), **data}
+        values = {**asdict(cls(policy=ZERO)), **data}
         policy = parse_policy(values["policy"], f"{where} field 'policy'", validate.describe)
         if not isinstance(values["instance"], str):
             raise InputError(f"{where} field 'instance': expected a path, got {validate.describe(values['instance'])}")

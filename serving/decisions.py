@@ -35,9 +35,9 @@ import torch
 from envs.dynamics import State
 from envs.exogenous import FACTOR_BOUND
 from envs.instance import LMAX, Instance, exact_keys
-from envs.results import sha256
 from plumbing import validate
 from plumbing.errors import InputError
+from plumbing.files import file_sha256
 from policies.names import PolicySpec
 from trainers.resolver import resolve
 
@@ -280,7 +280,7 @@ def load_decider(
         path = resolved.checkpoint_file  # a run folder: its best.pt
         status = resolved.parameters["training_status"]
         label = f"checkpoint '{path}' (training status '{status}')"
-        info = {"method": resolved.parameters["method"], "checkpoint_sha256": sha256(path), "training_status": status}
+        info = {"method": resolved.parameters["method"], "checkpoint_sha256": file_sha256(path), "training_status": status}
         info |= {"precision": precision} if precision != "float32" else {}
     else:
         label = f"policy '{resolved.spec}'"

@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 from envs.dynamics import State, initial_state, step
 from envs.exogenous import ExogenousPaths
 from envs.instance import Instance
-from envs.results import append_json_line, json_line
 from plumbing import validate
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text, read_text
@@ -38,6 +37,7 @@ from plumbing.validate import differences
 from policies import dp_optimal, joint_dp, lookahead, share_schedule
 from policies.decomposition import SCHEDULE, DecompositionOptions, item_figures, item_values, search_split
 from ray_access.session import this_node
+from run_results.records import append_json_line, json_line
 from solver_workers.backends import SolverOptions
 from solver_workers.bound import episode_bound
 from solver_workers.rolling import RollingOptions, decide

@@ -1,6 +1,6 @@
 """A whole solver run into a results folder, for platform/milp.py, platform/bound.py and the sweep's
 baselines: the journal with the run's identity (checked before anything starts), the Ray solver pool,
-and the evaluation format (envs.results) with the solver's own table. The caller connects to Ray
+and the evaluation format (run_results.records) with the solver's own table. The caller connects to Ray
 (ray_access.session.init_ray) between opening the journal and running."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pyarrow as pa
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import ExogenousPaths, sample_paths
 from envs.instance import Instance
-from envs.results import check_run_folder, clear_run, write_evaluation
 from plumbing.errors import Interrupted
 from policies import lookahead
 from policies.decomposition import NAME as DECOMPOSITION
 from policies.decomposition import TABLE_DTYPE, DecompositionOptions, combine, tightest_bound
+from run_results.records import check_run_folder, clear_run, write_evaluation
 from solver_workers.backends import SolverOptions
 from solver_workers.pool import (
     Journal,
@@ -87,12 +87,12 @@ RUN_JOURNALS = {
     "bounds.jsonl": "a perfect-information bound",
     "split.jsonl": "a decomposition bound",
 }
-"""The journal of each kind of solver run (envs.results.RUNS), by file name."""
+"""The journal of each kind of solver run (run_results.records.RUNS), by file name."""
 
 
 def open_journal(out: Path, name: str, key, identity: dict[str, Any], overwrite: bool = False) -> Journal:
     """The journal `name` of the run in `out`; a folder that holds another kind of run is refused
-    (envs.results.check_run_folder), and with `overwrite` the run it holds is removed first, whatever its kind."""
+    (run_results.records.check_run_folder), and with `overwrite` the run it holds is removed first, whatever its kind."""
     check_run_folder(out, RUN_JOURNALS[name], overwrite=overwrite, resumable=True)
     if overwrite:
         clear_run(out)

@@ -30,10 +30,12 @@ import numpy as np
 import yaml
 
 from plumbing.files import atomic_write, atomic_write_text
+from policies.classical import CLASSICAL_BEST
 from policies.decomposition import PAIRED_DIFFERENCE, RELAXED_POLICIES, above_bound, above_text, certificate_note, dp_figures, tightest_text
 from policies.joint_dp import SWEEP_ITEMS
 from sweeps.report import DECOMPOSITION, REFERENCE_DECISIONS, REPEATS, Entry, Report, binned_curve, seed_curves
 from sweeps.results_dir import Results
+from trainers.config import MethodName
 from trainers.registry import METHODS
 
 OPENING_TEXT = {"greedy": "Y = 1{p > 0.5}; PPO: the Beta mean", "sampled": "Y ~ Bernoulli(p); PPO: draws from its distribution"}
@@ -175,7 +177,7 @@ def headline_table(report: Report) -> Table:
             table.rows.append([str(n), "none evaluated", *("n/a" for _ in header[2:])])
             continue
         best = ranked[0]
-        against_best = "reference" if best.column == "classical-best" else paired_text(paired.get((n, best.column)))
+        against_best = "reference" if best.column == CLASSICAL_BEST else paired_text(paired.get((n, best.column)))
         row = [str(n), label(best.column), cell(best), against_best]
         if with_bound:
             gap = relaxed.get((n, best.column))
@@ -224,9 +226,9 @@ def per_item_table(report: Report) -> Table:
 
 def reduction_table(report: Report) -> Table | None:
     """1 - OR-Transformer / method, per size: what OR-Transformer saves against each policy."""
-    if "or-transformer" not in report.results.spec.methods:
+    if MethodName.OR_TRANSFORMER not in report.results.spec.methods:
         return None
-    others = [c for c, kind in report.columns if c != "or-transformer" and kind != "bound"]
+    others = [c for c, kind in report.columns if c != MethodName.OR_TRANSFORMER and kind != "bound"]
     table = Table("Cost reduction of OR-Transformer (1 - OR-Transformer / method)", ["n", *(label(c) for c in others)], [])
     for n in report.results.spec.sizes:
         table.rows.append([str(n), *(percent(report.reductions[(n, c)]) if (n, c) in report.reductions else "n/a" for c in others)])
@@ -291,7 +293,7 @@ def paired_table(report: Report) -> Table:
         "seed and the share of seeds whose interval lies below (above) zero."
     )
     _paired_rows(table, report.paired)
-    if not any(kind == "baseline" and c == "classical-best" for c, kind in report.columns):
+    if not any(kind == "baseline" and c == CLASSICAL_BEST for c, kind in report.columns):
         table.notes.append("The sweep has no classical-best baseline: nothing to pair against.")
     return table
 
@@ -636,7 +638,7 @@ def curves_figure(report: Report):
         for k, (name, value) in enumerate(report.references[n].items()):
             ax.axhline(
                 value,
-                color="black" if name == "classical-best" else colors[(len(learned) + k) % len(colors)],
+                color="black" if name == CLASSICAL_BEST else colors[(len(learned) + k) % len(colors)],
                 linestyle="--",
                 linewidth=1,
                 label=f"{name} (first {REFERENCE_DECISIONS} decisions)",

@@ -26,13 +26,16 @@ import torch
 
 from envs.evaluation import evaluate, paired_comparison, standard_error
 from envs.exogenous import sample_paths
-from envs.results import read_evaluation
 from plumbing.errors import InputError
+from policies.classical import CLASSICAL_BEST
 from policies.decomposition import EXACT_OPTIMUM, run_tightest_bound
 from policies.decomposition import NAME as DECOMPOSITION
+from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.joint_dp import SWEEP_ITEMS, lower_figure
+from run_results.records import read_evaluation
 from sweeps.results_dir import FINISHED, OPENINGS, Results, baseline_folder, read_results, seconds_per_decision, trial_folder
 from sweeps.spec import SweepSpec, Trial
+from trainers.config import MethodName
 from trainers.registry import METHODS
 
 REFERENCE_DECISIONS = 10
@@ -130,7 +133,7 @@ def columns(spec: SweepSpec) -> list[tuple[str, str]]:
     dp-optimal, the decomposition lookahead, the bounds."""
     b = spec.baselines
     result = [(m, "learned") for m in METHODS if m in spec.methods]
-    result += [("classical-best", "baseline")] if b.classical_best else []
+    result += [(CLASSICAL_BEST, "baseline")] if b.classical_best else []
     result += [(m.name, "baseline") for m in b.milp]
     result += [("dp-optimal", "baseline")] if b.dp_optimal and spec.has_dp_optimal else []
     result += [("decomposition-lookahead", "baseline")] if b.lookahead else []
@@ -179,7 +182,7 @@ def baseline_entry(results: Results, column: str, kind: str, n: int, notes: list
     spec = results.spec
     entry = Entry(n, column, kind)
     milp = {m.name: m for m in spec.baselines.milp}.get(column)
-    if (column == "dp-optimal" and n > SWEEP_ITEMS) or (milp is not None and milp.sizes is not None and n not in milp.sizes):
+    if (column == DP_OPTIMAL and n > SWEEP_ITEMS) or (milp is not None and milp.sizes is not None and n not in milp.sizes):
         entry.absent = "—"
         return entry
     folder = baseline_folder(results.root, n, column)
@@ -231,7 +234,7 @@ class Report:
 # ---- paired comparisons ---------------------------------------------------------------------------
 
 
-def paired_rows(results: Results, entries: dict[tuple[int, str], Entry], reference_column: str = "classical-best") -> list[dict[str, Any]]:
+def paired_rows(results: Results, entries: dict[tuple[int, str], Entry], reference_column: str = CLASSICAL_BEST) -> list[dict[str, Any]]:
     """Every policy against the reference (classical-best, or the decomposition bound's relaxed policies) at each
     size: per seed the 95% t-interval of the paired difference cost - the reference's cost (`paired`), their mean
     over the paired seeds (`mean`) and that mean in parts of the reference's mean (`share`); None without a pair."""
@@ -269,10 +272,16 @@ def reductions(results: Results, entries: dict[tuple[int, str], Entry]) -> dict[
     both are on the sweep's held-out set (empty without OR-Transformer)."""
     found = {}
     for n in results.spec.sizes:
-        ours = entries.get((n, "or-transformer"))
+        ours = entries.get((n, MethodName.OR_TRANSFORMER))
         for column, kind in columns(results.spec):
             other = entries[(n, column)]
-            if ours is not None and column != "or-transformer" and kind != "bound" and ours.on_heldout_set and other.on_heldout_set:
+            if (
+                ours is not None
+                and column != MethodName.OR_TRANSFORMER
+                and kind != "bound"
+                and ours.on_heldout_set
+                and other.on_heldout_set
+            ):
                 found[(n, column)] = 1 - ours.mean / other.mean
     return found
 
@@ -387,7 +396,7 @@ def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> 
         bound = entries.get((n, DECOMPOSITION))
         if bound is not None and bound.runs and bound.horizon >= REFERENCE_DECISIONS:  # its relaxed policies' mean cumulative cost by step
             references[n][DECOMPOSITION] = float(bound.runs[0].summary["cumulative_cost"][REFERENCE_DECISIONS - 1])
-        for column in ["classical-best", *milps]:
+        for column in [CLASSICAL_BEST, *milps]:
             entry = entries.get((n, column))
             if entry is None or not entry.runs:
                 continue
@@ -402,7 +411,7 @@ def reference_costs(results: Results, entries: dict[tuple[int, str], Entry]) -> 
             inst = inst or results.instance(n)
             tinst = inst.to_torch()
             paths = sample_paths(inst, s["seed"], run.evaluation["episodes"], REFERENCE_DECISIONS)
-            if column == "classical-best":
+            if column == CLASSICAL_BEST:
                 try:
                     policy = policy_from_parameters(tinst, s["parameters"])
                 except (KeyError, TypeError, ValueError) as exc:

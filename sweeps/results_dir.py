@@ -37,10 +37,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envs.instance import Instance, paper_instance
-from envs.results import append_json_line, json_line, read_evaluation, read_record, write_parquet
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text, read_parquet
 from plumbing.validate import differences
+from run_results.records import append_json_line, json_line, read_evaluation, read_record, write_parquet
 from sweeps.spec import SweepSpec, Trial
 from trainers.checkpoint import LAST, checkpoint_file
 

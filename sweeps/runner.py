@@ -18,11 +18,12 @@ import torch
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import Instance
-from envs.results import manifest, write_evaluation
 from plumbing.errors import InputError
 from plumbing.files import read_text
 from plumbing.validate import load_yaml
+from policies.classical import CLASSICAL_BEST
 from policies.joint_dp import SWEEP_ITEMS
+from run_results.records import manifest, write_evaluation
 from sweeps.results_dir import (
     FINISHED,
     baseline_done,
@@ -59,11 +60,12 @@ def read_spec(path) -> tuple[SweepSpec, dict]:
 
 def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -> None:
     """Every size's baselines, each skipped when its folder is already whole (the solver journals resume)."""
+    from policies.classical import CLASSICAL_BEST
     from policies.decomposition import NAME as DECOMPOSITION
     from policies.decomposition import DecompositionOptions
     from policies.dp_optimal import NAME as DP_OPTIMAL
     from policies.lookahead import NAME as LOOKAHEAD
-    from policies.names import TABLES_PREFIX
+    from policies.names import PolicySpec, parse_policy, tables_spec
     from solver_workers.backends import SolverOptions
     from solver_workers.solver_run import (
         SolverRun,
@@ -78,21 +80,21 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
 
     b, episodes, horizon = spec.baselines, spec.episodes, spec.horizon
 
-    def named_baseline(inst: Instance, base: Path, label: str, name: str) -> None:
-        """Evaluate the named policy `name` (trainers.resolver) into base/label, unless it is already there."""
+    def named_baseline(inst: Instance, base: Path, label: str, spec: PolicySpec) -> None:
+        """Evaluate the named policy `spec` (trainers.resolver) into base/label, unless it is already there."""
         if baseline_done(base / label, inst, episodes, horizon):
             return
         log(f"baseline n={inst.n} {label}")
-        resolved = resolve(name, inst, horizon)
+        resolved = resolve(spec, inst, horizon)
         result = evaluate(resolved.policy, inst.to_torch(), sample_paths(inst, HELDOUT_SEED, episodes, horizon))
         write_evaluation(base / label, label, result, HELDOUT_SEED, {"sweep": True, "n": inst.n}, resolved.parameters, instance=inst)
 
     for n, inst in insts.items():
         base = out / "baselines" / f"n{n}"
         if b.classical_best:
-            named_baseline(inst, base, "classical-best", "classical-best")
+            named_baseline(inst, base, CLASSICAL_BEST, parse_policy(CLASSICAL_BEST))
         if b.dp_optimal and n <= SWEEP_ITEMS:
-            named_baseline(inst, base, DP_OPTIMAL, DP_OPTIMAL)
+            named_baseline(inst, base, DP_OPTIMAL, parse_policy(DP_OPTIMAL))
         if b.bound is not None and not baseline_done(base / "bound", inst, episodes, horizon):
             log(f"baseline n={n} perfect-information bound")
             options = SolverOptions(b.bound["solver"], b.bound["time_limit"], 0.0, b.bound["threads"])
@@ -104,7 +106,7 @@ def run_baselines(spec: SweepSpec, out: Path, insts: dict[int, Instance], log) -
             run = SolverRun(base / DECOMPOSITION, HELDOUT_SEED, episodes, horizon, b.solver_workers)
             run_decomposition_bound(run, inst, decomposition_journal(run, inst, options), options)
         if b.lookahead:  # on the tables of the decomposition bound's run above
-            named_baseline(inst, base, LOOKAHEAD, f"{TABLES_PREFIX}{base / DECOMPOSITION}")
+            named_baseline(inst, base, LOOKAHEAD, tables_spec(base / DECOMPOSITION))
         for m in b.milp:
             if m.sizes is not None and n not in m.sizes:
                 continue
@@ -397,7 +399,7 @@ def dry_run(spec: SweepSpec, nodes: list[dict[str, float]]) -> list[str]:
         lines.append(f"  {method}: {cpus:g} CPU, {gpus:g} GPU per trial ({where})")
     b = spec.baselines
     names = (
-        (["classical-best"] if b.classical_best else [])
+        ([CLASSICAL_BEST] if b.classical_best else [])
         + ([f"dp-optimal (n <= {SWEEP_ITEMS})"] if b.dp_optimal and spec.has_dp_optimal else [])
         + (["perfect-information bound"] if b.bound else [])
         + (["decomposition bound"] if b.decomposition else [])

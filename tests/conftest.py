@@ -56,7 +56,7 @@ SCRIPT_IMPORTS = [
     "pyarrow.parquet",
     "cli.scripts",
     "envs.evaluation",
-    "envs.results",
+    "run_results.records",
     "trainers.registry",
     "trainers.experiment",
     "trainers.rllib_ppo",
@@ -163,10 +163,10 @@ def tuned():
 
     cache = {}
 
-    def tuned_once(instance, name, horizon, **options):
+    def tuned_once(instance, name, rules, horizon, **options):
         key = (instance.content_hash(), name, horizon, tuple(sorted((k, str(v)) for k, v in options.items())))
         if key not in cache:
-            cache[key] = tuned_policy(instance, name, horizon, **options)
+            cache[key] = tuned_policy(instance, name, rules, horizon, **options)
         policy, parameters = cache[key]
         return copy.copy(policy), dict(parameters)
 

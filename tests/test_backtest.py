@@ -23,7 +23,7 @@ from envs.exogenous import ExogenousPaths, sample_paths
 from envs.history_replay import check_window, paired_comparisons, replay, window_paths
 from envs.instance import Instance, paper_instance, with_factors
 from plumbing.errors import InputError
-from policies.classical import make_policy, zero_policy
+from policies.classical import RULES, make_policy, zero_policy
 from policies.dp_optimal import tauchen_grid
 
 
@@ -108,7 +108,7 @@ def simulated(tmp_path_factory):
 
 def aware_rule(instance):
     """A factor-aware classical rule with fixed parameters (no tuning): base-stock-factor."""
-    return make_policy(instance, "base-stock-factor", {"reorder_z": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+    return make_policy(instance, RULES["base-stock-factor"], {"reorder_z": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
 
 
 def test_replay_with_the_true_factor_equals_the_evaluator_on_the_same_paths(simulated):

@@ -8,7 +8,7 @@ from envs.dynamics import initial_state
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
-from policies.classical import make_policy, tune_family, zero_policy
+from policies.classical import RULES, make_policy, tune_family, zero_policy
 from solver_workers.backends import SolverOptions, solve
 from solver_workers.bound import episode_bound, prepare, solved_note, uncapacitated_bound
 from solver_workers.model import build_model
@@ -66,8 +66,8 @@ def test_bound_is_below_every_policy_on_every_episode():
     tinst = inst.to_torch()
     costs = [evaluate(zero_policy, tinst, paths).discounted_cost]
     for name in ("base-stock-factor", "periodic"):
-        tuned = tune_family(inst, name, episodes=8, horizon=15)
-        costs.append(evaluate(make_policy(tinst, name, tuned.params), tinst, paths).discounted_cost)
+        tuned = tune_family(inst, RULES[name], episodes=8, horizon=15)
+        costs.append(evaluate(make_policy(tinst, RULES[name], tuned.params), tinst, paths).discounted_cost)
     inventory, in_transit = start_of(inst)
     bounds = np.array([episode_bound(inst, paths.demand[r].double().numpy(), inventory, in_transit, EXACT)["bound"] for r in range(6)])
     for policy_costs in costs:

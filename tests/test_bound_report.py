@@ -14,7 +14,7 @@ from conftest import ROOT
 from envs.evaluation import Evaluation
 from envs.exogenous import HELDOUT_SEED
 from envs.instance import paper_instance
-from envs.results import write_evaluation
+from run_results.records import write_evaluation
 
 HORIZON = 5
 D = np.array([0.0, 2.0, -2.0, 1.0, -1.0, 3.0, -3.0, 0.0])

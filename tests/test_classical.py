@@ -13,7 +13,7 @@ from envs.evaluation import evaluate, paired_comparison
 from envs.exogenous import HELDOUT_SEED, TUNING_SEED, factor_step, sample_paths
 from envs.instance import Instance, paper_instance
 from policies import classical
-from policies.classical import FAMILIES, Parameter, make_policy, refine, tune_family
+from policies.classical import FAMILIES, RULES, RULES_OF, Parameter, make_policy, refine, tune_family
 
 
 @pytest.mark.parametrize("factor", [None, 1.2])
@@ -134,7 +134,7 @@ def test_base_stock_and_can_order_decisions_by_hand():
     # s_i = lam (L+1) + 0 * sd = [8, 4]; S_i (cover 2: L+2 periods) = lam (L+2) + 1 * sqrt(lam (L+2)) + 0.5 EOQ_i
     # with EOQ_i = sqrt(2 (K / n) lam_i / h_i) = sqrt(2 * 5 * [4, 1]) = [sqrt(40), sqrt(10)].
     up_to = np.array([12 + math.sqrt(12) + 0.5 * math.sqrt(40), 5 + math.sqrt(5) + 0.5 * math.sqrt(10)])
-    base = make_policy(ti, "base-stock", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+    base = make_policy(ti, RULES["base-stock"], {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
     y, q = base(state_of([[7.0, 4.5], [8.5, 4.5], [8.5, 3.0]]), ti)
     assert y.tolist() == [1, 0, 1]
     np.testing.assert_allclose(
@@ -142,7 +142,9 @@ def test_base_stock_and_can_order_decisions_by_hand():
     )  # item 0 capped at qbar = 3
     # can-order: c = s + 0.5 (S - s) = [8 + (S_0 - 8)/2, 4 + (S_1 - 4)/2] = [., 5.0 + 1.118 + 0.395]; item 1 at 6.6 is above c_1.
     can_order_level = 4 + (up_to[1] - 4) / 2
-    can = make_policy(ti, "can-order", {"reorder_z": 0.0, "can_order_fraction": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+    can = make_policy(
+        ti, RULES["can-order"], {"reorder_z": 0.0, "can_order_fraction": 0.5, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5}
+    )
     y, q = can(state_of([[7.0, can_order_level + 0.05], [7.0, can_order_level - 0.05], [9.0, 5.5]]), ti)
     assert y.tolist() == [1, 1, 0]
     assert q[0, 1].item() == 0 and q[1, 1].item() == pytest.approx(up_to[1] - can_order_level + 0.05)
@@ -153,14 +155,14 @@ def test_fraction_trigger_by_hand():
     ti = inst.to_torch(dtype=torch.float64)
     # s_i = 8 (z = 0 over L + 1 = 2 periods); open when at least half of the 4 items are below 8.
     policy = make_policy(
-        ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.5, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+        ti, RULES["fraction-trigger"], {"reorder_z": 0.0, "trigger_fraction": 0.5, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
     )
     y, q = policy(state_of([[7.0, 9.0, 9.0, 9.0], [7.0, 7.9, 9.0, 9.0], [7.0, 7.0, 7.0, 9.0]]), ti)
     assert y.tolist() == [0, 1, 1]
     np.testing.assert_allclose(q[1].numpy(), [1.0, 0.1, 0.0, 0.0])  # raise to S = 8
     # fraction 0: like base-stock, any item below opens; no item below never opens
     anyone = make_policy(
-        ti, "fraction-trigger", {"reorder_z": 0.0, "trigger_fraction": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+        ti, RULES["fraction-trigger"], {"reorder_z": 0.0, "trigger_fraction": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
     )
     assert anyone(state_of([[7.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]]), ti)[0].tolist() == [1, 0]
 
@@ -179,20 +181,20 @@ def test_cost_trigger_by_hand():
     )
     backlog_cost = 9.0 * shortfall.sum(1)
     theta = float(backlog_cost[1]) / 10.0 * 1.001  # just above row 1's cost: rows 0 opens, 1 does not
-    policy = make_policy(ti, "cost-trigger", {"theta": theta, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    policy = make_policy(ti, RULES["cost-trigger"], {"theta": theta, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0})
     y, q = policy(state_of(position.tolist()), ti)
     assert backlog_cost[0] > backlog_cost[1] > backlog_cost[2]
     assert y.tolist() == [1, 0, 0]
     np.testing.assert_allclose(q[0].numpy(), [1.0, 1.0])  # raise to S = mean over L + 1 = [8, 4]
     at_row_2 = make_policy(
-        ti, "cost-trigger", {"theta": float(backlog_cost[2]) / 10.0 * 0.999, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+        ti, RULES["cost-trigger"], {"theta": float(backlog_cost[2]) / 10.0 * 0.999, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
     )
     assert at_row_2(state_of(position.tolist()), ti)[0].tolist() == [1, 1, 1]
 
 
 def test_periodic_review_orders_every_r_periods():
     ti = poisson_instance().to_torch(dtype=torch.float64)
-    policy = make_policy(ti, "periodic", {"period": 3, "order_up_to_z": 0.0, "cycle_stock": 0.0})
+    policy = make_policy(ti, RULES["periodic"], {"period": 3, "order_up_to_z": 0.0, "cycle_stock": 0.0})
     policy.reset()
     opens = [policy(state_of([[0.0, 0.0]]), ti)[0].item() for _ in range(7)]
     assert opens == [1, 0, 0, 1, 0, 0, 1]
@@ -204,7 +206,7 @@ def test_batched_tuning_equals_one_by_one_evaluation(monkeypatch):
     inst = paper_instance(3, 0)
     grid = {"reorder_z": (-1.0, 0.0, 1.0), "cover": (1, 3), "order_up_to_z": (0.0, 1.0), "cycle_stock": (0.0,)}
     monkeypatch.setitem(FAMILIES, "base-stock", {k: Parameter(v, 0.5) for k, v in grid.items()})
-    tuned = tune_family(inst, "base-stock-factor", episodes=16, horizon=20, max_elements=40, refinement=False)  # several chunks
+    tuned = tune_family(inst, RULES["base-stock-factor"], episodes=16, horizon=20, max_elements=40, refinement=False)  # several chunks
     ti = inst.to_torch()
     paths = sample_paths(inst, TUNING_SEED, 16, 20)
     means = {}
@@ -212,15 +214,15 @@ def test_batched_tuning_equals_one_by_one_evaluation(monkeypatch):
         for cover in grid["cover"]:
             for uz in grid["order_up_to_z"]:
                 params = {"reorder_z": rz, "cover": cover, "order_up_to_z": uz, "cycle_stock": 0.0}
-                means[(rz, cover, uz)] = evaluate(make_policy(ti, "base-stock-factor", params), ti, paths).mean
+                means[(rz, cover, uz)] = evaluate(make_policy(ti, RULES["base-stock-factor"], params), ti, paths).mean
     best = min(means, key=means.get)
     assert (tuned.params["reorder_z"], tuned.params["cover"], tuned.params["order_up_to_z"]) == best
     assert tuned.tuning_mean == pytest.approx(means[best], rel=1e-6)
     assert tuned.candidates == 12
     # the refinement starts from that point and keeps a parameter set whose own evaluation is its reported cost
-    refined = tune_family(inst, "base-stock-factor", episodes=16, horizon=20)
+    refined = tune_family(inst, RULES["base-stock-factor"], episodes=16, horizon=20)
     assert refined.candidates > 12
-    own = evaluate(make_policy(ti, "base-stock-factor", refined.params), ti, paths).mean
+    own = evaluate(make_policy(ti, RULES["base-stock-factor"], refined.params), ti, paths).mean
     assert refined.tuning_mean == pytest.approx(own, rel=1e-6) and own <= means[best]
 
 
@@ -243,7 +245,7 @@ def test_refinement_finds_the_minimum_between_grid_points():
 
 def test_tuning_refuses_the_heldout_seed():
     with pytest.raises(ValueError, match="held-out"):
-        tune_family(paper_instance(2, 0), "periodic", seed=HELDOUT_SEED)
+        tune_family(paper_instance(2, 0), RULES["periodic"], seed=HELDOUT_SEED)
 
 
 def test_factor_aware_base_stock_beats_static_on_heldout():
@@ -252,8 +254,8 @@ def test_factor_aware_base_stock_beats_static_on_heldout():
     paths = sample_paths(inst, HELDOUT_SEED, 128, 50)
     costs = {}
     for name in ("base-stock", "base-stock-factor"):
-        tuned = tune_family(inst, name, episodes=32)
-        costs[name] = evaluate(make_policy(ti, name, tuned.params), ti, paths).discounted_cost
+        tuned = tune_family(inst, RULES[name], episodes=32)
+        costs[name] = evaluate(make_policy(ti, RULES[name], tuned.params), ti, paths).discounted_cost
     comparison = paired_comparison(costs["base-stock-factor"], costs["base-stock"])
     assert comparison.ci_high < 0
 
@@ -285,7 +287,7 @@ def test_tuned_rules_on_three_negative_binomial_factors_beat_zero_and_the_factor
     paths = sample_paths(inst, HELDOUT_SEED, 64, 50)
     costs = {"zero": evaluate(classical.zero_policy, ti, paths).discounted_cost}
     for name in ("base-stock", "base-stock-factor"):
-        costs[name] = evaluate(make_policy(ti, name, tune_family(inst, name, episodes=16).params), ti, paths).discounted_cost
+        costs[name] = evaluate(make_policy(ti, RULES[name], tune_family(inst, RULES[name], episodes=16).params), ti, paths).discounted_cost
     assert paired_comparison(costs["base-stock"], costs["zero"]).ci_high < 0
     assert paired_comparison(costs["base-stock-factor"], costs["base-stock"]).ci_high < 0
 
@@ -295,8 +297,8 @@ def test_classical_best_on_three_negative_binomial_factors_chooses_a_factor_awar
     inst = three_factor_instance()
     ti = inst.to_torch()
     paths = sample_paths(inst, HELDOUT_SEED, 128, 50)
-    policy, parameters = classical.tuned_policy(inst, "classical-best", 50, episodes=32)
-    static = make_policy(ti, "base-stock", tune_family(inst, "base-stock", episodes=32).params)
+    policy, parameters = classical.tuned_policy(inst, "classical-best", RULES_OF["classical-best"], 50, episodes=32)
+    static = make_policy(ti, RULES["base-stock"], tune_family(inst, RULES["base-stock"], episodes=32).params)
     assert parameters["family"].endswith("-factor")
     best, base = (evaluate(p, ti, paths).discounted_cost for p in (policy, static))
     assert paired_comparison(best, base).ci_high < 0
@@ -316,16 +318,16 @@ def test_tuning_candidates_are_the_grid_and_at_most_the_refinement_moves(monkeyp
     # by hand: base-stock's grid is 4 x 1 x 3 x 3 = 36 points; two pattern searches of 12 rounds of at most 2 moves
     # for each of its 4 parameters add at most 192; classical-best tunes the 5 families twice (static, factor-aware):
     # grids 2 (36 + 72 + 108 + 36 + 45) = 594, moves at most 2 (192 + 240 + 240 + 192 + 144) = 2016
-    assert classical.tuning_candidates("base-stock") == (36, 228)
-    assert classical.tuning_candidates("periodic-factor", refinement=False) == (45, 45)
+    assert classical.tuning_candidates(classical.RULES["base-stock"]) == (36, 228)
+    assert classical.tuning_candidates(classical.RULES["periodic-factor"], refinement=False) == (45, 45)
     inst = paper_instance(2, 0)
-    best = classical.TuningClock("classical-best", classical.VARIANTS, inst, 64, 50)
+    best = classical.TuningClock("classical-best", classical.RULES_OF["classical-best"], inst, 64, 50)
     assert (best.fewest, best.most) == (594, 594 + 2016)
-    assert tune_family(inst, "base-stock", episodes=4, horizon=5, refinement=False).candidates == 36
-    assert 36 < tune_family(inst, "base-stock", episodes=4, horizon=5).candidates <= 228
+    assert tune_family(inst, RULES["base-stock"], episodes=4, horizon=5, refinement=False).candidates == 36
+    assert 36 < tune_family(inst, RULES["base-stock"], episodes=4, horizon=5).candidates <= 228
     # a tuning longer than LONG_TUNING prints its estimate once, after its first simulations
     monkeypatch.setattr(classical, "LONG_TUNING", 0.0)
-    classical.tuned_policy(inst, "base-stock", 5, progress=True, episodes=4)
+    classical.tuned_policy(inst, "base-stock", RULES_OF["base-stock"], 5, progress=True, episodes=4)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tuning base-stock")]
     assert len(lines) == 1 and "36 to 228 candidate simulations of 4 episodes x 5 steps x 2 items; the first took" in lines[0], lines
 
@@ -341,7 +343,7 @@ def test_the_tuning_bar_counts_the_pattern_search_as_well_as_the_grid(monkeypatc
             bars.append(self)
 
     monkeypatch.setattr(classical, "tqdm", Recorded)
-    tuned = tune_family(paper_instance(2, 0), "base-stock", episodes=8, horizon=10, progress=True)
+    tuned = tune_family(paper_instance(2, 0), RULES["base-stock"], episodes=8, horizon=10, progress=True)
     grid = math.prod(len(p.grid) for p in FAMILIES["base-stock"].values())
     (bar,) = bars
     assert tuned.candidates > grid  # the search ran

@@ -20,8 +20,8 @@ import yaml
 from cluster_host import below
 from conftest import ROOT
 
-from envs.results import write_parquet
 from plumbing.errors import InputError
+from run_results.records import write_parquet
 from sweeps.results_dir import (
     ATTEMPTS_SCHEMA,
     LOST,

@@ -13,7 +13,7 @@ from envs.dynamics import State
 from envs.features import flat_features, global_token, item_tokens
 from envs.instance import Instance
 from plumbing.errors import InputError
-from policies.classical import make_policy
+from policies.classical import RULES, make_policy
 from serving.decisions import Decider, read_states
 from trainers.registry import load_policy
 
@@ -203,7 +203,7 @@ def test_a_factor_aware_rule_answers_states_of_three_factors_from_each_item_s_ex
     periods given its exposure u_i = beta_i . F / |beta_i|: lam_i sum_{j=0..L_i} exp(|beta_i| rho^j u_i - |beta_i|^2 rho^2j / 2)
     (the lognormal mean of eq. conditional_demand_rate); overdispersion leaves the mean alone."""
     rule = make_policy(
-        THREE_FACTORS.to_torch(), "base-stock-factor", {"reorder_z": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
+        THREE_FACTORS.to_torch(), RULES["base-stock-factor"], {"reorder_z": 0.0, "cover": 1, "order_up_to_z": 0.0, "cycle_stock": 0.0}
     )
     decider = Decider(rule, THREE_FACTORS, learned=False, mode="deterministic", label="policy 'base-stock-factor'", info={})
     factors = [[0.5, -1.0, 2.0], [-2.0, 1.0, -1.5]]

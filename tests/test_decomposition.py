@@ -304,8 +304,8 @@ def test_pool_run_writes_both_splits_resumes_and_refuses_other_settings(tmp_path
     """The bound on the Ray pool: the results folder at the best split and at equal shares, per-episode
     values equal to each item's policy simulated alone; a re-run resumes from the journal without
     solving again; other settings are refused."""
-    from envs.results import read_evaluation
     from plumbing.errors import InputError
+    from run_results.records import read_evaluation
     from solver_workers.solver_run import EQUAL_SHARES, SolverRun, decomposition_journal, run_decomposition_bound
 
     inst = Instance(h=[1.0, 0.7], b=[9.0, 6.0], lam=[2.0, 3.0], beta=[0.3, 0.5], lead=[1, 2], qbar=[8.0, 12.0], K=6.0, gamma=0.95, rho=0.8)

@@ -16,8 +16,8 @@ from envs.evaluation import evaluate
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.features import check_one_factor, global_token, item_tokens
 from envs.instance import Instance, InstanceError, paper_instance, with_factors
-from envs.results import write_evaluation
 from policies.classical import zero_policy
+from run_results.records import write_evaluation
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -37,9 +37,9 @@ def test_the_paper_model_reproduces_the_numbers_frozen_before_the_model_grew():
     """Paths, training draws, tokens, two rules' costs and the n = 1 DP optimum as the revision before several factors
     computed them. Catches any change to the paper model's draws (e.g. drawing its factor as [T, 1] noise or a gamma
     multiplier of 1 that still consumes the demand stream) or to its arithmetic."""
-    from fixtures.make_paper_model import RULES
+    from fixtures.make_paper_model import RULES as FROZEN_RULES
 
-    from policies.classical import make_policy
+    from policies.classical import RULES, make_policy
     from policies.dp_optimal import solve
 
     frozen = np.load(FIXTURES / "paper_model.npz")
@@ -59,8 +59,8 @@ def test_the_paper_model_reproduces_the_numbers_frozen_before_the_model_grew():
     state = initial_state(tinst, paths.factor[:, 0])
     np.testing.assert_allclose(item_tokens(tinst, state).numpy(), frozen["item_tokens"], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(global_token(tinst, state).numpy(), frozen["global_token"], rtol=1e-12, atol=1e-12)
-    for name, params in RULES.items():
-        cost = evaluate(make_policy(tinst, name, params), tinst, paths).discounted_cost
+    for name, params in FROZEN_RULES.items():
+        cost = evaluate(make_policy(tinst, RULES[name], params), tinst, paths).discounted_cost
         np.testing.assert_allclose(cost, frozen[f"cost:{name}"], rtol=1e-9)
     assert solve(paper_instance(1, seed=11), horizon=12).expected_cost == pytest.approx(float(frozen["dp_value"]), rel=1e-9)
 

@@ -20,6 +20,7 @@ from envs.exogenous import sample_paths
 from envs.instance import LMAX, Instance, paper_instance, with_factors
 from plumbing.errors import InputError
 from policies import dp_optimal
+from policies.classical import RULES_OF
 from policies.decomposition import DecompositionOptions, check_items, item_instance, item_values
 from policies.dp_optimal import DPOptimalPolicy, solve
 
@@ -242,7 +243,7 @@ def test_no_worse_than_classical_best_on_common_paths(tuned):
     tinst = inst.to_torch()
     paths = sample_paths(inst, 41, 2000, 50)
     dp = evaluate(DPOptimalPolicy(solve(inst, 50, factor_points=61)), tinst, paths)
-    classical, _ = tuned(inst, "classical-best", 50)
+    classical, _ = tuned(inst, "classical-best", RULES_OF["classical-best"], 50)
     reference = evaluate(classical, tinst, paths)
     comparison = paired_comparison(dp.discounted_cost, reference.discounted_cost)
     assert comparison.ci_low < 0

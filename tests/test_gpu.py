@@ -10,7 +10,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.features import global_token, item_tokens
 from envs.instance import paper_instance
-from policies.classical import make_policy
+from policies.classical import RULES, make_policy
 from trainers import pathwise
 from trainers.pathwise import PathwiseTrainer
 from trainers.pathwise_config import TrainConfig, build_network
@@ -39,9 +39,9 @@ def test_step_and_evaluation_match_the_cpu():
     torch.testing.assert_close(gpu_cost.cpu(), cpu_cost)
     torch.testing.assert_close(gpu_next.inv.cpu(), cpu_next.inv)
     params = {"reorder_z": -0.5, "cover": 2, "order_up_to_z": 0.5, "cycle_stock": 0.0}
-    cpu = evaluate(make_policy(inst.to_torch(), "base-stock-factor", params), inst.to_torch(), sample_paths(inst, 1, 16, 20))
+    cpu = evaluate(make_policy(inst.to_torch(), RULES["base-stock-factor"], params), inst.to_torch(), sample_paths(inst, 1, 16, 20))
     gpu = evaluate(
-        make_policy(inst.to_torch("cuda"), "base-stock-factor", params), inst.to_torch("cuda"), sample_paths(inst, 1, 16, 20, "cuda")
+        make_policy(inst.to_torch("cuda"), RULES["base-stock-factor"], params), inst.to_torch("cuda"), sample_paths(inst, 1, 16, 20, "cuda")
     )
     np.testing.assert_allclose(gpu.discounted_cost, cpu.discounted_cost, rtol=1e-4)
 

@@ -25,8 +25,8 @@ from conftest import ROOT, single_item
 
 from cli.output_folders import JOB_CONFIG_ENV, resolve_out
 from envs.instance import paper_instance
-from envs.results import read_evaluation
 from plumbing.errors import InputError
+from run_results.records import read_evaluation
 
 # What Ray 2.60's job supervisor put in a driver's environment, measured with `ray job submit --working-dir .`
 JOB_CONFIG = {

@@ -360,7 +360,7 @@ def test_the_exact_policy_costs_no_more_than_the_lookahead_or_classical_best():
     episodes of 12 steps: the exact policy's cost minus the decomposition lookahead's and minus classical-best's is never
     above 3 s.e. of the paired difference. A policy that ordered by the wrong item's table would fail here."""
     from envs.evaluation import paired_comparison
-    from policies.classical import tuned_policy
+    from policies.classical import RULES_OF, tuned_policy
     from policies.decomposition import lookahead_policy
 
     rng = np.random.default_rng(77)
@@ -369,7 +369,7 @@ def test_the_exact_policy_costs_no_more_than_the_lookahead_or_classical_best():
         inst = random_pair(rng)
         paths = sample_paths(inst, 11, 600, horizon)
         exact = evaluate(joint_dp.JointDPPolicy(joint_dp.solve(inst, horizon, factor_points=21)), inst.to_torch(), paths)
-        others = (lookahead_policy(inst, horizon)[0], tuned_policy(inst, "classical-best", horizon)[0])
+        others = (lookahead_policy(inst, horizon)[0], tuned_policy(inst, "classical-best", RULES_OF["classical-best"], horizon)[0])
         for policy in others:
             paired = paired_comparison(exact.discounted_cost, evaluate(policy, inst.to_torch(), paths).discounted_cost)
             assert paired.mean_difference <= 3 * paired.se, (inst, paired)

@@ -9,13 +9,13 @@ import ast
 import pytest
 from helpers import ROOT, import_circle, module_imports
 
-LIBRARY = ("plumbing", "envs", "demand", "policies", "ray_access", "trainers", "solver_workers", "sweeps", "serving")
+LIBRARY = ("plumbing", "envs", "run_results", "demand", "policies", "ray_access", "trainers", "solver_workers", "sweeps", "serving")
 """The packages, bottom first; platform/ (the scripts) and bench/ sit above them."""
 COMMAND_LINE = ("cli",)
 """The scripts' shared parser and their --out checks: for platform/ and bench/ alone."""
-ENVIRONMENT_MAY_IMPORT = ("envs", "plumbing.errors", "plumbing.validate", "plumbing.files")
+ENVIRONMENT_MAY_IMPORT = ("envs", "plumbing.errors", "plumbing.validate", "plumbing.files", "plumbing.tables")
 """The project's modules envs/ may import."""
-WITHOUT_RAY = ("plumbing", "envs", "demand", "policies")
+WITHOUT_RAY = ("plumbing", "envs", "run_results", "demand", "policies")
 
 
 def project_modules(imported: set[str]) -> set[str]:
@@ -35,6 +35,21 @@ def test_envs_is_the_environment_alone():
     for module, imported in module_imports("envs").items():
         assert outside(imported, ENVIRONMENT_MAY_IMPORT) == set(), module
         assert not {name.split(".")[0] for name in imported} & {"ray", "gurobipy", "highspy"}, module
+
+
+FILE_PLUMBING = ("hashlib", "pyarrow.csv", "pyarrow.parquet")
+"""What reads or writes files for a run: hashes, CSV and Parquet tables (run_results/ and plumbing/ hold them)."""
+
+
+def test_envs_reads_no_table_and_writes_no_results_folder():
+    """envs/ holds no results module and imports no file hashing nor CSV/Parquet reader or writer: those are plumbing's
+        (tables, hashes) and run_results/'s (run folders). Its one hash is an instance's content hash (envs.instance, which
+        hashes its canonical JSON, not a file; an item table is built there as an in-memory pyarrow Table, written by
+    plumbing)."""
+    assert not (ROOT / "envs" / "results.py").exists() and (ROOT / "run_results" / "records.py").exists()
+    for module, imported in module_imports("envs").items():
+        found = {name for name in imported if name in FILE_PLUMBING}
+        assert found <= ({"hashlib"} if module == "envs.instance" else set()), module
 
 
 def test_no_library_module_imports_the_command_line_helpers():
@@ -204,3 +219,43 @@ def test_the_demand_law_is_written_in_one_module():
         and law_calls("demand = rng.poisson(rate)\n")
         and law_calls("from scipy.stats import nbinom\n")
     )
+
+
+def name_comparisons(source: str, names: set[str]) -> list[str]:
+    """The places in `source` that compare a value with the text of a policy or method name (`x == "classical-best"`,
+    `m in ("hpo", "ppo")`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            texts = [
+                c.value
+                for o in operands
+                for c in ([o] if isinstance(o, ast.Constant) else getattr(o, "elts", []))
+                if isinstance(c, ast.Constant)
+            ]
+            found += [f"line {node.lineno}: {text!r}" for text in texts if isinstance(text, str) and text in names]
+    return found
+
+
+def test_policy_and_method_names_are_compared_as_types_not_as_text():
+    """No module of the library, the scripts or the benchmarks compares a value with a policy's or a learned method's
+    name written out: a policy is a PolicySpec (its kind, its rules), a method a trainers.config.MethodName, and the
+    names live in their one table (policies/classical.py's rules, policies/names.py, trainers/config.py). The control:
+    made-up code comparing with "classical-best" or "hpo" is seen."""
+    from policies.classical import POLICY_NAMES
+    from policies.dp_optimal import NAME as DP_OPTIMAL
+    from policies.lookahead import NAME as LOOKAHEAD
+    from trainers.config import MethodName
+
+    names = {*POLICY_NAMES, DP_OPTIMAL, LOOKAHEAD, *(m.value for m in MethodName)}
+    tables = {"policies/classical.py", PARSER, "trainers/config.py"}
+    found = {
+        str(path.relative_to(ROOT)): name_comparisons(path.read_text(), names)
+        for folder in (*LIBRARY, "platform", "bench")
+        for path in sorted((ROOT / folder).glob("*.py"))
+        if str(path.relative_to(ROOT)) not in tables
+    }
+    assert {path: where for path, where in found.items() if where} == {}
+    assert name_comparisons('if name == "classical-best":\n    pass\n', names)
+    assert name_comparisons('ok = method in ("hpo", "ppo")\n', names)

@@ -22,7 +22,7 @@ from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import LMAX, Instance
 from plumbing.errors import InputError
 from policies import dp_optimal, lookahead
-from policies.classical import tuned_policy
+from policies.classical import RULES_OF, tuned_policy
 from policies.decomposition import DecompositionOptions, combine, item_figures, item_tables, search_split
 
 SMALL = DecompositionOptions(factor_points=9, coarse_points=5)
@@ -603,7 +603,7 @@ def test_on_three_factors_the_bound_lies_below_the_rules_and_the_lookahead_above
     ]
     bound = combine(records, "best", SMALL)
     for name in ("base-stock", "periodic"):
-        rule, _ = tuned_policy(several, name, horizon, episodes=32, refinement=False)
+        rule, _ = tuned_policy(several, name, RULES_OF[name], horizon, episodes=32, refinement=False)
         cost = evaluate(rule, tinst, paths)
         assert bound["conservative"] < cost.mean - 3 * cost.se, (name, bound, cost.mean, cost.se)
     policy = lookahead.LookaheadPolicy(lookahead.LookaheadTables.from_items(tables, "finite", horizon, several.content_hash()))

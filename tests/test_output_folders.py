@@ -114,7 +114,7 @@ def test_an_output_anywhere_below_a_runs_record_is_refused(index, tmp_path):
 
 def test_tables_and_subfolders_named_like_a_runs_entries_make_no_run(tmp_path):
     """A data folder holding an item table items.parquet, a cost table costs.parquet and evaluations named greedy/,
-    lookahead/, equal-shares/ and tensorboard/ (names of envs.results.RUNS entries) is no run's folder: an output
+    lookahead/, equal-shares/ and tensorboard/ (names of run_results.records.RUNS entries) is no run's folder: an output
     folder or file beside them passes."""
     data = tmp_path / "data"
     for name in ("greedy", "lookahead", "equal-shares", "tensorboard"):

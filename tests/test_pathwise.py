@@ -16,6 +16,7 @@ from envs.dynamics import step
 from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance
+from policies.classical import RULES_OF
 from trainers import pathwise
 from trainers.config import ConfigError
 from trainers.memory import GIB, MemoryPlan, StateBytes, balanced, slices
@@ -242,7 +243,7 @@ def test_tiny_training_comes_close_to_classical_best(method, tuned):
     in 120 updates; the pathwise gradient itself is checked by finite differences above.)"""
     instance = paper_instance(1, 0)
     paths = sample_paths(instance, 99, 32, 50)
-    classical_best = evaluate(tuned(instance, "classical-best", 50)[0], instance.to_torch(), paths).mean
+    classical_best = evaluate(tuned(instance, "classical-best", RULES_OF["classical-best"], 50)[0], instance.to_torch(), paths).mean
     honest = tiny_training_cost(method, instance, paths) / classical_best
     broken = tiny_training_cost(method, instance, paths, BROKEN[method]) / classical_best
     assert broken > 1.02 and honest - 1 < 0.5 * (broken - 1), (honest, broken)

@@ -18,8 +18,8 @@ from helpers import import_circle, package_imports
 from envs.evaluation import evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
-from envs.results import read_evaluation
 from plumbing.errors import InputError
+from run_results.records import read_evaluation
 from trainers import pathwise, pathwise_config, registry
 from trainers.checkpoint import CheckpointError, checkpoint_file, read_checkpoint
 from trainers.config import ConfigError, TrainerConfig

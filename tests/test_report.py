@@ -1,6 +1,6 @@
 """The report on a sweep's results directory (sweeps/report.py computes it, sweeps/render.py writes it,
 platform/report.py RESULTS_DIR runs it) on a small synthetic results directory: every evaluation folder is
-real (envs.results.write_evaluation) but holds hand-chosen per-episode costs, so every table cell, paired
+real (run_results.records.write_evaluation) but holds hand-chosen per-episode costs, so every table cell, paired
 interval and binned curve value below is worked out by hand from those numbers."""
 
 import csv
@@ -18,9 +18,9 @@ from conftest import ROOT, TINY, run_script
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import HELDOUT_SEED, sample_paths
 from envs.instance import paper_instance
-from envs.results import manifest, write_evaluation, write_parquet
 from plumbing.errors import InputError
-from policies.classical import make_policy, zero_policy
+from policies.classical import RULES, make_policy, zero_policy
+from run_results.records import manifest, write_evaluation, write_parquet
 from solver_workers.solver_run import DECISION_COLUMNS, decision_summary
 from sweeps import render as rn
 from sweeps import report as rp
@@ -347,7 +347,7 @@ def test_reference_lines_are_the_first_ten_held_out_decisions(report):
     inst = paper_instance(1, 0)
     tinst = inst.to_torch()
     # classical-best from its stored parameters: the first 10 steps of a 50-step traced evaluation, discounted
-    policy = make_policy(tinst, CLASSICAL["family"], {k: v for k, v in CLASSICAL.items() if k != "family"})
+    policy = make_policy(tinst, RULES[CLASSICAL["family"]], {k: v for k, v in CLASSICAL.items() if k != "family"})
     trace = evaluate(policy, tinst, sample_paths(inst, HELDOUT_SEED, EPISODES, 50), trace=True).trace
     expected = (trace.cost[:, :10] * inst.gamma ** np.arange(10)).sum(1).mean()
     assert report.references[1]["classical-best"] == pytest.approx(expected, rel=1e-6)
@@ -636,7 +636,7 @@ def decomposition_report(tmp_path, monkeypatch):
     """This module's synthetic results directory with a decomposition bound of hand-chosen per-episode costs 95 + D
     (n = 1) and 390 + D (n = 4), DP value 96.0, conservatively 94.5; its report."""
     from envs.exogenous import HELDOUT_SEED
-    from envs.results import write_evaluation
+    from run_results.records import write_evaluation
     from sweeps import report as rp
 
     monkeypatch.setitem(SWEEP, "baselines", {**SWEEP["baselines"], "decomposition": {"factor_points": 41, "coarse_points": 21}})

@@ -123,7 +123,7 @@ def test_a_checkpoint_s_networks_may_run_in_bfloat16_and_nothing_else_takes_a_pr
 def test_evaluate_py_takes_the_precision_of_a_checkpoint_s_networks(trained, tmp_path):
     from conftest import run_script
 
-    from envs.results import read_evaluation
+    from run_results.records import read_evaluation
 
     INSTANCE.save(tmp_path / "instance.json")
     flags = ["--instance", tmp_path / "instance.json", "--episodes", 2, "--horizon", 3, "--precision", "bfloat16"]

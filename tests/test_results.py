@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import run_script
 
-import envs.results as results
+import run_results.records as results
 from envs.evaluation import Evaluation, evaluate
 from envs.exogenous import sample_paths
 from envs.instance import paper_instance

@@ -21,6 +21,7 @@ from envs.features import flat_features
 from envs.gym_env import JRPVectorEnv
 from envs.instance import Instance, paper_instance
 from plumbing.validate import load_yaml
+from policies.classical import RULES_OF
 from trainers.config import ConfigError
 from trainers.registry import load_checkpoint, load_policy, method_config
 from trainers.rllib_ppo import JRPActionDistribution, PPOTrainConfig, RLModulePolicy, RolloutCost, build_module, train_ppo
@@ -113,7 +114,7 @@ def test_tiny_ppo_run_improves_clearly_on_its_initial_policy(tiny_run, tuned):
     trained, _ = load_policy(out / "checkpoint.pt", "greedy")
     after = evaluate(trained, tinst, paths).mean
     assert after < 0.5 * before
-    classical_best = evaluate(tuned(inst, "classical-best", 50)[0], tinst, paths).mean
+    classical_best = evaluate(tuned(inst, "classical-best", RULES_OF["classical-best"], 50)[0], tinst, paths).mean
     assert after < PPO_MARGIN * classical_best, after / classical_best
 
 

@@ -28,7 +28,7 @@ from helpers import Gate
 
 from envs.instance import Instance
 from plumbing.errors import InputError
-from policies.classical import make_policy
+from policies.classical import RULES, make_policy
 from policies.names import CHECKPOINT_PREFIX
 from serving.decisions import Decider, PolicyError, load_decider, read_states
 
@@ -511,7 +511,7 @@ def test_a_classical_answer_depends_on_the_state_alone():
     """A classical rule is deterministic: p = Y, O = Y Q. The periodic family reviews every `period` calls of its clock;
     the Decider restarts the clock for each batch, so asking twice gives the same (review-period) answer."""
     tinst = INSTANCE.to_torch()
-    periodic = make_policy(tinst, "periodic", {"period": 3, "order_up_to_z": 1.0, "cycle_stock": 0.0})
+    periodic = make_policy(tinst, RULES["periodic"], {"period": 3, "order_up_to_z": 1.0, "cycle_stock": 0.0})
     decider = Decider(periodic, INSTANCE, learned=False, mode="deterministic", label="policy 'periodic'", info={})
     state = read_states([{"inventory": [-5, -5], "in_transit": [[0, 0, 0], [0, 0, 0]], "factor": 0}], INSTANCE, "request body")
     first, second = decider.decide(state), decider.decide(state)
@@ -730,7 +730,9 @@ def test_requests_with_two_factor_states_are_parsed_merged_and_answered_as_alone
     requests = [[{**state, "factor": [1.5, -1.0]}, {**state, "factor": [-2.0, 0.5]}], [{**state, "factor": [0.0, 2.0]}]]
     batches = [parse_states(json.dumps(r).encode(), "application/json", instance)[0] for r in requests]
     assert [b.factor.shape for b in batches] == [(2, 2), (1, 2)]
-    rule = make_policy(instance.to_torch(), "base-stock-factor", {"reorder_z": 0.0, "cover": 1, "order_up_to_z": 1.0, "cycle_stock": 0.0})
+    rule = make_policy(
+        instance.to_torch(), RULES["base-stock-factor"], {"reorder_z": 0.0, "cover": 1, "order_up_to_z": 1.0, "cycle_stock": 0.0}
+    )
     decider = Decider(rule, instance, learned=False, mode="deterministic", label="policy 'base-stock-factor'", info={})
     together = decider.decide_many(batches)
     assert decider.forward_passes == 1

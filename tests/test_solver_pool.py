@@ -14,7 +14,7 @@ from envs.evaluation import evaluate
 from envs.exogenous import sample_paths
 from envs.instance import Instance, paper_instance
 from plumbing.errors import InputError
-from policies.classical import make_policy, zero_policy
+from policies.classical import RULES, make_policy, zero_policy
 from policies.decomposition import DecompositionOptions
 from solver_workers.backends import SolverOptions
 from solver_workers.pool import (
@@ -206,6 +206,6 @@ def test_the_perfect_information_bound_on_three_negative_binomial_factors_is_bel
     records = run_bounds(inst, paths, options, Pool(2), Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 2, 8, options)))
     bounds = np.array([r["bound"] for r in sorted(records, key=lambda r: r["episode"])])
     tinst = inst.to_torch()
-    rule = make_policy(tinst, "base-stock-factor", {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
+    rule = make_policy(tinst, RULES["base-stock-factor"], {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})
     for policy in (zero_policy, rule):
         assert np.all(bounds <= evaluate(policy, tinst, paths).discounted_cost * (1 + 1e-6))

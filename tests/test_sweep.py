@@ -15,7 +15,7 @@ import yaml
 from conftest import ROOT
 from helpers import Gate
 
-from envs.results import read_evaluation
+from run_results.records import read_evaluation
 
 UPDATES = 30
 SWEEP = {

@@ -252,10 +252,10 @@ def test_a_policy_that_never_orders_keeps_bounded_costs_because_its_rollouts_res
 
 def test_a_run_folder_serves_its_best_network(trained):
     """decide.py and serve.py's Decider on checkpoint:RUN: best.pt's decisions and its SHA-256 in /info."""
-    from envs.results import sha256
+    from plumbing.files import file_sha256
     from serving.decisions import load_decider
 
     run = trained["or-transformer"]
     decider = load_decider(f"checkpoint:{run.folder}")
-    assert decider.info["checkpoint_sha256"] == sha256(run.folder / "best.pt")
+    assert decider.info["checkpoint_sha256"] == file_sha256(run.folder / "best.pt")
     assert str(run.folder / "best.pt") in decider.label

@@ -27,6 +27,7 @@ from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import FactorDemandStream, sample_paths
 from envs.features import item_tokens
 from envs.instance import paper_instance
+from policies.classical import RULES_OF
 from policies.lookahead import NAME as LOOKAHEAD
 from trainers.checkpoint import CheckpointError, read_checkpoint
 from trainers.config import ConfigError
@@ -274,7 +275,7 @@ def warm_trainer():
 def fresh_teacher_states():
     """States of classical-best's rollouts from another seed than the warm start's: 256 rollouts, steps 40..59."""
     inst = N4.to_torch()
-    teacher, _ = named_policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = named_policies.tuned_policy(N4, "classical-best", RULES_OF["classical-best"], EVAL_HORIZON)
     rollouts = rollouts_from_the_start(teacher, inst, FactorDemandStream(inst, 256, seed=987_654), 256)
     for _ in range(3):
         batch = rollouts.next_update(20)
@@ -349,7 +350,7 @@ def test_the_warm_started_student_costs_within_a_margin_of_its_teacher_and_a_bro
     each broken control's (excess_costs) is above it, so the margin tells a working imitation from one that
     lost either target."""
     trainer, untrained = warm_trainer
-    teacher, _ = named_policies.tuned_policy(N4, "classical-best", EVAL_HORIZON)
+    teacher, _ = named_policies.tuned_policy(N4, "classical-best", RULES_OF["classical-best"], EVAL_HORIZON)
     assert_only_the_student_within_the_margin(excess_costs(teacher, trainer, untrained))
 
 

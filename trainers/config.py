@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
 from typing import Any
 
 from plumbing import validate
@@ -61,6 +62,16 @@ LAYER_WHY = (
     "memory: a layer of this width holds width^2 (perceptrons) or d x width (feed-forward) weights; at 16,384 the "
     "three perceptrons hold 0.8 billion (13 GB with gradients and Adam's moments)"
 )
+
+
+class MethodName(StrEnum):
+    """The learned methods (trainers.registry.METHODS holds what each is): a config's `method` is compared with these,
+    never with its text."""
+
+    OR_TRANSFORMER = "or-transformer"
+    HPO = "hpo"
+    PPO = "ppo"
+    TRANSFORMER_PPO = "transformer-ppo"
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 distribution). platform/train.py, the sweep's Tune trials and the tests all run it.
 
 The run folder holds the run's files (trainers.run_folder) and greedy/ and sampled/ in the evaluation format
-(envs.results.write_evaluation, whole or not read), of the run's best network where it validates (best.pt,
+(run_results.records.write_evaluation, whole or not read), of the run's best network where it validates (best.pt,
 trainers.model_selection), else of its last. The evaluation runs after every call that ends with a
 finished training, so `mode="resume"` of a run that has ended trains nothing and evaluates it again
 (the same numbers): a call killed during its evaluation is finished by a resume.
@@ -17,7 +17,7 @@ from typing import Any
 from envs.evaluation import EVAL_HORIZON, evaluate
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, check_cost_range, check_path_size, sample_paths
 from envs.instance import Instance
-from envs.results import write_evaluation
+from run_results.records import write_evaluation
 from trainers import registry
 from trainers.checkpoint import checkpoint_file, network_of
 from trainers.config import ConfigError

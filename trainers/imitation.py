@@ -46,27 +46,26 @@ from envs.exogenous import FactorDemandStream
 from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
 from plumbing.errors import InputError
-from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.named_policies import named_policy
 from policies.names import NAMED_POLICIES, PolicySpec, parse_policy
 from trainers.memory import accumulate
 from trainers.networks import ThreeNetworks, autocast
 from trainers.streams import exogenous_step
 
-TEACHERS = tuple(name for name in NAMED_POLICIES if name not in ("zero", DP_OPTIMAL))
-"""The policies a run may imitate: every named policy but `zero` (nothing to learn) and dp-optimal (its tables
-end at a horizon, the teacher's rollouts do not)."""
-
 
 def is_teacher(name) -> bool:
-    """Whether `name` names a teacher: one of TEACHERS, or decomposition-lookahead:DIR (a bound run's tables)."""
-    if name in TEACHERS:
-        return True
+    """Whether `name` (a spec, or text parsed here) names a policy a run may imitate: a tuned rule or classical-best,
+    or the lookahead (its tables computed, or a bound run's: decomposition-lookahead:DIR); not `zero` (it tunes no
+    rule: nothing to learn) nor dp-optimal (its tables end at a horizon, the teacher's rollouts do not)."""
     try:
         spec = parse_policy(name)
     except InputError:
         return False
-    return spec.lookahead and spec.path is not None
+    return spec.lookahead or bool(spec.rules)
+
+
+TEACHERS = tuple(name for name in NAMED_POLICIES if is_teacher(name))
+"""The named policies a run may imitate (`is_teacher`)."""
 
 
 TAIL = 0.01

@@ -50,7 +50,7 @@ from envs.features import global_token, item_tokens
 from envs.instance import Instance, TensorInstance
 from plumbing.errors import InputError
 from trainers.collectives import all_gather_rows, average_gradients, global_sum, rank_and_world, shard_rows
-from trainers.config import ConfigError, divergence_reason
+from trainers.config import ConfigError, MethodName, divergence_reason
 from trainers.flops import UpdateArithmetic
 from trainers.imitation import (
     actor_imitation,
@@ -363,7 +363,9 @@ class PathwiseTrainer:
             self.model.quantity_net.encoder.checkpoint_blocks = True
         self.memory = self._memory_plan()
         """The micro-batches of an update and of an imitation update (trainers.memory)."""
-        self.arithmetic = UpdateArithmetic.of(config, instance.n, instance.device, world) if config.method == "or-transformer" else None
+        self.arithmetic = (
+            UpdateArithmetic.of(config, instance.n, instance.device, world) if config.method == MethodName.OR_TRANSFORMER else None
+        )
         """An OR-Transformer update's FLOPs on this rank and the card's peak: each update's MFU (trainers.flops)."""
         if config.compile or config.cuda_graphs:  # after the plan, which measures the eager networks
             self.model.compile_networks(mode="reduce-overhead" if config.cuda_graphs else None, backend=COMPILE_BACKEND)

@@ -12,13 +12,14 @@ from torch.nn.attention import SDPBackend
 from envs.evaluation import EVAL_HORIZON
 from plumbing import validate
 from plumbing.errors import first_line
+from policies.classical import CLASSICAL_BEST
 from policies.names import TABLES_PREFIX, PolicySpec, parse_policy
 from trainers.checkpoint import CheckpointError, read_checkpoint
-from trainers.config import ConfigError, TrainerConfig
+from trainers.config import ConfigError, MethodName, TrainerConfig
 from trainers.imitation import TEACHERS, is_teacher
 from trainers.networks import SETUP_FEATURES, HPOPerceptron, ORTransformer, ThreeNetworks, TransformerShape
 
-METHODS = ("or-transformer", "hpo")
+METHODS = (MethodName.OR_TRANSFORMER.value, MethodName.HPO.value)
 
 
 PRECISIONS = ("float32", "bfloat16")
@@ -50,7 +51,7 @@ NO_WARM_START = {"imitation_updates": 0, "imitation_dagger_updates": 0}
 class TrainConfig(TrainerConfig):
     """One pathwise run (OR-Transformer or HPO): the shared fields and the hybrid losses' settings."""
 
-    method: str = "or-transformer"
+    method: str = MethodName.OR_TRANSFORMER.value
     """or-transformer (three Transformer encoders) or hpo (three perceptrons on the flat input)."""
     pathwise_weight: float = 1.0
     """alpha_PW, >= 0."""
@@ -69,7 +70,7 @@ class TrainConfig(TrainerConfig):
     Gradients are clipped for each network separately."""
     imitation_updates: int = 0
     """Supervised updates imitating `imitation_teacher` before update 1 (>= 0; 0: the paper, no warm start)."""
-    imitation_teacher: str = "classical-best"
+    imitation_teacher: str = CLASSICAL_BEST
     """The policy imitated (trainers.imitation.TEACHERS, or decomposition-lookahead:DIR: the tables that a
     decomposition bound run wrote in DIR, loaded instead of computed), built on the training instance as for
     evaluation."""
@@ -182,12 +183,12 @@ class TrainConfig(TrainerConfig):
                 f"config field 'attention': the {self.attention} kernel needs device cuda or cuda:K, this run's device is "
                 f"'{self.device}' (auto, flash or math there)"
             )
-        if self.checkpoint_activations and self.method == "hpo":
+        if self.checkpoint_activations and self.method == MethodName.HPO:
             raise ConfigError("config field 'checkpoint_activations': only an or-transformer has blocks to recompute; hpo takes false")
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise ConfigError(f"config field 'cuda_graphs': CUDA graphs need device cuda or cuda:K, this run's device is '{self.device}'")
         self.require_choice("setup_feature", SETUP_FEATURES)
-        if self.method == "hpo" and self.setup_feature != "paper":
+        if self.method == MethodName.HPO and self.setup_feature != "paper":
             raise ConfigError("config field 'setup_feature': an hpo network has a fixed n, so it takes 'paper'")
         self.require_int("validate_every", 0)
         self.require_int("validation_episodes", 1)
@@ -204,12 +205,15 @@ class TrainConfig(TrainerConfig):
 
 
 def build_network(config: TrainConfig, n: int) -> ThreeNetworks:
-    if config.method == "hpo":
+    if config.method == MethodName.HPO:
         return HPOPerceptron(n, config.hidden)
     return ORTransformer(TransformerShape(config.blocks, config.width, config.heads, config.feed_forward), config.setup_feature)
 
 
-NETWORK_FIELDS = {"or-transformer": ("blocks", "width", "heads", "feed_forward", "setup_feature"), "hpo": ("hidden",)}
+NETWORK_FIELDS = {
+    MethodName.OR_TRANSFORMER.value: ("blocks", "width", "heads", "feed_forward", "setup_feature"),
+    MethodName.HPO.value: ("hidden",),
+}
 
 
 def load_initial_weights(model: ThreeNetworks, config: TrainConfig) -> None:

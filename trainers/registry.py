@@ -26,7 +26,7 @@ from envs.features import check_one_factor
 from envs.instance import Instance
 from plumbing.errors import InputError, first_line
 from trainers.checkpoint import CheckpointError, read_checkpoint
-from trainers.config import ConfigError
+from trainers.config import ConfigError, MethodName
 from trainers.pathwise import PathwiseRun
 from trainers.pathwise_config import TrainConfig, build_network
 from trainers.policy import LearnedPolicy
@@ -50,10 +50,10 @@ class Method:
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("or-transformer", "pathwise", fixed_size=False, label="OR-Transformer", throughput=1662.0),
-        Method("transformer-ppo", "rllib", fixed_size=True, label="Transformer-PPO", throughput=536.0),
-        Method("hpo", "pathwise", fixed_size=True, label="HPO", throughput=25375.0),
-        Method("ppo", "rllib", fixed_size=True, label="PPO", throughput=4381.0),
+        Method(MethodName.OR_TRANSFORMER.value, "pathwise", fixed_size=False, label="OR-Transformer", throughput=1662.0),
+        Method(MethodName.TRANSFORMER_PPO.value, "rllib", fixed_size=True, label="Transformer-PPO", throughput=536.0),
+        Method(MethodName.HPO.value, "pathwise", fixed_size=True, label="HPO", throughput=25375.0),
+        Method(MethodName.PPO.value, "rllib", fixed_size=True, label="PPO", throughput=4381.0),
     )
 }
 """In the paper's column order (table "Mean discounted cost"), which the report keeps."""
@@ -72,7 +72,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "shared": {"batch": 128, "updates": 1280, "blocks": 2, "width": 64, "heads": 4, "feed_forward": 256, "hidden": 256},
         "pathwise": {"checkpoint_every": 250, "imitation_updates": 300, "learning_rate": 1e-4, "final_learning_rate": 1e-5},
         "rllib": {"epochs": 2, "minibatches": 2},
-        "or-transformer": {"imitation_teacher": "decomposition-lookahead", "imitation_dagger_updates": 1000, "setup_feature": "per-item"},
+        MethodName.OR_TRANSFORMER.value: {
+            "imitation_teacher": "decomposition-lookahead",
+            "imitation_dagger_updates": 1000,
+            "setup_feature": "per-item",
+        },
     },
 }
 """Per preset: the fields every family shares, then each family's own, then a method's own (over the config's
@@ -177,7 +181,7 @@ def method_config(name: str, preset: str = "cpu", overrides: dict[str, Any] | No
         raise ConfigError(f"overrides: 'method' is not a field to override (the method is {name!r})")
     values = PRESETS[preset]
     return family(entry.family).config_class.from_dict(
-        {**values["shared"], **values[entry.family], **values.get(name, {}), **overrides, "method": name}
+        {**values["shared"], **values[entry.family], **values.get(name, {}), **overrides, "method": entry.name}
     )
 
 

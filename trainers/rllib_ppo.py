@@ -44,12 +44,12 @@ from plumbing.errors import InputError
 from ray_access.private import logging_to
 from ray_access.session import init_ray
 from trainers.checkpoint import CheckpointError
-from trainers.config import ConfigError, TrainerConfig, divergence_reason
+from trainers.config import ConfigError, MethodName, TrainerConfig, divergence_reason
 from trainers.networks import FlatPerceptron, GlobalReadout, ItemReadout, TransformerShape
 from trainers.policy import Decision
 from trainers.run_folder import MethodRun, OnUpdate, train_run
 
-NETWORKS = {"ppo": "mlp", "transformer-ppo": "transformer"}
+NETWORKS = {MethodName.PPO.value: "mlp", MethodName.TRANSFORMER_PPO.value: "transformer"}
 ENV_ID = "jrp-vector"
 _BETA_EPS = 1e-6
 
@@ -183,7 +183,7 @@ class RolloutCost(RLlibCallback):
 class PPOTrainConfig(TrainerConfig):
     """One PPO run: the shared fields (the same budget as the pathwise trainer) and PPO's own settings."""
 
-    method: str = "ppo"
+    method: str = MethodName.PPO.value
     """ppo (MLP) or transformer-ppo (OR-Transformer encoders)."""
     epochs: int = 4
     """PPO passes over each update's batch (>= 1)."""

@@ -37,10 +37,10 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from envs.instance import Instance
-from envs.results import RUNS, TRAINING, check_run_folder, clear_run, manifest, write_parquet
 from plumbing.errors import InputError, first_line
 from plumbing.files import atomic_write_text, read_parquet, written_by_atomic_write
 from plumbing.validate import differences
+from run_results.records import RUNS, TRAINING, check_run_folder, clear_run, manifest, write_parquet
 from trainers.checkpoint import BEST, LAST, CheckpointError, read_checkpoint, save_checkpoint
 from trainers.config import TrainerConfig
 from trainers.model_selection import Score, best_network_state, validation_record

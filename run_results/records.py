@@ -12,7 +12,6 @@ instances are never compared.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from envs.evaluation import Evaluation
 from envs.instance import Instance
 from plumbing import validate
 from plumbing.errors import InputError
-from plumbing.files import atomic_write, atomic_write_text, written_by_atomic_write
+from plumbing.files import atomic_write, atomic_write_text, file_sha256, written_by_atomic_write
 
 _PACKAGES = ("torch", "numpy", "pyarrow", "ray", "highspy", "gurobipy", "gymnasium")
 
@@ -188,14 +187,6 @@ def clear_run(out: str | os.PathLike) -> None:
                 path.unlink()
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def append_json_line(path: Path, record: dict[str, Any]) -> None:
     """Append `record` as one JSON line, flushed to disk (journals, a trial's attempts); a torn last line (its writer
     was killed mid-write) is ended first, so the record starts a line of its own."""
@@ -304,7 +295,7 @@ def write_evaluation(
         "instance_hash": instance.content_hash(),
         "parameters": parameters or {},
         **(extra or {}),
-        "files": {name: sha256(out / name) for name in sorted(tables)},
+        "files": {name: file_sha256(out / name) for name in sorted(tables)},
         "manifest": manifest(config),
     }
     atomic_write_text(out / SUMMARY, json.dumps(summary, indent=1) + "\n")
@@ -362,7 +353,7 @@ def read_evaluation(folder: str | os.PathLike) -> dict[str, Any]:
         file = folder / name
         if not file.is_file():
             raise InputError(f"results folder '{folder}': {name} is missing (listed in {SUMMARY}); the folder is incomplete")
-        if sha256(file) != digest:
+        if file_sha256(file) != digest:
             raise InputError(
                 f"results folder '{folder}': {name} does not match its checksum in {SUMMARY}; it was modified or replaced after "
                 f"the evaluation"

@@ -4,10 +4,10 @@ The item's problem is policies/dp_optimal.py's with the cap q = ceil(qbar), whos
 is its exact-lattice value V. On the positions a_j = j D (D the item's lattice step, dp_optimal.lattice_step) this
 module computes numbers l_t(a_j) whose piecewise-linear interpolant L_t satisfies L_t <= T L_{t+1} at every real
 position, T the exact Bellman operator; so L_t <= V_t (T is monotone, L = V = 0 after the last decision), and L_0 at
-x_0 is a lower bound on V with no estimate in it. The four steps (exact expectations at lattice points, the sag margins
-between them `_margins`, the charge, the minimum with the cap's partial step) are argued in the docs. Shared with the
-exact DP and so outside what it bounds: the Tauchen chain, the demand laws' 1e-13 tails, the extrapolation below the
-domain and its top.
+x_0 is a lower bound on V with no estimate in it. The five steps (exact expectations at lattice points, the sag margins
+between them `_margins`, the charge, the minimum with the cap's partial step, the domain's ends `_below_floor` and
+`_above_top`) are argued in the docs. Shared with the exact DP and so outside what it bounds: the Tauchen chain and the
+demand laws' 1e-13 tails.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ below. One JSON line per item, with the machine's load; the last line the larges
 (<= 1 s, <= 256 MiB for the DP).
 
   OMP_NUM_THREADS=1 python bench/dp_volumes.py [--lams 1 5 32 100 300 507 2000 10000] [--phis 0 1 10] [--leads 2 4] [--exact-span 20000]
+      [--beta 0.4] [--cap CAP]   (a loading and a fixed cap instead of 0.4 and ceil(4 lam): the |beta| >= 1, small-cap items)
 """
 
 import argparse
@@ -33,15 +34,15 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def retail_item(lam: float, phi: float, lead: int) -> Instance:
-    """A weekly retail item: h 1, b 9, loading 0.4, the cap ceil(4 lam), K 100 (the setups are the bench's)."""
+def retail_item(lam: float, phi: float, lead: int, beta: float = 0.4, cap: float | None = None) -> Instance:
+    """A weekly retail item: h 1, b 9, loading `beta` (0.4), the cap `cap` (ceil(4 lam)), K 100 (the setups are the bench's)."""
     return Instance(
         h=[1.0],
         b=[9.0],
         lam=[lam],
-        beta=[0.4],
+        beta=[beta],
         lead=[lead],
-        qbar=[float(np.ceil(4 * lam))],
+        qbar=[float(np.ceil(4 * lam)) if cap is None else cap],
         K=100.0,
         gamma=0.95,
         rho=0.8,
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--phis", type=float, nargs="+", default=[0, 1, 10])
     parser.add_argument("--leads", type=int, nargs="+", default=[2, 4], help="lead times of the items (default 2 4)")
     parser.add_argument("--exact-span", type=int, default=20000, help="run the exact lattice up to this domain width (units)")
+    parser.add_argument("--beta", type=float, default=0.4, help="the items' loading (default 0.4)")
+    parser.add_argument("--cap", type=float, default=None, help="the items' cap (default ceil(4 lam))")
     args = parser.parse_args()
     torch.set_num_threads(1)
     options = DecompositionOptions()
@@ -74,7 +77,7 @@ def main() -> None:
     for lead in args.leads:
         for lam in args.lams:
             for phi in args.phis:
-                one = retail_item(lam, phi, lead)
+                one = retail_item(lam, phi, lead, args.beta, args.cap)
                 values, seconds, peak = measured(dp_optimal.expected_costs, one, HORIZON, SETUPS, **settings)
                 certified, certificate_seconds, _ = measured(dp_certificate.certified_costs, one, HORIZON, SETUPS, values, **settings)
                 lattice = dp_optimal.check_item(one, HORIZON, **settings)

@@ -4,10 +4,10 @@ The item's problem is policies/dp_optimal.py's with the cap q = ceil(qbar), whos
 is its exact-lattice value V. On the positions a_j = j D (D the item's lattice step, dp_optimal.lattice_step) this
 module computes numbers l_t(a_j) whose piecewise-linear interpolant L_t satisfies L_t <= T L_{t+1} at every real
 position, T the exact Bellman operator; so L_t <= V_t (T is monotone, L = V = 0 after the last decision), and L_0 at
-x_0 is a lower bound on V with no estimate in it. The four steps (exact expectations at lattice points, the sag margins
-between them `_margins`, the charge, the minimum with the cap's partial step) are argued in the docs. Shared with the
-exact DP and so outside what it bounds: the Tauchen chain, the demand laws' 1e-13 tails, the extrapolation below the
-domain and its top.
+x_0 is a lower bound on V with no estimate in it. The five steps (exact expectations at lattice points, the sag margins
+between them `_margins`, the charge, the minimum with the cap's partial step, the domain's ends `_below_floor` and
+`_above_top`) are argued in the docs. Shared with the exact DP and so outside what it bounds: the Tauchen chain and the
+demand laws' 1e-13 tails.
 """
 
 from __future__ import annotations
@@ -19,38 +19,49 @@ from scipy.fft import irfft, next_fast_len, rfft
 
 from envs.demand_law import demand_rate, period_laws
 from envs.instance import Instance
+from plumbing.errors import InputError
 from policies import dp_optimal
 
 
 class _Expectation:
-    """E[u(a_j - D_t) | F_t = f_i] for functions u [G, M, N] on the positions a_0 < ... < a_{N-1} (step D), linear below
-    a_0 (extrapolated from the first cell), by FFT along the positions; and the same convolution with the open cells'
-    masses for the margins (module docstring, points 1-2)."""
+    """E[u(a_j - D_t) | F_t = f_i] for functions u [G, M, N] on the positions a_0 < ... < a_{N-1} (step D), continued
+    below a_0 by a line of a given slope (`extend`), by FFT along the positions; the part of a cut law beyond its points
+    (`dp_optimal.LawTail`) on that line at its mean; and the same convolution with the open cells' masses for the margins
+    (module docstring, points 1-2)."""
 
-    def __init__(self, split: np.ndarray, open_cells: np.ndarray, positions: int):
-        self.J = split.shape[1] - 1  # the demand reaches J lattice steps
+    def __init__(self, split: np.ndarray, open_cells: np.ndarray, positions: int, tail: dp_optimal.LawTail | None):
+        self.J = split.shape[1] - 1  # the (cut) law reaches J lattice steps
         self.N = positions
         self.size = next_fast_len(positions + self.J + split.shape[1])
         self.kernel = rfft(split, self.size, axis=1)[None]  # [1, M, F]
         self.open_kernel = rfft(open_cells, self.size, axis=1)[None]
+        self.tail = tail
 
     def _convolve(self, padded: np.ndarray, kernel: np.ndarray) -> np.ndarray:
         return irfft(rfft(padded, self.size, axis=-1) * kernel, self.size, axis=-1)[..., self.J : self.J + self.N]
 
-    def __call__(self, values: np.ndarray) -> np.ndarray:
-        """E u(a_j - D_t) at every position: [G, M, N]."""
+    def __call__(self, values: np.ndarray, slope: np.ndarray) -> np.ndarray:
+        """E u(a_j - D_t) at every position: [G, M, N], u = values on the positions and values[..., 0] + slope (x - a_0)
+        below (slope [.., M, 1] per lattice step)."""
         below = np.arange(-self.J, 0)  # lattice steps below a_0
         padded = np.empty(values.shape[:-1] + (self.J + self.N,))
-        padded[..., : self.J] = values[..., :1] + (values[..., 1:2] - values[..., :1]) * below
+        padded[..., : self.J] = values[..., :1] + slope * below
         padded[..., self.J :] = values
-        return self._convolve(padded, self.kernel)
+        expectation = self._convolve(padded, self.kernel)
+        if self.tail is not None:  # the law's rest beyond J steps: below a_0 from every position, on the line at its mean
+            mass, moment = self.tail.mass[:, None], self.tail.moment[:, None]  # [M, 1]
+            expectation = expectation + mass * values[..., :1] + slope * (mass * np.arange(self.N) - moment)
+        return expectation
 
-    def margins(self, values: np.ndarray, step: int) -> np.ndarray:
+    def margins(self, values: np.ndarray, step: int, slope: np.ndarray | None = None) -> np.ndarray:
         """How far below its chord E u(z - D_t) can sag in each cell, taken at each lattice point as the larger of its
-        two cells: [G, M, N] (zeros where D = 1: integer demands put no kink inside a unit cell)."""
+        two cells: [G, M, N] (zeros where D = 1: integer demands put no kink inside a unit cell). u's kinks: at a_1..a_{N-2},
+        and at a_0 where the line below of `slope` (None: the first cell's) meets the first cell."""
         kinks = np.zeros(values.shape[:-1] + (self.J + self.N,))
         convex = np.clip(values[..., 2:] - 2 * values[..., 1:-1] + values[..., :-2], 0.0, None) / step  # c_k+ at a_1..a_{N-2}
         kinks[..., self.J + 1 : self.J + self.N - 1] = convex
+        if slope is not None:
+            kinks[..., self.J] = np.clip(values[..., 1] - values[..., 0] - slope[..., 0], 0.0, None) / step  # c_0+ at a_0
         sag = 0.25 * step * np.clip(self._convolve(kinks, self.open_kernel), 0.0, None)  # cell j = (a_j, a_{j+1})
         return np.maximum(sag, np.concatenate([sag[..., :1], sag[..., :-1]], axis=-1))
 
@@ -71,22 +82,30 @@ def _interpolate(values: np.ndarray, positions: np.ndarray, x: float) -> np.ndar
     return (1.0 - a) * values[..., k] + a * values[..., k + 1]
 
 
-def _bellman_min(omega: np.ndarray, setups: np.ndarray, window: int, rest: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+def _bellman_min(
+    omega: np.ndarray, setups: np.ndarray, window: int, rest: int, step: int, beyond: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Lower bounds at the lattice points of min(W(x), K + min_{x <= y <= x + q} W(y)) for the interpolant of omega
-    [G, M, N], q = window D + rest (module docstring, point 4); windows clipped at the top of the domain. Returns the
-    values and where an order's best target is the top of the domain (the domain must grow)."""
+    [G, M, N], q = window D + rest (module docstring, point 4), and `beyond` [M] a lower bound on W above the top of
+    the domain (`_above_top`), taken wherever a window can pass the top (None: windows clipped there, no bound). Returns
+    the values and where an order's best target is the top of the domain or beyond (the domain should grow)."""
     G, M, N = omega.shape
+    top = np.arange(N) + window >= N - 1  # windows (and the pieces on either side of a lattice point) that can pass the top
     inside = dp_optimal.window_min(omega.reshape(G * M, N), window).reshape(G, M, N)  # min omega_{j..j+w}
     best = inside
     if rest:
         share = rest / step
         best = np.minimum(best, dp_optimal.window_end(omega, window, share))  # the window's end a_{j+w} + r
+    if beyond is not None:
+        best = np.where(top, np.minimum(best, beyond[None, :, None]), best)
     cost = setups[:, None, None]
     value = np.minimum(omega, cost + best)
     if rest:
         # the break point p = a_{j+1} - r of cell j, where a_{j+w+1} enters the window
         inner = share * omega[..., :-1] + (1.0 - share) * omega[..., 1:]  # omega(p)
         reach = inside[..., 1:]  # min omega_{j+1..j+w+1}
+        if beyond is not None:  # a window from either side of p passes the top where j + w + 1 >= N - 1
+            reach = np.where(top[1:], np.minimum(reach, beyond[None, :, None]), reach)
         at_p = np.minimum(inner, cost + np.minimum(inner, reach))
         line = share * value[..., :-1] + (1.0 - share) * value[..., 1:]
         excess = np.clip(line - at_p, 0.0, None)  # [G, M, N-1] per cell
@@ -94,9 +113,31 @@ def _bellman_min(omega: np.ndarray, setups: np.ndarray, window: int, rest: int, 
         lower[..., :-1] = excess
         lower[..., 1:] = np.maximum(lower[..., 1:], excess)
         value = value - lower
-    top = np.arange(N) + window >= N - 1
-    touches = (cost + best < omega) & top & (best >= omega[..., -1:])
+    touches = (cost + best < omega) & top & (best >= np.minimum(omega[..., -1:], np.inf if beyond is None else beyond[None, :, None]))
     return value, touches
+
+
+def _below_floor(ahead: list[np.ndarray], x: float, b: float, gamma: float, lead: int, cap: float) -> tuple[np.ndarray, np.ndarray]:
+    """A lower bound on E[V_{t+1}(x, F_{t+1}) | F_t = f] at x and its left slope ([M] each), V_{t+1} the optimum with
+    len(ahead) decisions left: every position after ordering at step t + 1 + n is at most x + (n + 1) q less the demand
+    since, so its charge is at least gamma^L b (E[S] - that)^+, and by Jensen's inequality
+        B(x) = gamma^L b sum_n gamma^n (E[D_{t+1} + ... + D_{t+1+n+L} | F_t = f] - x - (n + 1) q)^+,
+    convex in x: B(x') >= B(x) + B'(x-) (x' - x) below x (docs/methods.md, "The domain's ends"). `ahead` [n] the
+    conditional means of those sums."""
+    value, slope = np.zeros_like(ahead[0]) if ahead else 0.0, 0.0
+    for n, mean in enumerate(ahead):
+        gap = mean - x - (n + 1) * cap
+        weight = gamma**lead * b * gamma**n
+        value = value + weight * np.clip(gap, 0.0, None)
+        slope = slope - weight * (gap >= 0)
+    return value, slope
+
+
+def _above_top(means: list[np.ndarray], y: float, h: float, gamma: float, lead: int) -> np.ndarray:
+    """A lower bound [M] on W_t(y', f) for every y' >= y: every later position is at least y' less the demand since, so
+    W_t(y', f) >= gamma^L h sum_n gamma^n (y - E[D_t + ... + D_{t+n+L} | F_t = f])^+ (Jensen's inequality; increasing
+    in y'), `means` [n] the conditional means of those sums."""
+    return sum(gamma**lead * h * gamma**n * np.clip(y - mean, 0.0, None) for n, mean in enumerate(means))
 
 
 CERTIFICATE_GAP = 0.005
@@ -116,7 +157,7 @@ def certified_costs(instance: Instance, horizon: int, setups, reference=None, **
     if reference is None:
         return bound
     reference = np.atleast_1d(np.asarray(reference, dtype=np.float64))
-    units = dp_optimal.item_span(instance, **settings)
+    units = dp_optimal.value_span(instance, horizon, **settings)
     while step > 1 and np.any(reference - bound > CERTIFICATE_GAP * np.abs(reference)) and units / (step // 2) <= CERTIFICATE_POSITIONS:
         step //= 2
         # every step's bound is valid, and the sag margins shrink with the square of the step: keep the largest
@@ -128,37 +169,52 @@ def _certified(instance: Instance, horizon: int, setups, settings: dict) -> np.n
     """`certified_costs` on the lattice of settings["step"]."""
     if settings["step"] == 1:  # the exact lattice: its value is the optimum
         return dp_optimal.expected_costs(instance, horizon, setups, **settings)
-    problem = dp_optimal._prepare(instance, horizon, **settings)
+    problem = dp_optimal._prepare(instance, horizon, reach=True, **settings)
     step, grid = problem.lattice.step, problem.grid
     h, b, gamma, lead, x0 = float(instance.h[0]), float(instance.b[0]), instance.gamma, problem.lead, problem.x0
     window, rest, cap = problem.lattice.window, problem.lattice.rest, problem.lattice.cap  # the cap ceil(qbar), kept whole
     rates = demand_rate(float(instance.lam[0]), float(instance.beta[0]), grid.points)
-    open_cells = open_cell_masses(rates, dp_optimal.item_overdispersion(instance), step, problem.pmf.shape[1])
+    overdispersion = dp_optimal.item_overdispersion(instance)
+    open_cells = open_cell_masses(rates, overdispersion, step, problem.pmf.shape[1])
     costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))
-    low, high = problem.low_unit, math.ceil(problem.upper / step) + 1  # dp_optimal's domain, on the multiples of D
+    if np.any(costs < 0):
+        raise InputError(f"{dp_optimal.NAME}: the certificate needs setup costs >= 0, got {costs.min():g}")
     decision_steps = max(horizon - lead, 0)
+    # E[D_t + ... + D_{t+k-1} | F_t] and E[D_{t+1} + ... + D_{t+k} | F_t], k = 1..T_dec + L
+    from_now = dp_optimal.sum_means(grid, problem.period_mean, decision_steps + lead + 1)
+    from_next = dp_optimal.sum_means(grid, problem.period_mean, decision_steps + lead + 1, first=1)
+    low, high = problem.low_unit, math.ceil(problem.upper / step) + 1  # dp_optimal's domain, on the multiples of D
     for _ in range(32):
         positions = step * np.arange(low, high + 1, dtype=np.float64)
         dmax = (problem.pmf.shape[1] - 1) * step
         dp_optimal.check_size(instance, grid.points.size, dmax, problem.lattice, positions.size, costs.size, 0)
-        expect = _Expectation(problem.pmf, open_cells, positions.size)
+        expect = _Expectation(problem.pmf, open_cells, positions.size, problem.tail)
         loss = (h * np.clip(positions, 0.0, None) + b * np.clip(-positions, 0.0, None))[None, None, :]  # the kink at 0
         charges = []
         u = np.broadcast_to(loss, (1, grid.points.size, positions.size))
+        below = np.full((grid.points.size, 1), -b * step)  # the loss and its expectations are b (E S - z) below 0 > a_0
         for _period in range(lead + 1):
             u = grid.transition @ u if charges else u
-            u = expect(u) - expect.margins(u, step)
+            u = expect(u, below) - expect.margins(u, step, below)
             charges.append(u[0])  # lower bounds of E[g(y - D_t - ... - D_{t+l})]: [M, N]
         value = np.zeros((costs.size, grid.points.size, positions.size))
         grows = False
-        for _t in range(decision_steps - 1, -1, -1):
+        for t in range(decision_steps - 1, -1, -1):
             mixed = grid.transition @ value  # E[L_{t+1}(x, F_{t+1}) | F_t = f_i]
-            omega = gamma**lead * charges[-1][None] + gamma * (expect(mixed) - expect.margins(mixed, step))
-            value, touches = _bellman_min(omega, costs, window, rest, step)
+            # below the floor: the line of the bound B's left slope from min(L, B) at a_0 (`_below_floor`)
+            left = [from_next[n + lead] for n in range(decision_steps - t - 1)]
+            floor_value, floor_slope = _below_floor(left, positions[0], b, gamma, lead, cap)
+            if positions[0] > -len(left) * cap:  # above the region where V_{t+1} is linear (there B's slope is its own)
+                mixed[..., 0] = np.minimum(mixed[..., 0], floor_value)
+            slope = np.broadcast_to(np.asarray(floor_slope, dtype=np.float64) * step, (grid.points.size,))[:, None]
+            omega = gamma**lead * charges[-1][None] + gamma * (expect(mixed, slope) - expect.margins(mixed, step, slope))
+            beyond = _above_top([from_now[n + lead] for n in range(decision_steps - t)], positions[-1], h, gamma, lead)
+            value, touches = _bellman_min(omega, costs, window, rest, step, beyond=beyond)
             grows = grows or bool(touches.any())
-        if not grows:
+        if not grows or positions[-1] >= problem.reach_top:
             break
-        high += math.ceil(cap / step) + 1  # an optimal target touched the top of the domain: widen it and start again
+        # an optimal target touched the top of the domain: widen it (tighter; the proof does not need it), up to the reach
+        high = min(high + math.ceil(cap / step) + 1, math.ceil(problem.reach_top / step) + 1)
     else:
         raise dp_optimal.NoFiniteOptimum(f"{dp_optimal.NAME}: optimal order-up-to positions exceed {positions[-1]:g}; no finite optimum")
     sunk = sum(gamma**s * _interpolate(charges[s], positions, x0) for s in range(min(lead, horizon)))

@@ -138,59 +138,115 @@ def tauchen_grid(rho: float, points: int = DEFAULT_FACTOR_POINTS, width: float =
 # ---- demand laws on the chain --------------------------------------------------------------------
 
 
-def demand_law(rates: np.ndarray, overdispersion: float, tail: float, step: int = 1) -> np.ndarray:
+def demand_law(rates: np.ndarray, overdispersion: float, tail: float, step: int = 1, points: int | None = None) -> np.ndarray:
     """pmf rows [M, ceil(dmax / step) + 1] of one period's demand given each rate [M], eq. (conditional_demand): Poisson at
     overdispersion phi = 0, else the negative binomial of mean rate and variance rate + phi rate^2 (the gamma-Poisson mixture
     envs.demand_law.draw_demand samples), truncated at dmax (`demand_top`) with the tail mass on the last point. With `step`
-    D > 1 the law is split onto the multiples of D, keeping its mean (docs/methods.md, "The DP at real volumes")."""
+    D > 1 the law is split onto the multiples of D, keeping its mean (docs/methods.md, "The DP at real volumes"). With
+    `points` below that length, its first `points` points alone (the same numbers), the rest of its mass left to `law_tail`."""
     dmax = demand_top(rates, overdispersion, tail)
+    length = -(-dmax // step) + 1
+    cut = points is not None and points < length
     if step == 1:
         law = period_laws(rates, overdispersion)[0]
-        pmf = law.pmf(np.arange(dmax + 1)[None, :])
+        pmf = law.pmf(np.arange(points if cut else dmax + 1)[None, :])
     else:
-        points = -(-dmax // step)
-        edges = step * np.arange(points + 1)[None, :]  # [1, J+1] the interval [j D, (j + 1) D) starts at edges[j]
+        intervals = points if cut else length - 1
+        edges = step * np.arange(intervals + 1)[None, :]  # [1, J+1] the interval [j D, (j + 1) D) starts at edges[j]
         law, shifted = period_laws(rates, overdispersion)
         below = law.cdf(edges - 1)  # P(D < j D): [M, J+1]
         first = rates[:, None] * shifted.cdf(edges - 2)  # E[D; D < j D]
         mass, moment = np.diff(below, axis=1), np.diff(first, axis=1)  # each interval's P and E[D; interval]: [M, J]
         left = np.clip(edges[:, 1:] * mass - moment, 0.0, None) / step  # to j D
         right = np.clip(moment - edges[:, :-1] * mass, 0.0, None) / step  # to (j + 1) D
-        pmf = np.zeros((rates.size, points + 1))
+        pmf = np.zeros((rates.size, intervals + 1))
         pmf[:, :-1] += left
         pmf[:, 1:] += right
+        if cut:
+            return pmf[:, :points]
+    if cut:
+        return pmf
     pmf[:, -1] += np.clip(1.0 - pmf.sum(1), 0.0, None)
     return pmf / pmf.sum(1, keepdims=True) if step > 1 else pmf
+
+
+def law_means(rates: np.ndarray, overdispersion: float, tail: float, step: int = 1) -> np.ndarray:
+    """The mean of `demand_law`'s law at each rate ([M], in units of stock): the law truncated at its last point t (dmax,
+    or ceil(dmax / D) D on a coarse lattice), E[D; D < t] + t P(D >= t) (the split onto the multiples of D keeps it)."""
+    dmax = demand_top(rates, overdispersion, tail)
+    top = dmax if step == 1 else -(-dmax // step) * step
+    law, shifted = period_laws(rates, overdispersion)
+    return rates * shifted.cdf(top - 2)[:, 0] + top * law.sf(top - 1)[:, 0]
+
+
+@dataclass(frozen=True)
+class LawTail:
+    """What a law cut to its first K points (`demand_law`'s `points`) leaves beyond them: mass [M] and first moment [M]
+    E[D / D_step; D >= K D_step], in lattice steps. Where the values are linear below the domain an expectation needs no
+    more (`demand_expectation`)."""
+
+    mass: np.ndarray
+    moment: np.ndarray
+
+    @staticmethod
+    def of(pmf: np.ndarray, means: np.ndarray, step: int) -> LawTail:
+        """The tail of the cut law pmf [M, K] whose whole law has the means [M] (units of stock)."""
+        support = np.arange(pmf.shape[1], dtype=np.float64)
+        mass = np.clip(1.0 - pmf.sum(1), 0.0, None)
+        moment = np.clip(means / step - pmf @ support, 0.0, None)
+        return LawTail(mass, np.maximum(moment, mass * pmf.shape[1]))
 
 
 DIRECT_CONVOLUTION = 1_000_000
 """Demand laws whose lengths multiply to at most this are summed by direct convolution, longer ones by FFT."""
 
 
-def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int) -> list[np.ndarray]:
-    """Law of D_t + ... + D_{t+j-1} given F_t = f_i on the chain, for j = 1..periods: H_j [M, j dmax + 1]."""
-    laws = [pmf]
+def demand_sums(grid: FactorGrid, pmf: np.ndarray, periods: int, points: int | None = None) -> list[np.ndarray]:
+    """Law of D_t + ... + D_{t+j-1} given F_t = f_i on the chain, for j = 1..periods: H_j [M, j dmax + 1]; with `points`,
+    the first `points` points of each (exact: the sums of a cut law's first points)."""
+    laws = [pmf if points is None else pmf[:, :points]]
     for _ in range(periods - 1):
         mixed = grid.transition @ laws[-1]  # law of the later demands given F_t: [M, S]
         if pmf.shape[1] * mixed.shape[1] <= DIRECT_CONVOLUTION:
             laws.append(np.stack([np.convolve(p, q) for p, q in zip(pmf, mixed)]))
         else:  # long laws (a heavy tail at a fine step): by FFT, its round-off below 0 cut
             laws.append(np.clip(fftconvolve(pmf, mixed, axes=1), 0.0, None))
+        if points is not None:
+            laws[-1] = laws[-1][:, :points]
     return laws
 
 
-def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float, step: int = 1) -> np.ndarray:
+def sum_means(grid: FactorGrid, means: np.ndarray, periods: int, first: int = 0) -> list[np.ndarray]:
+    """E[D_{t+first} + ... + D_{t+first+j-1} | F_t = f_i] on the chain for j = 1..periods ([M] each), `means` [M] one
+    period's mean demand at each grid point."""
+    ahead, total, sums = means.copy(), np.zeros_like(means), []
+    for _ in range(first):
+        ahead = grid.transition @ ahead
+    for _ in range(periods):
+        total = total + ahead
+        sums.append(total)
+        ahead = grid.transition @ ahead
+    return sums
+
+
+def expected_loss(law: np.ndarray, positions: np.ndarray, h: float, b: float, step: int = 1, mean: np.ndarray | None = None) -> np.ndarray:
     """E[h (y - S)^+ + b (S - y)^+] for S ~ law[i] (support 0, D, .., (S-1) D with D = `step`) and every y: [M, N], from
     cumulative sums in O(M (N + S)): in units of D, with k(y) the number of support points s <= y, P = sum_{s<k} p_s
-    and Q = sum_{s<k} s p_s, E(y - S)^+ = y P - Q and E(S - y)^+ = (E S - Q) - y (1 - P)."""
+    and Q = sum_{s<k} s p_s, E(y - S)^+ = y P - Q and E(S - y)^+ = (E S - Q) - y (1 - P). With `mean` ([M], units of
+    stock) the law may be cut (`demand_sums`' points) above every y: its mass is 1 and its mean `mean`."""
     if step > 1:
-        return step * expected_loss(law, positions / step, h, b)
+        return step * expected_loss(law, positions / step, h, b, mean=None if mean is None else mean / step)
     support = np.arange(law.shape[1], dtype=np.float64)
     mass = np.concatenate([np.zeros((law.shape[0], 1)), np.cumsum(law, axis=1)], axis=1)  # [M, S+1]: P for k = 0..S
     first = np.concatenate([np.zeros((law.shape[0], 1)), np.cumsum(law * support, axis=1)], axis=1)  # [M, S+1]: Q
     below = np.clip(np.floor(positions) + 1, 0, law.shape[1]).astype(np.int64)  # k(y): [N]
     p, q, y = mass[:, below], first[:, below], positions[None, :]
-    return h * (y * p - q) + b * ((first[:, -1:] - q) - y * (mass[:, -1:] - p))
+    if mean is None:
+        total_mass, total_first = mass[:, -1:], first[:, -1:]
+    else:
+        assert positions.size == 0 or positions.max() < law.shape[1] - 1, "a cut law must reach above every position"
+        total_mass, total_first = 1.0, mean[:, None]
+    return h * (y * p - q) + b * ((total_first - q) - y * (total_mass - p))
 
 
 # ---- lattice ----------------------------------------------------------------------------------------
@@ -395,6 +451,10 @@ class _Problem:
     x0: float
     low_unit: int
     upper: float  # the top of the domain (grows when an optimal target reaches it)
+    reach_top: float = math.inf  # with `reach`: a top no value at x_0 depends on (docs/methods.md, "The domain's ends")
+    tail: LawTail | None = None  # with cut laws: what pmf leaves beyond its points
+    means: list | None = None  # with cut laws: the means [M] of H_1..H_{L+1} (units of stock)
+    period_mean: np.ndarray | None = None  # with `reach`: one period's mean demand [M] of `demand_law`'s law
 
 
 @dataclass(frozen=True)
@@ -462,6 +522,17 @@ def item_span(instance: Instance, **settings) -> float:
     return _plan(instance, **settings).span
 
 
+def value_span(instance: Instance, horizon: int, **settings) -> float:
+    """An upper bound on the units the domain of the value at x_0 (`expected_costs`, the certificate: `_prepare`'s `reach`)
+    spans: `domain_span`, or `reach_ends` where they are narrower."""
+    plan = _plan(instance, **settings)
+    x0, floor_periods = float(instance.mu[0]), settings.get("floor_periods")
+    lead = int(instance.lead[0])
+    floor, top = reach_ends(x0, plan.lattice.cap, plan.lattice.step, max(horizon - lead, 0))
+    old_floor = min(x0, 0.0) - (lead + 1 if floor_periods is None else floor_periods) * plan.dmax
+    return min(plan.span, top - max(floor, old_floor))
+
+
 def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | None = 0, **settings) -> Lattice:
     """Refuse (TooLarge), before any demand law or value is built, an item whose DP with `settings` (`solve`'s) would not fit in
     memory for `setups` setup costs at once with W_t kept for the first `stages` decision steps (None: every one), its domain
@@ -509,19 +580,40 @@ def estimated_seconds(instance: Instance, horizon: int, setups: int = 1, **setti
     return positions, seconds
 
 
-def _prepare(instance: Instance, horizon: int, **settings) -> _Problem:
+def reach_ends(x0: float, cap: float, step: int, decision_steps: int) -> tuple[float, float]:
+    """(floor, top) of the positions on which the value at x_0 is exact with no domain ends (docs/methods.md, "The domain's
+    ends"): below -T_dec cap every position the item can still reach is at most 0, so V_t is linear there and the linear
+    extrapolation is exact; above x_0 + T_dec cap no position reachable from x_0 lies, and V_0(x_0) depends on none."""
+    return min(x0, -decision_steps * cap) - 2 * step, x0 + decision_steps * cap + 2 * step
+
+
+def _prepare(instance: Instance, horizon: int, reach: bool = False, **settings) -> _Problem:
+    """The item's problem. With `reach` (the value at x_0 alone: `expected_costs`, the certificate) the domain stops at
+    `reach_ends` where they are narrower, and the demand laws are cut to the domain's width (`LawTail`)."""
     validate.integer(horizon, f"{NAME} horizon", 1)
     plan = _plan(instance, **settings)
     lattice, x0, lead = plan.lattice, float(instance.mu[0]), int(instance.lead[0])
+    low_unit, points, reach_top = plan.low_unit, None, math.inf
+    if reach:
+        floor, reach_top = reach_ends(x0, lattice.cap, lattice.step, max(horizon - lead, 0))
+        low_unit = max(low_unit, math.floor(floor / lattice.step))
+        points = math.ceil(reach_top / lattice.step) - low_unit + 3  # every shift between two positions, and one more
+        if points >= -(-plan.dmax // lattice.step) + 1:
+            points = None
     # the domain's part below x_0 alone, one setup cost, no tables: a first check before the demand sums' convolutions
-    below_x0 = lattice.positions(plan.low_unit, math.ceil(x0 / lattice.step)).size
+    below_x0 = lattice.positions(low_unit, math.ceil(x0 / lattice.step)).size
     check_size(instance, plan.grid.points.size, plan.dmax, lattice, below_x0, 1, 0)
-    pmf = demand_law(plan.rates, item_overdispersion(instance), plan.tail, lattice.step)  # [M, J+1]
-    sums = demand_sums(plan.grid, pmf, lead + 1)  # H_1..H_{L+1}
+    overdispersion = item_overdispersion(instance)
+    pmf = demand_law(plan.rates, overdispersion, plan.tail, lattice.step, points)  # [M, J+1]
+    sums = demand_sums(plan.grid, pmf, lead + 1, points)  # H_1..H_{L+1}
+    tail = means = one = None
+    if reach:
+        one = law_means(plan.rates, overdispersion, plan.tail, lattice.step)
+    if points is not None:
+        tail, means = LawTail.of(pmf, one, lattice.step), sum_means(plan.grid, one, lead + 1)
     q_top = lattice.step * float(np.searchsorted(np.cumsum(sums[-1][-1]), 1.0 - 1e-9))
-    return _Problem(
-        instance, int(horizon), lead, plan.grid, lattice, pmf, sums, x0, plan.low_unit, max(x0, q_top) + min(lattice.cap, q_top)
-    )
+    upper = min(max(x0, q_top) + min(lattice.cap, q_top), reach_top)
+    return _Problem(instance, int(horizon), lead, plan.grid, lattice, pmf, sums, x0, low_unit, upper, reach_top, tail, means, one)
 
 
 def _solve(problem: _Problem, setups: np.ndarray, kept: int | None, progress: bool = False):
@@ -536,12 +628,27 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None, progress: bo
         steps = decision_steps if kept is None else min(kept, decision_steps)
         dmax = (p.pmf.shape[1] - 1) * p.lattice.step
         check_size(p.instance, p.grid.points.size, dmax, p.lattice, positions.size, len(setups), steps)
+        lead_mean = None if p.means is None else p.means[-1]
         result = _backward(
-            positions, p.lattice, p.grid, p.pmf, p.sums[-1], h, b, setups, p.instance.gamma, p.lead, decision_steps, steps, progress
+            positions,
+            p.lattice,
+            p.grid,
+            p.pmf,
+            p.sums[-1],
+            h,
+            b,
+            setups,
+            p.instance.gamma,
+            p.lead,
+            decision_steps,
+            steps,
+            progress,
+            p.tail,
+            lead_mean,
         )
-        if not result[2]:
+        if not result[2] or p.upper >= p.reach_top:
             break
-        p.upper += p.lattice.cap  # an optimal target touched the top of the domain: widen it and solve again
+        p.upper = min(p.upper + p.lattice.cap, p.reach_top)  # an optimal target touched the top of the domain: widen it and solve again
     else:
         lam, qbar = float(p.instance.lam[0]), float(p.instance.qbar[0])
         cause = (
@@ -554,7 +661,8 @@ def _solve(problem: _Problem, setups: np.ndarray, kept: int | None, progress: bo
     k0 = int(np.argmin(np.abs(positions - p.x0)))
     sunk = np.zeros(p.grid.points.size)
     for s in range(min(p.lead, p.horizon)):
-        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0 : k0 + 1], h, b, p.lattice.step)[:, 0]
+        mean = None if p.means is None else p.means[s]
+        sunk += p.instance.gamma**s * expected_loss(p.sums[s], positions[k0 : k0 + 1], h, b, p.lattice.step, mean)[:, 0]
     return positions, initial_value, action_value, sunk, k0
 
 
@@ -592,7 +700,7 @@ def solve(instance: Instance, horizon: int, setups=None, stages: int | None = No
 def expected_costs(instance: Instance, horizon: int, setups, **settings) -> np.ndarray:
     """The optimal expected cost for every setup cost in `setups` ([G]), from one backward pass that
     keeps no policy tables (the fast path of `solve`, with its settings)."""
-    problem = _prepare(instance, horizon, **settings)
+    problem = _prepare(instance, horizon, reach=True, **settings)
     costs = np.atleast_1d(np.asarray(setups, dtype=np.float64))
     _, initial_value, _, sunk, k0 = _solve(problem, costs, 0)
     return (sunk[None, :] + initial_value[:, :, k0]) @ problem.grid.initial
@@ -619,11 +727,12 @@ def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
     return (1.0 - share) * last[..., : values.shape[-1]] + share * last[..., 1 : values.shape[-1] + 1]
 
 
-def demand_expectation(values: np.ndarray, lattice: Lattice, pmf: np.ndarray, factor_axis: int) -> np.ndarray:
+def demand_expectation(values: np.ndarray, lattice: Lattice, pmf: np.ndarray, factor_axis: int, tail: LawTail | None = None) -> np.ndarray:
     """E[values(.., y - D)] at every lattice position y of the last axis, D ~ pmf[m] ([M, J+1], on multiples of the lattice
     step) for the factor grid point m on `factor_axis` of `values` [.., N]; positions below the domain extrapolated linearly
     (the slope over its lowest step). The expectation term of W_t (module docstring), for one item and for each axis of
-    policies/joint_dp.py's joint lattice."""
+    policies/joint_dp.py's joint lattice. With `tail` the law is cut (`LawTail`) where its rest lies below the domain from
+    every position: its part is the extrapolating line at the rest's mean."""
     N, c = values.shape[-1], lattice.classes
     dmax = pmf.shape[1] - 1
     pad = dmax * c  # lattice points below the domain that y - d can reach
@@ -640,17 +749,27 @@ def demand_expectation(values: np.ndarray, lattice: Lattice, pmf: np.ndarray, fa
     shape[factor_axis % values.ndim], shape[-2] = pmf.shape[0], -1
     kernel = rfft(pmf, size, axis=1).reshape(shape)  # the demand law's transform, M on the factor axis: [.., F, 1]
     full = irfft(rfft(padded.reshape(*values.shape[:-1], length // c, c), size, axis=-2) * kernel, size, axis=-2)
-    return full[..., : length // c, :].reshape(*values.shape[:-1], length)[..., pad : pad + N]
+    expectation = full[..., : length // c, :].reshape(*values.shape[:-1], length)[..., pad : pad + N]
+    if tail is not None:  # E[u(y - D); D >= J + 1 steps] = u0 P + slope (P (y - y0) - E[D; D >= J + 1]), all in lattice steps
+        shape = [1] * values.ndim
+        shape[factor_axis % values.ndim] = -1
+        mass, moment = tail.mass.reshape(shape), tail.moment.reshape(shape)
+        ahead = np.arange(N) // c + lattice.offsets[np.arange(N) % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
+        slope = values[..., c : c + 1] - values[..., :1]
+        expectation = expectation + mass * values[..., :1] + slope * (mass * ahead - moment)
+    return expectation
 
 
-def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept, progress=False):
+def _backward(
+    positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead, decision_steps, kept, progress=False, tail=None, lead_mean=None
+):
     """The backward recursion on the lattice for every setup cost in `setups` at once (NumPy): [G] constants, or [G, T_dec, M]
     schedules, a setup cost for each decision step and factor grid point (policies/share_schedule.py).
     Returns V_0 [G, M, N], W [kept, G, M, N] (W_t of the first `kept` decision steps), and whether an optimal
-    target reached the top of the domain."""
+    target reached the top of the domain. `tail` and `lead_mean`: the cut laws' rest (`_prepare`'s `reach`)."""
     G, M, N = setups.shape[0], grid.points.size, positions.size
     window = lattice.window
-    charge = gamma**lead * expected_loss(lead_law, positions, h, b, lattice.step)  # gamma^L G(y, f): [M, N]
+    charge = gamma**lead * expected_loss(lead_law, positions, h, b, lattice.step, lead_mean)  # gamma^L G(y, f): [M, N]
     costs = setups.reshape(G, 1, 1) if setups.ndim == 1 else setups[..., None]  # [G, 1, 1] or [G, T_dec, M, 1]
     top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
     action_value = np.empty((kept, G, M, N))
@@ -659,7 +778,7 @@ def _backward(positions, lattice, grid, pmf, lead_law, h, b, setups, gamma, lead
     stages = tqdm(range(decision_steps - 1, -1, -1), desc=f"{NAME}: {N:,} positions x {M} factor points", disable=not progress, leave=False)
     for t in stages:
         mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
-        w = charge + gamma * demand_expectation(mixed, lattice, pmf, factor_axis=1)
+        w = charge + gamma * demand_expectation(mixed, lattice, pmf, factor_axis=1, tail=tail)
         best = window_min(w.reshape(G * M, N), window).reshape(G, M, N)
         if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
             best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))

@@ -187,10 +187,10 @@ def test_the_certificate_is_never_above_the_exact_lattice_whatever_the_step():
     assert violations(cases) == []
     original_margins, original_min = dp_certificate._Expectation.margins, dp_certificate._bellman_min
     try:
-        dp_certificate._Expectation.margins = lambda self, values, step: np.zeros_like(values)
+        dp_certificate._Expectation.margins = lambda self, values, step, slope=None: np.zeros_like(values)
         assert len(violations(cases)) >= 10
         dp_certificate._Expectation.margins = original_margins
-        dp_certificate._bellman_min = lambda omega, setups, window, rest, step: original_min(omega, setups, window, 0, step)
+        dp_certificate._bellman_min = lambda omega, setups, window, rest, step, **top: original_min(omega, setups, window, 0, step, **top)
         assert len(violations(cases)) >= 3
     finally:
         dp_certificate._Expectation.margins, dp_certificate._bellman_min = original_margins, original_min
@@ -442,3 +442,79 @@ def test_a_long_solve_says_its_size_and_time_before_it_starts(capsys, monkeypatc
     dp_optimal.dp_optimal_policy(one, HORIZON, progress=True, factor_points=9)
     err = capsys.readouterr().err
     assert err.startswith(f"dp-optimal: a DP of about {positions:,} positions; about ") and "factor points" in err, err
+
+
+# ---- the domain's ends: the value at x_0 exact, the certificate sound whatever its ends ----------------------------------
+
+
+def reachable_value(one: Instance, horizon: int, setup: float, points: int = 5) -> float:
+    """The item's optimum on the chain (integer start and cap: the exact lattice is the integers) computed over the positions
+    reachable from x_0 alone: V_t at x_0 - t dmax..x_0 + t q, W_t up to one cap higher, with no floor, no top and nothing
+    extrapolated (NaN elsewhere: reading one fails); the laws by scipy, the lead-time law by direct convolution."""
+    lam, beta, cap, lead = float(one.lam[0]), float(one.beta[0]), math.ceil(one.qbar[0]), int(one.lead[0])
+    h, b, gamma, phi = float(one.h[0]), float(one.b[0]), one.gamma, dp_optimal.item_overdispersion(one)
+    x0 = round(float(one.mu[0]))
+    grid = dp_optimal.tauchen_grid(one.rho, points)
+    rates = lam * np.exp(beta * grid.points - beta * beta / 2)
+    law = stats.nbinom(1 / phi, 1 / (1 + phi * rates[:, None])) if phi else stats.poisson(rates[:, None])
+    dmax = int(law.isf(1e-13)[-1, 0]) + 1  # the DP's truncation at the largest rate
+    pmf = law.pmf(np.arange(dmax + 1)[None, :])
+    pmf[:, -1] += 1 - pmf.sum(1)
+    sums = [pmf]
+    for _ in range(lead):
+        sums.append(np.stack([np.convolve(p, q) for p, q in zip(pmf, grid.transition @ sums[-1])]))
+
+    def loss(law_s, y):  # E[h (y - S)^+ + b (S - y)^+] at positions y [N]: [M, N]
+        s = np.arange(law_s.shape[1])
+        return ((h * np.clip(y[:, None] - s, 0, None) + b * np.clip(s - y[:, None], 0, None)) @ law_s.T).T
+
+    steps = max(horizon - lead, 0)
+    lo = x0 - steps * dmax
+    y = np.arange(lo, x0 + steps * cap + 1)
+    charge = gamma**lead * loss(sums[lead], y)  # [M, N]
+    value = np.zeros((points, y.size))
+    for t in range(steps - 1, -1, -1):
+        mixed = grid.transition @ value
+        w = np.full_like(value, np.nan)
+        k = np.nonzero((y >= x0 - t * dmax) & (y <= x0 + (t + 1) * cap))[0]
+        w[:, k] = charge[:, k] + gamma * sum(pmf[:, [d]] * mixed[:, k - d] for d in range(dmax + 1))
+        value = np.full_like(value, np.nan)
+        x = np.nonzero((y >= x0 - t * dmax) & (y <= x0 + t * cap))[0]
+        windows = np.lib.stride_tricks.sliding_window_view(w, cap + 1, axis=1)[:, x]  # [M, |x|, cap + 1]: y in [x, x + cap]
+        value[:, x] = np.minimum(w[:, x], setup + windows.min(2))
+    sunk = sum(gamma**s * loss(sums[s], np.array([x0]))[:, 0] for s in range(min(lead, horizon)))
+    start = value[:, x0 - lo]
+    assert not np.isnan(start).any()
+    return float(grid.initial @ (sunk + start))
+
+
+END_ITEMS = {  # a large loading over a small cap (the ends far inside the old ones), a heavy tail, a moderate item
+    "lam 2, beta 1.2, cap 3": dict(lam=2.0, phi=0.0, lead=1, qbar=3.0, K=10.0, beta=1.2),
+    "lam 2, phi 2, cap 12, lead 2": dict(lam=2.0, phi=2.0, lead=2, qbar=12.0, K=30.0, beta=0.3),
+    "lam 4, phi 0.5, cap 9, lead 2": dict(lam=4.0, phi=0.5, lead=2, qbar=9.0, K=3.0, beta=0.4),
+}
+
+
+@pytest.mark.parametrize("name", list(END_ITEMS))
+def test_the_value_at_the_start_is_exact_on_the_reach_ends_and_the_certificate_below_it_whatever_its_ends(name, monkeypatch):
+    """On the domain `reach_ends` gives (below -T_dec q the value is linear; above x_0 + T_dec q nothing reachable lies),
+    the exact lattice's value at x_0 is the optimum over the reachable positions (`reachable_value`, to 1e-10); the
+    certificate on coarse steps is below it, and stays below with ends far too narrow (a top below x_0: the bound above
+    the top carries it). Broken controls: ends a cap from x_0 move the DP's value; the narrow top without the bound above
+    it puts the certificate above the optimum."""
+    case = dict(END_ITEMS[name])
+    one = item(**case)
+    setup, horizon = case["K"], 8
+    optimum = reachable_value(one, horizon, setup)
+    assert dp_optimal.expected_costs(one, horizon, [setup], step=1, **CERTIFY)[0] == pytest.approx(optimum, rel=1e-10)
+    for step in (2, 3):
+        assert dp_certificate.certified_costs(one, horizon, [setup], step=step, **CERTIFY)[0] <= optimum + 1e-9 * optimum
+    own = dp_optimal.reach_ends
+    monkeypatch.setattr(dp_optimal, "reach_ends", lambda x0, cap, step, n: (min(x0, 0.0) - 2 * step, x0 + cap + 2 * step))
+    assert abs(dp_optimal.expected_costs(one, horizon, [setup], step=1, **CERTIFY)[0] - optimum) > 1e-4 * optimum
+    monkeypatch.setattr(dp_optimal, "reach_ends", lambda x0, cap, step, n: (own(x0, cap, step, n)[0], x0 - 2 * step))
+    certificates = [dp_certificate.certified_costs(one, horizon, [setup], step=step, **CERTIFY)[0] for step in (2, 3)]
+    assert max(certificates) <= optimum
+    monkeypatch.setattr(dp_certificate, "_above_top", lambda means, y, h, gamma, lead: np.full(means[0].shape, np.inf))
+    certificates = [dp_certificate.certified_costs(one, horizon, [setup], step=step, **CERTIFY)[0] for step in (2, 3)]
+    assert max(certificates) > optimum

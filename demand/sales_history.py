@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from envs.demand_law import periods_quantile
-from envs.instance import FIELD_RANGES, InstanceError, check_item_column, exact_keys
+from envs.instance import FIELD_RANGES, InstanceError, check_item_column
 from plumbing import validate
 from plumbing.files import file_sha256
 from plumbing.tables import number_column, read_table, table_format
@@ -23,6 +23,9 @@ MIN_PERIODS = 50
 
 
 HISTORY_COLUMNS = ("item", "period", "demand")
+ORDERED = "ordered"
+"""The history's optional column: the units the user ordered of the item in the period (replayed as it ran by the
+backtest: envs.history_replay.RecordedOrders)."""
 DEMAND_MAX = FIELD_RANGES["lam"][2]
 """The most units one cell of a history may hold: an item's mean demand becomes its lam in the instance, whose upper
 bound this is, so that a history the reader accepts never gives an instance that the instance's ranges refuse."""
@@ -32,7 +35,9 @@ NUMBER_TEXT = f"^(?:{validate.NUMBER_LITERAL.pattern})$"
 """A CSV demand cell written as a number of any form (2, 2.0, 2e3)."""
 ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 COST_COLUMNS = ("item", "h", "b", "lead")
-"""The cost table's required columns; `qbar` is optional (default `default_caps`)."""
+"""The cost table's required columns; `qbar` is optional (default `default_caps`), and so is `supplier` (the item's
+supplier in a catalogue: catalogue/suppliers.py)."""
+SUPPLIER = "supplier"
 QBAR_PER_LAM = 4.0
 CAP_QUANTILE = 0.999
 """The default cap covers this quantile of an item's lead-time demand (`default_caps`)."""
@@ -56,6 +61,8 @@ class History:
     periods: list[str]
     step: str
     sha256: str
+    ordered: np.ndarray | None = None
+    """[T, n] the units ordered in each period (the history's `ordered` column), or None without one."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class Costs:
     b: np.ndarray
     lead: np.ndarray
     qbar: np.ndarray | None
+    supplier: list[str | None] | None = None
+    """Each item's supplier (None where its cell is empty), or None without a supplier column."""
 
 
 def _bad(path, item, period, what: str) -> InstanceError:
@@ -144,14 +153,14 @@ def _text_periods(column, path, items: np.ndarray):
     return pa.array(parsed, type=pa.date32() if as_dates else pa.int64())
 
 
-def _demand(table, path, items: np.ndarray, keys: np.ndarray, label) -> np.ndarray:
-    """The demand column as float64 counts [R]: integers as the file writes them (digits in a CSV, whose column is read
-    as text; an integer column in Parquet: 2, never 2.0) in [0, DEMAND_MAX]. The first row that is not is one
-    InstanceError naming its item and period, the column and the value as the file shows it."""
+def _demand(table, path, items: np.ndarray, keys: np.ndarray, label, name: str = "demand", what: str = "units sold") -> np.ndarray:
+    """The count column `name` (demand, or ordered) as float64 counts [R]: integers as the file writes them (digits in a
+    CSV, whose column is read as text; an integer column in Parquet: 2, never 2.0) in [0, DEMAND_MAX]. The first row
+    that is not is one InstanceError naming its item and period, the column and the value as the file shows it."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    column = table.column("demand")
+    column = table.column(name)
     csv = table_format(path, "history", InstanceError) == "csv"
     if csv:
         text = pc.utf8_trim_whitespace(column.fill_null(""))
@@ -181,18 +190,20 @@ def _demand(table, path, items: np.ndarray, keys: np.ndarray, label) -> np.ndarr
         why = "a count is written as an integer, without a decimal point or an exponent"
     elif whole[row]:
         why = f"a count is an integer; the Parquet column holds {column.type} values: store it as an integer column"
-    where = f"history '{path}' item '{items[row]}' period {label(keys[row])}: column 'demand'"
-    raise validate.refuse(where, f"a non-negative integer (units sold) up to {DEMAND_MAX:,.0f}", got, why, InstanceError)
+    where = f"history '{path}' item '{items[row]}' period {label(keys[row])}: column '{name}'"
+    raise validate.refuse(where, f"a non-negative integer ({what}) up to {DEMAND_MAX:,.0f}", got, why, InstanceError)
 
 
-def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callable, str]:
-    """Check a long-form history (columns item, period, demand) row by row; return (item names [R], period keys [R],
-    demand [R], unit, period label, sha256). Every refusal names the item and the period."""
+def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, str, callable, str]:
+    """Check a long-form history (columns item, period, demand and optionally ordered) row by row; return (item names
+    [R], period keys [R], demand [R], ordered [R] or None, unit, period label, sha256). Every refusal names the item and
+    the period."""
     import pyarrow as pa
 
-    header = "a header line item,period,demand and one row per item and period"
-    path, table = read_table(path, "history", header, {"item": pa.string(), "demand": pa.string()}, InstanceError)
-    exact_keys(set(table.column_names), set(HISTORY_COLUMNS), f"history '{path}' columns")
+    header = "a header line item,period,demand (and optionally ordered) and one row per item and period"
+    path, table = read_table(path, "history", header, {"item": pa.string(), "demand": pa.string(), ORDERED: pa.string()}, InstanceError)
+    columns = set(table.column_names)
+    validate.keys(columns, f"history '{path}' columns", {*HISTORY_COLUMNS, ORDERED}, set(HISTORY_COLUMNS), error=InstanceError)
     if table.num_rows == 0:
         raise InstanceError(f"history '{path}' has no rows; expected {header}")
     item_column = table.column("item").cast(pa.string())
@@ -205,7 +216,9 @@ def read_history(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, str, callabl
         row = int(np.argmax(period_column.is_null().to_numpy(zero_copy_only=False)))
         raise InstanceError(f"history '{path}' item '{items[row]}' data row {row + 1}: the period is missing")
     keys, unit, label = _periods(period_column, path, items)
-    return items, keys, _demand(table, path, items, keys, label), unit, label, file_sha256(path)
+    demand = _demand(table, path, items, keys, label)
+    ordered = _demand(table, path, items, keys, label, ORDERED, "units ordered") if ORDERED in columns else None
+    return items, keys, demand, ordered, unit, label, file_sha256(path)
 
 
 def check_fit_length(history: History, path) -> None:
@@ -222,13 +235,14 @@ def check_fit_length(history: History, path) -> None:
 def history_matrix(path) -> History:
     """The history as a complete [T, n] matrix: every item has one row in every period of one common grid from the
     first to the last period; items in order of first appearance."""
-    items, keys, demand, unit, label, digest = read_history(path)
+    items, keys, demand, ordered, unit, label, digest = read_history(path)
     names, first = np.unique(items, return_index=True)
     names = names[np.argsort(first)]
     code = {name: k for k, name in enumerate(names)}
     item_code = np.fromiter((code[x] for x in items), dtype=np.int64, count=items.size)
     order = np.lexsort((keys, item_code))
     item_code, keys, demand = item_code[order], keys[order], demand[order]
+    ordered = None if ordered is None else ordered[order]
     same_item = item_code[1:] == item_code[:-1]
     gaps = np.diff(keys)
     duplicate = same_item & (gaps == 0)
@@ -285,22 +299,27 @@ def history_matrix(path) -> History:
         )
     matrix = np.zeros((periods, names.size))
     matrix[index, item_code] = demand
+    orders = None
+    if ordered is not None:
+        orders = np.zeros((periods, names.size))
+        orders[index, item_code] = ordered
     silent = matrix.sum(axis=0) == 0
     if silent.any():
         k = int(np.argmax(silent))
         raise _bad(path, names[k], f"{label(start)} to {label(end)}", "no sales in any period; the model needs lam_i > 0 (remove the item)")
     names = list(names)
     unit_text = f"{step} {word}" + ("s" if step > 1 else "")
-    return History(matrix, names, [label(start + step * t) for t in range(periods)], unit_text, digest)
+    return History(matrix, names, [label(start + step * t) for t in range(periods)], unit_text, digest, orders)
 
 
 def read_costs(path) -> Costs:
-    """The cost table: columns item, h, b, lead and optionally qbar, one row per item."""
+    """The cost table: columns item, h, b, lead and optionally qbar and supplier, one row per item."""
     import pyarrow as pa
 
-    header = "a header line item,h,b,lead (and optionally qbar) and one row per item"
-    path, table = read_table(path, "cost table", header, {"item": pa.string()}, InstanceError)
-    validate.keys(set(table.column_names), f"cost table '{path}' columns", {*COST_COLUMNS, "qbar"}, COST_COLUMNS, error=InstanceError)
+    header = "a header line item,h,b,lead (and optionally qbar, supplier) and one row per item"
+    path, table = read_table(path, "cost table", header, {"item": pa.string(), SUPPLIER: pa.string()}, InstanceError)
+    allowed = {*COST_COLUMNS, "qbar", SUPPLIER}
+    validate.keys(set(table.column_names), f"cost table '{path}' columns", allowed, COST_COLUMNS, error=InstanceError)
     if table.num_rows == 0:
         raise InstanceError(f"cost table '{path}' has no rows; expected {header}")
     item_column = table.column("item").cast(pa.string())
@@ -319,7 +338,8 @@ def read_costs(path) -> Costs:
     }
     for name, values in numbers.items():  # the instance's ranges, said in the cost table's terms
         check_item_column(name, values, f"cost table '{path}' column '{name}'", lambda i: f"item '{items[i]}'")
-    return Costs(items, numbers["h"], numbers["b"], numbers["lead"], numbers.get("qbar"))
+    supplier = table.column(SUPPLIER).cast(pa.string()).to_pylist() if SUPPLIER in table.column_names else None
+    return Costs(items, numbers["h"], numbers["b"], numbers["lead"], numbers.get("qbar"), supplier)
 
 
 def match_items(history_items: list[str], costs: Costs, history_path, costs_path) -> None:

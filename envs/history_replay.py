@@ -100,3 +100,30 @@ def paired_comparisons(costs: dict[str, np.ndarray]) -> list[dict]:
                 {"a": a, "b": b, "mean_difference": cmp.mean_difference, "se": se, "ci_low": low, "ci_high": high, "windows": cmp.episodes}
             )  # fmt: skip
     return rows
+
+
+class RecordedOrders:
+    """The orders a history records (its `ordered` column), replayed as they were placed: in window e's period t the
+    quantities orders[e, t] [n], an order opening (and paying K) where any is positive. Quantities are not capped at
+    qbar (they are what was ordered). `reset` restarts the clock (the evaluator calls it per rollout)."""
+
+    def __init__(self, orders: torch.Tensor):
+        self.orders = orders  # [E, W, n]
+        self.clock = 0
+
+    def reset(self) -> None:
+        self.clock = 0
+
+    def __call__(self, state, instance: TensorInstance) -> tuple[torch.Tensor, torch.Tensor]:
+        if state.batch != self.orders.shape[0]:
+            raise ValueError(f"recorded orders: {self.orders.shape[0]} windows, asked for {state.batch} rows")
+        quantity = self.orders[:, self.clock].to(state.inv.dtype)
+        self.clock += 1
+        return (quantity > 0).any(-1).to(quantity.dtype), quantity
+
+
+def recorded_orders(ordered: np.ndarray, window: int, device="cpu") -> RecordedOrders:
+    """The history's orders [T, n] cut into its whole windows, as `window_paths` cuts its demand: [E, W, n]."""
+    windows = window_count(ordered.shape[0], window)
+    steps = window * np.arange(windows)[:, None] + np.arange(window)
+    return RecordedOrders(torch.as_tensor(ordered[steps], device=device))

@@ -4,7 +4,7 @@
 
 --history is read as platform/fit.py reads it (item, period, demand); --instance is typically the one fit.py wrote
 from a history (its items are matched by name where it names them, else by count, in the history's order). POLICY is
-one of: {rules}, dp-optimal, decomposition-lookahead, decomposition-lookahead:DIR or checkpoint:PATH, as for
+one of: {rules}, dp-optimal, decomposition-lookahead, decomposition-lookahead:DIR, checkpoint:PATH or user-rule:PATH, as for
 evaluate.py; --policy may be given several times. Classical families and the lookahead's threshold are tuned on
 training paths of the instance for --window steps; the lookahead uses its stationary tables unless --lookahead-form
 says finite (a backtest's windows cut an unending history, so no horizon is known to the policy).
@@ -18,6 +18,10 @@ discounted cost. The factor in the policy's state is E[F_t | demand before t] un
 (a causal filter, demand/factor_filter.py: exact on a grid for one factor, a Gaussian approximation for k >= 2),
 never the smoothed path of the fit report, which sees the future. A checkpoint's network takes one factor only: on
 an instance with k >= 2 it is refused in one line before anything is tuned or replayed.
+
+A history with an `ordered` column (the units the user ordered of each item in each period) is also replayed as it
+ran: its orders, placed as recorded in each window from the same initial state, scored like a policy under the name
+as-run (folder as-run) and paired with every policy over the same windows.
 
 Writes under --out one evaluation folder per policy (summary.json with kind "backtest" and policy
 "backtest:<method>", costs.parquet with one row per window; platform/report.py reads them) and backtest.json: every
@@ -41,7 +45,7 @@ from demand.factor_filter import causal_factor, describe_filter
 from demand.sales_history import History, history_matrix
 from envs.evaluation import EVAL_HORIZON, Evaluation
 from envs.exogenous import check_cost_range
-from envs.history_replay import check_window, paired_comparisons, replay, window_count, window_se
+from envs.history_replay import check_window, paired_comparisons, recorded_orders, replay, window_count, window_se
 from envs.instance import Instance
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
@@ -62,11 +66,13 @@ from run_results.records import (
 from trainers.resolver import ResolvedPolicy, resolve
 
 VERSION = 1
+AS_RUN = "as-run"
+"""The name, label and folder of the history's own orders replayed (its `ordered` column)."""
 INITIAL_STATE = "the simulator's initial state: I_0 = mu_i = lam_i (L_i + 1), nothing in transit, the filtered factor"
 
 
-def history_demand(history: History, instance: Instance, history_path: str, instance_path: str) -> np.ndarray:
-    """The history's demand [T, n] in the instance's item order: matched by name where the instance names its items
+def history_columns(history: History, instance: Instance, history_path: str, instance_path: str) -> np.ndarray:
+    """The history's column of each of the instance's items: matched by name where the instance names its items
     (source.item_names, written by fit.py), else by count in the history's order; any other history is refused."""
     names = (instance.source or {}).get("item_names")
     if not (isinstance(names, list) and len(names) == instance.n):
@@ -75,7 +81,7 @@ def history_demand(history: History, instance: Instance, history_path: str, inst
                 f"history '{history_path}' has {len(history.items)} items, the instance '{instance_path}' has n = {instance.n} "
                 "(it names no items, so the history's items are matched by count, in their order of first appearance)"
             )
-        return history.demand
+        return np.arange(instance.n)
     known = set(names)
     for item in history.items:
         if item not in known:
@@ -87,7 +93,7 @@ def history_demand(history: History, instance: Instance, history_path: str, inst
     for item in names:
         if item not in column:
             raise InputError(f"instance '{instance_path}' item '{item}': not in the history '{history_path}'; every item needs its demand")
-    return history.demand[:, [column[item] for item in names]]
+    return np.array([column[item] for item in names])
 
 
 def check_step(history: History, instance: Instance, history_path: str, instance_path: str) -> None:
@@ -134,6 +140,7 @@ class Backtest:
     instance: Instance
     history: History
     demand: np.ndarray
+    ordered: np.ndarray | None
     windows: int
     form: str
 
@@ -178,10 +185,13 @@ def read_inputs(args: argparse.Namespace) -> Backtest:
     check_window(args.window, instance.lead, args.instance)
     history = history_matrix(args.history)
     check_step(history, instance, args.history, args.instance)
-    demand = history_demand(history, instance, args.history, args.instance)
+    columns = history_columns(history, instance, args.history, args.instance)
+    demand, ordered = history.demand[:, columns], None if history.ordered is None else history.ordered[:, columns]
     windows = window_count(demand.shape[0], args.window, f"the history '{args.history}'")
     check_cost_range(instance, args.window)
-    return Backtest(args, out, instance, history, demand, windows, args.lookahead_form or FORMS[1])
+    if ordered is not None:
+        check_run_folder(out / AS_RUN, EVALUATION, overwrite=args.overwrite, resumable=False)
+    return Backtest(args, out, instance, history, demand, ordered, windows, args.lookahead_form or FORMS[1])
 
 
 def resolve_policies(backtest: Backtest) -> tuple[dict[int, ResolvedPolicy], dict[int, str]]:
@@ -202,23 +212,49 @@ def resolve_policies(backtest: Backtest) -> tuple[dict[int, ResolvedPolicy], dic
     return resolved, folders
 
 
-def replay_policies(backtest: Backtest, resolved: dict[int, ResolvedPolicy], folders: dict[int, str]) -> dict[int, Evaluation]:
-    """Each policy's replay of the history's windows, on the causally filtered factor."""
+@dataclass(frozen=True)
+class Replayed:
+    """One replay of the history's windows: the name it was asked by, its method label, its parameters, its folder
+    under --out and its costs."""
+
+    name: str
+    label: str
+    parameters: dict
+    folder: str
+    result: Evaluation
+
+
+def replay_policies(backtest: Backtest, resolved: dict[int, ResolvedPolicy], folders: dict[int, str]) -> list[Replayed]:
+    """Each policy's replay of the history's windows, on the causally filtered factor, in --policy's order; then the
+    history's own orders (as-run) where it records them."""
     args = backtest.args
     factor = causal_factor(backtest.instance, backtest.demand)  # [T + 1] (or [T + 1, k]) E[F_t | D_<t]
     tensors = backtest.instance.to_torch(args.device)
-    return {
-        k: replay(resolved[k].policy, tensors, backtest.demand, factor, args.window, args.trace, f"backtest {folders[k]}") for k in folders
-    }
+    replayed = [
+        Replayed(
+            spec.name,
+            resolved[k].label,
+            resolved[k].parameters,
+            folders[k],
+            replay(resolved[k].policy, tensors, backtest.demand, factor, args.window, args.trace, f"backtest {folders[k]}"),
+        )
+        for k, spec in enumerate(args.policy)
+    ]
+    if backtest.ordered is not None:
+        orders = recorded_orders(backtest.ordered, args.window, tensors.device)
+        result = replay(orders, tensors, backtest.demand, factor, args.window, args.trace, f"backtest {AS_RUN}")
+        above = int((backtest.ordered > backtest.instance.qbar).sum())
+        replayed.append(Replayed(AS_RUN, AS_RUN, {"orders": "the history's ordered column", "orders_above_qbar": above}, AS_RUN, result))
+    return replayed
 
 
-def clear_previous(out: Path, folders: dict[int, str]) -> None:
+def clear_previous(out: Path, folders: list[str]) -> None:
     """The run that --out holds removed (--overwrite): the folders its backtest.json lists, this backtest's folders, then its own files."""
     for folder in previous_folders(out):
         clear_run(folder)
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
-    for name in folders.values():  # a folder of this backtest that holds a run of another kind
+    for name in folders:  # a folder of this backtest that holds a run of another kind
         clear_run(out / name)
     clear_run(out)
 
@@ -241,9 +277,7 @@ def backtest_fields(backtest: Backtest) -> dict:
     }
 
 
-def write_policies(
-    backtest: Backtest, extra: dict, resolved: dict[int, ResolvedPolicy], folders: dict[int, str], results: dict[int, Evaluation]
-) -> tuple[list[dict], dict[str, np.ndarray]]:
+def write_policies(backtest: Backtest, extra: dict, replayed: list[Replayed]) -> tuple[list[dict], dict[str, np.ndarray]]:
     """Each policy's evaluation folder written and its mean printed; returns backtest.json's policy rows and each folder's window costs."""
     args, out, instance, windows = backtest.args, backtest.out, backtest.instance, backtest.windows
     lookahead = any(spec.lookahead for spec in args.policy)
@@ -254,14 +288,14 @@ def write_policies(
         "n": instance.n,
     }
     costs, rows = {}, []
-    for k in range(len(args.policy)):
-        label = f"{BACKTEST_KIND}:{resolved[k].label}"
-        summary = write_evaluation(out / folders[k], label, results[k], 0, config, resolved[k].parameters, extra, instance=instance)
-        costs[folders[k]] = results[k].discounted_cost
+    for run in replayed:
+        label = f"{BACKTEST_KIND}:{run.label}"
+        summary = write_evaluation(out / run.folder, label, run.result, 0, config, run.parameters, extra, instance=instance)
+        costs[run.folder] = run.result.discounted_cost
         se = window_se(summary["se"], windows)
-        rows.append({"policy": args.policy[k].name, "folder": folders[k], "mean": summary["mean"], "se": se})
+        rows.append({"policy": run.name, "folder": run.folder, "mean": summary["mean"], "se": se})
         spread = f"± {se:.2f} (s.e.)" if se is not None else "(no s.e.: one window)"
-        where = f"over {count(windows, 'window')} of {args.window} periods -> {out / folders[k]}"
+        where = f"over {count(windows, 'window')} of {args.window} periods -> {out / run.folder}"
         print(f"{summary['policy']}: mean {summary['mean']:.2f} {spread} {where}")
     return rows, costs
 
@@ -304,11 +338,11 @@ def write_record(backtest: Backtest, extra: dict, rows: list[dict], comparisons:
 def main() -> None:
     backtest = read_inputs(parse_args())
     resolved, folders = resolve_policies(backtest)
-    results = replay_policies(backtest, resolved, folders)
+    replayed = replay_policies(backtest, resolved, folders)
     if backtest.args.overwrite:
-        clear_previous(backtest.out, folders)
+        clear_previous(backtest.out, [run.folder for run in replayed])
     extra = backtest_fields(backtest)
-    rows, costs = write_policies(backtest, extra, resolved, folders, results)
+    rows, costs = write_policies(backtest, extra, replayed)
     comparisons = paired_comparisons(costs)
     print_comparisons(comparisons)
     write_record(backtest, extra, rows, comparisons)

@@ -9,8 +9,9 @@ joint DP of policies/joint_dp.py, its orders in whole units within the caps, its
 figure on the optimum where a cap is fractional, and refused with its size where it does not fit), decomposition-lookahead (the
 joint rule on the decomposition bound's per-item values, policies/lookahead.py: its tables computed now) or
 decomposition-lookahead:DIR (the tables of a decomposition bound run, platform/bound.py --kind
-decomposition --out DIR, with the same --horizon), or checkpoint:PATH (a trained policy; --mode greedy or
-sampled). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
+decomposition --out DIR, with the same --horizon), checkpoint:PATH (a trained policy; --mode greedy or
+sampled), or user-rule:PATH (the user's own rule: per item an (s, S) or a review period and S from the rule table
+PATH, policies/user_rule.py; docs/formats.md). Classical families and the lookahead's threshold are tuned on training paths (a seed disjoint
 from the held-out one) before the evaluation. --seed picks the exogenous paths; its default is the
 documented held-out seed. An --out that holds a run (an evaluation, a bound, a MILP or a training run) is refused;
 --overwrite replaces it, removing every file of it. An --out inside the policy's folder (decomposition-lookahead:DIR,

@@ -43,7 +43,7 @@ def parse_args() -> argparse.Namespace:
     parser = script_parser(__doc__)
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--checkpoint", help="a checkpoint of any learned method, or a run folder (its best.pt, else checkpoint.pt)")
-    which.add_argument("--policy", type=policy_spec, help="a named policy (as platform/evaluate.py) or checkpoint:PATH")
+    which.add_argument("--policy", type=policy_spec, help="a named policy (as platform/evaluate.py: user-rule:PATH too) or checkpoint:PATH")
     parser.add_argument("--instance", help="instance JSON: required with --policy NAME; with a checkpoint, another instance than its own")
     learned_policy_flags(parser, "--checkpoint or checkpoint:PATH")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")

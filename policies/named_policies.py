@@ -1,8 +1,9 @@
-"""Policies that are not learned, made by name on the instance they act on (policies/names.py's NAMED_POLICIES and
-decomposition-lookahead:DIR): a classical family tuned on training paths for `horizon` steps, the DP optimum (n <= 3),
-or the decomposition lookahead (its tables read from a bound run's folder, or computed now by
-policies/decomposition.py). trainers/resolver.py makes every policy name through here, learned ones through the
-registry; the warm start's teacher (trainers/imitation.py, below the registry) uses this module directly.
+"""Policies that are not learned, made by name on the instance they act on (policies/names.py's NAMED_POLICIES,
+decomposition-lookahead:DIR and user-rule:PATH): a classical family tuned on training paths for `horizon` steps, the DP
+optimum (n <= 3), the decomposition lookahead (its tables read from a bound run's folder, or computed now by
+policies/decomposition.py), or the user's own rule from a rule table (policies/user_rule.py). trainers/resolver.py makes
+every policy name through here, learned ones through the registry; the warm start's teacher (trainers/imitation.py,
+below the registry) uses this module directly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from policies.classical import tuned_policy
 from policies.decomposition import lookahead_policy
 from policies.joint_dp import optimal_policy
 from policies.lookahead import FORMS
-from policies.names import PolicySpec
+from policies.names import PolicyKind, PolicySpec
+from policies.user_rule import user_rule_policy
 
 
 def named_policy(
@@ -35,4 +37,6 @@ def named_policy(
         return optimal_policy(instance, horizon, device, progress=progress)
     if spec.lookahead:
         return lookahead_policy(instance, horizon, device, form=form, bound=spec.path, threshold=threshold, progress=progress)
+    if spec.kind is PolicyKind.USER_RULE:
+        return user_rule_policy(instance, spec.path, device)
     return tuned_policy(instance, spec.name, spec.rules, horizon, device=device, progress=progress)

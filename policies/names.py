@@ -8,7 +8,9 @@ the spec; trainers/resolver.py turns a spec into a policy.
   its tables computed when the policy is made, or decomposition-lookahead:DIR with the tables that a
   decomposition bound run wrote in DIR (platform/bound.py --kind decomposition --out DIR);
 * checkpoint:PATH: a trained policy of any learned method: a checkpoint file, or a run folder, whose best.pt (the
-  network of the lowest validation cost) it means, or its checkpoint.pt where it has none.
+  network of the lowest validation cost) it means, or its checkpoint.pt where it has none;
+* user-rule:PATH: the user's own reorder rule, one (s, S) or (R, S) per item from the rule table PATH
+  (policies/user_rule.py).
 """
 
 from __future__ import annotations
@@ -22,28 +24,31 @@ from policies.classical import POLICY_NAMES, RULES_OF, Rule
 from policies.dp_optimal import NAME as DP_OPTIMAL
 from policies.lookahead import FORMS
 from policies.lookahead import NAME as LOOKAHEAD
+from policies.user_rule import NAME as USER_RULE
 
 CHECKPOINT_PREFIX = "checkpoint:"
 TABLES_PREFIX = f"{LOOKAHEAD}:"
+RULE_TABLE_PREFIX = f"{USER_RULE}:"
 NAMED_POLICIES = (*POLICY_NAMES, DP_OPTIMAL, LOOKAHEAD)
-ALLOWED = f"one of {list(NAMED_POLICIES)}, {CHECKPOINT_PREFIX}PATH or {TABLES_PREFIX}DIR"
+ALLOWED = f"one of {list(NAMED_POLICIES)}, {CHECKPOINT_PREFIX}PATH, {TABLES_PREFIX}DIR or {RULE_TABLE_PREFIX}PATH"
 """The allowed values, as an error message says them."""
 
 
 class PolicyKind(StrEnum):
     """The kinds of policy a name can mean: a tuned classical rule or classical-best, the DP optimum (n <= 3), the
-    decomposition lookahead, a learned policy's checkpoint."""
+    decomposition lookahead, a learned policy's checkpoint, the user's own rule from a table."""
 
     RULE = "rule"
     DP = "dp"
     LOOKAHEAD = "lookahead"
     CHECKPOINT = "checkpoint"
+    USER_RULE = "user-rule"
 
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A policy name parsed (`parse_policy`): its `kind`; for checkpoint:PATH and decomposition-lookahead:DIR, the
-    `path` it reads; for a rule, the `rules` it tunes (each a family and its factor flag: none for zero, one for a
+    """A policy name parsed (`parse_policy`): its `kind`; for checkpoint:PATH, decomposition-lookahead:DIR and
+    user-rule:PATH, the `path` it reads; for a rule, the `rules` it tunes (each a family and its factor flag: none for zero, one for a
     variant, every variant for classical-best); `name` is the text as given, which results and messages show."""
 
     name: str
@@ -73,7 +78,12 @@ def parse_policy(text, where: str = "policy", shown=repr) -> PolicySpec:
     if isinstance(text, PolicySpec):
         return text
     if isinstance(text, str):
-        for prefix, kind in ((CHECKPOINT_PREFIX, PolicyKind.CHECKPOINT), (TABLES_PREFIX, PolicyKind.LOOKAHEAD)):
+        prefixes = (
+            (CHECKPOINT_PREFIX, PolicyKind.CHECKPOINT),
+            (TABLES_PREFIX, PolicyKind.LOOKAHEAD),
+            (RULE_TABLE_PREFIX, PolicyKind.USER_RULE),
+        )
+        for prefix, kind in prefixes:
             if text.startswith(prefix) and len(text) > len(prefix):
                 return PolicySpec(text, kind, text[len(prefix) :])
         if text in RULES_OF:
@@ -108,4 +118,6 @@ def named_label(spec: PolicySpec, form: str = FORMS[0]) -> str:
     stand in one report."""
     if spec.lookahead:
         return LOOKAHEAD if form == FORMS[0] else f"{LOOKAHEAD}-{form}"
+    if spec.kind is PolicyKind.USER_RULE:
+        return USER_RULE
     return spec.name

@@ -162,9 +162,10 @@ class Journal:
             raise ValueError(f"journal '{self.path}' was opened with another identity than this computation's")
 
 
-@ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)
 class SolverWorker:
-    """One solver process; one solver thread by default."""
+    """What a solver worker does, one task at a time (one solver thread by default): a rolling MILP decision, an
+    episode's bound, the decomposition's per-item work. `SolverActor` is it as a Ray actor (the dashboard and the logs
+    name it SolverWorker); `InProcessPool` runs it in the calling process."""
 
     def __init__(self):
         torch.set_num_threads(1)
@@ -225,12 +226,34 @@ class SolverWorker:
         return {"item": item, "value": result.value, "frequencies": result.frequencies}
 
 
+SolverActor = ray.remote(num_cpus=1, max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS)(SolverWorker)
+
+
+class InProcessPool:
+    """The pool's `run` in the calling process, one task after another (a task that is itself one of many on a cluster:
+    a catalogue's supplier, catalogue/flow.py). Object references among a task's arguments are fetched first, as an
+    actor call would."""
+
+    def __init__(self, progress: bool = True):
+        self.worker = SolverWorker()
+        self.progress = progress
+
+    def run(self, tasks, on_result, total: int, done: int, desc: str, leave: bool = True) -> None:
+        pending = list(tasks)
+        with tqdm(total=total, initial=done, desc=desc, unit="task", smoothing=0.1, leave=leave, disable=not self.progress) as bar:
+            while pending:
+                method, args = pending.pop(0)
+                args = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]
+                pending.extend(on_result(getattr(self.worker, method)(*args)))
+                bar.update(1)
+
+
 class Pool:
-    """`workers` SolverWorker actors; `run` keeps each busy and replaces the ones that stay dead."""
+    """`workers` solver actors (SolverActor); `run` keeps each busy and replaces the ones that stay dead."""
 
     def __init__(self, workers: int):
         validate.integer(workers, "workers", 1)
-        self.actors = [SolverWorker.remote() for _ in range(workers)]
+        self.actors = [SolverActor.remote() for _ in range(workers)]
 
     def run(
         self,
@@ -261,7 +284,7 @@ class Pool:
                         raise exc.cause from None
                     raise
                 except ray.exceptions.RayActorError:
-                    self.actors[slot] = SolverWorker.remote()  # restarts exhausted: replace, retry the task
+                    self.actors[slot] = SolverActor.remote()  # restarts exhausted: replace, retry the task
                     pending.insert(0, (method, args))
                     idle.append(slot)
                     continue

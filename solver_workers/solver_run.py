@@ -23,6 +23,7 @@ from policies.decomposition import TABLE_DTYPE, DecompositionOptions, combine, t
 from run_results.records import check_run_folder, clear_run, write_evaluation
 from solver_workers.backends import SolverOptions
 from solver_workers.pool import (
+    InProcessPool,
     Journal,
     Pool,
     bound_identity,
@@ -203,16 +204,18 @@ EQUAL_SHARES_FIGURES = ("value", "certified", "extrapolated", "conservative")
 """The figures of the equal-shares split that the best split's summary.json repeats under `equal_shares`."""
 
 
-def run_decomposition_bound(run: SolverRun, instance: Instance, journal: Journal, options: DecompositionOptions) -> dict[str, Any]:
+def run_decomposition_bound(
+    run: SolverRun, instance: Instance, journal: Journal, options: DecompositionOptions, pool: Pool | InProcessPool | None = None
+) -> dict[str, Any]:
     """Writes the decomposition bound (policies/decomposition.py) at the best split in `out` and at equal shares in `out`/equal-shares, in
     the evaluation format (policy 'decomposition-bound', kind 'lower-bound'; costs.parquet: the relaxed policies' simulated cost per
     episode; summary.json: the DP figures), with split.parquet (each item's share, values and order counts) and the lookahead tables
     (policies/lookahead.py) in `out`/lookahead, tables.json once every item's file is there. Returns summary.json's content. Ctrl-C keeps
-    the journal and ends in cli.scripts.Interrupted."""
+    the journal and ends in cli.scripts.Interrupted. `pool` runs its tasks (default: a pool of `run.workers` actors)."""
     out = Path(run.out)
     paths = run.paths(instance)
     try:
-        records, split = run_decomposition(instance, paths, options, Pool(run.workers), journal, out / lookahead.TABLES_DIR)
+        records, split = run_decomposition(instance, paths, options, pool or Pool(run.workers), journal, out / lookahead.TABLES_DIR)
     except KeyboardInterrupt:
         done = len(journal.records)
         raise interrupted(journal, done, f"{done} records (split-search values and items' figures)") from None

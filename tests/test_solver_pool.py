@@ -20,7 +20,7 @@ from solver_workers.backends import SolverOptions
 from solver_workers.pool import (
     Journal,
     Pool,
-    SolverWorker,
+    SolverActor,
     bound_identity,
     decision_key,
     episode_key,
@@ -95,7 +95,7 @@ def test_killing_a_worker_mid_solve_loses_and_duplicates_nothing(tmp_path, ray_s
     inst = paper_instance(4, 0)
     gate = Gate(tmp_path / "gate", call=("solver_workers.rolling:decide", "before", 2))
     pool = Pool(1)
-    pool.actors = [SolverWorker.options(runtime_env={"env_vars": gate.env}).remote()]
+    pool.actors = [SolverActor.options(runtime_env={"env_vars": gate.env}).remote()]
     pid = ray_session.get(pool.actors[0].pid.remote())
     journal = decisions(tmp_path / "k.jsonl", inst, 0)
 

@@ -27,6 +27,7 @@ from plumbing.files import atomic_write_text
 from policies.classical import CLASSICAL_BEST
 from policies.decomposition import DecompositionOptions, above_bound, run_tightest_bound
 from policies.lookahead import FORMS
+from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import PolicySpec, named_label, parse_policy, tables_spec
 from policies.user_rule import NAME as USER_RULE
 from run_results.records import write_evaluation
@@ -467,3 +468,43 @@ def run_catalogue(
     }
     atomic_write_text(manifest, json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+@dataclass(frozen=True)
+class Service:
+    """One supplier's recommendation as the decision service deploys it: its route (/<route>/decide), its policy and the
+    instance it acts on."""
+
+    supplier: str
+    route: str
+    policy: PolicySpec
+    instance: Path
+
+
+def recommended_spec(out: Path, folder: str, recommended: str) -> PolicySpec:
+    """The policy a supplier's page recommends, as a spec on the catalogue folder `out`'s files: classical-best, the
+    lookahead on the supplier's bound tables, or the user's rule from its rows of the rule table."""
+    if recommended == LOOKAHEAD:
+        return tables_spec(out / SUPPLIERS / folder / BOUND)
+    if recommended == USER_RULE:
+        return parse_policy(f"{USER_RULE}:{out / RULES / f'{folder}.csv'}")
+    return parse_policy(recommended)
+
+
+def catalogue_services(out: Path) -> list[Service]:
+    """Each supplier's recommendation in the whole catalogue folder `out` (its catalogue.json); one InputError where the
+    folder holds no whole catalogue."""
+    from plumbing.errors import InputError
+
+    try:
+        summary = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        summary = None
+    if not isinstance(summary, dict) or summary.get("format") != FORMAT or not summary.get("complete"):
+        raise InputError(f"--catalogue '{out}': not a whole catalogue folder (platform/recommend.py writes {MANIFEST} last)")
+    return [
+        Service(
+            name, row["folder"], recommended_spec(out, row["folder"], row["recommended"]), out / SUPPLIERS / row["folder"] / "instance.json"
+        )
+        for name, row in summary["suppliers"].items()
+    ]

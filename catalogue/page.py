@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from policies.lookahead import NAME as LOOKAHEAD
 from policies.user_rule import NAME as USER_RULE
 
 AS_RUN = "as-run"
@@ -30,12 +29,11 @@ def saving(comparison: dict | None) -> str:
 
 
 def serve_command(out: Path, record: dict, folder: str) -> str:
-    """The command that serves the supplier's recommended policy (platform/serve.py on its instance)."""
-    base = out / "suppliers" / folder
-    policy = {LOOKAHEAD: f"{LOOKAHEAD}:{base / 'bound'}", USER_RULE: f"{USER_RULE}:{record.get('rules')}"}.get(
-        record["recommended"], record["recommended"]
-    )
-    return f"python platform/serve.py --instance {base / 'instance.json'} --policy {policy}"
+    """The command that serves the supplier's recommended policy alone (platform/serve.py on its instance)."""
+    from catalogue.flow import SUPPLIERS, recommended_spec
+
+    policy = recommended_spec(out, folder, record["recommended"])
+    return f"python platform/serve.py --instance {out / SUPPLIERS / folder / 'instance.json'} --policy {policy}"
 
 
 def supplier_flags(flags: list[str], items: list[str]) -> list[str]:
@@ -109,13 +107,20 @@ def markdown(out: Path, records: list[tuple[str, dict]], total: dict, paired: di
     lines = ["# Catalogue", "", INTRO.format(**settings), "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in [*table, total_row(total, paired)]:
         lines.append("| " + " | ".join(row.get(c, "") for c in COLUMNS) + " |")
-    lines += ["", "## Serving each supplier's recommendation", ""]
+    lines += [
+        "",
+        "## Serving the recommendations",
+        "",
+        f"Every supplier's at once: `python platform/serve.py --catalogue {out}`, then POST a",
+        "state to /SUPPLIER/decide (the supplier's folder name). Each alone:",
+        "",
+    ]
     lines += [f"* {row['supplier']}: `{row['serve']}`" for row in table]
     lines += ["", "## The fit's flags", ""] + ([f"* {flag}" for flag in flags] or ["None."])
     return "\n".join(lines) + "\n"
 
 
-def page_html(markdown_rows: list[dict[str, str]], intro: str, flags: list[str], commands: list[tuple[str, str]]) -> str:
+def page_html(markdown_rows: list[dict[str, str]], intro: str, flags: list[str], commands: list[tuple[str, str]], out: Path) -> str:
     """The same table as a self-contained HTML page (no script, no external file)."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(row.get(c, ''))}</td>" for c in COLUMNS) + "</tr>" for row in markdown_rows)
@@ -125,7 +130,8 @@ def page_html(markdown_rows: list[dict[str, str]], intro: str, flags: list[str],
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Catalogue</title><style>{style}</style></head><body>"
         f"<h1>Catalogue</h1><p>{html.escape(intro)}</p><table><tr>{head}</tr>{body}</table>"
-        f"<h2>Serving each supplier's recommendation</h2><ul>{serve}</ul><h2>The fit's flags</h2><ul>{flagged}</ul></body></html>\n"
+        f"<h2>Serving the recommendations</h2><p>Every supplier's at once: <code>{html.escape(f'python platform/serve.py --catalogue {out}')}</code>, "
+        "then POST a state to /SUPPLIER/decide (the supplier's folder name). Each alone:</p><ul>{serve}</ul><h2>The fit's flags</h2><ul>{flagged}</ul></body></html>\n"
     )
 
 
@@ -136,4 +142,4 @@ def write_page(out: Path, records: list[tuple[str, dict]], total: dict, paired: 
     table = rows(out, records, flags)
     atomic_write_text(out / "catalogue.md", markdown(out, records, total, paired, flags, settings))
     commands = [(row["supplier"], row["serve"]) for row in table]
-    atomic_write_text(out / "index.html", page_html([*table, total_row(total, paired)], INTRO.format(**settings), flags, commands))
+    atomic_write_text(out / "index.html", page_html([*table, total_row(total, paired)], INTRO.format(**settings), flags, commands, out))

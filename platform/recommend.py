@@ -51,7 +51,9 @@ def main() -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace a catalogue of other inputs or settings that --out holds")
     args = parser.parse_args()
     inputs = CatalogueInputs(args.history, args.costs, args.suppliers, args.rules, args.unassigned)
-    read = {"--history": args.history, "--costs": args.costs, "--suppliers": args.suppliers} | ({"--rules": args.rules} if args.rules else {})
+    read = {"--history": args.history, "--costs": args.costs, "--suppliers": args.suppliers} | (
+        {"--rules": args.rules} if args.rules else {}
+    )
     out = resolve_out(args.out, inputs=read)
     options = CatalogueOptions(args.episodes, args.horizon, args.seed, args.window)
     check_path_size(1, args.episodes, args.horizon, "--episodes")

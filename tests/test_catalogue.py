@@ -145,3 +145,40 @@ def test_the_one_command_equals_the_commands_one_by_one_and_resumes(ray_session,
     assert "kept 1 whole supplier folder(s) of a previous run: north" in capsys.readouterr().out
     with pytest.raises(InputError, match="holds a catalogue of other fit"):
         run(small_catalogue, out, replicates=3)
+    served_by_supplier(out)
+
+
+def served_by_supplier(out):
+    """The catalogue's services (platform/serve.py --catalogue's applications) answer a state at /north/decide and
+    /south/decide as each supplier's recommended policy answers it directly on its own instance."""
+    import http.client
+    import socket
+
+    from ray import serve
+
+    from catalogue.flow import catalogue_services
+    from serving.app import REQUEST_TIMEOUT_S, ServiceConfig, application
+    from serving.decisions import read_states
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    state = {"inventory": [-5.0], "in_transit": [[0.0, 0.0, 0.0]], "factor": 0.3}
+    serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
+    try:
+        expected = {}
+        for service in catalogue_services(out):
+            config = ServiceConfig(policy=service.policy, instance=str(service.instance))
+            decider = config.decider()
+            serve.run(application(config, decider), name=f"catalogue-{service.route}", route_prefix=f"/{service.route}")
+            expected[service.route] = decider.decide(read_states(state, decider.instance, "state")).to_json(True)
+        assert set(expected) == {"north", "south"} and expected["north"]["quantity"] != expected["south"]["quantity"]
+        for route, want in expected.items():
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            connection.request("POST", f"/{route}/decide", body=json.dumps(state), headers={"Content-Type": "application/json"})
+            answer = json.loads(connection.getresponse().read())
+            connection.close()
+            np.testing.assert_allclose(answer["quantity"], want["quantity"], rtol=1e-5)
+            assert answer["open"] == want["open"]
+    finally:
+        serve.shutdown()

@@ -126,12 +126,14 @@ def page_html(markdown_rows: list[dict[str, str]], intro: str, flags: list[str],
     body = "".join("<tr>" + "".join(f"<td>{html.escape(row.get(c, ''))}</td>" for c in COLUMNS) + "</tr>" for row in markdown_rows)
     serve = "".join(f"<li>{html.escape(name)}: <code>{html.escape(command)}</code></li>" for name, command in commands)
     flagged = "".join(f"<li>{html.escape(flag)}</li>" for flag in flags) or "<li>None.</li>"
+    everyone = f"python platform/serve.py --catalogue {out}"
     style = "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #999;padding:4px 8px}"
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>Catalogue</title><style>{style}</style></head><body>"
         f"<h1>Catalogue</h1><p>{html.escape(intro)}</p><table><tr>{head}</tr>{body}</table>"
-        f"<h2>Serving the recommendations</h2><p>Every supplier's at once: <code>{html.escape(f'python platform/serve.py --catalogue {out}')}</code>, "
-        "then POST a state to /SUPPLIER/decide (the supplier's folder name). Each alone:</p><ul>{serve}</ul><h2>The fit's flags</h2><ul>{flagged}</ul></body></html>\n"
+        f"<h2>Serving the recommendations</h2><p>Every supplier's at once: <code>{html.escape(everyone)}</code>, then POST a "
+        f"state to /SUPPLIER/decide (the supplier's folder name). Each alone:</p><ul>{serve}</ul>"
+        f"<h2>The fit's flags</h2><ul>{flagged}</ul></body></html>\n"
     )
 
 

@@ -120,7 +120,9 @@ def test_the_one_command_equals_the_commands_one_by_one_and_resumes(ray_session,
     out = tmp_path / "cat"
     summary = run(small_catalogue, out)
     assert summary["complete"] and set(summary["suppliers"]) == {"north", "south"}
-    assert (out / "index.html").exists() and "| north | 1 | 6 |" in (out / "catalogue.md").read_text()
+    page = (out / "index.html").read_text()
+    assert "| north | 1 | 6 |" in (out / "catalogue.md").read_text() and "<td>north</td>" in page
+    assert f"serve.py --catalogue {out}" in page and "{serve}" not in page
     north = json.loads((out / "suppliers" / "north" / SUPPLIER_RECORD).read_text())
     instance = Instance.load(out / "suppliers" / "north" / "instance.json")
     assert instance.K == 6.0 and instance.item_names == ["north-1"]
@@ -182,3 +184,34 @@ def served_by_supplier(out):
             assert answer["open"] == want["open"]
     finally:
         serve.shutdown()
+
+
+def test_simulate_history_writes_a_catalogue_s_inputs(tmp_path):
+    """simulate_history.py --suppliers 2 on five paper items: blocks of 3 and 2 items with K = 10 n_s (the paper's
+    K = 10 n shared by item counts), the rule of thumb s = ceil(lam (L + 1)), S = s + ceil(3 lam), and the weekly
+    orders (every 7 periods, 7 lam rounded up to cases of 6) in the history's ordered column."""
+    import math
+
+    import pyarrow.csv
+    from conftest import run_script
+
+    from envs.instance import paper_instance
+
+    instance = paper_instance(5, seed=2)
+    instance.save(tmp_path / "inst.json")
+    result = run_script(
+        "simulate_history.py", "--instance", tmp_path / "inst.json", "--periods", "15", "--out", tmp_path / "h.csv",
+        "--costs", tmp_path / "c.csv", "--suppliers", "2", "--supplier-table", tmp_path / "s.csv", "--rules", tmp_path / "r.csv",
+        "--orders",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    costs = pyarrow.csv.read_csv(tmp_path / "c.csv").to_pydict()
+    assert costs["supplier"] == ["supplier-1"] * 3 + ["supplier-2"] * 2
+    assert pyarrow.csv.read_csv(tmp_path / "s.csv").to_pydict() == {"supplier": ["supplier-1", "supplier-2"], "K": [30.0, 20.0]}
+    rules = pyarrow.csv.read_csv(tmp_path / "r.csv").to_pydict()
+    for i in range(5):
+        s = math.ceil(instance.lam[i] * (instance.lead[i] + 1))
+        assert (rules["reorder_point"][i], rules["order_up_to"][i]) == (s, s + math.ceil(3 * instance.lam[i]))
+    history = pyarrow.csv.read_csv(tmp_path / "h.csv").to_pydict()
+    week = [6 * math.ceil(7 * lam / 6) for lam in instance.lam]
+    assert history["ordered"] == [week[row // 15] if row % 15 % 7 == 0 else 0 for row in range(75)]

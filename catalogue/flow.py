@@ -19,6 +19,21 @@ from typing import Any
 
 import numpy as np
 
+from catalogue.folders import (
+    AS_RUN,
+    BACKTEST,
+    BOUND,
+    FIT,
+    FORMAT,
+    HELD_OUT,
+    MANIFEST,
+    PARTIAL,
+    RULES,
+    SUPPLIER_RECORD,
+    SUPPLIERS,
+    folder_name,
+    recommended_spec,
+)
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
 from envs.history_replay import check_window, paired_comparisons, recorded_orders, replay, window_count, window_se
@@ -27,18 +42,9 @@ from plumbing.files import atomic_write_text
 from policies.classical import CLASSICAL_BEST
 from policies.decomposition import DecompositionOptions, above_bound, run_tightest_bound
 from policies.lookahead import FORMS
-from policies.lookahead import NAME as LOOKAHEAD
 from policies.names import PolicySpec, named_label, parse_policy, tables_spec
 from policies.user_rule import NAME as USER_RULE
 from run_results.records import write_evaluation
-
-AS_RUN = "as-run"
-SUPPLIER_RECORD = "supplier.json"
-PARTIAL = ".partial"
-"""The suffix of a supplier's folder while its task writes it."""
-BOUND = "bound"
-HELD_OUT = "held-out"
-BACKTEST = "backtest"
 
 
 @dataclass(frozen=True)
@@ -62,12 +68,6 @@ class SupplierInputs:
     demand: np.ndarray
     ordered: np.ndarray | None
     rules: str | None
-
-
-def folder_name(supplier: str) -> str:
-    """A supplier's folder under suppliers/: its name with every character but letters, digits, '-', '_' and '.' as '_'."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in supplier)
-    return safe if safe.strip(".") else f"supplier_{abs(hash(supplier))}"
 
 
 def candidates(supplier: SupplierInputs, bound: Path) -> list[PolicySpec]:
@@ -207,13 +207,6 @@ def check_supplier_window(supplier: SupplierInputs, options: CatalogueOptions) -
     longer than the history."""
     check_window(options.window, supplier.instance.lead, f"supplier '{supplier.name}'")
     window_count(supplier.demand.shape[0], options.window, f"the history of supplier '{supplier.name}'")
-
-
-MANIFEST = "catalogue.json"
-FORMAT = "or-transformer-platform/catalogue"
-FIT = "fit"
-SUPPLIERS = "suppliers"
-RULES = "rules"
 
 
 @dataclass(frozen=True)
@@ -479,16 +472,6 @@ class Service:
     route: str
     policy: PolicySpec
     instance: Path
-
-
-def recommended_spec(out: Path, folder: str, recommended: str) -> PolicySpec:
-    """The policy a supplier's page recommends, as a spec on the catalogue folder `out`'s files: classical-best, the
-    lookahead on the supplier's bound tables, or the user's rule from its rows of the rule table."""
-    if recommended == LOOKAHEAD:
-        return tables_spec(out / SUPPLIERS / folder / BOUND)
-    if recommended == USER_RULE:
-        return parse_policy(f"{USER_RULE}:{out / RULES / f'{folder}.csv'}")
-    return parse_policy(recommended)
 
 
 def catalogue_services(out: Path) -> list[Service]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from catalogue.folders import AS_RUN, SUPPLIERS, recommended_spec
 from policies.user_rule import NAME as USER_RULE
-
-AS_RUN = "as-run"
 
 
 def money(value: float | None) -> str:
@@ -30,8 +29,6 @@ def saving(comparison: dict | None) -> str:
 
 def serve_command(out: Path, record: dict, folder: str) -> str:
     """The command that serves the supplier's recommended policy alone (platform/serve.py on its instance)."""
-    from catalogue.flow import SUPPLIERS, recommended_spec
-
     policy = recommended_spec(out, folder, record["recommended"])
     return f"python platform/serve.py --instance {out / SUPPLIERS / folder / 'instance.json'} --policy {policy}"
 

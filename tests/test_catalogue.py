@@ -48,6 +48,14 @@ def test_suppliers_cut_the_catalogue_in_the_table_s_order(tmp_path):
     assert cut["north"].item_names == ["a", "c"] and cut["north"].lead.tolist() == [2.0, 2.0]
 
 
+def test_a_supplier_s_folder_is_its_name_where_the_name_is_safe_and_never_shared():
+    from catalogue.folders import folder_name
+
+    assert folder_name("north-mill_2.0") == "north-mill_2.0"
+    assert folder_name("a/b") != folder_name("a_b") and folder_name("a/b").startswith("a_b-")
+    assert folder_name("..") not in (".", "..") and "/" not in folder_name("../x") and folder_name("Müller") != folder_name("M_ller")
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

@@ -55,7 +55,7 @@ from trainers.flops import UpdateArithmetic
 from trainers.imitation import (
     actor_imitation,
 )
-from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, saved_bytes
+from trainers.memory import MemoryPlan, StateBytes, accumulate, default_budget, release_freed_memory, saved_bytes
 from trainers.model_selection import Score, Validation, due, validation_record
 from trainers.networks import ThreeNetworks, autocast
 from trainers.pathwise_config import (
@@ -290,6 +290,7 @@ def hybrid_losses(
             for whole, part in zip(stored, ro.stored):
                 whole[rows] = part
             finals.append(ro.final_state)
+        release_freed_memory(pathwise.device)  # the rollout pass's heap, before the critic pass (trainers.memory)
         pathwise = pathwise / shard
         readout = [Stored(*(x[rows] for x in stored)) for rows in readout_chunks or chunks]
         critic, advantages = torch.zeros_like(pathwise), []
@@ -302,6 +303,7 @@ def hybrid_losses(
                 accumulate(config.critic_weight * loss)
             critic = critic + loss.detach()
             advantages.append(advantage)
+        release_freed_memory(pathwise.device)  # the critic pass's heap, before the open pass
         standardized = standardize(torch.cat(advantages)).split([part.open_order.shape[0] for part in readout])
         score, entropy, anchored = torch.zeros_like(pathwise), torch.zeros_like(pathwise), torch.zeros_like(pathwise)
         weight = anchor.weight if anchor else 0.0

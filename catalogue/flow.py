@@ -277,25 +277,25 @@ def supplier_inputs(instance: Instance, history, assigned: list[str], table, rul
     return found
 
 
-SECONDS_PER_SUPPLIER = 4.0
-SECONDS_PER_DP_SECOND = 14.0
+SECONDS_PER_DP_SECOND = 11.3
 """A supplier's seconds per estimated second of its items' fine DP solves (policies.dp_optimal.estimated_seconds): the
 bound's split search, figures and tables."""
-SECONDS_PER_ITEM_STEP = 1.15e-4
-"""A supplier's seconds per item and simulated period of its policies' tuning, held-out evaluations and backtest."""
+SECONDS_PER_ROOT_ITEM_YEAR = 6.65
+"""A supplier's seconds per square root of its items and per 365 periods of history: the policies' tuning, held-out
+evaluations and backtest, batched over the items (so growing more slowly than their count)."""
 RAY_START_SECONDS = 10.0
-"""These four constants were measured on this project's machine with the examples' catalogue (docs/benchmarks.md)."""
+"""The three constants are a least-squares fit (non-negative) to 11 suppliers of 1 to 25 items measured on this
+project's machine: examples/catalogue's 3 and a simulated 200-item catalogue's 8 (docs/benchmarks.md)."""
 
 
 def supplier_seconds(supplier: SupplierInputs, options: CatalogueOptions) -> float:
-    """A supplier's predicted seconds in one process, from its items' DP estimates and its simulated periods."""
+    """A supplier's predicted seconds in one process, from its items' DP estimates, its size and its history's length."""
     from policies import dp_optimal
     from policies.decomposition import DecompositionOptions, item_instance
 
     one, settings = supplier.instance, DecompositionOptions().dp_settings()
     dp = sum(dp_optimal.estimated_seconds(item_instance(one, i, 0.0), options.horizon, 2, **settings)[1] for i in range(one.n))
-    steps = one.n * (options.episodes * options.horizon * 3 + supplier.demand.shape[0] * 4 + 64 * 50 * 12)
-    return SECONDS_PER_SUPPLIER + SECONDS_PER_DP_SECOND * dp + SECONDS_PER_ITEM_STEP * steps
+    return SECONDS_PER_DP_SECOND * dp + SECONDS_PER_ROOT_ITEM_YEAR * math.sqrt(one.n) * supplier.demand.shape[0] / 365
 
 
 def predicted_wall(seconds: list[float], cpus: int) -> float:

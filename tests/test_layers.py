@@ -9,7 +9,9 @@ import ast
 import pytest
 from helpers import ROOT, import_circle, module_imports
 
-LIBRARY = ("plumbing", "envs", "run_results", "demand", "policies", "ray_access", "trainers", "solver_workers", "catalogue", "sweeps", "serving")
+LIBRARY = (
+    "plumbing", "envs", "run_results", "demand", "policies", "ray_access", "trainers", "solver_workers", "catalogue", "sweeps", "serving",
+)  # fmt: skip
 """The packages, bottom first; platform/ (the scripts) and bench/ sit above them."""
 COMMAND_LINE = ("cli",)
 """The scripts' shared parser and their --out checks: for platform/ and bench/ alone."""

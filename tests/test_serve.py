@@ -563,7 +563,8 @@ def test_the_serve_config_file_is_one_serve_accepts_with_args_of_the_service():
         ({"mode": "greedy"}, r"missing keys \['policy'\]"),
         (
             {"policy": "best"},
-            r"field 'policy': expected one of .*'decomposition-lookahead'\], checkpoint:PATH, .*:DIR or user-rule:PATH, got a string \"best\"",
+            r"field 'policy': expected one of .*'decomposition-lookahead'\], checkpoint:PATH, .*:DIR or user-rule:PATH, "
+            r"got a string \"best\"",
         ),
         ({"policy": "zero", "replicas": 0}, r"field 'replicas': expected an integer >= 1, got 0"),
         ({"policy": "zero", "max_batch_size": 2.5}, r"field 'max_batch_size': expected an integer >= 1, got 2.5"),

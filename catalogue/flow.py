@@ -277,25 +277,26 @@ def supplier_inputs(instance: Instance, history, assigned: list[str], table, rul
     return found
 
 
-SECONDS_PER_DP_SECOND = 11.3
-"""A supplier's seconds per estimated second of its items' fine DP solves (policies.dp_optimal.estimated_seconds): the
-bound's split search, figures and tables."""
-SECONDS_PER_ROOT_ITEM_YEAR = 6.65
-"""A supplier's seconds per square root of its items and per 365 periods of history: the policies' tuning, held-out
-evaluations and backtest, batched over the items (so growing more slowly than their count)."""
+SUPPLIER_SECONDS = 10.2
+SECONDS_PER_LOG_ITEM = 14.9
+"""A supplier's seconds in one process, SUPPLIER_SECONDS + SECONDS_PER_LOG_ITEM ln(n), besides its items' DP solves: the
+policies' tuning, held-out evaluations and backtest, batched over the items (so growing far more slowly than their
+count). A least-squares fit to 19 suppliers of 1 to 50 items at the paper's volumes, measured on this project's machine
+(examples/catalogue's 3, simulated catalogues' 8 of 25 and 8 of 50 items: each within 0.75 to 1.11 of its prediction;
+docs/benchmarks.md)."""
 RAY_START_SECONDS = 10.0
-"""The three constants are a least-squares fit (non-negative) to 11 suppliers of 1 to 25 items measured on this
-project's machine: examples/catalogue's 3 and a simulated 200-item catalogue's 8 (docs/benchmarks.md)."""
 
 
 def supplier_seconds(supplier: SupplierInputs, options: CatalogueOptions) -> float:
-    """A supplier's predicted seconds in one process, from its items' DP estimates, its size and its history's length."""
+    """A supplier's predicted seconds in one process: the fit above, plus its items' fine DP solves as estimated
+    (policies.dp_optimal.estimated_seconds, once per item: small at the paper's volumes, where the fit was made, and
+    not calibrated at retail ones)."""
     from policies import dp_optimal
     from policies.decomposition import DecompositionOptions, item_instance
 
     one, settings = supplier.instance, DecompositionOptions().dp_settings()
     dp = sum(dp_optimal.estimated_seconds(item_instance(one, i, 0.0), options.horizon, 2, **settings)[1] for i in range(one.n))
-    return SECONDS_PER_DP_SECOND * dp + SECONDS_PER_ROOT_ITEM_YEAR * math.sqrt(one.n) * supplier.demand.shape[0] / 365
+    return SUPPLIER_SECONDS + SECONDS_PER_LOG_ITEM * math.log(one.n) + dp
 
 
 def predicted_wall(seconds: list[float], cpus: int) -> float:

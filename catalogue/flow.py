@@ -35,7 +35,7 @@ from catalogue.folders import (
     recommended_spec,
 )
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
-from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, sample_paths
+from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, VALIDATION_SEED, sample_paths
 from envs.history_replay import check_window, paired_comparisons, recorded_orders, replay, window_count, window_se
 from envs.instance import Instance
 from plumbing.files import atomic_write_text
@@ -77,11 +77,14 @@ def candidates(supplier: SupplierInputs, bound: Path) -> list[PolicySpec]:
 
 
 def held_out(supplier: SupplierInputs, folder: Path, bound: Path, options: CatalogueOptions) -> dict[str, dict]:
-    """Each candidate's expected cost on the held-out episodes (its evaluation folder under held-out/)."""
+    """Each candidate's expected cost on the held-out episodes (its evaluation folder under held-out/), and its mean on
+    as many validation episodes (envs.exogenous.VALIDATION_SEED), on which the recommendation is chosen: the held-out
+    figures the page reports are then not those it was chosen by."""
     from trainers.resolver import resolve
 
     instance = supplier.instance
     paths = sample_paths(instance, options.seed, options.episodes, options.horizon)
+    validation = sample_paths(instance, VALIDATION_SEED, options.episodes, options.horizon)
     figures = {}
     for spec in candidates(supplier, bound):
         resolved = resolve(spec, instance, options.horizon, form=FORMS[0])
@@ -89,7 +92,8 @@ def held_out(supplier: SupplierInputs, folder: Path, bound: Path, options: Catal
         label = named_label(spec)
         config = {"catalogue": True, "supplier": supplier.name, "policy": spec.name, **asdict(options)}
         summary = write_evaluation(folder / HELD_OUT / label, label, result, options.seed, config, resolved.parameters, instance=instance)
-        figures[label] = {"mean": summary["mean"], "se": summary["se"], "costs": result.discounted_cost}
+        chosen_by = float(evaluate(resolved.policy, instance.to_torch(), validation).mean)
+        figures[label] = {"mean": summary["mean"], "se": summary["se"], "validation_mean": chosen_by, "costs": result.discounted_cost}
     return figures
 
 
@@ -148,7 +152,7 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
     figures = held_out(supplier, partial, bound_dir, options)
     for figure in figures.values():
         figure["above_bound"], figure["above_bound_95"] = above_bound(figure["mean"], figure["se"], tightest["value"])
-    recommended = min(figures, key=lambda label: figures[label]["mean"])
+    recommended = min(figures, key=lambda label: figures[label]["validation_mean"])
     record = {
         "supplier": supplier.name,
         "rules": supplier.rules,

@@ -88,7 +88,7 @@ def _bellman_min(
     """Lower bounds at the lattice points of min(W(x), K + min_{x <= y <= x + q} W(y)) for the interpolant of omega
     [G, M, N], q = window D + rest (module docstring, point 4), and `beyond` [M] a lower bound on W above the top of
     the domain (`_above_top`), taken wherever a window can pass the top (None: windows clipped there, no bound). Returns
-    the values and where an order's best target is the top of the domain or beyond (the domain should grow)."""
+    the values and where an order's best target inside the domain is its top (the domain should grow)."""
     G, M, N = omega.shape
     top = np.arange(N) + window >= N - 1  # windows (and the pieces on either side of a lattice point) that can pass the top
     inside = dp_optimal.window_min(omega.reshape(G * M, N), window).reshape(G, M, N)  # min omega_{j..j+w}
@@ -96,6 +96,9 @@ def _bellman_min(
     if rest:
         share = rest / step
         best = np.minimum(best, dp_optimal.window_end(omega, window, share))  # the window's end a_{j+w} + r
+    # the domain should grow where an order's best target inside it is its top (the old criterion: a lower bound
+    # `beyond` below the top's values would otherwise call for widening at every step, up to the reach)
+    touches = (setups[:, None, None] + best < omega) & top & (best >= omega[..., -1:])
     if beyond is not None:
         best = np.where(top, np.minimum(best, beyond[None, :, None]), best)
     cost = setups[:, None, None]
@@ -113,7 +116,6 @@ def _bellman_min(
         lower[..., :-1] = excess
         lower[..., 1:] = np.maximum(lower[..., 1:], excess)
         value = value - lower
-    touches = (cost + best < omega) & top & (best >= np.minimum(omega[..., -1:], np.inf if beyond is None else beyond[None, :, None]))
     return value, touches
 
 

@@ -518,3 +518,25 @@ def test_the_value_at_the_start_is_exact_on_the_reach_ends_and_the_certificate_b
     monkeypatch.setattr(dp_certificate, "_above_top", lambda means, y, h, gamma, lead: np.full(means[0].shape, np.inf))
     certificates = [dp_certificate.certified_costs(one, horizon, [setup], step=step, **CERTIFY)[0] for step in (2, 3)]
     assert max(certificates) > optimum
+
+
+def test_the_certificate_grows_its_domain_only_where_a_best_target_inside_it_is_its_top():
+    """dp_certificate._bellman_min asks for a wider domain where an order's best target inside the domain is its top
+    point, not where the lower bound above the top (`beyond`, a holding-cost bound far below the values) is the least:
+    that bound is below the values at every step, so asking there widened a retail item's domain 32 times and refused it
+    (item-040 of docs/fitting.md's 55-item example: lam 142.5, qbar 571, step 3). omega with its minimum inside asks
+    for nothing; omega falling to the top asks for more; the control, the criterion that counts `beyond`, asks in both."""
+    setups, beyond = np.array([1.0]), np.array([0.5])
+    valley = np.array([5.0, 4.0, 3.0, 4.0, 5.0, 6.0])[None, None, :]
+    falling = np.array([6.0, 5.0, 4.0, 3.0, 2.0, 1.0])[None, None, :]
+    assert not dp_certificate._bellman_min(valley, setups, 2, 0, 1, beyond)[1].any()
+    assert dp_certificate._bellman_min(falling, setups, 2, 0, 1, beyond)[1].any()
+
+    def counting_beyond(omega):  # the control: the best target taken with `beyond`, as the widening test
+        top = np.arange(omega.shape[-1]) + 2 >= omega.shape[-1] - 1
+        best = np.where(
+            top, np.minimum(dp_optimal.window_min(omega[0], 2)[None], beyond[None, :, None]), dp_optimal.window_min(omega[0], 2)[None]
+        )
+        return (setups[:, None, None] + best < omega) & top & (best >= np.minimum(omega[..., -1:], beyond[None, :, None]))
+
+    assert counting_beyond(valley).any() and counting_beyond(falling).any()

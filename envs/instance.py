@@ -370,6 +370,30 @@ class Instance:
         return TensorInstance.from_instance(self, device, dtype)
 
 
+def item_rows(instance: Instance, items: list[str], table: str, instance_name: str, by_count: str, what: str) -> np.ndarray:
+    """For each of the instance's items, its index in `items` (the item column of `table`, a history or a rule table):
+    matched by name where the instance names its items (source.item_names), else by count (`by_count` says in which
+    order). An item of the table the instance lacks, or one of the instance without its `what` in the table, is one
+    InputError naming it (`instance_name`: how the message names the instance, e.g. " 'inst.json'")."""
+    names = instance.item_names
+    if names is None:
+        if len(items) != instance.n:
+            raise InputError(
+                f"{table} has {len(items)} items, the instance{instance_name} has n = {instance.n} (it names no items, so {by_count})"
+            )
+        return np.arange(instance.n)
+    known = set(names)
+    for item in items:
+        if item not in known:
+            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+            raise InputError(f"{table} item '{item}': not an item of the instance{instance_name} (its items: {shown})")
+    row = {item: k for k, item in enumerate(items)}
+    for item in names:
+        if item not in row:
+            raise InputError(f"{table}: no {what} for item '{item}' of the instance{instance_name}; every item needs its {what}")
+    return np.array([row[item] for item in names])
+
+
 def factor_shape(factors: int) -> tuple[int, ...]:
     """The shape of one F_t: () with one factor (a number, as in the paper), (k,) with k >= 2 factors."""
     return () if factors == 1 else (factors,)

@@ -46,7 +46,7 @@ from demand.sales_history import History, history_matrix
 from envs.evaluation import EVAL_HORIZON, Evaluation
 from envs.exogenous import check_cost_range
 from envs.history_replay import check_window, paired_comparisons, recorded_orders, replay, window_count, window_se
-from envs.instance import Instance
+from envs.instance import Instance, item_rows
 from plumbing.errors import InputError
 from plumbing.files import atomic_write_text
 from policies.classical import POLICY_NAMES
@@ -72,28 +72,10 @@ INITIAL_STATE = "the simulator's initial state: I_0 = mu_i = lam_i (L_i + 1), no
 
 
 def history_columns(history: History, instance: Instance, history_path: str, instance_path: str) -> np.ndarray:
-    """The history's column of each of the instance's items: matched by name where the instance names its items
-    (source.item_names, written by fit.py), else by count in the history's order; any other history is refused."""
-    names = (instance.source or {}).get("item_names")
-    if not (isinstance(names, list) and len(names) == instance.n):
-        if len(history.items) != instance.n:
-            raise InputError(
-                f"history '{history_path}' has {len(history.items)} items, the instance '{instance_path}' has n = {instance.n} "
-                "(it names no items, so the history's items are matched by count, in their order of first appearance)"
-            )
-        return np.arange(instance.n)
-    known = set(names)
-    for item in history.items:
-        if item not in known:
-            raise InputError(
-                f"history '{history_path}' item '{item}': not an item of the instance '{instance_path}' (its items: "
-                f"{', '.join(names[:5])}{', ...' if len(names) > 5 else ''}); backtest a history of the instance's items"
-            )
-    column = {item: k for k, item in enumerate(history.items)}
-    for item in names:
-        if item not in column:
-            raise InputError(f"instance '{instance_path}' item '{item}': not in the history '{history_path}'; every item needs its demand")
-    return np.array([column[item] for item in names])
+    """The history's column of each of the instance's items (envs.instance.item_rows): by name where the instance names
+    its items (source.item_names, written by fit.py), else by count in the history's order; any other history is refused."""
+    by_count = "the history's items are matched by count, in their order of first appearance"
+    return item_rows(instance, history.items, f"history '{history_path}'", f" '{instance_path}'", by_count, "demand")
 
 
 def check_step(history: History, instance: Instance, history_path: str, instance_path: str) -> None:

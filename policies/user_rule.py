@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from envs.dynamics import State
-from envs.instance import Instance, TensorInstance
+from envs.instance import Instance, TensorInstance, item_rows
 from plumbing.errors import InputError
 from plumbing.files import file_sha256
 from plumbing.tables import number_column, read_table
@@ -113,27 +113,10 @@ def write_rule_table(table: RuleTable, items: list[str], path) -> None:
 
 
 def instance_rows(table: RuleTable, instance: Instance, path) -> np.ndarray:
-    """For each of the instance's items, its row of the rule table: by name where the instance names its items
-    (source.item_names, written by fit.py and the catalogue), else by count in the table's order. An item without a
-    rule, or a rule for an item the instance lacks, is refused by name."""
-    names = (instance.source or {}).get("item_names")
-    if not (isinstance(names, list) and len(names) == instance.n):
-        if len(table.items) != instance.n:
-            raise InputError(
-                f"rule table '{path}' has {len(table.items)} rows, the instance has n = {instance.n} (it names no items, so rules "
-                "are matched to items by count, in the table's order)"
-            )
-        return np.arange(instance.n)
-    row = {item: k for k, item in enumerate(table.items)}
-    known = set(names)
-    for item in table.items:
-        if item not in known:
-            shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-            raise InputError(f"rule table '{path}' item '{item}': not an item of the instance (its items: {shown})")
-    for item in names:
-        if item not in row:
-            raise InputError(f"rule table '{path}': no rule for the instance's item '{item}'; every item needs its rule")
-    return np.array([row[item] for item in names])
+    """For each of the instance's items, its row of the rule table (envs.instance.item_rows): by name where the instance
+    names its items (source.item_names, written by fit.py and the catalogue), else by count in the table's order."""
+    by_count = "rules are matched to items by count, in the table's order"
+    return item_rows(instance, table.items, f"rule table '{path}'", "", by_count, "rule")
 
 
 class UserRulePolicy:

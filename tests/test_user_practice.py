@@ -80,7 +80,7 @@ def test_each_order_is_capped_at_qbar_and_the_clock_restarts_per_rollout():
         ),
         ("item,reorder_point,order_up_to\nnorth,1,6\nnorth,1,2\n", r"row 2 \(item 'north'\): a second row for the same item"),
         ("item,reorder_point,order_up_to\nnorth,1,6\nwest,1,2\n", r"item 'west': not an item of the instance"),
-        ("item,reorder_point,order_up_to\nnorth,1,6\n", r"no rule for the instance's item 'south'"),
+        ("item,reorder_point,order_up_to\nnorth,1,6\n", r"no rule for item 'south' of the instance; every item needs its rule"),
         ("item,reorder,order_up_to\nnorth,1,6\n", r"columns: expected a header line item,order_up_to and reorder_point"),
     ],
 )

@@ -6,7 +6,7 @@ A rule table (CSV or Parquet, docs/formats.md) gives each item one row: `item`, 
 inventory position x_i = I_i + sum_l P_i,l is at or below s_i) or a review period R_i (`review_period`: every R_i
 periods, counted from the episode's start at 0, an order of S_i - x_i when x_i is below S_i). A period's order opens,
 and pays the setup cost K once, when any item orders; each item's quantity is capped at the instance's qbar_i, as every
-policy's is (eq. order_cap), and the parameters say how many items have an S_i - s_i above their cap.
+policy's is (the action set of eq. hybrid_action), and the parameters say how many items have an S_i - s_i above their cap.
 """
 
 from __future__ import annotations

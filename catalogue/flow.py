@@ -393,11 +393,16 @@ def run_catalogue(
     costs, table, assigned, history = read_inputs(inputs)
     ident = identity(inputs, options, fit)
     manifest = out / MANIFEST
-    previous = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() else None
-    same = previous is not None and previous.get("identity") == ident
+    try:
+        previous = json.loads(manifest.read_text(encoding="utf-8")) if manifest.exists() else None
+    except (OSError, ValueError):
+        previous = {}  # a manifest cut short: a catalogue of unknown inputs
+    if previous is None and out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InputError(f"--out '{out}' holds files but no catalogue ({MANIFEST}); give an empty or new folder, or --overwrite")
+    same = isinstance(previous, dict) and previous.get("identity") == ident
     if previous is not None and not same:
         if not overwrite:
-            differ = [key for key in ident if previous.get("identity", {}).get(key) != ident[key]]
+            differ = [key for key in ident if (previous.get("identity") or {}).get(key) != ident[key]]
             raise InputError(
                 f"--out '{out}' holds a catalogue of other {', '.join(differ)}; give --overwrite to replace it, or another --out"
             )
@@ -432,19 +437,21 @@ def run_catalogue(
         init_ray(workers, address)
         task = ray.remote(num_cpus=1, max_retries=2)(run_supplier)
         pending = {task.remote(s, folders[s.name], options): s for s in to_run}
-        with tqdm(total=len(suppliers), initial=len(records), desc="suppliers", unit="supplier") as bar:
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1)
-                supplier = pending.pop(ready[0])
-                try:
-                    records[supplier.name] = ray.get(ready[0])
-                except ray.exceptions.RayTaskError as exc:
-                    if isinstance(exc.cause, InputError):
-                        raise InputError(f"supplier '{supplier.name}': {exc.cause}") from None
-                    raise
-                bar.update(1)
-        if owned:
-            stop_ray()
+        try:
+            with tqdm(total=len(suppliers), initial=len(records), desc="suppliers", unit="supplier") as bar:
+                while pending:
+                    ready, _ = ray.wait(list(pending), num_returns=1)
+                    supplier = pending.pop(ready[0])
+                    try:
+                        records[supplier.name] = ray.get(ready[0])
+                    except ray.exceptions.RayTaskError as exc:
+                        if isinstance(exc.cause, InputError):
+                            raise InputError(f"supplier '{supplier.name}': {exc.cause}") from None
+                        raise
+                    bar.update(1)
+        finally:  # a refusal or Ctrl-C ends an embedded Ray too; whole suppliers stay, a killed one's bound journal too
+            if owned:
+                stop_ray()
     ordered = [(folders[s.name].name, records[s.name]) for s in suppliers]
     total = catalogue_total([r for _, r in ordered])
     paired = paired_total([r for _, r in ordered], USER_RULE)

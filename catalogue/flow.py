@@ -34,7 +34,7 @@ from catalogue.folders import (
     folder_name,
     recommended_spec,
 )
-from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison
+from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison, standard_error
 from envs.exogenous import HELDOUT_EPISODES, HELDOUT_SEED, VALIDATION_SEED, sample_paths
 from envs.history_replay import check_window, paired_comparisons, recorded_orders, replay, window_count, window_se
 from envs.instance import Instance
@@ -190,7 +190,7 @@ def catalogue_total(records: list[dict]) -> dict[str, Any]:
     costs = np.sum([np.asarray(r["held_out_costs"][r["recommended"]]) for r in records], axis=0)
     bound = float(sum(r["bound"]["tightest"]["value"] for r in records))
     mean = float(costs.mean())
-    se = float(costs.std(ddof=1) / math.sqrt(costs.size)) if costs.size > 1 else 0.0
+    se = standard_error(costs)
     above, above95 = above_bound(mean, se, bound)
     return {"mean": mean, "se": se, "bound": bound, "above_bound": above, "above_bound_95": above95, "episodes": int(costs.size)}
 

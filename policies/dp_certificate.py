@@ -24,46 +24,45 @@ from policies import dp_optimal
 
 
 class _Expectation:
-    """E[u(a_j - D_t) | F_t = f_i] for functions u [G, M, N] on the positions a_0 < ... < a_{N-1} (step D), continued
-    below a_0 by a line of a given slope (`extend`), by FFT along the positions; the part of a cut law beyond its points
-    (`dp_optimal.LawTail`) on that line at its mean; and the same convolution with the open cells' masses for the margins
-    (module docstring, points 1-2)."""
+    """Lower bounds of E[u(z - D_t) | F_t = f_i] at the positions a_0 < ... < a_{N-1} (step D) for functions u [G, M, N]
+    continued below a_0 by a line of a given slope: the expectation at the lattice points less the sag margins between
+    them (module docstring, points 1-2). Both are convolutions along the positions, of u and of its kinks, done in one
+    FFT; the part of a cut law beyond its points (`dp_optimal.LawTail`) lies on the line, at its mean."""
 
-    def __init__(self, split: np.ndarray, open_cells: np.ndarray, positions: int, tail: dp_optimal.LawTail | None):
+    def __init__(self, split: np.ndarray, open_cells: np.ndarray, positions: int, step: int, tail: dp_optimal.LawTail | None):
         self.J = split.shape[1] - 1  # the (cut) law reaches J lattice steps
         self.N = positions
-        self.size = next_fast_len(positions + self.J + split.shape[1])
-        self.kernel = rfft(split, self.size, axis=1)[None]  # [1, M, F]
-        self.open_kernel = rfft(open_cells, self.size, axis=1)[None]
+        self.step = step
+        # a circular convolution of J + N points gives the N outputs from J on exactly: what wraps around lands below J
+        self.size = next_fast_len(positions + self.J)
+        self.kernels = rfft(np.stack([split, open_cells]), self.size, axis=-1)[:, None]  # [2, 1, M, F]: the law, the open cells
         self.tail = tail
 
-    def _convolve(self, padded: np.ndarray, kernel: np.ndarray) -> np.ndarray:
-        return irfft(rfft(padded, self.size, axis=-1) * kernel, self.size, axis=-1)[..., self.J : self.J + self.N]
-
     def __call__(self, values: np.ndarray, slope: np.ndarray) -> np.ndarray:
-        """E u(a_j - D_t) at every position: [G, M, N], u = values on the positions and values[..., 0] + slope (x - a_0)
-        below (slope [.., M, 1] per lattice step)."""
-        below = np.arange(-self.J, 0)  # lattice steps below a_0
-        padded = np.empty(values.shape[:-1] + (self.J + self.N,))
-        padded[..., : self.J] = values[..., :1] + slope * below
-        padded[..., self.J :] = values
-        expectation = self._convolve(padded, self.kernel)
+        """The lower bound at every position: [G, M, N], u = values on the positions and values[..., 0] + slope (x - a_0)
+        below (slope [M, 1] per lattice step)."""
+        J, N = self.J, self.N
+        work = np.zeros((2, *values.shape[:-1], self.size))
+        work[0, ..., :J] = values[..., :1] + slope * np.arange(-J, 0)  # u below a_0
+        work[0, ..., J : J + N] = values
+        # u's kinks c_k+ (the convex part of its slope changes): at a_0 where the line meets the first cell, then at a_1..a_{N-2}
+        work[1, ..., J] = np.clip(values[..., 1] - values[..., 0] - slope[..., 0], 0.0, None) / self.step
+        work[1, ..., J + 1 : J + N - 1] = np.clip(values[..., 2:] - 2 * values[..., 1:-1] + values[..., :-2], 0.0, None) / self.step
+        spectrum = rfft(work, axis=-1)
+        spectrum *= self.kernels
+        expectation, kinks = irfft(spectrum, self.size, axis=-1)[..., J : J + N]
         if self.tail is not None:  # the law's rest beyond J steps: below a_0 from every position, on the line at its mean
             mass, moment = self.tail.mass[:, None], self.tail.moment[:, None]  # [M, 1]
-            expectation = expectation + mass * values[..., :1] + slope * (mass * np.arange(self.N) - moment)
-        return expectation
+            expectation = expectation + mass * values[..., :1] + slope * (mass * np.arange(N) - moment)
+        return expectation - _margins(kinks, self.step)
 
-    def margins(self, values: np.ndarray, step: int, slope: np.ndarray | None = None) -> np.ndarray:
-        """How far below its chord E u(z - D_t) can sag in each cell, taken at each lattice point as the larger of its
-        two cells: [G, M, N] (zeros where D = 1: integer demands put no kink inside a unit cell). u's kinks: at a_1..a_{N-2},
-        and at a_0 where the line below of `slope` (None: the first cell's) meets the first cell."""
-        kinks = np.zeros(values.shape[:-1] + (self.J + self.N,))
-        convex = np.clip(values[..., 2:] - 2 * values[..., 1:-1] + values[..., :-2], 0.0, None) / step  # c_k+ at a_1..a_{N-2}
-        kinks[..., self.J + 1 : self.J + self.N - 1] = convex
-        if slope is not None:
-            kinks[..., self.J] = np.clip(values[..., 1] - values[..., 0] - slope[..., 0], 0.0, None) / step  # c_0+ at a_0
-        sag = 0.25 * step * np.clip(self._convolve(kinks, self.open_kernel), 0.0, None)  # cell j = (a_j, a_{j+1})
-        return np.maximum(sag, np.concatenate([sag[..., :1], sag[..., :-1]], axis=-1))
+
+def _margins(kinks: np.ndarray, step: int) -> np.ndarray:
+    """How far below its chord E u(z - D_t) can sag in each cell, taken at each lattice point as the larger of its two cells
+    ([G, M, N]), from `kinks`, the expectation of u's kinks over the open cells' masses (zeros where D = 1: integer demands
+    put no kink inside a unit cell)."""
+    sag = 0.25 * step * np.clip(kinks, 0.0, None)  # cell j = (a_j, a_{j+1})
+    return np.maximum(sag, np.concatenate([sag[..., :1], sag[..., :-1]], axis=-1))
 
 
 def open_cell_masses(rates: np.ndarray, overdispersion: float, step: int, cells: int) -> np.ndarray:
@@ -89,9 +88,9 @@ def _bellman_min(
     [G, M, N], q = window D + rest (module docstring, point 4), and `beyond` [M] a lower bound on W above the top of
     the domain (`_above_top`), taken wherever a window can pass the top (None: windows clipped there, no bound). Returns
     the values and where an order's best target inside the domain is its top (the domain should grow)."""
-    G, M, N = omega.shape
+    N = omega.shape[-1]
     top = np.arange(N) + window >= N - 1  # windows (and the pieces on either side of a lattice point) that can pass the top
-    inside = dp_optimal.window_min(omega.reshape(G * M, N), window).reshape(G, M, N)  # min omega_{j..j+w}
+    inside = dp_optimal.window_min(omega, window)  # min omega_{j..j+w}
     best = inside
     if rest:
         share = rest / step
@@ -143,16 +142,25 @@ def _above_top(means: list[np.ndarray], y: float, h: float, gamma: float, lead: 
 
 
 CERTIFICATE_GAP = 0.005
-"""`certified_costs` halves the step while its bound lies more than this fraction below the DP's value."""
+"""`certified_costs` refines the step while its bound lies more than this fraction below the DP's value."""
+CERTIFICATE_AIM = 0.75
+"""... to the step at which the gap, were it all sag margins (which shrink with the square of the step), would be this
+fraction of CERTIFICATE_GAP (`finer_step`)."""
 CERTIFICATE_POSITIONS = 40_000
 """... as long as the finer lattice has at most this many positions (five times the most a DP's own lattice has)."""
+
+
+def finer_step(step: int, gap: float) -> int:
+    """The next step of `certified_costs` after a bound `gap` (a fraction of the value) below the value on the lattice of
+    `step`: D sqrt(CERTIFICATE_AIM CERTIFICATE_GAP / gap), at least one unit finer and at least 1."""
+    return max(1, min(step - 1, math.floor(step * math.sqrt(CERTIFICATE_AIM * CERTIFICATE_GAP / gap))))
 
 
 def certified_costs(instance: Instance, horizon: int, setups, reference=None, **settings) -> np.ndarray:
     """A lower bound [G] on the item's exact-lattice optimum with its cap raised to ceil(qbar) (the bound's relaxation), for each
     setup cost in `setups`, on the lattice step the item's DP uses with `settings` (dp_optimal.solve's; integer_cap implied).
-    With `reference` (the DP's values at `setups`), the step is halved while the bound is more than CERTIFICATE_GAP below them
-    and the finer lattice has at most CERTIFICATE_POSITIONS positions."""
+    With `reference` (the DP's values at `setups`), the step is refined (`finer_step`) while the bound is more than
+    CERTIFICATE_GAP below them and the finer lattice has at most CERTIFICATE_POSITIONS positions."""
     settings = {**settings, "integer_cap": True}
     step = dp_optimal._plan(instance, **settings).lattice.step
     bound = _certified(instance, horizon, setups, {**settings, "step": step})
@@ -160,8 +168,12 @@ def certified_costs(instance: Instance, horizon: int, setups, reference=None, **
         return bound
     reference = np.atleast_1d(np.asarray(reference, dtype=np.float64))
     units = dp_optimal.value_span(instance, horizon, **settings)
-    while step > 1 and np.any(reference - bound > CERTIFICATE_GAP * np.abs(reference)) and units / (step // 2) <= CERTIFICATE_POSITIONS:
-        step //= 2
+    while step > 1:
+        gap = float(np.max((reference - bound) / np.abs(reference)))
+        finer = finer_step(step, gap)
+        if gap <= CERTIFICATE_GAP or units / finer > CERTIFICATE_POSITIONS:
+            break
+        step = finer
         # every step's bound is valid, and the sag margins shrink with the square of the step: keep the largest
         bound = np.maximum(bound, _certified(instance, horizon, setups, {**settings, "step": step}))
     return bound
@@ -190,14 +202,14 @@ def _certified(instance: Instance, horizon: int, setups, settings: dict) -> np.n
         positions = step * np.arange(low, high + 1, dtype=np.float64)
         dmax = (problem.pmf.shape[1] - 1) * step
         dp_optimal.check_size(instance, grid.points.size, dmax, problem.lattice, positions.size, costs.size, 0)
-        expect = _Expectation(problem.pmf, open_cells, positions.size, problem.tail)
+        expect = _Expectation(problem.pmf, open_cells, positions.size, step, problem.tail)
         loss = (h * np.clip(positions, 0.0, None) + b * np.clip(-positions, 0.0, None))[None, None, :]  # the kink at 0
         charges = []
         u = np.broadcast_to(loss, (1, grid.points.size, positions.size))
         below = np.full((grid.points.size, 1), -b * step)  # the loss and its expectations are b (E S - z) below 0 > a_0
         for _period in range(lead + 1):
             u = grid.transition @ u if charges else u
-            u = expect(u, below) - expect.margins(u, step, below)
+            u = expect(u, below)
             charges.append(u[0])  # lower bounds of E[g(y - D_t - ... - D_{t+l})]: [M, N]
         value = np.zeros((costs.size, grid.points.size, positions.size))
         grows = False
@@ -209,7 +221,7 @@ def _certified(instance: Instance, horizon: int, setups, settings: dict) -> np.n
             if positions[0] > -len(left) * cap:  # above the region where V_{t+1} is linear (there B's slope is its own)
                 mixed[..., 0] = np.minimum(mixed[..., 0], floor_value)
             slope = np.broadcast_to(np.asarray(floor_slope, dtype=np.float64) * step, (grid.points.size,))[:, None]
-            omega = gamma**lead * charges[-1][None] + gamma * (expect(mixed, slope) - expect.margins(mixed, step, slope))
+            omega = gamma**lead * charges[-1][None] + gamma * expect(mixed, slope)
             beyond = _above_top([from_now[n + lead] for n in range(decision_steps - t)], positions[-1], h, gamma, lead)
             value, touches = _bellman_min(omega, costs, window, rest, step, beyond=beyond)
             grows = grows or bool(touches.any())

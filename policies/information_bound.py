@@ -72,7 +72,7 @@ def item_paths(
     T, M, N = W.shape
     c, step = lattice.classes, lattice.step
     V = np.zeros((T + 1, M, N))
-    V[:T] = np.minimum(W, share + dp_optimal.window_min(W.reshape(T * M, N), lattice.window).reshape(T, M, N))
+    V[:T] = np.minimum(W, share + dp_optimal.window_min(W, lattice.window))
     lead = int(one.lead[0])
     below = lattice.positions(problem.low_unit - extra_units, problem.low_unit - 1)  # [extra c] positions under the domain
     reach = (below - positions[0]) / step  # in lattice steps from the domain's first position (<= -1)

@@ -185,15 +185,15 @@ def test_the_certificate_is_never_above_the_exact_lattice_whatever_the_step():
     cases = forced_cases(80)
     assert sum(int(one.qbar[0]) % step != 0 for one, _, step in cases) >= 20
     assert violations(cases) == []
-    original_margins, original_min = dp_certificate._Expectation.margins, dp_certificate._bellman_min
+    original_margins, original_min = dp_certificate._margins, dp_certificate._bellman_min
     try:
-        dp_certificate._Expectation.margins = lambda self, values, step, slope=None: np.zeros_like(values)
+        dp_certificate._margins = lambda kinks, step: np.zeros_like(kinks)
         assert len(violations(cases)) >= 10
-        dp_certificate._Expectation.margins = original_margins
+        dp_certificate._margins = original_margins
         dp_certificate._bellman_min = lambda omega, setups, window, rest, step, **top: original_min(omega, setups, window, 0, step, **top)
         assert len(violations(cases)) >= 3
     finally:
-        dp_certificate._Expectation.margins, dp_certificate._bellman_min = original_margins, original_min
+        dp_certificate._margins, dp_certificate._bellman_min = original_margins, original_min
 
 
 @pytest.mark.slow
@@ -232,6 +232,25 @@ def test_the_certificate_is_within_one_percent_on_300_random_items():
     and a few GB there; the rest, heavy tails of lam in the thousands, span up to tens of millions)."""
     coarse, worst = tightness(random_items(12, 300, 2000.0), 12, 1_000_000)
     assert coarse >= 40 and worst <= 0.01, (coarse, worst)
+
+
+def test_the_certificate_refines_its_step_until_it_is_within_its_gap():
+    """finer_step aims the sag margins (square of the step) at 3/4 of the gap allowed: 240 * sqrt(0.75 * 0.005 / 0.00584)
+    = 192.07 -> 192; at most one unit finer, never below 1. A retail item (lam 5, phi 10, lead 4, cap 20; the bound's
+    settings) whose certificate on its DP's own step, 5 units, lies more than 0.5% below the DP's value ends within 0.5%
+    of it on a finer step, and at least the first step's bound (it keeps the largest of valid bounds)."""
+    assert dp_certificate.finer_step(240, 0.00584) == 192
+    assert dp_certificate.finer_step(5, 0.0051) == 4 and dp_certificate.finer_step(2, 1.0) == 1
+    one = Instance(h=[1.0], b=[9.0], lam=[5.0], beta=[0.4], lead=[4], qbar=[20.0], K=100.0, gamma=0.95, rho=0.8, overdispersion=[10.0])
+    options = DecompositionOptions()
+    settings = options.dp_settings(options.coarse_points)
+    setups = [5.0, 20.0, 80.0, 320.0, 1280.0]  # bench/dp_volumes.py's
+    value = dp_optimal.expected_costs(one, 50, setups, **settings)
+    assert dp_optimal.check_item(one, 50, **settings).step == 5
+    first = dp_certificate.certified_costs(one, 50, setups, **settings)  # no reference: the DP's own step alone
+    refined = dp_certificate.certified_costs(one, 50, setups, value, **settings)
+    assert np.max((value - first) / value) > dp_certificate.CERTIFICATE_GAP  # the control: the first step is not enough
+    assert np.max((value - refined) / value) <= dp_certificate.CERTIFICATE_GAP and np.all(refined >= first)
 
 
 ISSUE_ITEM = dict(h=[1.0], b=[9.0], lam=[5.0], beta=[0.2], lead=[2], qbar=[6.0], gamma=0.95, rho=0.8, overdispersion=[10.0])

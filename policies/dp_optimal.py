@@ -184,7 +184,7 @@ def law_means(rates: np.ndarray, overdispersion: float, tail: float, step: int =
 class LawTail:
     """What a law cut to its first K points (`demand_law`'s `points`) leaves beyond them: mass [M] and first moment [M]
     E[D / D_step; D >= K D_step], in lattice steps. Where the values are linear below the domain an expectation needs no
-    more (`demand_expectation`)."""
+    more (`DemandExpectation`)."""
 
     mass: np.ndarray
     moment: np.ndarray
@@ -720,37 +720,47 @@ def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
     return (1.0 - share) * last[..., : values.shape[-1]] + share * last[..., 1 : values.shape[-1] + 1]
 
 
-def demand_expectation(values: np.ndarray, lattice: Lattice, pmf: np.ndarray, factor_axis: int, tail: LawTail | None = None) -> np.ndarray:
-    """E[values(.., y - D)] at every lattice position y of the last axis, D ~ pmf[m] ([M, J+1], on multiples of the lattice
-    step) for the factor grid point m on `factor_axis` of `values` [.., N]; positions below the domain extrapolated linearly
+class DemandExpectation:
+    """E[values(.., y - D)] at every lattice position y of the last axis of values [.., N], D ~ pmf[m] ([M, J+1], on multiples
+    of the lattice step) for the factor grid point m on the factor axis; positions below the domain extrapolated linearly
     (the slope over its lowest step). The expectation term of W_t (module docstring), for one item and for each axis of
-    policies/joint_dp.py's joint lattice. With `tail` the law is cut (`LawTail`) where its rest lies below the domain from
-    every position: its part is the extrapolating line at the rest's mean."""
-    N, c = values.shape[-1], lattice.classes
-    dmax = pmf.shape[1] - 1
-    pad = dmax * c  # lattice points below the domain that y - d can reach
-    below = np.arange(-pad, 0)
-    below = below // c + lattice.offsets[below % c] - lattice.offsets[0]  # [pad] in lattice steps
-    # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k =
-    # q c + r, and a demand d moves q by d. `length` pads to a multiple of c.
-    length = -(-(pad + N) // c) * c
-    size = next_fast_len(length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
-    padded = np.zeros((*values.shape[:-1], length))
-    padded[..., :pad] = values[..., :1] + (values[..., c : c + 1] - values[..., :1]) * below  # linear extrapolation below
-    padded[..., pad : pad + N] = values
-    shape = [1] * (values.ndim + 1)
-    shape[factor_axis % values.ndim], shape[-2] = pmf.shape[0], -1
-    kernel = rfft(pmf, size, axis=1).reshape(shape)  # the demand law's transform, M on the factor axis: [.., F, 1]
-    full = irfft(rfft(padded.reshape(*values.shape[:-1], length // c, c), size, axis=-2) * kernel, size, axis=-2)
-    expectation = full[..., : length // c, :].reshape(*values.shape[:-1], length)[..., pad : pad + N]
-    if tail is not None:  # E[u(y - D); D >= J + 1 steps] = u0 P + slope (P (y - y0) - E[D; D >= J + 1]), all in lattice steps
-        shape = [1] * values.ndim
-        shape[factor_axis % values.ndim] = -1
-        mass, moment = tail.mass.reshape(shape), tail.moment.reshape(shape)
-        ahead = np.arange(N) // c + lattice.offsets[np.arange(N) % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
-        slope = values[..., c : c + 1] - values[..., :1]
-        expectation = expectation + mass * values[..., :1] + slope * (mass * ahead - moment)
-    return expectation
+    policies/joint_dp.py's joint lattice; the law's transform is taken once, for every call on N positions. With `tail`
+    the law is cut (`LawTail`) where its rest lies below the domain from every position: its part is the extrapolating
+    line at the rest's mean."""
+
+    def __init__(self, lattice: Lattice, pmf: np.ndarray, positions: int, tail: LawTail | None = None):
+        c, dmax = lattice.classes, pmf.shape[1] - 1
+        self.lattice, self.N, self.tail = lattice, positions, tail
+        self.pad = dmax * c  # lattice points below the domain that y - d can reach
+        below = np.arange(-self.pad, 0)
+        self.below = below // c + lattice.offsets[below % c] - lattice.offsets[0]  # [pad] in lattice steps
+        # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k = q c + r, and a
+        # demand d moves q by d. `length` pads to a multiple of c.
+        self.length = -(-(self.pad + positions) // c) * c
+        self.size = next_fast_len(self.length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
+        self.kernel = rfft(pmf, self.size, axis=1)  # the demand law's transform: [M, F]
+        index = np.arange(positions)
+        self.ahead = index // c + lattice.offsets[index % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
+
+    def __call__(self, values: np.ndarray, factor_axis: int) -> np.ndarray:
+        N, c, pad = self.N, self.lattice.classes, self.pad
+        padded = np.zeros((*values.shape[:-1], self.size, c))  # [.., Q, c] zero beyond `length`, as the convolution needs
+        flat = padded.reshape(*values.shape[:-1], self.size * c)
+        flat[..., :pad] = values[..., :1] + (values[..., c : c + 1] - values[..., :1]) * self.below  # linear extrapolation below
+        flat[..., pad : pad + N] = values
+        shape = [1] * (values.ndim + 1)
+        shape[factor_axis % values.ndim], shape[-2] = self.kernel.shape[0], -1
+        spectrum = rfft(padded, axis=-2)
+        spectrum *= self.kernel.reshape(shape)  # M on the factor axis: [.., F, 1]
+        full = irfft(spectrum, self.size, axis=-2)
+        expectation = full[..., : self.length // c, :].reshape(*values.shape[:-1], self.length)[..., pad : pad + N]
+        if self.tail is not None:  # E[u(y - D); D >= J + 1 steps] = u0 P + slope (P (y - y0) - E[D; D >= J + 1]), all in lattice steps
+            shape = [1] * values.ndim
+            shape[factor_axis % values.ndim] = -1
+            mass, moment = self.tail.mass.reshape(shape), self.tail.moment.reshape(shape)
+            slope = values[..., c : c + 1] - values[..., :1]
+            expectation = expectation + mass * values[..., :1] + slope * (mass * self.ahead - moment)
+        return expectation
 
 
 def _backward(
@@ -768,10 +778,11 @@ def _backward(
     action_value = np.empty((kept, G, M, N))
     value = np.zeros((G, M, N))
     hit_top = False
+    expectation = DemandExpectation(lattice, pmf, N, tail)
     stages = tqdm(range(decision_steps - 1, -1, -1), desc=f"{NAME}: {N:,} positions x {M} factor points", disable=not progress, leave=False)
     for t in stages:
         mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
-        w = charge + gamma * demand_expectation(mixed, lattice, pmf, factor_axis=1, tail=tail)
+        w = charge + gamma * expectation(mixed, factor_axis=1)
         best = window_min(w, window)
         if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
             best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))

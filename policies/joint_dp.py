@@ -181,11 +181,10 @@ def _along(values: np.ndarray, axis: int, apply) -> np.ndarray:
     return np.moveaxis(apply(moved.reshape(-1, shape[-1])).reshape(shape), -1, axis)
 
 
-def _expectation(values: np.ndarray, axis: int, lattice: dp_optimal.Lattice, pmf: np.ndarray) -> np.ndarray:
-    """E[values(.., y_a - D_a, ..) | F_t = f_m] along item a's axis (`axis` = 1 + a of [M, N_1, ..]), D_a ~ pmf[m]: the n = 1
-    DP's expectation (policies.dp_optimal.demand_expectation) along that axis."""
-    moved = dp_optimal.demand_expectation(np.moveaxis(values, axis, -1), lattice, pmf, factor_axis=0)
-    return np.moveaxis(moved, -1, axis)
+def _expectation(values: np.ndarray, axis: int, expectation: dp_optimal.DemandExpectation) -> np.ndarray:
+    """E[values(.., y_a - D_a, ..) | F_t = f_m] along item a's axis (`axis` = 1 + a of [M, N_1, ..]), D_a ~ its law at f_m:
+    the n = 1 DP's expectation (`expectation`, on that axis's lattice and law) along that axis."""
+    return np.moveaxis(expectation(np.moveaxis(values, axis, -1), factor_axis=0), -1, axis)
 
 
 def _box_min(values: np.ndarray, windows: list[int]) -> np.ndarray:
@@ -277,6 +276,7 @@ def _backward(instance, axes, positions, grid, horizon, tables, progress):
     for a, (axis, p) in enumerate(zip(axes, positions)):
         loss = dp_optimal.expected_loss(axis.problem.sums[leads[a]], p, axis.h, axis.b)
         charges.append((gamma ** leads[a] * loss).reshape(M, *(p.size if j == a else 1 for j in range(n))))
+    expectations = [dp_optimal.DemandExpectation(axis.lattice, axis.problem.pmf, p.size) for axis, p in zip(axes, positions)]
     action_value = np.empty((last, *shape), dtype=np.float32) if tables else None
     value = np.zeros(shape)
     hit: set[int] = set()
@@ -284,8 +284,8 @@ def _backward(instance, axes, positions, grid, horizon, tables, progress):
     for t in steps:
         active = [t + lead < horizon for lead in leads]
         mixed = np.tensordot(grid.transition, value, axes=(1, 0))  # E[V_{t+1}(y, F_{t+1}) | F_t = f_m]
-        for a, axis in enumerate(axes):
-            mixed = _expectation(mixed, 1 + a, axis.lattice, axis.problem.pmf)
+        for a, expectation in enumerate(expectations):
+            mixed = _expectation(mixed, 1 + a, expectation)
         w = gamma * mixed
         for a in range(n):
             if active[a]:

@@ -737,7 +737,8 @@ class DemandExpectation:
         # sum_d P(D_t = d | f_i) u(y - d) is a convolution along each class of the lattice: index pad + k = q c + r, and a
         # demand d moves q by d. `length` pads to a multiple of c.
         self.length = -(-(self.pad + positions) // c) * c
-        self.size = next_fast_len(self.length // c + dmax)  # a linear convolution of Q = length / c and dmax + 1 points
+        # a circular convolution of Q = length / c points gives the outputs from dmax on exactly (what wraps around lands below)
+        self.size = next_fast_len(self.length // c)
         self.kernel = rfft(pmf, self.size, axis=1)  # the demand law's transform: [M, F]
         index = np.arange(positions)
         self.ahead = index // c + lattice.offsets[index % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
@@ -774,7 +775,7 @@ def _backward(
     window = lattice.window
     charge = gamma**lead * expected_loss(lead_law, positions, h, b, lattice.step, lead_mean)  # gamma^L G(y, f): [M, N]
     costs = setups.reshape(G, 1, 1) if setups.ndim == 1 else setups[..., None]  # [G, 1, 1] or [G, T_dec, M, 1]
-    top = np.arange(N) + window >= N - 1  # windows that reach the top of the domain
+    edge = slice(max(N - 1 - window, 0), None)  # the positions whose windows reach the top of the domain
     action_value = np.empty((kept, G, M, N))
     value = np.zeros((G, M, N))
     hit_top = False
@@ -786,12 +787,12 @@ def _backward(
         best = window_min(w, window)
         if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
             best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))
-        cost = costs if setups.ndim == 1 else costs[:, t]
-        opens = cost + best < w
-        value = np.where(opens, cost + best, w)
+        ordered = (costs if setups.ndim == 1 else costs[:, t]) + best  # K + the window's best
+        value = np.minimum(w, ordered)
         if t < kept:
             action_value[t] = w
-        hit_top = hit_top or bool((opens & top & (best == w[..., -1:])).any())
+        if not hit_top:  # an order opens from a position whose window reaches the top, and the top is its best target
+            hit_top = bool(((ordered[..., edge] < w[..., edge]) & (best[..., edge] == w[..., -1:])).any())
     return value, action_value, hit_top
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 
 from catalogue.folders import (
     AS_RUN,
+    ATTEMPTS,
     BACKTEST,
     BOUND,
     FIT,
@@ -140,6 +142,7 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
     started = time.perf_counter()
     partial = folder.with_name(folder.name + PARTIAL)
     partial.mkdir(parents=True, exist_ok=True)
+    attempts = start_attempt(partial / ATTEMPTS)
     instance = supplier.instance
     instance.save(partial / "instance.json")
     bound_dir = partial / BOUND
@@ -165,6 +168,7 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
         "held_out_costs": {label: f["costs"].tolist() for label, f in figures.items()},
         "recommended": recommended,
         "backtest": backtest(supplier, partial, bound_dir, options),
+        "attempts": attempts,
     }
     record["seconds"] = time.perf_counter() - started
     atomic_write_text(partial / SUPPLIER_RECORD, json.dumps(record, indent=1) + "\n")
@@ -172,6 +176,22 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
         shutil.rmtree(folder)
     partial.rename(folder)
     return record
+
+
+def start_attempt(path: Path) -> list[dict[str, Any]]:
+    """Append this task's start to a supplier's attempts (`ATTEMPTS`: a line per start, where a lost node's attempt left
+    its own) and return them all: the attempt's number, time and the node and process it runs in."""
+    from datetime import UTC, datetime
+
+    from ray_access.session import this_node
+
+    earlier = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
+    attempt = {"attempt": len(earlier) + 1, "time": datetime.now(UTC).isoformat(timespec="seconds"), **this_node()}
+    with open(path, "a", encoding="utf-8") as stream:
+        stream.write(json.dumps(attempt) + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+    return [*earlier, attempt]
 
 
 def read_record(folder: Path, instance: Instance) -> dict | None:

@@ -11,6 +11,8 @@ from policies.user_rule import NAME as USER_RULE
 
 AS_RUN = "as-run"
 SUPPLIER_RECORD = "supplier.json"
+ATTEMPTS = "attempts.jsonl"
+"""A supplier folder's attempts: one line per start of its task (attempt, time, node_id, node_ip, node_name, pid)."""
 PARTIAL = ".partial"
 """The suffix of a supplier's folder while its task writes it."""
 BOUND = "bound"

@@ -27,7 +27,6 @@ from tqdm.auto import tqdm
 from cli.output_folders import out_argument, resolve_out
 from cli.scripts import positive_int, run_cli, script_parser
 from plumbing.errors import InputError, Interrupted
-from ray_access.session import free_port
 from sweeps.results_dir import open_results
 from sweeps.runner import RESUME_COMMAND, read_spec
 
@@ -86,10 +85,11 @@ def start_cluster(workers: int, cpus: int, log=print):
     is the GCS address for --address, `node_names` maps node ids to names, `add_worker()` adds a worker node).
     The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings and
     its address (RAY_ADDRESS), and so do the processes it starts afterwards."""
-    os.environ.update(cluster_environment())  # before Ray is imported: it reads the mode once
+    os.environ.update(cluster_environment())  # before Ray is imported (this module imports nothing that imports it): it reads the mode once
     from ray.cluster_utils import Cluster
 
     from ray_access.private import node_ip_address
+    from ray_access.session import free_port
 
     # Ray's own clients inside the cluster (Ray Train's placement-group cleaner asks the state API whether its
     # controller still lives) find their cluster through RAY_ADDRESS, else the most recent Ray on the machine,

@@ -191,6 +191,16 @@ def test_every_solver_record_names_the_node_and_process_that_made_it(tmp_path, r
     assert [r["node_id"] for r in journal] == [node, node]
 
 
+def test_loading_the_cluster_demo_imports_no_ray():
+    """Ray reads its authentication mode (RAY_AUTH_MODE) once, when it is imported, so platform/cluster_demo.py, which
+    tests/cluster_host.py loads, sets its cluster's token mode before Ray is imported: loading the module imports no Ray.
+    The control, in the same process: ray_access.session, which cluster_demo needs once the mode is set, does."""
+    demo = "s = u.spec_from_file_location('demo', 'platform/cluster_demo.py'); s.loader.exec_module(u.module_from_spec(s))"
+    code = f"import importlib.util as u, sys; {demo}; print('ray' in sys.modules); import ray_access.session; print('ray' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["False", "True"], result.stderr[-2000:]
+
+
 # ---- slow: a sweep on a cluster that loses nodes ------------------------------------------------------
 
 UPDATES = 40
@@ -422,3 +432,78 @@ def test_losing_the_head_ends_the_driver_and_resume_finishes_without_rerunning_f
     check_every_update_and_decision_once(results)
     attempts = pq.read_table(results / "attempts.parquet").to_pylist()
     assert len([a for a in attempts if a["seed"] == done[0]]) == 1
+
+
+# ---- slow: a catalogue on a cluster that loses a node ---------------------------------------------
+
+
+def catalogue_inputs(folder) -> list[str]:
+    """Four suppliers of one item each (paper items), 60 days of simulated demand: platform/recommend.py's flags."""
+    import pyarrow.csv
+
+    from demand.simulation import simulate_history
+    from envs.instance import paper_instance
+
+    names = ["north", "south", "east", "west"]
+    history, costs = simulate_history(paper_instance(4, seed=3), seed=5, periods=60, start="2024-01-01", names=[f"{s}-1" for s in names])
+    pyarrow.csv.write_csv(history, folder / "history.csv")
+    pyarrow.csv.write_csv(costs.append_column("supplier", [names]), folder / "costs.csv")
+    (folder / "suppliers.csv").write_text("supplier,K\n" + "".join(f"{s},{4 + k}\n" for k, s in enumerate(names)))
+    files = ["--history", folder / "history.csv", "--costs", folder / "costs.csv", "--suppliers", folder / "suppliers.csv"]
+    return [str(part) for part in files] + ["--episodes", "6", "--horizon", "8", "--window", "10", "--replicates", "2"]
+
+
+def supplier_attempts(out) -> dict[str, list[dict]]:
+    """Each supplier folder's attempts so far (catalogue.folders.ATTEMPTS), whole or `.partial`, by folder name."""
+    found = {}
+    for path in (out / "suppliers").glob("*/attempts.jsonl") if (out / "suppliers").exists() else []:
+        lines = [line for line in path.read_text().splitlines() if line.endswith("}")]
+        found[path.parent.name] = [json.loads(line) for line in lines]
+    return found
+
+
+@pytest.mark.slow
+def test_a_catalogue_spreads_its_suppliers_over_the_nodes_and_a_lost_node_costs_only_its_running_supplier(tmp_path):
+    """platform/recommend.py --address on a head without CPUs and two 1-CPU worker nodes, four suppliers: once a
+    supplier has finished on a node and the next has started there, that node is killed. The catalogue finishes whole;
+    the suppliers ran on both nodes; the finished one kept its folder (one attempt, its record untouched); the one that
+    ran on the lost node took a second attempt on the other node; every other supplier took one."""
+    out = tmp_path / "catalogue"
+    cluster, process = HostedCluster(2, 1), None
+    try:
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "platform" / "recommend.py"), *catalogue_inputs(tmp_path), "--out", str(out)]
+            + ["--address", cluster.address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **cluster.state["environment"], "OMP_NUM_THREADS": "1"},
+        )
+
+        def finished_and_next():
+            attempts = supplier_attempts(out)
+            whole = {name: runs[-1]["node_name"] for name, runs in attempts.items() if not name.endswith(".partial")}
+            running = {runs[-1]["node_name"]: name for name, runs in attempts.items() if name.endswith(".partial")}
+            return next(((name, node, running[node]) for name, node in whole.items() if node in running), None)
+
+        finished, node, lost = wait_for(finished_and_next, process, "a finished supplier and the next on its node")
+        record = out / "suppliers" / finished / "supplier.json"
+        kept = record.stat().st_mtime_ns
+        cluster.send(f"kill {node}")
+        output, _ = process.communicate(timeout=900)
+        assert process.returncode == 0, output[-4000:]
+    finally:
+        if process is not None:
+            stop(process)
+        cluster.stop()
+    summary = json.loads((out / "catalogue.json").read_text())
+    assert summary["complete"] and len(summary["suppliers"]) == 4
+    attempts = supplier_attempts(out)
+    assert sorted(attempts) == ["east", "north", "south", "west"]  # every folder whole, none left .partial
+    assert record.stat().st_mtime_ns == kept and len(attempts[finished]) == 1
+    retried = attempts[lost.removesuffix(".partial")]
+    assert [a["node_name"] for a in retried][0] == node and len(retried) == 2 and retried[1]["node_name"] != node
+    assert sum(len(runs) for runs in attempts.values()) == 5  # one attempt each, and the lost one's second
+    assert {runs[0]["node_name"] for runs in attempts.values()} == {"worker-1", "worker-2"}
+    assert json.loads(record.read_text())["attempts"] == attempts[finished]

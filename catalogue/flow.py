@@ -468,6 +468,10 @@ def run_catalogue(
                         if isinstance(exc.cause, InputError):
                             raise InputError(f"supplier '{supplier.name}': {exc.cause}") from None
                         raise
+                    attempts = records[supplier.name]["attempts"]
+                    if len(attempts) > 1:  # a lost node's (or killed process's) attempt before this one
+                        nodes = ", ".join(str(a["node_name"]) for a in attempts)
+                        tqdm.write(f"supplier '{supplier.name}' took {len(attempts)} attempts (on {nodes})")
                     bar.update(1)
         finally:  # a refusal or Ctrl-C ends an embedded Ray too; whole suppliers stay, a killed one's bound journal too
             if owned:

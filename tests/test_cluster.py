@@ -507,3 +507,4 @@ def test_a_catalogue_spreads_its_suppliers_over_the_nodes_and_a_lost_node_costs_
     assert sum(len(runs) for runs in attempts.values()) == 5  # one attempt each, and the lost one's second
     assert {runs[0]["node_name"] for runs in attempts.values()} == {"worker-1", "worker-2"}
     assert json.loads(record.read_text())["attempts"] == attempts[finished]
+    assert f"supplier '{lost.removesuffix('.partial')}' took 2 attempts (on {node}, " in output, output[-4000:]

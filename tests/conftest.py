@@ -63,9 +63,11 @@ SCRIPT_IMPORTS = [
     "solver_workers.solver_run",
     "sweeps.runner",
     "serving.decisions",
+    "pytest",
 ]
 """What the scripts import, loaded once by the fork server that run_script's processes come from (a new interpreter
-spends 2-4 s importing them)."""
+spends 2-4 s importing them); and pytest, which each of these processes imports again as the test process's __main__
+(multiprocessing runs the parent's main module, pytest's, in each child before its target: 0.1 s a process)."""
 
 SCRIPT_SECONDS = 300
 

@@ -1,5 +1,6 @@
 import copy
 import hashlib
+import inspect
 import multiprocessing
 import os
 import runpy
@@ -160,12 +161,15 @@ def no_stray_ray(request):
 @pytest.fixture(scope="session")
 def tuned():
     """policies.classical.tuned_policy, tuned once per session for each instance, name, horizon and options (tuning is
-    deterministic and takes seconds); each call gets a copy of the policy (a tuned policy may hold a clock)."""
+    deterministic and takes seconds; an option given at its default is the call without it); each call gets a copy of
+    the policy (a tuned policy may hold a clock)."""
     from policies.classical import tuned_policy
 
     cache = {}
+    defaults = {k: p.default for k, p in inspect.signature(tuned_policy).parameters.items() if p.default is not inspect.Parameter.empty}
 
     def tuned_once(instance, name, rules, horizon, **options):
+        options = defaults | options
         key = (instance.content_hash(), name, horizon, tuple(sorted((k, str(v)) for k, v in options.items())))
         if key not in cache:
             cache[key] = tuned_policy(instance, name, rules, horizon, **options)

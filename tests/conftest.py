@@ -1,5 +1,6 @@
 import copy
 import hashlib
+import inspect
 import multiprocessing
 import os
 import runpy
@@ -63,9 +64,11 @@ SCRIPT_IMPORTS = [
     "solver_workers.solver_run",
     "sweeps.runner",
     "serving.decisions",
+    "pytest",
 ]
 """What the scripts import, loaded once by the fork server that run_script's processes come from (a new interpreter
-spends 2-4 s importing them)."""
+spends 2-4 s importing them); and pytest, which each of these processes imports again as the test process's __main__
+(multiprocessing runs the parent's main module, pytest's, in each child before its target: 0.1 s a process)."""
 
 SCRIPT_SECONDS = 300
 
@@ -158,12 +161,15 @@ def no_stray_ray(request):
 @pytest.fixture(scope="session")
 def tuned():
     """policies.classical.tuned_policy, tuned once per session for each instance, name, horizon and options (tuning is
-    deterministic and takes seconds); each call gets a copy of the policy (a tuned policy may hold a clock)."""
+    deterministic and takes seconds; an option given at its default is the call without it); each call gets a copy of
+    the policy (a tuned policy may hold a clock)."""
     from policies.classical import tuned_policy
 
     cache = {}
+    defaults = {k: p.default for k, p in inspect.signature(tuned_policy).parameters.items() if p.default is not inspect.Parameter.empty}
 
     def tuned_once(instance, name, rules, horizon, **options):
+        options = defaults | options
         key = (instance.content_hash(), name, horizon, tuple(sorted((k, str(v)) for k, v in options.items())))
         if key not in cache:
             cache[key] = tuned_policy(instance, name, rules, horizon, **options)

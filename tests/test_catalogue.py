@@ -176,12 +176,14 @@ def served_by_supplier(out):
     state = {"inventory": [-5.0], "in_transit": [[0.0, 0.0, 0.0]], "factor": 0.3}
     serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": REQUEST_TIMEOUT_S})
     try:
-        expected = {}
+        expected, targets = {}, []
         for service in catalogue_services(out):
             config = ServiceConfig(policy=service.policy, instance=str(service.instance))
             decider = config.decider()
-            serve.run(application(config, decider), name=f"catalogue-{service.route}", route_prefix=f"/{service.route}")
-            expected[service.route] = decider.decide(read_states(state, decider.instance, "state")).to_json(True)
+            route = service.route
+            targets.append(serve.RunTarget(application(config, decider), name=f"catalogue-{route}", route_prefix=f"/{route}"))
+            expected[route] = decider.decide(read_states(state, decider.instance, "state")).to_json(True)
+        serve.run_many(targets)  # both replicas start at once; returns when both applications are running
         assert set(expected) == {"north", "south"} and expected["north"]["quantity"] != expected["south"]["quantity"]
         for route, want in expected.items():
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

@@ -45,11 +45,12 @@ def richer_instance(factors: int, n: int = 4, seed: int = 0, **overrides) -> Ins
     return Instance(**(items | overrides), beta=None, loadings=loadings, overdispersion=phi, K=10.0, gamma=0.9, rho=0.7)
 
 
-def sums_and_moments(inst: Instance, episodes: int, periods: tuple[int, ...], aware: bool, model: Instance | None = None):
-    """J-period demand sums from F_0 of `episodes` episodes of sample_paths of `inst` ([E, n] per J), and the mean and
-    s.d. of them that DemandMoments of `model` (default `inst`) gives, given each episode's F_0 (aware) or stationary."""
-    paths = sample_paths(inst, 3, episodes, max(periods))
+def sums_and_moments(inst: Instance, paths, periods: tuple[int, ...], aware: bool, model: Instance | None = None):
+    """J-period demand sums from F_0 of the episodes of `paths` (sample_paths of `inst`, at least max(periods) steps;
+    [E, n] per J), and the mean and s.d. of them that DemandMoments of `model` (default `inst`) gives, given each
+    episode's F_0 (aware) or stationary."""
     demand = paths.demand.double().numpy()
+    episodes = demand.shape[0]
     moments = DemandMoments((model or inst).to_torch(dtype=torch.float64), max(periods))
     factor = paths.factor[:, 0].double() if aware else None
     lengths = [torch.full((1, inst.n), p, dtype=torch.long) for p in periods]
@@ -62,7 +63,8 @@ def test_demand_moments_match_sample_paths_with_signed_factors_and_overdispersio
     # must match within 4.5 standard errors (s.e. of the variance from the sums' fourth central moment).
     inst = richer_instance(factors)
     episodes = 10_000
-    for total, mean, sd in sums_and_moments(inst, episodes, (1, 3, 6), aware=False):
+    paths = sample_paths(inst, 3, episodes, 6)  # the episodes of every check below
+    for total, mean, sd in sums_and_moments(inst, paths, (1, 3, 6), aware=False):
         centred = total - total.mean(0)
         assert np.all(np.abs(total.mean(0) - mean[0]) <= 4.5 * total.std(0) / math.sqrt(episodes))
         assert np.all(np.abs(centred.var(0) - sd[0] ** 2) <= 4.5 * (centred**2).std(0) / math.sqrt(episodes))
@@ -72,7 +74,7 @@ def test_demand_moments_match_sample_paths_with_signed_factors_and_overdispersio
     del data["items"]["overdispersion"]
     poisson = Instance.from_dict(data)
     for model, exact in ((inst, True), (poisson, False)):
-        for total, mean, sd in sums_and_moments(inst, episodes, (1, 3, 6), aware=True, model=model):
+        for total, mean, sd in sums_and_moments(inst, paths, (1, 3, 6), aware=True, model=model):
             z = (total - mean) / sd
             within = np.abs((z**2).mean(0) - 1) <= 4.5 * (z**2).std(0) / math.sqrt(episodes)
             if exact:

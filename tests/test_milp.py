@@ -5,6 +5,7 @@ non-anticipativity rows), and first-period dynamics against envs' step."""
 import itertools
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -265,10 +266,13 @@ def test_a_highs_solve_prints_nothing():
         "assert solve(model, SolverOptions(gap=0.0)).status == 'optimal'\n"
     )
     root = Path(__file__).resolve().parents[1]
-    run = [
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
-        for code in (solve_one, "import highspy; highspy.Highs()")
-    ]
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two independent processes at once
+        run = list(
+            pool.map(
+                lambda code: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root),
+                (solve_one, "import highspy; highspy.Highs()"),
+            )
+        )
     assert run[0].returncode == 0, run[0].stderr
     assert run[0].stdout == ""
     assert "HiGHS" in run[1].stdout  # the banner the solve keeps off the console

@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -407,11 +408,12 @@ def test_release_freed_memory_gives_a_freed_heap_back_to_the_system():
         return trims == "True", float(mib)
 
     moving = {name: value for name, value in os.environ.items() if name != "MALLOC_MMAP_THRESHOLD_"}
-    trims, mib = released(moving)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two processes at once, each measuring its own resident memory
+        (trims, mib), (_, fixed_mib) = pool.map(released, (moving, moving | {"MALLOC_MMAP_THRESHOLD_": "131072"}))
     if not trims:
         pytest.skip("the C library has no malloc_trim (not glibc)")
     assert mib > 80
-    assert released(moving | {"MALLOC_MMAP_THRESHOLD_": "131072"})[1] < 10
+    assert fixed_mib < 10
 
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc")

@@ -12,22 +12,36 @@ from envs.instance import paper_instance
 script = run_script
 
 
+COMMON = ["--episodes", 3, "--horizon", 4, "--workers", 2]
+
+
 @pytest.fixture(scope="module")
-def solved(tmp_path_factory):
+def milp_run(tmp_path_factory):
+    """milp.py on the paper instance n = 2 with 2 workers: the folder and the script's result."""
     tmp = tmp_path_factory.mktemp("solvers")
     inst = tmp / "inst.json"
     paper_instance(2, 0).save(inst)
-    common = ["--instance", inst, "--episodes", 3, "--horizon", 4, "--workers", 2]
-    milp = script("milp.py", *common, "--scenarios", 2, "--plan-horizon", 5, "--time-limit", 10, "--out", tmp / "milp", "--trace")
-    bound = script("bound.py", *common, "--out", tmp / "bound", "--trace")
+    args = ["--instance", inst, *COMMON, "--scenarios", 2, "--plan-horizon", 5, "--time-limit", 10, "--out", tmp / "milp", "--trace"]
+    milp = script("milp.py", *args)
+    assert milp.returncode == 0, milp.stderr[-2000:]
+    return tmp, milp
+
+
+@pytest.fixture(scope="module")
+def solved(milp_run):
+    """milp_run's folder also holding bound.py's perfect-information bound and evaluate.py's classical-best on the
+    same held-out episodes."""
+    tmp, milp = milp_run
+    inst = tmp / "inst.json"
+    bound = script("bound.py", "--instance", inst, *COMMON, "--out", tmp / "bound", "--trace")
     best = script("evaluate.py", "--instance", inst, "--policy", "classical-best", "--episodes", 3, "--horizon", 4, "--out", tmp / "best")
-    for result in (milp, bound, best):
+    for result in (bound, best):
         assert result.returncode == 0, result.stderr[-2000:]
     return tmp, milp, bound
 
 
-def test_milp_cli_writes_the_evaluation_format_and_decisions(solved):
-    tmp, milp, _ = solved
+def test_milp_cli_writes_the_evaluation_format_and_decisions(milp_run):
+    tmp, milp = milp_run
     summary = json.loads((tmp / "milp" / "summary.json").read_text())
     assert summary["policy"] == "milp-highs" and summary["episodes"] == 3 and summary["decisions"]["count"] == 12
     assert summary["decisions"]["fallback"] == 0 and summary["parameters"]["scenarios"] == 2
@@ -40,8 +54,8 @@ def test_milp_cli_writes_the_evaluation_format_and_decisions(solved):
 
 
 @pytest.mark.slow
-def test_rerun_resumes_from_the_journal(solved):
-    tmp, _, _ = solved
+def test_rerun_resumes_from_the_journal(milp_run):
+    tmp, _ = milp_run
     before = (tmp / "milp" / "decisions.jsonl").read_text()
     again = script(
         "milp.py",

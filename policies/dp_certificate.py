@@ -144,23 +144,33 @@ def _above_top(means: list[np.ndarray], y: float, h: float, gamma: float, lead: 
 CERTIFICATE_GAP = 0.005
 """`certified_costs` refines the step while its bound lies more than this fraction below the DP's value."""
 CERTIFICATE_AIM = 0.75
-"""... to the step at which the gap, were it all sag margins (which shrink with the square of the step), would be this
-fraction of CERTIFICATE_GAP (`finer_step`)."""
+"""... to the step at which the gap would be this fraction of CERTIFICATE_GAP (`finer_step`)."""
 CERTIFICATE_POSITIONS = 40_000
 """... as long as the finer lattice has at most this many positions (five times the most a DP's own lattice has)."""
 
 
-def finer_step(step: int, gap: float) -> int:
-    """The next step of `certified_costs` after a bound `gap` (a fraction of the value) below the value on the lattice of
-    `step`: D sqrt(CERTIFICATE_AIM CERTIFICATE_GAP / gap), at least one unit finer and at least 1."""
-    return max(1, min(step - 1, math.floor(step * math.sqrt(CERTIFICATE_AIM * CERTIFICATE_GAP / gap))))
+def finer_step(steps: list[int], gaps: list[float]) -> int | None:
+    """The next step of `certified_costs` after bounds `gaps` (fractions of the value) below the value on the lattices of
+    `steps`, from gap(D) = a + c D^2: the sag margins shrink with the square of the step, and a, the part that does not (the
+    DP's own value is coarse too), is 0 after one step and fitted to the last two after more. The step where the gap would
+    be CERTIFICATE_AIM x CERTIFICATE_GAP, at least one unit finer and at least 1; None where a alone is that much."""
+    step, gap = steps[-1], gaps[-1]
+    floor, curvature = 0.0, gap / step**2
+    if len(steps) > 1:
+        curvature = (gaps[-2] - gap) / (steps[-2] ** 2 - step**2)
+        floor = max(gap - curvature * step**2, 0.0)
+    aim = CERTIFICATE_AIM * CERTIFICATE_GAP
+    if curvature <= 0.0 or floor >= aim:
+        return None
+    return max(1, min(step - 1, math.floor(math.sqrt((aim - floor) / curvature))))
 
 
 def certified_costs(instance: Instance, horizon: int, setups, reference=None, **settings) -> np.ndarray:
     """A lower bound [G] on the item's exact-lattice optimum with its cap raised to ceil(qbar) (the bound's relaxation), for each
     setup cost in `setups`, on the lattice step the item's DP uses with `settings` (dp_optimal.solve's; integer_cap implied).
-    With `reference` (the DP's values at `setups`), the step is refined (`finer_step`) while the bound is more than
-    CERTIFICATE_GAP below them and the finer lattice has at most CERTIFICATE_POSITIONS positions."""
+    With `reference` (the DP's values at `setups`), the step is refined (`finer_step`; to the exact lattice where refining
+    would not reach it) while the bound is more than CERTIFICATE_GAP below them and the finer lattice has at most
+    CERTIFICATE_POSITIONS positions."""
     settings = {**settings, "integer_cap": True}
     step = dp_optimal._plan(instance, **settings).lattice.step
     bound = _certified(instance, horizon, setups, {**settings, "step": step})
@@ -168,14 +178,18 @@ def certified_costs(instance: Instance, horizon: int, setups, reference=None, **
         return bound
     reference = np.atleast_1d(np.asarray(reference, dtype=np.float64))
     units = dp_optimal.value_span(instance, horizon, **settings)
-    while step > 1:
-        gap = float(np.max((reference - bound) / np.abs(reference)))
-        finer = finer_step(step, gap)
-        if gap <= CERTIFICATE_GAP or units / finer > CERTIFICATE_POSITIONS:
+    steps, gaps = [step], [float(np.max((reference - bound) / np.abs(reference)))]
+    while step > 1 and gaps[-1] > CERTIFICATE_GAP:
+        finer = finer_step(steps, gaps)
+        if finer is None:  # refining does not remove the gap; the exact lattice (step 1: the optimum itself) does
+            finer = 1
+        if units / finer > CERTIFICATE_POSITIONS:
             break
         step = finer
-        # every step's bound is valid, and the sag margins shrink with the square of the step: keep the largest
+        steps.append(step)
+        # every step's bound is valid: keep the largest
         bound = np.maximum(bound, _certified(instance, horizon, setups, {**settings, "step": step}))
+        gaps.append(float(np.max((reference - bound) / np.abs(reference))))
     return bound
 
 

@@ -235,12 +235,17 @@ def test_the_certificate_is_within_one_percent_on_300_random_items():
 
 
 def test_the_certificate_refines_its_step_until_it_is_within_its_gap():
-    """finer_step aims the sag margins (square of the step) at 3/4 of the gap allowed: 240 * sqrt(0.75 * 0.005 / 0.00584)
-    = 192.07 -> 192; at most one unit finer, never below 1. A retail item (lam 5, phi 10, lead 4, cap 20; the bound's
-    settings) whose certificate on its DP's own step, 5 units, lies more than 0.5% below the DP's value ends within 0.5%
-    of it on a finer step, and at least the first step's bound (it keeps the largest of valid bounds)."""
-    assert dp_certificate.finer_step(240, 0.00584) == 192
-    assert dp_certificate.finer_step(5, 0.0051) == 4 and dp_certificate.finer_step(2, 1.0) == 1
+    """finer_step aims the gap at 3/4 of the gap allowed: after one step all of it is taken for sag margins (square of
+    the step), 240 * sqrt(0.75 * 0.005 / 0.00584) = 192.07 -> 192; after two the part that does not shrink is fitted:
+    2.645% at step 62 and 0.779% at 23 leave 0.48% that no step removes (a fitted item's DP, the bound's settings), so
+    it stops; 0.584% at 240 and 0.45% at 204 leave 0.101%, so sqrt((0.375 - 0.101)% / c) = 180.7 -> 180. At most one
+    unit finer, never below 1. A retail item (lam 5, phi 10, lead 4, cap 20; the bound's settings) whose certificate on
+    its DP's own step, 5 units, lies more than 0.5% below the DP's value ends within 0.5% of it on a finer step, and at
+    least at the first step's bound (it keeps the largest of valid bounds)."""
+    assert dp_certificate.finer_step([240], [0.00584]) == 192
+    assert dp_certificate.finer_step([62, 23], [0.02645, 0.00779]) is None
+    assert dp_certificate.finer_step([240, 204], [0.00584, 0.0045]) == 180
+    assert dp_certificate.finer_step([5], [0.0051]) == 4 and dp_certificate.finer_step([2], [1.0]) == 1
     one = Instance(h=[1.0], b=[9.0], lam=[5.0], beta=[0.4], lead=[4], qbar=[20.0], K=100.0, gamma=0.95, rho=0.8, overdispersion=[10.0])
     options = DecompositionOptions()
     settings = options.dp_settings(options.coarse_points)

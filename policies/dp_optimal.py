@@ -744,8 +744,9 @@ class DemandExpectation:
         self.ahead = index // c + lattice.offsets[index % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
 
     def __call__(self, values: np.ndarray, factor_axis: int) -> np.ndarray:
+        """The expectation [.., N] of values [.., N] whose factor grid points lie along `factor_axis`."""
         N, c, pad = self.N, self.lattice.classes, self.pad
-        padded = np.zeros((*values.shape[:-1], self.size, c))  # [.., Q, c] zero beyond `length`, as the convolution needs
+        padded = np.zeros((*values.shape[:-1], self.size, c))  # the Q = length / c rows of the values, then zero rows
         flat = padded.reshape(*values.shape[:-1], self.size * c)
         flat[..., :pad] = values[..., :1] + (values[..., c : c + 1] - values[..., :1]) * self.below  # linear extrapolation below
         flat[..., pad : pad + N] = values

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from catalogue.folders import (
     HELD_OUT,
     MANIFEST,
     PARTIAL,
+    PROGRESS,
     RULES,
     SUPPLIER_RECORD,
     SUPPLIERS,
@@ -133,8 +135,6 @@ def backtest(supplier: SupplierInputs, folder: Path, bound: Path, options: Catal
 def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptions) -> dict[str, Any]:
     """Everything for one supplier (module docstring) in `folder`.partial, renamed to `folder` when whole; returns its
     record (supplier.json), which holds the per-episode held-out costs the catalogue's total pairs."""
-    import time
-
     from policies.decomposition import NAME as DECOMPOSITION
     from solver_workers.pool import InProcessPool
     from solver_workers.solver_run import SolverRun, decomposition_journal, run_decomposition_bound
@@ -143,15 +143,17 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
     partial = folder.with_name(folder.name + PARTIAL)
     partial.mkdir(parents=True, exist_ok=True)
     attempts = start_attempt(partial / ATTEMPTS)
+    report = StageReport(partial / PROGRESS)
     instance = supplier.instance
     instance.save(partial / "instance.json")
     bound_dir = partial / BOUND
     run = SolverRun(bound_dir, options.seed, options.episodes, options.horizon, 1, config={"catalogue": True, "supplier": supplier.name})
     decomposition = DecompositionOptions()
-    bound = run_decomposition_bound(
-        run, instance, decomposition_journal(run, instance, decomposition), decomposition, InProcessPool(progress=False)
-    )
+    report("bound")
+    pool = InProcessPool(progress=False, report=lambda desc, done, total: report(f"bound, {desc}", done, total))
+    bound = run_decomposition_bound(run, instance, decomposition_journal(run, instance, decomposition), decomposition, pool)
     tightest = run_tightest_bound(bound)
+    report("held-out")
     figures = held_out(supplier, partial, bound_dir, options)
     for figure in figures.values():
         figure["above_bound"], figure["above_bound_95"] = above_bound(figure["mean"], figure["se"], tightest["value"])
@@ -167,15 +169,47 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
         "held_out": {label: {k: v for k, v in f.items() if k != "costs"} for label, f in figures.items()},
         "held_out_costs": {label: f["costs"].tolist() for label, f in figures.items()},
         "recommended": recommended,
-        "backtest": backtest(supplier, partial, bound_dir, options),
-        "attempts": attempts,
     }
+    report("backtest")
+    record |= {"backtest": backtest(supplier, partial, bound_dir, options), "attempts": attempts}
     record["seconds"] = time.perf_counter() - started
+    (partial / PROGRESS).unlink(missing_ok=True)
     atomic_write_text(partial / SUPPLIER_RECORD, json.dumps(record, indent=1) + "\n")
     if folder.exists():
         shutil.rmtree(folder)
     partial.rename(folder)
     return record
+
+
+class StageReport:
+    """A running supplier's stage for the driver's bar (`PROGRESS` in its `.partial` folder; `running_stages` reads it):
+    written when the stage changes, and within one (the bound's tasks: done of total) at most once a second and at its end."""
+
+    def __init__(self, path: Path, clock=time.monotonic):
+        self.path, self.clock = path, clock
+        self.last: tuple[str | None, float] = (None, -math.inf)
+
+    def __call__(self, stage: str, done: int = 0, total: int = 0) -> None:
+        now = self.clock()
+        if stage == self.last[0] and now - self.last[1] < 1.0 and done < total:
+            return
+        self.last = (stage, now)
+        atomic_write_text(self.path, json.dumps({"stage": stage, "done": done, "total": total}) + "\n")
+
+
+def running_stages(folders: list[Path], shown: int = 3) -> str:
+    """The stages of the suppliers whose folders are `folders` and that are running (a `PROGRESS` in their `.partial`
+    folder), as the suppliers bar's postfix: 'north: bound, items 12/55; south: held-out', the first `shown` of them."""
+    stages = []
+    for folder in folders:
+        try:
+            progress = json.loads((folder.with_name(folder.name + PARTIAL) / PROGRESS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        count = f" {progress['done']}/{progress['total']}" if progress.get("total") else ""
+        stages.append(f"{folder.name}: {progress['stage']}{count}")
+    more = f"; {len(stages) - shown} more" if len(stages) > shown else ""
+    return "; ".join(stages[:shown]) + more
 
 
 def start_attempt(path: Path) -> list[dict[str, Any]]:
@@ -399,8 +433,6 @@ def run_catalogue(
     """The whole catalogue (module docstring) into `out`: fit/, suppliers/<name>/, catalogue.md, index.html and
     catalogue.json (the identity, each supplier's headline, the total, the predicted and measured seconds). A folder
     of other inputs or settings is refused, or replaced with `overwrite`. Returns catalogue.json's content."""
-    import time
-
     import ray
     from tqdm.auto import tqdm
 
@@ -460,7 +492,10 @@ def run_catalogue(
         try:
             with tqdm(total=len(suppliers), initial=len(records), desc="suppliers", unit="supplier") as bar:
                 while pending:
-                    ready, _ = ray.wait(list(pending), num_returns=1)
+                    ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                    if not ready:  # the running suppliers' stages, each second
+                        bar.set_postfix_str(running_stages([folders[s.name] for s in pending.values()]))
+                        continue
                     supplier = pending.pop(ready[0])
                     try:
                         records[supplier.name] = ray.get(ready[0])

@@ -11,6 +11,8 @@ from policies.user_rule import NAME as USER_RULE
 
 AS_RUN = "as-run"
 SUPPLIER_RECORD = "supplier.json"
+PROGRESS = "progress.json"
+"""A running supplier's stage in its `.partial` folder (stage, done, total), which the driver's bar shows."""
 ATTEMPTS = "attempts.jsonl"
 """A supplier folder's attempts: one line per start of its task (attempt, time, node_id, node_ip, node_name, pid)."""
 PARTIAL = ".partial"

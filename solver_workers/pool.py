@@ -234,9 +234,10 @@ class InProcessPool:
     a catalogue's supplier, catalogue/flow.py). Object references among a task's arguments are fetched first, as an
     actor call would."""
 
-    def __init__(self, progress: bool = True):
+    def __init__(self, progress: bool = True, report: Callable[[str, int, int], None] | None = None):
         self.worker = SolverWorker()
         self.progress = progress
+        self.report = report  # called with (desc, done, total) after each task
 
     def run(self, tasks, on_result, total: int, done: int, desc: str, leave: bool = True) -> None:
         pending = list(tasks)
@@ -246,6 +247,9 @@ class InProcessPool:
                 args = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]
                 pending.extend(on_result(getattr(self.worker, method)(*args)))
                 bar.update(1)
+                done += 1  # a disabled bar counts nothing
+                if self.report is not None:
+                    self.report(desc, done, total)
 
 
 class Pool:

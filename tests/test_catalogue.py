@@ -9,7 +9,7 @@ import pyarrow.csv
 import pytest
 
 from catalogue.suppliers import item_suppliers, read_suppliers, supplier_instance, supplier_instances
-from envs.instance import Instance
+from envs.instance import Instance, paper_instance
 from plumbing.errors import InputError
 
 CATALOGUE = Instance(
@@ -83,12 +83,41 @@ def test_an_item_without_a_known_supplier_is_refused_by_name_unless_told_where_i
     assert item_suppliers(["a", "b"], ["north", ""], table, "costs.csv", "rest") == ["north", "rest"]
 
 
+def test_a_running_supplier_shows_its_stage_on_the_suppliers_bar(tmp_path, ray_session):
+    """StageReport writes a supplier's stage when it changes and, within one, at most once a second and at its end;
+    running_stages lists the suppliers with a stage in their `.partial` folder (east has none: not running), the first
+    `shown` of them; InProcessPool reports each task's count (its bar is off: the count is its own; its worker records
+    its Ray node, so the test asks for the session's Ray)."""
+    from catalogue.flow import StageReport, running_stages
+    from catalogue.folders import PARTIAL, PROGRESS
+    from policies.decomposition import DecompositionOptions
+    from solver_workers.pool import InProcessPool
+
+    north, south, east = (tmp_path / "suppliers" / name for name in ("north", "south", "east"))
+    for folder in (north, south):
+        folder.with_name(folder.name + PARTIAL).mkdir(parents=True)
+    now = [0.0]
+    report = StageReport(north.with_name("north" + PARTIAL) / PROGRESS, clock=lambda: now[0])
+    report("bound, items", 1, 3)
+    now[0] = 0.9
+    report("bound, items", 2, 3)  # within a second of the last, not its end: not written
+    assert running_stages([north, south, east]) == "north: bound, items 1/3"
+    report("bound, items", 3, 3)
+    StageReport(south.with_name("south" + PARTIAL) / PROGRESS)("held-out")
+    assert running_stages([north, south, east]) == "north: bound, items 3/3; south: held-out"
+    assert running_stages([north, south, east], shown=1) == "north: bound, items 3/3; 1 more"
+    calls = []
+    pool = InProcessPool(progress=False, report=lambda desc, done, total: calls.append((desc, done, total)))
+    task = ("split_values", (paper_instance(1, 0), 0, [1.0], 3, 0, DecompositionOptions()))
+    pool.run([task, task], lambda record: [], 3, 1, "split round 1")
+    assert calls == [("split round 1", 2, 3), ("split round 1", 3, 3)]
+
+
 @pytest.fixture(scope="module")
 def small_catalogue(tmp_path_factory):
     """Two suppliers of one item each (paper items, one factor), 60 days of simulated demand with the user's recorded
     orders (a week's mean every 7 days), their rules: the inputs of platform/recommend.py."""
     from demand.simulation import simulate_history
-    from envs.instance import paper_instance
 
     folder = tmp_path_factory.mktemp("catalogue")
     instance = paper_instance(2, seed=3)
@@ -204,8 +233,6 @@ def test_simulate_history_writes_a_catalogue_s_inputs(tmp_path):
 
     import pyarrow.csv
     from conftest import run_script
-
-    from envs.instance import paper_instance
 
     instance = paper_instance(5, seed=2)
     instance.save(tmp_path / "inst.json")

@@ -507,6 +507,7 @@ def run_catalogue(
                     if len(attempts) > 1:  # a lost node's (or killed process's) attempt before this one
                         nodes = ", ".join(str(a["node_name"]) for a in attempts)
                         tqdm.write(f"supplier '{supplier.name}' took {len(attempts)} attempts (on {nodes})")
+                    bar.set_postfix_str(running_stages([folders[s.name] for s in pending.values()]), refresh=False)
                     bar.update(1)
         finally:  # a refusal or Ctrl-C ends an embedded Ray too; whole suppliers stay, a killed one's bound journal too
             if owned:

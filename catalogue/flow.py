@@ -219,7 +219,8 @@ def start_attempt(path: Path) -> list[dict[str, Any]]:
 
     from ray_access.session import this_node
 
-    earlier = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    earlier = [json.loads(line) for line in lines if line.endswith("}")]  # a line a killed process cut short is left out
     attempt = {"attempt": len(earlier) + 1, "time": datetime.now(UTC).isoformat(timespec="seconds"), **this_node()}
     with open(path, "a", encoding="utf-8") as stream:
         stream.write(json.dumps(attempt) + "\n")
@@ -487,6 +488,8 @@ def run_catalogue(
     if to_run:
         owned = not ray.is_initialized()
         init_ray(workers, address)
+        for supplier in to_run:  # a cut-short run's stage is not this run's
+            (folders[supplier.name].with_name(folders[supplier.name].name + PARTIAL) / PROGRESS).unlink(missing_ok=True)
         task = ray.remote(num_cpus=1, max_retries=2)(run_supplier)
         pending = {task.remote(s, folders[s.name], options): s for s in to_run}
         try:

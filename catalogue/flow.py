@@ -30,12 +30,12 @@ from catalogue.folders import (
     FORMAT,
     HELD_OUT,
     MANIFEST,
-    PARTIAL,
     PROGRESS,
     RULES,
     SUPPLIER_RECORD,
     SUPPLIERS,
     folder_name,
+    partial_folder,
     recommended_spec,
 )
 from envs.evaluation import EVAL_HORIZON, evaluate, paired_comparison, standard_error
@@ -140,7 +140,7 @@ def run_supplier(supplier: SupplierInputs, folder: Path, options: CatalogueOptio
     from solver_workers.solver_run import SolverRun, decomposition_journal, run_decomposition_bound
 
     started = time.perf_counter()
-    partial = folder.with_name(folder.name + PARTIAL)
+    partial = partial_folder(folder)
     partial.mkdir(parents=True, exist_ok=True)
     attempts = start_attempt(partial / ATTEMPTS)
     report = StageReport(partial / PROGRESS)
@@ -203,7 +203,7 @@ def running_stages(folders: list[Path], shown: int = 3) -> str:
     stages = []
     for folder in folders:
         try:
-            progress = json.loads((folder.with_name(folder.name + PARTIAL) / PROGRESS).read_text(encoding="utf-8"))
+            progress = json.loads((partial_folder(folder) / PROGRESS).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         count = f" {progress['done']}/{progress['total']}" if progress.get("total") else ""
@@ -489,7 +489,7 @@ def run_catalogue(
         owned = not ray.is_initialized()
         init_ray(workers, address)
         for supplier in to_run:  # a cut-short run's stage is not this run's
-            (folders[supplier.name].with_name(folders[supplier.name].name + PARTIAL) / PROGRESS).unlink(missing_ok=True)
+            (partial_folder(folders[supplier.name]) / PROGRESS).unlink(missing_ok=True)
         task = ray.remote(num_cpus=1, max_retries=2)(run_supplier)
         pending = {task.remote(s, folders[s.name], options): s for s in to_run}
         try:

@@ -39,6 +39,11 @@ def folder_name(supplier: str) -> str:
     return f"{safe.strip('.') or 'supplier'}-{hashlib.sha256(supplier.encode()).hexdigest()[:8]}"
 
 
+def partial_folder(folder: Path) -> Path:
+    """Where a supplier's task writes its folder `folder` until the folder is whole (`PARTIAL`)."""
+    return folder.with_name(folder.name + PARTIAL)
+
+
 def recommended_spec(out: Path, folder: str, recommended: str) -> PolicySpec:
     """The policy a supplier's page recommends, as a spec on the catalogue folder `out`'s files: classical-best, the
     lookahead on the supplier's bound tables, or the user's rule from its rows of the rule table."""

@@ -178,7 +178,11 @@ def certified_costs(instance: Instance, horizon: int, setups, reference=None, **
         return bound
     reference = np.atleast_1d(np.asarray(reference, dtype=np.float64))
     units = dp_optimal.value_span(instance, horizon, **settings)
-    steps, gaps = [step], [float(np.max((reference - bound) / np.abs(reference)))]
+
+    def gap(bound: np.ndarray) -> float:  # the largest shortfall below the reference, a fraction of it
+        return float(np.max((reference - bound) / np.abs(reference)))
+
+    steps, gaps = [step], [gap(bound)]
     while step > 1 and gaps[-1] > CERTIFICATE_GAP:
         finer = finer_step(steps, gaps)
         if finer is None:  # refining does not remove the gap; the exact lattice (step 1: the optimum itself) does
@@ -189,7 +193,7 @@ def certified_costs(instance: Instance, horizon: int, setups, reference=None, **
         steps.append(step)
         # every step's bound is valid: keep the largest
         bound = np.maximum(bound, _certified(instance, horizon, setups, {**settings, "step": step}))
-        gaps.append(float(np.max((reference - bound) / np.abs(reference))))
+        gaps.append(gap(bound))
     return bound
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from scipy import stats
-from scipy.fft import irfft, next_fast_len, rfft
+from scipy.fft import next_fast_len, rfft
 from scipy.ndimage import minimum_filter1d
 from scipy.signal import fftconvolve
 from tqdm import tqdm
@@ -707,10 +707,10 @@ def expected_costs(instance: Instance, horizon: int, setups, **settings) -> np.n
     return (sunk[None, :] + initial_value[:, :, k0]) @ problem.grid.initial
 
 
-def window_min(values: np.ndarray, window: int) -> np.ndarray:
+def window_min(values: np.ndarray, window: int, out: np.ndarray | None = None) -> np.ndarray:
     """min of values[..., y] over y in [x, x + window] (clipped at the end) for every x: a running minimum in O(N) per row
-    (scipy.ndimage's, its window of window + 1 points starting at x). values: [..., N]."""
-    return minimum_filter1d(values, window + 1, axis=-1, mode="constant", cval=np.inf, origin=-((window + 1) // 2))
+    (scipy.ndimage's, its window of window + 1 points starting at x), into `out` if given. values: [..., N]."""
+    return minimum_filter1d(values, window + 1, axis=-1, output=out, mode="constant", cval=np.inf, origin=-((window + 1) // 2))
 
 
 def window_end(values: np.ndarray, window: int, share: float) -> np.ndarray:
@@ -740,29 +740,49 @@ class DemandExpectation:
         # a circular convolution of Q = length / c points gives the outputs from dmax on exactly (what wraps around lands below)
         self.size = next_fast_len(self.length // c, real=True)  # 5-smooth: the real transforms are fastest there
         self.kernel = rfft(pmf, self.size, axis=1)  # the demand law's transform: [M, F]
+        self.work = None  # `_work`'s arrays
         index = np.arange(positions)
         self.ahead = index // c + lattice.offsets[index % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
 
-    def __call__(self, values: np.ndarray, factor_axis: int) -> np.ndarray:
-        """The expectation [.., N] of values [.., N] whose factor grid points lie along `factor_axis`."""
+    def __call__(self, values: np.ndarray, factor_axis: int, out: np.ndarray | None = None) -> np.ndarray:
+        """The expectation [.., N] of values [.., N] whose factor grid points lie along `factor_axis` (into `out`, another
+        array than values, if given). Its transforms reuse the arrays of the call before with the same shape: a backward
+        pass allocates them once."""
         N, c, pad = self.N, self.lattice.classes, self.pad
-        padded = np.zeros((*values.shape[:-1], self.size, c))  # the Q = length / c rows of the values, then zero rows
+        padded, spectrum, full = self._work(values.shape[:-1])  # the Q = length / c rows of the values, then zero rows
         flat = padded.reshape(*values.shape[:-1], self.size * c)
         flat[..., :pad] = values[..., :1] + (values[..., c : c + 1] - values[..., :1]) * self.below  # linear extrapolation below
         flat[..., pad : pad + N] = values
         shape = [1] * (values.ndim + 1)
         shape[factor_axis % values.ndim], shape[-2] = self.kernel.shape[0], -1
-        spectrum = rfft(padded, axis=-2)
+        np.fft.rfft(padded, axis=-2, out=spectrum)
         spectrum *= self.kernel.reshape(shape)  # M on the factor axis: [.., F, 1]
-        full = irfft(spectrum, self.size, axis=-2)
+        np.fft.irfft(spectrum, self.size, axis=-2, out=full)
         expectation = full[..., : self.length // c, :].reshape(*values.shape[:-1], self.length)[..., pad : pad + N]
+        if out is None:
+            out = expectation.copy()
+        else:
+            out[...] = expectation
         if self.tail is not None:  # E[u(y - D); D >= J + 1 steps] = u0 P + slope (P (y - y0) - E[D; D >= J + 1]), all in lattice steps
             shape = [1] * values.ndim
             shape[factor_axis % values.ndim] = -1
             mass, moment = self.tail.mass.reshape(shape), self.tail.moment.reshape(shape)
             slope = values[..., c : c + 1] - values[..., :1]
-            expectation = expectation + mass * values[..., :1] + slope * (mass * self.ahead - moment)
-        return expectation
+            out += mass * values[..., :1]
+            out += slope * (mass * self.ahead - moment)
+        return out
+
+    def _work(self, batch: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The padded values (zero beyond the domain), their spectrum and the inverse transform for values of shape
+        [*batch, N], kept for the next call of that shape."""
+        if self.work is None or self.work[0].shape[:-2] != batch:
+            c = self.lattice.classes
+            self.work = (
+                np.zeros((*batch, self.size, c)),
+                np.empty((*batch, self.size // 2 + 1, c), dtype=np.complex128),
+                np.empty((*batch, self.size, c)),
+            )
+        return self.work
 
 
 def _backward(
@@ -778,22 +798,26 @@ def _backward(
     costs = setups.reshape(G, 1, 1) if setups.ndim == 1 else setups[..., None]  # [G, 1, 1] or [G, T_dec, M, 1]
     edge = slice(max(N - 1 - window, 0), None)  # the positions whose windows reach the top of the domain
     action_value = np.empty((kept, G, M, N))
-    value = np.zeros((G, M, N))
+    # the pass's arrays, allocated once (a fresh array per step costs more in the allocator's page faults than in arithmetic)
+    value, mixed, w, best = (np.zeros((G, M, N)) for _ in range(4))
     hit_top = False
     expectation = DemandExpectation(lattice, pmf, N, tail)
     stages = tqdm(range(decision_steps - 1, -1, -1), desc=f"{NAME}: {N:,} positions x {M} factor points", disable=not progress, leave=False)
     for t in stages:
-        mixed = grid.transition @ value  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
-        w = charge + gamma * expectation(mixed, factor_axis=1)
-        best = window_min(w, window)
+        np.matmul(grid.transition, value, out=mixed)  # E[V_{t+1}(x, F_{t+1}) | F_t = f_i]: [G, M, N]
+        expectation(mixed, factor_axis=1, out=w)
+        w *= gamma
+        w += charge
+        window_min(w, window, out=best)
         if lattice.rest:  # the window's end at the cap, between its last lattice point and the next
-            best = np.minimum(best, window_end(w, window, lattice.rest / lattice.step))
-        ordered = (costs if setups.ndim == 1 else costs[:, t]) + best  # K + the window's best
-        value = np.minimum(w, ordered)
+            np.minimum(best, window_end(w, window, lattice.rest / lattice.step), out=best)
+        setup = costs if setups.ndim == 1 else costs[:, t]
+        if not hit_top:  # an order opens from a position whose window reaches the top, and the top is its best target
+            hit_top = bool(((setup + best[..., edge] < w[..., edge]) & (best[..., edge] == w[..., -1:])).any())
+        best += setup  # K + the window's best: the value of ordering
+        np.minimum(w, best, out=value)
         if t < kept:
             action_value[t] = w
-        if not hit_top:  # an order opens from a position whose window reaches the top, and the top is its best target
-            hit_top = bool(((ordered[..., edge] < w[..., edge]) & (best[..., edge] == w[..., -1:])).any())
     return value, action_value, hit_top
 
 

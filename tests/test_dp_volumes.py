@@ -234,6 +234,49 @@ def test_the_certificate_is_within_one_percent_on_300_random_items():
     assert coarse >= 40 and worst <= 0.01, (coarse, worst)
 
 
+def test_the_certificate_domain_ends_at_the_stationary_law_quantile(monkeypatch):
+    """stationary_quantile by hand: factor weights 0.8 and 0.2, one period's demand {0, 1} with 1/2 each and {1, 2, 3, 4}
+    with 0.2, 0.3, 0.3, 0.2 (lattice steps of 2 units): P(D > k steps) = 0.6, 0.16, 0.1, 0.04, 0 for k = 0..4, so a tail of
+    0.05 ends it at 3 steps (6 units), 0.12 at 2 (4 units); a law cut before its tail is reached ends nowhere (infinite)."""
+    weights = np.array([0.8, 0.2])
+    law = np.array([[0.5, 0.5, 0.0, 0.0, 0.0], [0.0, 0.2, 0.3, 0.3, 0.2]])
+    monkeypatch.setattr(dp_certificate, "CERTIFICATE_TAIL", 0.05)
+    assert dp_certificate.stationary_quantile(law, weights, 2) == 6.0
+    assert dp_certificate.stationary_quantile(law[:, :4], weights, 2) == 6.0  # 0.04 beyond 3 steps: reached at its last point
+    monkeypatch.setattr(dp_certificate, "CERTIFICATE_TAIL", 0.01)
+    assert dp_certificate.stationary_quantile(law[:, :4], weights, 2) == math.inf
+    monkeypatch.setattr(dp_certificate, "CERTIFICATE_TAIL", 0.12)
+    assert dp_certificate.stationary_quantile(law, weights, 2) == 4.0
+
+
+def test_the_certificate_grows_its_domain_only_while_it_is_short_of_its_gap(monkeypatch):
+    """A Poisson retail item (lam 300, lead 2: bench/dp_volumes.py's) whose first pass has an order's best target at the
+    domain's top but lies within CERTIFICATE_GAP of the DP's value: one pass, its bound. The control: with every bound
+    short of its gap (CERTIFICATE_GAP -1, refining stopped at once) the same step runs again on a growing domain."""
+    one = Instance(h=[1.0], b=[9.0], lam=[300.0], beta=[0.4], lead=[2], qbar=[1200.0], K=100.0, gamma=0.95, rho=0.8)
+    options = DecompositionOptions()
+    settings = options.dp_settings(options.coarse_points)
+    setups = [5.0, 20.0, 80.0, 320.0, 1280.0]
+    value = dp_optimal.expected_costs(one, 50, setups, **settings)
+    passes, certified = [], dp_certificate._certified
+
+    def counted(instance, horizon, costs, settings, widen=True):
+        passes.append((settings["step"], widen))
+        return certified(instance, horizon, costs, settings, widen)
+
+    monkeypatch.setattr(dp_certificate, "_certified", counted)
+    bound = dp_certificate.certified_costs(one, 50, setups, value, **settings)
+    step = dp_optimal.check_item(one, 50, **settings).step
+    first, touched = certified(one, 50, setups, {**settings, "integer_cap": True, "step": step}, widen=False)
+    assert touched and passes == [(step, False)] and np.array_equal(bound, first)
+    assert np.max((value - bound) / value) <= dp_certificate.CERTIFICATE_GAP
+    passes.clear()
+    monkeypatch.setattr(dp_certificate, "CERTIFICATE_GAP", -1.0)
+    monkeypatch.setattr(dp_certificate, "CERTIFICATE_POSITIONS", 0)
+    dp_certificate.certified_costs(one, 50, setups, value, **settings)
+    assert passes == [(step, False), (step, True)]
+
+
 def test_the_certificate_refines_its_step_until_it_is_within_its_gap():
     """finer_step aims the gap at 3/4 of the gap allowed: after one step all of it is taken for sag margins (square of
     the step), 240 * sqrt(0.75 * 0.005 / 0.00584) = 192.07 -> 192; after two the part that does not shrink is fitted:
@@ -553,8 +596,8 @@ def test_the_certificate_grows_its_domain_only_where_a_best_target_inside_it_is_
     setups, beyond = np.array([1.0]), np.array([0.5])
     valley = np.array([5.0, 4.0, 3.0, 4.0, 5.0, 6.0])[None, None, :]
     falling = np.array([6.0, 5.0, 4.0, 3.0, 2.0, 1.0])[None, None, :]
-    assert not dp_certificate._bellman_min(valley, setups, 2, 0, 1, beyond)[1].any()
-    assert dp_certificate._bellman_min(falling, setups, 2, 0, 1, beyond)[1].any()
+    assert not dp_certificate._bellman_min(valley, setups, 2, 0, 1, beyond)[1]
+    assert dp_certificate._bellman_min(falling, setups, 2, 0, 1, beyond)[1]
 
     def counting_beyond(omega):  # the control: the best target taken with `beyond`, as the widening test
         top = np.arange(omega.shape[-1]) + 2 >= omega.shape[-1] - 1

@@ -547,18 +547,20 @@ def check_item(instance: Instance, horizon: int, setups: int = 1, stages: int | 
     return plan.lattice
 
 
-SECONDS_PER_CELL = 6e-8
+SECONDS_PER_CELL = 1.2e-7
 """Seconds of the backward pass per setup cost x factor point x (position + one period's demand points) x decision
-step, measured on this project's development machine (2 CPU cores; bench/dp_volumes.py's items: 54-62 ns)."""
-SECONDS_PER_LAW_POINT = 8e-7
-"""Seconds of one period's demand law per factor point x law point (two incomplete-beta evaluations each), measured as
-SECONDS_PER_CELL was, on an item of 121 factor points and 49,942 law points (lam 10,000, phi 10, beta 2): 4.7 s."""
-SECONDS_PER_MIXED_POINT = 1e-9
+step. This and the three below are twice what this project's development machine (2 CPU cores) took on a warm run
+(bench/dp_volumes.py's items: 54-62 ns here): a solve of gigabytes there took up to 1.9 times as long where its memory
+was cold (bench/dp_estimate.py), and an estimate errs long, so that a long solve is never silent."""
+SECONDS_PER_LAW_POINT = 1.6e-6
+"""Seconds of one period's demand law per factor point x law point (two incomplete-beta evaluations each), on an item
+of 121 factor points and 49,942 law points (lam 10,000, phi 10, beta 2): 4.7 s warm."""
+SECONDS_PER_MIXED_POINT = 2e-9
 """Seconds of the lead-time sums H_2..H_{L+1} per factor point^2 x law point x sum_{j<=L} j (the chain's transition applied
-to each longer law), on the same item: 6.8 s for L = 4."""
-SECONDS_PER_LOSS_POINT = 7e-8
+to each longer law), on the same item: 6.8 s warm for L = 4."""
+SECONDS_PER_LOSS_POINT = 1.4e-7
 """Seconds of the once-per-solve expected loss over the lead-time law, per factor point x (position + its law's points),
-on the same item: about 6.4 s at 499,413 positions."""
+on the same item: about 6.4 s warm at 499,413 positions."""
 LONG_SOLVE = 10.0
 """A solve estimated to take longer than this many seconds is announced, with a progress bar (`dp_optimal_policy`)."""
 

@@ -6,6 +6,8 @@ The slow tests start their cluster's node processes from the test process withou
 sweep runs in a subprocess with --address), and stop only those processes: the killed node's by their PIDs, the
 rest with the cluster's shutdown."""
 
+from __future__ import annotations
+
 import json
 import os
 import signal
@@ -236,7 +238,8 @@ SWEEP = {
 
 
 class HostedCluster:
-    """A cluster held by tests/cluster_host.py in a process of its own (the test process holds no second Ray)."""
+    """A cluster held by tests/cluster_host.py in a process of its own (the test process holds no second Ray). As a
+    context, it stops the processes started on it (`launch`) and then itself, whatever happened."""
 
     def __init__(self, workers: int, cpus: int):
         self.process = subprocess.Popen(
@@ -247,6 +250,29 @@ class HostedCluster:
             start_new_session=True,
         )
         self.state = self.answer()
+        self.launched: list[subprocess.Popen] = []
+
+    def __enter__(self) -> HostedCluster:
+        return self
+
+    def __exit__(self, *failure) -> None:
+        for process in self.launched:
+            stop(process)
+        self.stop()
+
+    def launch(self, script: str, *arguments: str) -> subprocess.Popen:
+        """platform/<script> against the cluster with its authentication settings, as a user would run it (its own process
+        group, one BLAS thread, stdout and stderr together)."""
+        process = subprocess.Popen(
+            [sys.executable, str(ROOT / "platform" / script), *arguments, "--address", self.address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **self.state["environment"], "OMP_NUM_THREADS": "1"},
+        )
+        self.launched.append(process)
+        return process
 
     def answer(self) -> dict:
         line = self.process.stdout.readline()
@@ -306,33 +332,16 @@ def journal(results) -> list[dict]:
 
 
 def stop(process: subprocess.Popen) -> None:
-    """End a sweep that a failed test left running (its own process group)."""
+    """End a process that a failed test left running (its own process group)."""
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
 
 def start_sweep(tmp_path, cluster: HostedCluster, sweep: dict, *flags) -> subprocess.Popen:
-    """platform/sweep.py --address against the cluster, with its authentication settings, as a user would run it."""
+    """platform/sweep.py --address against the cluster."""
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(sweep))
-    return subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "platform" / "sweep.py"),
-            "--config",
-            str(tmp_path / "sweep.yaml"),
-            "--out",
-            str(tmp_path / "results"),
-            "--address",
-            cluster.address,
-            *flags,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, **cluster.state["environment"], "OMP_NUM_THREADS": "1"},
-    )
+    return cluster.launch("sweep.py", "--config", str(tmp_path / "sweep.yaml"), "--out", str(tmp_path / "results"), *flags)
 
 
 def check_every_update_and_decision_once(results) -> None:
@@ -357,8 +366,8 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
     decisions run (a new node joins), then the node of a Train worker while its trial trains (after its first
     checkpoint). The sweep finishes with every trial, update and decision exactly once; the lost attempt and its
     retry are in attempts.parquet with their nodes and on the console."""
-    cluster, process, results = HostedCluster(2, cpus), None, tmp_path / "results"
-    try:
+    results = tmp_path / "results"
+    with HostedCluster(2, cpus) as cluster:
         process = start_sweep(tmp_path, cluster, SWEEP)
         first = wait_for(lambda: len(journal(results)) >= 3 and journal(results)[-1], process, "the first MILP decisions")
         solver_node = first["node_name"]
@@ -375,10 +384,6 @@ def test_a_worker_node_killed_mid_sweep_costs_no_trial_update_or_decision(tmp_pa
         cluster.send(f"kill {train_node}")
         output, _ = process.communicate(timeout=900)
         assert process.returncode == 0, output[-4000:]
-    finally:
-        if process is not None:
-            stop(process)
-        cluster.stop()
     check_every_update_and_decision_once(results)
     nodes = {r["node_name"] for r in journal(results)}
     assert solver_node in nodes and len(nodes) >= 2  # decisions ran on the lost node and on the others
@@ -402,8 +407,7 @@ def test_losing_the_head_ends_the_driver_and_resume_finishes_without_rerunning_f
     """1-CPU worker nodes, one trial at a time: once the first trial has finished, the head (GCS, the driver's
     node) is killed; the driver ends. A new cluster comes up and --resume runs only the other trial."""
     results, sweep = tmp_path / "results", {**SWEEP, "concurrency": 1}
-    cluster, process = HostedCluster(2, 1), None
-    try:
+    with HostedCluster(2, 1) as cluster:
         process = start_sweep(tmp_path, cluster, sweep)
         done = wait_for(
             lambda: [s for s in (0, 1) if (results / "trials" / f"hpo-n1-s{s}" / "sampled" / "summary.json").exists()],
@@ -414,18 +418,9 @@ def test_losing_the_head_ends_the_driver_and_resume_finishes_without_rerunning_f
         cluster.send("kill head")
         output, _ = process.communicate(timeout=300)
         assert process.returncode != 0, output[-4000:]
-    finally:
-        if process is not None:
-            stop(process)
-        cluster.stop()
-    cluster, resumed = HostedCluster(2, 1), None
-    try:
+    with HostedCluster(2, 1) as cluster:
         resumed = start_sweep(tmp_path, cluster, sweep, "--resume")
         output, _ = resumed.communicate(timeout=900)
-    finally:
-        if resumed is not None:
-            stop(resumed)
-        cluster.stop()
     assert resumed.returncode == 0, output[-4000:]
     assert "1 trials to run (1 finished)" in output, output[-4000:]
     assert {p: p.stat().st_mtime_ns for p in finished} == finished  # the finished trial was not run again
@@ -469,17 +464,8 @@ def test_a_catalogue_spreads_its_suppliers_over_the_nodes_and_a_lost_node_costs_
     the suppliers ran on both nodes; the finished one kept its folder (one attempt, its record untouched); the one that
     ran on the lost node took a second attempt on the other node; every other supplier took one."""
     out = tmp_path / "catalogue"
-    cluster, process = HostedCluster(2, 1), None
-    try:
-        process = subprocess.Popen(
-            [sys.executable, str(ROOT / "platform" / "recommend.py"), *catalogue_inputs(tmp_path), "--out", str(out)]
-            + ["--address", cluster.address],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-            env={**os.environ, **cluster.state["environment"], "OMP_NUM_THREADS": "1"},
-        )
+    with HostedCluster(2, 1) as cluster:
+        process = cluster.launch("recommend.py", *catalogue_inputs(tmp_path), "--out", str(out))
 
         def finished_and_next():
             attempts = supplier_attempts(out)
@@ -493,10 +479,6 @@ def test_a_catalogue_spreads_its_suppliers_over_the_nodes_and_a_lost_node_costs_
         cluster.send(f"kill {node}")
         output, _ = process.communicate(timeout=900)
         assert process.returncode == 0, output[-4000:]
-    finally:
-        if process is not None:
-            stop(process)
-        cluster.stop()
     summary = json.loads((out / "catalogue.json").read_text())
     assert summary["complete"] and len(summary["suppliers"]) == 4
     attempts = supplier_attempts(out)

@@ -747,11 +747,11 @@ class DemandExpectation:
         self.ahead = index // c + lattice.offsets[index % c] - lattice.offsets[0]  # [N] y - y0 in lattice steps
 
     def __call__(self, values: np.ndarray, factor_axis: int, out: np.ndarray | None = None) -> np.ndarray:
-        """The expectation [.., N] of values [.., N] whose factor grid points lie along `factor_axis` (into `out`, another
-        array than values, if given). Its transforms reuse the arrays of the call before with the same shape: a backward
-        pass allocates them once."""
+        """The expectation [.., N] of values [.., N] whose factor grid points lie along `factor_axis`. With `out` (another
+        array than values) it is written there and the transforms reuse the arrays of the call before with the same shape:
+        a backward pass allocates them once (without, they are the call's own: a joint DP's axes do not hold them)."""
         N, c, pad = self.N, self.lattice.classes, self.pad
-        padded, spectrum, full = self._work(values.shape[:-1])  # the Q = length / c rows of the values, then zero rows
+        padded, spectrum, full = self._work(values.shape[:-1], keep=out is not None)  # padded: Q = length / c rows, then zeros
         flat = padded.reshape(*values.shape[:-1], self.size * c)
         flat[..., :pad] = values[..., :1] + (values[..., c : c + 1] - values[..., :1]) * self.below  # linear extrapolation below
         flat[..., pad : pad + N] = values
@@ -774,17 +774,20 @@ class DemandExpectation:
             out += slope * (mass * self.ahead - moment)
         return out
 
-    def _work(self, batch: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _work(self, batch: tuple, keep: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The padded values (zero beyond the domain), their spectrum and the inverse transform for values of shape
-        [*batch, N], kept for the next call of that shape."""
-        if self.work is None or self.work[0].shape[:-2] != batch:
-            c = self.lattice.classes
-            self.work = (
-                np.zeros((*batch, self.size, c)),
-                np.empty((*batch, self.size // 2 + 1, c), dtype=np.complex128),
-                np.empty((*batch, self.size, c)),
-            )
-        return self.work
+        [*batch, N]; with `keep`, those of the last call that kept them where the shape is the same, else new ones kept."""
+        if keep and self.work is not None and self.work[0].shape[:-2] == batch:
+            return self.work
+        c = self.lattice.classes
+        arrays = (
+            np.zeros((*batch, self.size, c)),
+            np.empty((*batch, self.size // 2 + 1, c), dtype=np.complex128),
+            np.empty((*batch, self.size, c)),
+        )
+        if keep:
+            self.work = arrays
+        return arrays
 
 
 def _backward(

@@ -80,8 +80,8 @@ def capacity_problem(workers: int, cpus: int, cores: int, available_mib: int) ->
 
 def start_cluster(workers: int, cpus: int, log=print):
     """A head without CPUs and `workers` worker nodes of `cpus` CPUs each, on this machine's address (as a real
-    cluster's nodes reach each other; token authentication keeps others out) with Ray's HTTP API (the jobs API,
-    without the dashboard's pages) on a free loopback port; returns the ray.cluster_utils.Cluster (its `address`
+    cluster's nodes reach each other; token authentication keeps others out) with the dashboard's HTTP server (its
+    pages, the jobs API and the state API) on a free loopback port; returns the ray.cluster_utils.Cluster (its `address`
     is the GCS address for --address, `node_names` maps node ids to names, `add_worker()` adds a worker node).
     The caller stops it with `cluster.shutdown()`. This process gets the cluster's authentication settings and
     its address (RAY_ADDRESS), and so do the processes it starts afterwards."""
@@ -91,10 +91,11 @@ def start_cluster(workers: int, cpus: int, log=print):
     from ray_access.private import node_ip_address
     from ray_access.session import free_port
 
-    # Ray's own clients inside the cluster (Ray Train's placement-group cleaner asks the state API whether its
-    # controller still lives) find their cluster through RAY_ADDRESS, else the most recent Ray on the machine,
-    # which need not be this one: with a wrong answer, the cleaner never frees the workers' CPUs of a lost
-    # controller. So the head's port is chosen first and every node process inherits the address.
+    # Ray Train's placement-group cleaner asks the state API whether its controller still lives, and frees the
+    # workers' CPUs of a lost one only on an answer: the state API is the dashboard's HTTP server (without it a
+    # retried trial waited for ever for a CPU that the lost controller's group held on the last node), and Ray's own
+    # clients inside the cluster find it through RAY_ADDRESS, else the most recent Ray on the machine, which need not
+    # be this one. So the dashboard runs, the head's port is chosen first and every node process inherits the address.
     port = free_port()
     os.environ["RAY_ADDRESS"] = f"{node_ip_address()}:{port}"
     log(f"starting a head node without CPUs and {workers} worker nodes of {cpus} CPU{'s' if cpus > 1 else ''} each")
@@ -104,7 +105,7 @@ def start_cluster(workers: int, cpus: int, log=print):
             "num_cpus": 0,
             "node_name": "head",
             "gcs_server_port": port,
-            "include_dashboard": False,
+            "include_dashboard": True,
             "dashboard_host": "127.0.0.1",
             "dashboard_port": free_port(),
         },

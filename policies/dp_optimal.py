@@ -762,7 +762,7 @@ class DemandExpectation:
         np.fft.irfft(spectrum, self.size, axis=-2, out=full)
         expectation = full[..., : self.length // c, :].reshape(*values.shape[:-1], self.length)[..., pad : pad + N]
         if out is None:
-            out = expectation.copy()
+            out = expectation  # a view of this call's own arrays, which nothing else holds
         else:
             out[...] = expectation
         if self.tail is not None:  # E[u(y - D); D >= J + 1 steps] = u0 P + slope (P (y - y0) - E[D; D >= J + 1]), all in lattice steps
